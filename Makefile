@@ -1,0 +1,67 @@
+# megasweep: the README's two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build installs from a local file on the project's machines; pinning it first
+# keeps pip from resolving `torch>=2.4` to the multi-GB CUDA build.
+TORCH_PIN := torch==2.13.0
+# On a cluster, `make install VENV_FLAGS=--system-site-packages` reuses the site's CUDA torch.
+VENV_FLAGS ?=
+
+.PHONY: venv install install-test demo test lint bench clean cluster-up cluster-down
+
+$(VENV)/.created:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
+	@# Debian ships venv without ensurepip; as root, fetch it rather than fail.
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV) || { rm -rf $(VENV); [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV_FLAGS) $(VENV); } || { echo "error: cannot create a venv; install python3-venv"; exit 1; }
+	$(PIP) install -q --upgrade pip setuptools wheel
+	touch $@
+
+venv: $(VENV)/.created
+
+# torch first, and only when absent: a cluster user's own CUDA build is left alone.
+$(VENV)/.torch: $(VENV)/.created
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIN)
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e ".[test]"
+	$(PY) -c "import deepspeed" 2>/dev/null || $(PIP) install -q --no-build-isolation "deepspeed>=0.14"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: install
+	WANDB_MODE=offline $(PY) -m train
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy conf train launchers analysis hydra_plugins
+
+# A real single-machine Slurm (munge, MariaDB + slurmdbd, slurmctld, 4 emulated slurmd); root only.
+cluster-up:
+	bash slurm/cluster-up.sh
+
+cluster-down:
+	bash slurm/cluster-down.sh
+
+# As root: bring the cluster up, run pytest, and bring it down whatever pytest returns.
+# Not root: plain pytest; the Slurm tests skip themselves and say why.
+test: install-test lint
+	@if [ "$$(id -u)" -ne 0 ]; then $(VENV)/bin/pytest; exit; fi; \
+	trap 'bash slurm/cluster-down.sh' EXIT; \
+	bash slurm/cluster-up.sh || echo "make test: slurm/cluster-up.sh failed; the Slurm tests will report why"; \
+	$(VENV)/bin/pytest
+
+bench: install-test
+	$(PY) -m tests.bench
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,378 @@
+"""`python -m analysis.calc`: TFLOPs per device, aggregate PFLOPs, MFU and HFU of a measured iteration.
+
+    python -m analysis.calc model=gpt_1.3b hardware=a100_80gb parallelism.tp=2 sec_per_iter=1.9 devices=16
+    python -m analysis.calc model=bloom_181b_l72_h14336 hardware=a100_80gb parallelism.tp=8 \\
+        parallelism.pp=6 parallelism.global_batch_size=2048 parallelism.recompute=full \\
+        sec_per_iter=114.11 devices=384 convention=megatron_eq3
+
+The model, parallelism and hardware come from the same Hydra config (and override syntax) as
+`python -m train`; the calculator's own keys are sec_per_iter=<seconds> (required),
+devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm) and
+output=text|json (default text). One iteration is one optimizer step over
+parallelism.global_batch_size samples (batch ramp-up is ignored).
+
+Conventions (see train.flops for the arithmetic):
+- gemm: megasweep's per-GEMM count. TFLOPs are model FLOPs (no recomputation); HFU adds the
+  recomputed forwards of parallelism.recompute.
+- megatron_eq3: Narayanan et al. Eq. 3 as Megatron-DeepSpeed prints it. TFLOPs include the
+  recompute factor (4 for any recompute != none, as that code does, else 3); MFU uses factor 3.
+- mpt: MosaicML's 2 x parameters per token plus attention. TFLOPs are model FLOPs (factor 3);
+  HFU uses factor 4 when recompute != none.
+Aggregate PFLOPs = TFLOPs per device x devices / 1024, as the BLOOM notes write it.
+
+Bad input ends with one paragraph on stderr and exit status 2. No torch is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+import conf  # registers the schema in Hydra's ConfigStore
+from conf.schema import Recompute, RunConfig, to_run_config
+from train.flops import (
+    ImpossibleUtilization,
+    achieved_tflops,
+    hardware_flops_per_iteration,
+    layer_gemms,
+    megatron_eq3_flops_per_iteration,
+    model_flops_per_iteration,
+    mpt_flops_per_seq,
+    peak_tflops,
+    utilization,
+)
+from train.sizes import total_params
+
+CONVENTIONS = ("gemm", "megatron_eq3", "mpt")
+OUTPUTS = ("text", "json")
+OWN_KEYS = ("sec_per_iter", "devices", "convention", "output")
+EXIT_USAGE = 2
+
+USAGE = (
+    "usage: python -m analysis.calc [HYDRA OVERRIDES...] sec_per_iter=<seconds> devices=<count> "
+    "[convention=gemm|megatron_eq3|mpt] [output=text|json]\n"
+    "Overrides are those of `python -m train`, e.g. model=gpt_1.3b hardware=a100_80gb parallelism.tp=2."
+)
+OVERRIDE_HINT = (
+    "Overrides use Hydra's syntax group=option or group.key=value (e.g. model=gpt_1.3b "
+    "hardware=a100_80gb parallelism.tp=2), and the calculator's own keys are " + ", ".join(OWN_KEYS) + "."
+)
+
+
+class CalcError(ValueError):
+    """Bad input: the message is one paragraph naming the key, its value, the rule and the alternatives."""
+
+
+@dataclass(frozen=True)
+class CalcArgs:
+    """The calculator's own keys, parsed and checked, plus the Hydra overrides left for composition."""
+
+    sec_per_iter: float
+    devices: int
+    convention: str
+    output: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CalcResult:
+    """Everything the calculator reports; `tflops_per_device` is the convention's headline figure."""
+
+    convention: str
+    model: str
+    hardware: str
+    precision: str
+    recompute: str
+    global_batch_size: int
+    devices: int
+    sec_per_iter: float
+    flops_per_iteration: float
+    model_flops_per_iteration: float
+    hardware_flops_per_iteration: float
+    tflops_per_device: float
+    model_tflops_per_device: float
+    hardware_tflops_per_device: float
+    aggregate_pflops: float
+    peak_tflops: float | None
+    peak_note: str
+    mfu: float | None
+    hfu: float | None
+
+
+def parse_args(argv: Sequence[str]) -> CalcArgs:
+    """Split the calculator's own key=value pairs from the Hydra overrides and check them."""
+    own: dict[str, str] = {}
+    overrides: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in OWN_KEYS:
+            if key in own:
+                raise CalcError(
+                    f"{key} is given twice ({key}={own[key]} and {arg}): give each of "
+                    f"{', '.join(OWN_KEYS)} at most once."
+                )
+            own[key] = value
+        else:
+            overrides.append(arg)
+
+    for key, example in (("sec_per_iter", "sec_per_iter=114.11"), ("devices", "devices=384")):
+        if key not in own:
+            raise CalcError(
+                f"{key} is missing: analysis.calc needs both sec_per_iter=<measured seconds per training "
+                f"iteration> and devices=<number of devices the iteration ran on>, e.g. {example}."
+            )
+    sec_per_iter = _parse_seconds(own["sec_per_iter"])
+    devices = _parse_devices(own["devices"])
+    convention = own.get("convention", "gemm")
+    if convention not in CONVENTIONS:
+        raise CalcError(
+            f"convention={convention} is not a known FLOPs convention: choose one of "
+            f"{', '.join(CONVENTIONS)} (default gemm)."
+        )
+    output = own.get("output", "text")
+    if output not in OUTPUTS:
+        raise CalcError(f"output={output} is not a known output format: choose one of {', '.join(OUTPUTS)}.")
+    return CalcArgs(sec_per_iter, devices, convention, output, tuple(overrides))
+
+
+def _parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise CalcError(
+            f"sec_per_iter={text} is invalid: sec_per_iter must be a positive, finite number of seconds "
+            f"per training iteration, e.g. sec_per_iter=114.11."
+        )
+    return value
+
+
+def _parse_devices(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise CalcError(
+            f"devices={text} is invalid: devices must be a positive whole number of devices (GPUs, or CPU "
+            f"sockets used as devices) that ran the iteration, e.g. devices=384."
+        )
+    return value
+
+
+def compose_run(overrides: Sequence[str]) -> RunConfig:
+    """Compose conf/config.yaml with the overrides, as `python -m train` does, without Hydra's output dirs."""
+    config_dir = str(Path(conf.__file__).resolve().parent)
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            cfg = compose("config", overrides=list(overrides))
+        return to_run_config(cfg)
+    except (HydraException, OmegaConfBaseException) as exc:
+        given = " ".join(overrides) if overrides else "(none)"
+        raise CalcError(
+            f"the Hydra overrides ({given}) could not be applied: {_one_paragraph(exc)}. {OVERRIDE_HINT}"
+        ) from exc
+
+
+def _one_paragraph(exc: BaseException) -> str:
+    """Hydra's multi-line message (and its cause's) as one line; option lists joined by commas."""
+    parts: list[str] = []
+    for error in (exc, exc.__cause__):
+        if error is None:
+            continue
+        text = str(error).split("Config search path")[0]
+        for line in text.splitlines():
+            # OmegaConf's reference_type/object_type lines name internal classes, not user input.
+            if not line.strip() or line.strip().startswith(("reference_type=", "object_type=")):
+                continue
+            if line.startswith("\t") and parts and parts[-1].endswith((":", ",")):
+                parts[-1] = f"{parts[-1]} {line.strip()},"
+            elif line.startswith(("\t", "    ")) and parts:
+                parts[-1] = f"{parts[-1].rstrip(',')} ({line.strip()})"
+            else:
+                parts.append(line.strip())
+    return "; ".join(part.rstrip(",").rstrip(".") for part in parts)
+
+
+def check_layout(run: RunConfig, devices: int) -> None:
+    """The device count must hold whole model replicas (tp x pp each), and match dp when dp is fixed."""
+    par = run.parallelism
+    replica = par.tp * par.pp
+    if par.tp < 1 or par.pp < 1:
+        raise CalcError(
+            f"parallelism.tp={par.tp} and parallelism.pp={par.pp} are invalid: "
+            "both must be positive integers."
+        )
+    if devices % replica:
+        raise CalcError(
+            f"devices={devices} does not fit the layout: devices must be a multiple of parallelism.tp x "
+            f"parallelism.pp = {par.tp} x {par.pp} = {replica}, e.g. devices={replica} or "
+            f"devices={replica * max(1, -(-devices // replica))}."
+        )
+    # Raises ValueError (reported as bad input) when tp does not split the heads or the MLP evenly.
+    layer_gemms(run.model, micro_batch_size=par.micro_batch_size, tp=par.tp)
+    if par.dp is not None and par.dp * replica != devices:
+        raise CalcError(
+            f"devices={devices} contradicts parallelism.dp={par.dp}: devices must equal dp x tp x pp = "
+            f"{par.dp} x {par.tp} x {par.pp} = {par.dp * replica}; give devices={par.dp * replica} "
+            f"or leave parallelism.dp=null."
+        )
+
+
+def calculate(run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm") -> CalcResult:
+    """FLOPs of one iteration under `convention`, per device per second, and utilization of the peak."""
+    model, par, hw = run.model, run.parallelism, run.hardware
+    gbs, tp = par.global_batch_size, par.tp
+    recompute = Recompute(par.recompute)
+    recomputing = recompute != Recompute.none
+    if convention == "gemm":
+        model_flops = model_flops_per_iteration(model, global_batch_size=gbs, tp=tp)
+        hardware_flops = hardware_flops_per_iteration(
+            model, global_batch_size=gbs, recompute=recompute, tp=tp
+        )
+        headline = model_flops
+    elif convention == "megatron_eq3":
+        # Megatron-DeepSpeed prints factor 4 for selective recomputation as well as full.
+        hardware_flops = megatron_eq3_flops_per_iteration(
+            model, global_batch_size=gbs, full_recompute=recomputing, tp=tp
+        )
+        model_flops = megatron_eq3_flops_per_iteration(
+            model, global_batch_size=gbs, full_recompute=False, tp=tp
+        )
+        headline = hardware_flops
+    elif convention == "mpt":
+        shape = dict(
+            n_params=total_params(model, tp),
+            n_layers=model.num_layers,
+            d_model=model.hidden_size,
+            seq_len=model.seq_length,
+        )
+        model_flops = float(gbs * mpt_flops_per_seq(**shape, passes=3))
+        hardware_flops = float(gbs * mpt_flops_per_seq(**shape, passes=4 if recomputing else 3))
+        headline = model_flops
+    else:
+        raise CalcError(
+            f"convention={convention} is not a known FLOPs convention: "
+            f"choose one of {', '.join(CONVENTIONS)}."
+        )
+
+    tflops = achieved_tflops(headline, sec_per_iter, devices)
+    model_tflops = achieved_tflops(model_flops, sec_per_iter, devices)
+    hardware_tflops = achieved_tflops(hardware_flops, sec_per_iter, devices)
+    peak = peak_tflops(hw, par.precision)
+    if peak is not None:
+        peak_note = f"{peak:g} TFLOP/s dense {par.precision.value} ({hw.name})"
+    elif hw.peak_measured:
+        peak_note = f"unknown: {hw.name}'s peak is measured at run time by the trainer's matmul calibration"
+    else:
+        peak_note = f"unknown: {hw.name} has no dense {par.precision.value} peak in its config"
+    utilizations: dict[str, float | None] = {}
+    for label, achieved in (("MFU", model_tflops), ("HFU", hardware_tflops)):
+        try:
+            utilizations[label] = utilization(achieved, peak)
+        except ImpossibleUtilization as exc:
+            raise CalcError(
+                f"{label}={exc.ratio:.1%} is impossible (it must be <= 100%), so an input is wrong: "
+                f"{achieved:.2f} TFLOP/s per device against a dense peak of {exc.peak_tflops:g} TFLOP/s. "
+                "Check "
+                f"sec_per_iter={sec_per_iter:g}, devices={devices}, parallelism.global_batch_size={gbs}, "
+                f"model={model.name}, hardware={hw.name} and parallelism.precision={par.precision.value}."
+            ) from exc
+    mfu, hfu = utilizations["MFU"], utilizations["HFU"]
+    return CalcResult(
+        convention=convention,
+        model=model.name,
+        hardware=hw.name,
+        precision=par.precision.value,
+        recompute=recompute.value,
+        global_batch_size=gbs,
+        devices=devices,
+        sec_per_iter=sec_per_iter,
+        flops_per_iteration=headline,
+        model_flops_per_iteration=model_flops,
+        hardware_flops_per_iteration=hardware_flops,
+        tflops_per_device=tflops,
+        model_tflops_per_device=model_tflops,
+        hardware_tflops_per_device=hardware_tflops,
+        # /1024, not /1000: the BLOOM notes' aggregate figures are written this way.
+        aggregate_pflops=tflops * devices / 1024,
+        peak_tflops=peak,
+        peak_note=peak_note,
+        mfu=mfu,
+        hfu=hfu,
+    )
+
+
+HEADLINE = {
+    "gemm": "model FLOPs, per-GEMM count",
+    "megatron_eq3": "Megatron-DeepSpeed Eq. 3, recompute factor included",
+    "mpt": "model FLOPs, MosaicML 6N + attention",
+}
+
+
+def format_text(result: CalcResult) -> str:
+    """Human-readable summary, one figure per line."""
+
+    def pct(value: float | None) -> str:
+        return "unknown" if value is None else f"{100 * value:.2f}%"
+
+    return "\n".join(
+        [
+            f"model / hardware     {result.model} on {result.hardware}, {result.precision}, "
+            f"recompute={result.recompute}, global batch {result.global_batch_size}",
+            f"convention           {result.convention} ({HEADLINE[result.convention]})",
+            f"FLOPs / iteration    {result.flops_per_iteration:.4e} "
+            f"(model {result.model_flops_per_iteration:.4e}, "
+            f"hardware {result.hardware_flops_per_iteration:.4e})",
+            f"TFLOPs / device      {result.tflops_per_device:.2f} "
+            f"(model {result.model_tflops_per_device:.2f}, hardware {result.hardware_tflops_per_device:.2f})",
+            f"aggregate PFLOPs     {result.aggregate_pflops:.2f} ({result.devices} devices x TFLOPs / 1024)",
+            f"peak                 {result.peak_note}",
+            f"MFU                  {pct(result.mfu)}",
+            f"HFU                  {pct(result.hfu)}",
+        ]
+    )
+
+
+def to_json(result: CalcResult) -> str:
+    """One JSON object; mfu, hfu and peak_tflops are null when the peak is unknown."""
+    data: dict[str, Any] = asdict(result)
+    return json.dumps(data, sort_keys=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, or 2 for bad input with one paragraph on stderr)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if any(arg in ("-h", "--help") for arg in args_list):
+        print(USAGE)
+        return 0
+    try:
+        args = parse_args(args_list)
+        run = compose_run(args.overrides)
+        check_layout(run, args.devices)
+        result = calculate(
+            run, sec_per_iter=args.sec_per_iter, devices=args.devices, convention=args.convention
+        )
+    except CalcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        # train.flops rejects shapes it cannot split (e.g. heads not divisible by tp).
+        print(f"error: the configuration cannot be counted: {exc}. {OVERRIDE_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    print(to_json(result) if args.output == "json" else format_text(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

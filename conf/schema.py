@@ -1,0 +1,334 @@
+"""Typed schema of every megasweep config group.
+
+Each group (model, parallelism, hardware, cluster, logger, training) is one frozen
+dataclass. The YAML files under conf/<group>/ hold only values; types, defaults and
+units live here. Hydra composes YAML on top of these schemas (so an unknown key or a
+value of the wrong type is rejected at composition time), and the entry points convert
+the composed config to these dataclasses exactly once with `to_run_config`.
+
+This module must import without torch: the launcher and the analysis use it on login
+nodes where torch may be absent.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, Node, OmegaConf
+
+
+class ModelKind(str, Enum):
+    """Architecture family: decoder-only causal LM or bidirectional masked LM."""
+
+    gpt = "gpt"
+    bert = "bert"
+
+
+class Precision(str, Enum):
+    """Numeric format of the matmuls and activations (weights' master copy stays fp32)."""
+
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Recompute(str, Enum):
+    """Activation recomputation (Korthikanti et al. 2022): none, attention core only, whole layer."""
+
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Offload(str, Enum):
+    """What ZeRO moves to host memory: nothing, optimizer states, or parameters too."""
+
+    none = "none"
+    optimizer = "optimizer"
+    params = "params"
+
+
+class Engine(str, Enum):
+    """Training engine: megasweep's own torch.distributed code or DeepSpeed."""
+
+    native = "native"
+    deepspeed = "deepspeed"
+
+
+class OptimizerImpl(str, Enum):
+    """Adam implementation; `auto` picks apex FusedAdam on GPU, else torch fused, else foreach."""
+
+    auto = "auto"
+    apex = "apex"
+    torch_fused = "torch_fused"
+    torch = "torch"
+
+
+class WandbMode(str, Enum):
+    """W&B client mode; `offline` writes a local run that `wandb sync` uploads later."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Transformer shape, with Megatron-LM's field names."""
+
+    name: str = "tiny"
+    """Label used in tables and W&B (e.g. 'gpt_1.3b')."""
+    kind: ModelKind = ModelKind.gpt
+    """Architecture family (gpt | bert)."""
+    num_layers: int = 4
+    """Number of transformer layers."""
+    hidden_size: int = 256
+    """Model width h (elements)."""
+    num_attention_heads: int = 4
+    """Attention heads per layer; hidden_size must divide evenly by it."""
+    ffn_hidden_size: int | None = None
+    """MLP inner width (elements); null means 4 x hidden_size."""
+    seq_length: int = 256
+    """Sequence length s (tokens per sample)."""
+    vocab_size: int = 50257
+    """Tokenizer vocabulary V before padding (tokens)."""
+    make_vocab_size_divisible_by: int = 128
+    """Pad V to a multiple of this times TP, as Megatron does (tokens)."""
+
+    @property
+    def ffn(self) -> int:
+        """MLP inner width with the 4 x hidden default applied (elements)."""
+        return self.ffn_hidden_size if self.ffn_hidden_size is not None else 4 * self.hidden_size
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    """Layout of one run over devices, batch sizes, and memory-saving options."""
+
+    tp: int = 1
+    """Tensor-parallel degree (devices that split each layer's matrices)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages the layers are split into)."""
+    dp: int | None = None
+    """Data-parallel degree (model replicas); null means world size / (tp x pp)."""
+    micro_batch_size: int = 4
+    """Samples per forward/backward on one replica (samples)."""
+    global_batch_size: int = 8
+    """Samples per optimizer step over all replicas (samples)."""
+    rampup_batch_size: list[int] | None = None
+    """Megatron batch ramp-up [start, increment, ramp samples]; null means no ramp-up."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3: shard optimizer states (1), + gradients (2), + parameters (3) over DP."""
+    offload: Offload = Offload.none
+    """What ZeRO keeps in host memory (none | optimizer | params)."""
+    recompute: Recompute = Recompute.none
+    """Activation recomputation (none | selective | full)."""
+    precision: Precision = Precision.bf16
+    """Compute precision (bf16 | fp16 | fp32)."""
+    engine: Engine = Engine.native
+    """Training engine (native | deepspeed)."""
+    optimizer: OptimizerImpl = OptimizerImpl.auto
+    """Adam implementation (auto | apex | torch_fused | torch)."""
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """One accelerator (or CPU node) type: dense peaks, memory, and interconnect."""
+
+    name: str = "cpu"
+    """Label used in tables and records."""
+    device_type: str = "cpu"
+    """torch device type the trainer uses (cuda | cpu)."""
+    peak_tflops_bf16: float | None = None
+    """Dense bf16 peak per device (TFLOP/s); null if unknown or unsupported."""
+    peak_tflops_fp16: float | None = None
+    """Dense fp16 peak per device (TFLOP/s); null if unknown or unsupported."""
+    peak_tflops_fp32: float | None = None
+    """Dense fp32 matmul peak per device (TFLOP/s; TF32 tensor cores where the device has them)."""
+    peak_measured: bool = False
+    """True: peaks are measured at run time by a short matmul calibration, labelled 'measured'."""
+    num_sms: int | None = None
+    """Streaming multiprocessors (GPU) or cores (CPU) that GEMM tiles are scheduled on."""
+    memory_gib: float = 16.0
+    """Memory per device (GiB)."""
+    memory_reserve_gib: float = 1.0
+    """Memory the planner keeps free for the CUDA context, allocator slack and NCCL (GiB)."""
+    devices_per_node: int = 1
+    """Devices (GPUs, or CPU sockets used as one device) per node."""
+    intra_node_bw_gbs: float | None = None
+    """Device-to-device bandwidth inside a node, one direction (GB/s)."""
+    inter_node_bw_gbs: float | None = None
+    """Network bandwidth per node, one direction (GB/s)."""
+    source: str = ""
+    """URL of the datasheet the figures come from."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Slurm site settings used by the launchers."""
+
+    name: str = "local"
+    """Label of the site."""
+    partition: str | None = None
+    """Slurm partition (--partition); null uses the site default."""
+    account: str | None = None
+    """Slurm account to charge (--account)."""
+    qos: str | None = None
+    """Slurm quality of service (--qos)."""
+    gres: str | None = None
+    """Generic resources per node, e.g. 'gpu:8' (--gres); null requests none."""
+    constraint: str | None = None
+    """Node feature constraint (--constraint)."""
+    time_limit_min: int = 60
+    """Wall-clock limit per job (minutes)."""
+    cpus_per_task: int = 1
+    """CPU cores per task (--cpus-per-task)."""
+    mem_per_node_gb: int | None = None
+    """Host memory per node (GB, --mem); null uses the site default."""
+    array_parallelism: int = 256
+    """Most tasks of one array running at once (the %N throttle)."""
+    max_retries: int = 2
+    """Requeues allowed after preemption or time limit, per task."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the job's command (module loads, venv activation)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables exported into each job (sweepable, e.g. NCCL settings)."""
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    """Where metrics go besides the console and result.json."""
+
+    wandb_mode: WandbMode = WandbMode.offline
+    """W&B client mode (offline | online | disabled)."""
+    wandb_project: str = "megasweep"
+    """W&B project name."""
+    wandb_entity: str | None = None
+    """W&B entity (user or team); null uses the client's default."""
+    wandb_group: str | None = None
+    """W&B group; null means the sweep's name, so one sweep's runs are grouped."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files in the run directory."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What the trainer does and for how long; independent of model and layout."""
+
+    train_iters: int = 10
+    """Optimizer steps to run (iterations)."""
+    warmup_iters: int = 2
+    """Leading iterations excluded from the reported medians (iterations)."""
+    log_interval: int = 1
+    """Iterations between console log lines (iterations)."""
+    lr: float = 3.0e-4
+    """Peak learning rate (per step)."""
+    lr_warmup_iters: int = 0
+    """Linear learning-rate warm-up length (iterations)."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (per step, relative)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables (L2 norm)."""
+    seed: int = 1234
+    """Seed of parameters and synthetic data."""
+    data_path: str | None = None
+    """Token file (.bin, uint16/uint32 memmap); null uses deterministic synthetic tokens."""
+    save_interval: int = 0
+    """Iterations between checkpoints; 0 saves none (iterations)."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go; null means <run dir>/checkpoints."""
+    collective_timeout_s: float = 300.0
+    """Bound on any collective before every rank is ended (seconds)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: the composition of every group."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Transformer shape."""
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    """Layout and batch sizes."""
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    """Device type."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Slurm site."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Metric sinks."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Trainer settings."""
+
+
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallelism": ParallelismConfig,
+    "hardware": HardwareConfig,
+    "cluster": ClusterConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent).
+
+    `megasweep_schema` is the primary config's base: its typed fields make Hydra reject
+    unknown keys and wrongly typed values in every group's YAML and in overrides.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="megasweep_schema", node=_writable(RunConfig))
+    # Kept out of the groups themselves so that `model=...` lists only real models.
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name=group, node=_writable(schema), package=group)
+
+
+def _writable(schema: type) -> DictConfig:
+    """The schema as a typed but writable node.
+
+    OmegaConf marks a frozen dataclass read-only, which would forbid Hydra from merging
+    YAML and overrides into it; the types stay enforced, and immutability comes back
+    when `to_run_config` builds the frozen dataclasses.
+    """
+    node = OmegaConf.structured(schema)
+    _clear_readonly(node)
+    return node
+
+
+@functools.cache
+def _run_schema() -> DictConfig:
+    # Building the structured node costs more than the merge itself; sweeps call this per config.
+    return _writable(RunConfig)
+
+
+def _clear_readonly(node: Node) -> None:
+    # OmegaConf sets the flag on every nested dataclass node, so clear it all the way down.
+    node._set_flag("readonly", None)
+    if isinstance(node, DictConfig):
+        for key in node:
+            child = node._get_node(key)
+            assert isinstance(child, Node)
+            _clear_readonly(child)
+
+
+def to_run_config(cfg: DictConfig | dict[str, Any]) -> RunConfig:
+    """Convert a composed Hydra config (or a plain nested dict) to a RunConfig, once.
+
+    Keys that are not part of the schema (Hydra's own `hydra` node) are dropped.
+    """
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    assert isinstance(data, dict)
+    # merge() copies its first argument, so the cached schema node is never modified.
+    merged = OmegaConf.merge(_run_schema(), {k: v for k, v in data.items() if k in RunConfig.__dataclass_fields__})
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, RunConfig)
+    return obj
+
+
+def to_plain_dict(run: RunConfig) -> dict[str, Any]:
+    """RunConfig as JSON-ready nested dicts (enums as their string values)."""
+    container = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
+    assert isinstance(container, dict)
+    return {str(k): v for k, v in container.items()}

@@ -1,0 +1,34 @@
+"""`hydra/launcher=plan`: the dry-run launcher (logic in launchers/plan.py)."""
+
+# No `from __future__ import annotations` here: Hydra's plugin scanner runs this module before
+# it is in sys.modules, where dataclasses would look up string annotations and fail.
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+
+# The module, not the class: Hydra's scanner registers every plugin class it finds in this
+# module's namespace, and only the subclass below may be registered from here.
+from launchers import plan as _plan
+
+
+# Not frozen: Hydra merges `hydra.launcher.*` overrides into this node.
+@dataclass
+class PlanLauncherConf:
+    """Options of `hydra/launcher=plan` (set with hydra.launcher.<name>=...)."""
+
+    _target_: str = "hydra_plugins.megasweep.plan_launcher.PlanLauncher"
+    world_size: int | None = None
+    """Devices each config is planned for; null: dp from the config, or 1 (devices)."""
+    csv_name: str = "plan.csv"
+    """File the rows are written to, in hydra.sweep.dir."""
+    table: bool = True
+    """Print one row per config to stdout."""
+    progress_every: int = 2000
+    """A progress line on stderr every this many configs; 0 for none (configs)."""
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="plan", node=PlanLauncherConf, provider="megasweep")
+
+
+class PlanLauncher(_plan.PlanLauncher):
+    """Plans every config of a sweep, runs none; see launchers.plan.PlanLauncher."""

@@ -1,0 +1,197 @@
+"""Dry-run launcher: plan every config of a sweep, submit and run none.
+
+    python -m train -m model=gpt_1.3b,gpt_13b parallelism.tp=1,2,4,8 hydra/launcher=plan
+
+prints one row per config (feasible, or the reasons it is not; parameters; predicted
+memory per device; GEMM quantization efficiency; FLOPs per iteration), a summary line,
+and writes the same rows to plan.csv in the sweep directory (hydra.sweep.dir).
+
+A plan must take seconds for 10,000 configs, so configs come from the shared
+FastComposer (one Hydra compose per distinct group choice, not per job) and the planner
+is pure arithmetic. Hydra accepts launchers only from the `hydra_plugins` package: the
+class it instantiates is a thin subclass in hydra_plugins/megasweep/plan_launcher.py.
+
+Torch-free, like everything a launcher imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from launchers.compose import FastComposer, is_megasweep_config, sweep_composer
+from train.planner import PlanRow, format_plan_table, plan_run, write_plan_csv
+
+__all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """Outcome of planning a batch of configs."""
+
+    configs: int
+    """Configs planned (configs)."""
+    feasible: int
+    """Configs with no violation (configs)."""
+    infeasible: int
+    """Configs with at least one violation (configs)."""
+    compose_seconds: float
+    """Time spent composing RunConfigs, by the sweeper's check and the launcher together (seconds)."""
+    plan_seconds: float
+    """Time spent in the planner (seconds)."""
+    hydra_compositions: int
+    """Full Hydra compositions: one per distinct choice of config groups (compositions)."""
+
+    @property
+    def seconds(self) -> float:
+        """Composition plus planning (seconds)."""
+        return self.compose_seconds + self.plan_seconds
+
+    @property
+    def configs_per_second(self) -> float:
+        """Throughput of composition plus planning (configs/s); inf for an instantaneous batch."""
+        return self.configs / self.seconds if self.seconds > 0 else float("inf")
+
+    def line(self) -> str:
+        """One-line human summary."""
+        return (
+            f"plan: {self.configs:,} configs: {self.feasible:,} feasible, {self.infeasible:,} infeasible; "
+            f"{self.seconds:.2f} s ({self.configs_per_second:,.0f} configs/s): composing "
+            f"{self.compose_seconds:.2f} s ({self.hydra_compositions} Hydra compositions), "
+            f"planning {self.plan_seconds:.2f} s"
+        )
+
+
+def summarize(rows: Sequence[PlanRow], composer: FastComposer, plan_seconds: float) -> PlanSummary:
+    """Counts of feasible and infeasible rows, with the composer's and the planner's times."""
+    feasible = sum(1 for r in rows if r.feasible)
+    stats = composer.stats()
+    return PlanSummary(
+        configs=len(rows),
+        feasible=feasible,
+        infeasible=len(rows) - feasible,
+        compose_seconds=stats.seconds,
+        plan_seconds=plan_seconds,
+        hydra_compositions=stats.bases,
+    )
+
+
+def plan_sweep(
+    composer: FastComposer,
+    job_overrides: Sequence[Sequence[str]],
+    *,
+    world_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[PlanRow], float]:
+    """Plan each job: compose its RunConfig, then `plan_run`; the row's `overrides` names the job.
+
+    Returns the rows and the seconds spent in the planner. Composition errors propagate
+    (ConfigCompositionException naming the override); `progress(done, total)` is called
+    after each job.
+    """
+    rows: list[PlanRow] = []
+    total = len(job_overrides)
+    planning = 0.0
+    for done, overrides in enumerate(job_overrides, start=1):
+        run = composer.run_config(overrides)
+        tic = time.perf_counter()
+        row = plan_run(run, world_size=world_size)
+        planning += time.perf_counter() - tic
+        rows.append(dataclasses.replace(row, overrides=" ".join(overrides)))
+        if progress is not None:
+            progress(done, total)
+    return rows, planning
+
+
+def progress_printer(
+    every: int, stream: TextIO, *, what: str = "plan", unit: str = "configs"
+) -> Callable[[int, int], None] | None:
+    """A progress callback writing `<what>: done/total <unit> (s)` every `every` items; None if every <= 0.
+
+    Only batches longer than `every` get lines: a short one is over before anyone looks.
+    """
+    if every <= 0:
+        return None
+    tic = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        if total > every and (done % every == 0 or done == total):
+            stream.write(f"{what}: {done:,}/{total:,} {unit} ({time.perf_counter() - tic:.1f} s)\n")
+            stream.flush()
+
+    return report
+
+
+class PlanLauncher(Launcher):
+    """Hydra launcher that plans each job instead of running it (`hydra/launcher=plan`).
+
+    Options (hydra.launcher.*): world_size (devices each config is planned for; null: dp
+    from the config, or 1), csv_name (file in the sweep directory), table (print one row
+    per config), progress_every (a stderr line every this many configs; 0: none).
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        csv_name: str = "plan.csv",
+        table: bool = True,
+        progress_every: int = 2000,
+    ) -> None:
+        super().__init__()
+        self.world_size = world_size
+        self.csv_name = csv_name
+        self.table = table
+        self.progress_every = progress_every
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+        # Rows of every batch so far: a sweeper may launch in several batches, plan.csv has them all.
+        self.rows: list[PlanRow] = []
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        if not is_megasweep_config(self.config):
+            raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")
+        composer = sweep_composer(self.hydra_context.config_loader, self.config)
+        rows, plan_seconds = plan_sweep(
+            composer,
+            job_overrides,
+            world_size=self.world_size,
+            progress=progress_printer(self.progress_every, sys.stderr),
+        )
+        self.rows.extend(rows)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        csv_path = write_plan_csv(self.rows, sweep_dir / self.csv_name)
+        summary = summarize(rows, composer, plan_seconds)
+        if self.table:
+            print(format_plan_table(rows))
+        # A sweeper may launch in batches: later ones say which jobs they hold.
+        jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
+        print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)
+        task_name = str(self.config.hydra.job.name)
+        return [
+            JobReturn(
+                overrides=list(overrides),
+                task_name=task_name,
+                status=JobStatus.COMPLETED,
+                _return_value=row,
+            )
+            for overrides, row in zip(job_overrides, rows, strict=True)
+        ]

@@ -1,0 +1,210 @@
+"""analysis.calc: the FLOPs calculator CLI, through a subprocess and through main(argv)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.calc import main
+from conf.schema import ModelConfig, Recompute
+from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
+
+REPO = Path(__file__).resolve().parents[2]
+
+# BLOOM notes (seed 001), 'GBS Variations', after the Eq. 3 fix:
+# | 48 | 181B | 8 | 8 | 6 | 4 | 2048 | 55GB | 114.11 | 141.27 | 02-25 |
+BLOOM_ROW = [
+    "model=bloom_181b_l72_h14336",
+    "hardware=a100_80gb",
+    "parallelism.tp=8",
+    "parallelism.pp=6",
+    "parallelism.micro_batch_size=4",
+    "parallelism.global_batch_size=2048",
+    "parallelism.recompute=full",
+    "parallelism.precision=bf16",
+    "sec_per_iter=114.11",
+    "devices=384",
+    "convention=megatron_eq3",
+]
+JSON_KEYS = {"tflops_per_device", "aggregate_pflops", "mfu", "hfu"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis.calc", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def json_main(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    status, out, err = run_main(capsys, *args, "output=json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_cli_reproduces_a_bloom_row_as_json() -> None:
+    result = run_cli(*BLOOM_ROW, "output=json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # exactly one JSON object on stdout
+    assert data.keys() >= JSON_KEYS
+    assert data["convention"] == "megatron_eq3"
+    # Logged TFLOPs 141.27 (2 decimals, from a rounded Sec/it): 0.05% tolerance.
+    assert data["tflops_per_device"] == pytest.approx(141.27, rel=5e-4)
+    assert data["aggregate_pflops"] == pytest.approx(141.27 * 384 / 1024, rel=5e-4)
+    # Against the A100's dense bf16 peak of 312: HFU from the factor-4 figure, MFU from factor 3.
+    assert data["hfu"] == pytest.approx(141.27 / 312, rel=5e-4)
+    assert data["mfu"] < data["hfu"]
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("layout", "sec_per_iter", "logged"),
+    [
+        # | 48 | 181B | 8 | 4 | 12 | 2 | 2048 | 44GB | 110.48 | 145.92 | 02-25 |
+        (["parallelism.tp=4", "parallelism.pp=12", "parallelism.micro_batch_size=2"], "110.48", 145.92),
+        # | 48 | 181B | 4 | 8 | 12 | 1 | 2048 | 29GB | 143.31 | 112.49 | 02-21 |
+        (["parallelism.tp=8", "parallelism.pp=12", "parallelism.micro_batch_size=1"], "143.31", 112.49),
+    ],
+)
+def test_main_reproduces_bloom_rows_as_text(
+    capsys: pytest.CaptureFixture[str], layout: list[str], sec_per_iter: str, logged: float
+) -> None:
+    args = [
+        a
+        for a in BLOOM_ROW
+        if not a.startswith(("parallelism.tp", "parallelism.pp", "parallelism.micro", "sec"))
+    ]
+    status, out, err = run_main(capsys, *args, *layout, f"sec_per_iter={sec_per_iter}")
+    assert status == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("TFLOPs / device"))
+    assert float(line.split()[3]) == pytest.approx(logged, rel=5e-4)
+    assert "MFU" in out and "HFU" in out
+
+
+def test_gemm_convention_matches_train_flops(capsys: pytest.CaptureFixture[str]) -> None:
+    data = json_main(
+        capsys,
+        "model=gpt_1.3b",
+        "hardware=a100_80gb",
+        "parallelism.tp=2",
+        "parallelism.global_batch_size=512",
+        "parallelism.recompute=selective",
+        "parallelism.precision=bf16",
+        "sec_per_iter=20",
+        "devices=64",
+    )
+    model = ModelConfig(
+        name="gpt_1.3b",
+        num_layers=24,
+        hidden_size=2048,
+        num_attention_heads=16,
+        seq_length=2048,
+        vocab_size=50257,
+    )
+    flops = model_flops_per_iteration(model, global_batch_size=512, tp=2)
+    hardware = hardware_flops_per_iteration(model, global_batch_size=512, recompute=Recompute.selective, tp=2)
+    assert data["convention"] == "gemm"
+    assert data["flops_per_iteration"] == flops
+    assert data["tflops_per_device"] == pytest.approx(flops / (20 * 64 * 1e12), rel=1e-12)
+    assert data["aggregate_pflops"] == pytest.approx(data["tflops_per_device"] * 64 / 1024, rel=1e-12)
+    assert data["mfu"] == pytest.approx(data["tflops_per_device"] / 312, rel=1e-12)
+    assert data["hfu"] == pytest.approx(hardware / (20 * 64 * 1e12) / 312, rel=1e-12)
+    assert data["mfu"] < data["hfu"] < 1
+
+
+@pytest.mark.parametrize(("recompute", "ratio"), [("none", 1.0), ("selective", 4 / 3), ("full", 4 / 3)])
+def test_mpt_convention_hfu_factor(capsys: pytest.CaptureFixture[str], recompute: str, ratio: float) -> None:
+    data = json_main(
+        capsys,
+        "model=gpt_6.7b",
+        "hardware=h100_sxm",
+        "parallelism.precision=bf16",
+        f"parallelism.recompute={recompute}",
+        "parallelism.global_batch_size=64",
+        "sec_per_iter=10",
+        "devices=8",
+        "convention=mpt",
+    )
+    assert data["hfu"] == pytest.approx(ratio * data["mfu"], rel=1e-12)
+
+
+def test_unknown_peak_gives_null(capsys: pytest.CaptureFixture[str]) -> None:
+    data = json_main(capsys, "hardware=cpu", "sec_per_iter=1.5", "devices=1")
+    assert data["mfu"] is None and data["hfu"] is None and data["peak_tflops"] is None
+    assert data["tflops_per_device"] > 0
+    data = json_main(
+        capsys, "hardware=v100_32gb", "parallelism.precision=bf16", "sec_per_iter=1.5", "devices=1"
+    )
+    assert data["mfu"] is None  # V100 has no bf16
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "hint"),
+    [
+        (["devices=8"], "sec_per_iter", "missing"),
+        (["sec_per_iter=1"], "devices", "missing"),
+        (["sec_per_iter=-3", "devices=8"], "sec_per_iter=-3", "positive"),
+        (["sec_per_iter=abc", "devices=8"], "sec_per_iter=abc", "positive"),
+        (["sec_per_iter=1", "devices=0"], "devices=0", "positive"),
+        (["sec_per_iter=1", "devices=2.5"], "devices=2.5", "whole"),
+        (["sec_per_iter=1", "devices=8", "convention=flops6n"], "convention=flops6n", "megatron_eq3"),
+        (["sec_per_iter=1", "devices=8", "output=xml"], "output=xml", "json"),
+        (["model=gpt_99b", "sec_per_iter=1", "devices=8"], "model/gpt_99b", "gpt_1.3b"),
+        (["parallelism.tp=two", "sec_per_iter=1", "devices=8"], "parallelism.tp", "Integer"),
+        (["parallelism.tp=3", "sec_per_iter=1", "devices=3"], "num_attention_heads", "divisors"),
+        (["parallelism.tp=2", "sec_per_iter=1", "devices=3"], "devices=3", "multiple"),
+        (["parallelism.dp=2", "sec_per_iter=1", "devices=4"], "parallelism.dp=2", "devices=2"),
+        (
+            [
+                "model=gpt_1.3b",
+                "hardware=a100_80gb",
+                "parallelism.precision=bf16",
+                "sec_per_iter=0.001",
+                "devices=8",
+            ],
+            "MFU",
+            "sec_per_iter=0.001",
+        ),
+    ],
+)
+def test_bad_input_is_one_clear_paragraph(
+    capsys: pytest.CaptureFixture[str], args: list[str], key: str, hint: str
+) -> None:
+    status, out, err = run_main(capsys, *args)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1  # one paragraph, one line
+    assert key in err and hint in err
+    assert "Traceback" not in err
+
+
+def test_cli_bad_input_exits_2_without_traceback() -> None:
+    result = run_cli("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "devices=8")
+    assert result.returncode == 2
+    assert "sec_per_iter" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli(*BLOOM_ROW[:-1], "convention=bogus")
+    assert result.returncode == 2
+    assert "convention=bogus" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(capsys, "--help")
+    assert status == 0 and "sec_per_iter" in out and "convention" in out
+
+
+def test_calc_does_not_import_torch() -> None:
+    code = "import sys, analysis.calc; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -1,0 +1,159 @@
+"""Plan benchmark: a 10,000-config dry run, end to end and in-process.
+
+    python -m tests.bench bench_plan
+
+End to end is `python -m train -m <sweep> hydra/launcher=plan` in a subprocess: Python and
+Hydra start-up, the megasweep sweeper's check, composition, planning, the printed table
+and plan.csv. In-process times the composer and the planner alone. For scale, Hydra's own
+way (one full composition per job) is timed on a small sample: the basic sweeper, and
+`hydra.compose` + `to_run_config` per config. Figures only; nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# 4 x 5 x 5 x 4 layouts x 5 models x 5 devices = 10,000 configs, 25 distinct group choices.
+AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("parallelism.tp", ("1", "2", "4", "8")),
+    ("parallelism.pp", ("1", "2", "4", "8", "16")),
+    ("parallelism.dp", ("1", "2", "4", "8", "16")),
+    ("parallelism.micro_batch_size", ("1", "2", "4", "8")),
+    ("model", ("gpt_1.3b", "gpt_2.7b", "gpt_6.7b", "gpt_13b", "gpt_30b")),
+    ("hardware", ("a100_40gb", "a100_80gb", "h100_pcie", "h100_sxm", "h200")),
+)
+# Enough for whole batches of every dp x micro-batch combination above.
+FIXED = ("parallelism.global_batch_size=1024",)
+
+
+def sweep_args(axes: tuple[tuple[str, tuple[str, ...]], ...] = AXES) -> list[str]:
+    """The sweep as command-line overrides: `key=v1,v2,...`."""
+    return [f"{key}={','.join(values)}" for key, values in axes] + list(FIXED)
+
+
+def jobs(axes: tuple[tuple[str, tuple[str, ...]], ...] = AXES) -> list[list[str]]:
+    """Every job's overrides, in the basic sweeper's order (cartesian product, last axis fastest)."""
+    lists = [[f"{key}={v}" for v in values] for key, values in axes] + [[f] for f in FIXED]
+    return [list(job) for job in itertools.product(*lists)]
+
+
+def _children_peak_rss_mib() -> float:
+    # ru_maxrss is KiB on Linux: the largest child waited for so far.
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def _self_peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_cli(args: list[str], sweep_dir: Path) -> tuple[float, str, str]:
+    """Run `python -m train -m <args> hydra/launcher=plan`; (wall seconds, stdout, stderr)."""
+    cmd = [sys.executable, "-m", "train", "-m", *args, "hydra/launcher=plan", f"hydra.sweep.dir={sweep_dir}"]
+    tic = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - tic
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout, proc.stderr
+
+
+def csv_rows(path: Path) -> int:
+    with path.open(newline="") as f:
+        return sum(1 for _ in csv.DictReader(f))
+
+
+def bench_end_to_end(tmp: Path) -> None:
+    n = len(jobs())
+    wall, out, err = run_cli(sweep_args(), tmp / "e2e")
+    rows = csv_rows(tmp / "e2e" / "plan.csv")
+    summary = next((line for line in out.splitlines() if line.startswith("plan: ")), "(no summary line)")
+    print(
+        f"end to end, {n:,} configs: wall {wall:.2f} s, {n / wall:,.0f} configs/s, "
+        f"peak RSS {_children_peak_rss_mib():.0f} MiB, plan.csv {rows:,} rows"
+    )
+    print(f"  {re.sub(r' -> .*', '', summary)}")
+    progress = [line for line in err.splitlines() if line.startswith(("check:", "plan:"))]
+    print(f"  progress lines on stderr: {len(progress)}")
+
+
+def bench_in_process() -> None:
+    from launchers.compose import FastComposer
+    from launchers.plan import plan_sweep, summarize
+
+    batch = jobs()
+    tic = time.perf_counter()
+    composer = FastComposer.from_config_dir(REPO / "conf")
+    composer.run_configs(batch)
+    first = time.perf_counter() - tic
+    stats = composer.stats()
+    tic = time.perf_counter()
+    composer.run_configs(batch)
+    again = time.perf_counter() - tic
+    tic = time.perf_counter()
+    rows, planning = plan_sweep(composer, batch)
+    total = time.perf_counter() - tic
+    summary = summarize(rows, composer, planning)
+    n = len(batch)
+    print(f"in-process, {n:,} configs:")
+    print(
+        f"  compose (cold): {first:.2f} s = {stats.bases} Hydra compositions + {stats.evaluations} override "
+        f"evaluations + {n:,} assemblies ({stats.exact} composed in full)"
+    )
+    print(f"  compose (warm): {again:.2f} s, {1e6 * again / n:.0f} us/config")
+    print(
+        f"  plan_sweep (warm compose + plan_run): {total:.2f} s, of which plan_run {planning:.2f} s "
+        f"({1e6 * planning / n:.0f} us/config)"
+    )
+    print(
+        f"  cold compose + plan: {first + planning:.2f} s, {n / (first + planning):,.0f} configs/s; "
+        f"{summary.feasible:,} feasible, {summary.infeasible:,} infeasible; peak RSS {_self_peak_rss_mib():.0f} MiB"
+    )
+
+
+def bench_hydra_per_job(tmp: Path) -> None:
+    """Hydra's own cost per config, on a sample, extrapolated to the full sweep."""
+    from hydra import compose, initialize_config_dir
+
+    import conf  # noqa: F401  (registers the schema)
+    from conf.schema import to_run_config
+
+    n = len(jobs())
+    # The same kind of sweep, small: 4 tp x 5 pp x 5 models = 100 configs.
+    small = (AXES[0], AXES[1], AXES[4])
+    wall_fast, _, _ = run_cli(sweep_args(small), tmp / "fast")
+    wall_basic, _, _ = run_cli([*sweep_args(small), "hydra/sweeper=basic"], tmp / "basic")
+    m = len(jobs(small))
+    print(
+        f"{m} configs end to end: megasweep sweeper {wall_fast:.2f} s, Hydra's basic sweeper {wall_basic:.2f} s "
+        f"(composes every job): about {(wall_basic - wall_fast) / m * n / 60:.1f} min more for {n:,}"
+    )
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        batch = jobs()[:: n // 20][:20]
+        tic = time.perf_counter()
+        for overrides in batch:
+            to_run_config(compose("config", overrides=overrides))
+        per = (time.perf_counter() - tic) / len(batch)
+    print(
+        f"hydra.compose + to_run_config: {1e3 * per:.0f} ms/config, {per * n / 60:.1f} min for {n:,} configs"
+    )
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
+        bench_end_to_end(Path(tmp))
+        bench_in_process()
+        bench_hydra_per_job(Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

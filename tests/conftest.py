@@ -1,0 +1,117 @@
+"""Shared pytest fixtures.
+
+`slurm_cluster` gives tests a real Slurm cluster on this machine (slurm/cluster-up.sh: munge, MariaDB,
+slurmdbd, slurmctld and one slurmd per emulated node). It starts the cluster only when it is not
+already up and never stops it: `make test` runs slurm/cluster-down.sh after pytest, and a developer
+running pytest by hand keeps the cluster warm between runs.
+
+Every test that uses the fixture gets the `slurm` marker, so `pytest -m "not slurm"` skips them all.
+MEGASWEEP_SKIP_SLURM=1 skips them too (a machine where the cluster cannot run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_SCRIPTS = REPO / "slurm"
+DEFAULT_STATE_DIR = Path("/var/lib/megasweep-slurm")
+# The first bring-up on a bare machine installs four Debian packages; later ones take seconds.
+BRING_UP_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class SlurmClusterInfo:
+    """What tests need to know about the local cluster (read from its cluster.json)."""
+
+    cluster_name: str
+    partition: str
+    nodes: tuple[str, ...]
+    state_dir: Path
+    slurm_conf: Path
+    cpus_per_node: int
+    oversubscribe: int
+    max_array_size: int
+    slurm_version: str
+
+    @property
+    def scripts_dir(self) -> Path:
+        return SLURM_SCRIPTS
+
+
+def slurm_state_dir() -> Path:
+    return Path(os.environ.get("MEGASWEEP_SLURM_DIR") or DEFAULT_STATE_DIR)
+
+
+def load_cluster_info(state_dir: Path) -> SlurmClusterInfo:
+    raw = json.loads((state_dir / "cluster.json").read_text())
+    return SlurmClusterInfo(
+        cluster_name=raw["cluster_name"],
+        partition=raw["partition"],
+        nodes=tuple(raw["nodes"]),
+        state_dir=Path(raw["state_dir"]),
+        slurm_conf=Path(raw["slurm_conf"]),
+        cpus_per_node=int(raw["cpus_per_node"]),
+        oversubscribe=int(raw["oversubscribe"]),
+        max_array_size=int(raw["max_array_size"]),
+        slurm_version=raw["slurm_version"],
+    )
+
+
+def cluster_is_up() -> bool:
+    status = subprocess.run(
+        ["bash", str(SLURM_SCRIPTS / "cluster-status.sh"), "--quiet"], capture_output=True, timeout=120
+    )
+    return status.returncode == 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml so that the marker lives next to its fixture
+    # (--strict-markers rejects unregistered ones).
+    config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (slurm/cluster-up.sh)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmClusterInfo]:
+    if os.environ.get("MEGASWEEP_SKIP_SLURM", "") not in ("", "0"):
+        pytest.skip("MEGASWEEP_SKIP_SLURM is set")
+    if not cluster_is_up():
+        # Bringing it up needs root; without root (and without a running cluster) there is nothing
+        # this session can do, which is a skip, not a failure.
+        if os.geteuid() != 0:
+            pytest.skip("the local Slurm cluster is not up and bringing it up needs root")
+        if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+            pytest.skip("no Slurm here and no apt-get to install it")
+        up = subprocess.run(
+            ["bash", str(SLURM_SCRIPTS / "cluster-up.sh")],
+            capture_output=True,
+            text=True,
+            timeout=BRING_UP_TIMEOUT_S,
+        )
+        if up.returncode != 0:
+            pytest.fail(
+                f"slurm/cluster-up.sh failed ({up.returncode}):\n{up.stdout}{up.stderr}", pytrace=False
+            )
+    info = load_cluster_info(slurm_state_dir())
+    # Clients find the cluster through SLURM_CONF even where /etc/slurm/slurm.conf belongs to someone
+    # else (cluster-up then leaves it alone).
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SLURM_CONF", str(info.slurm_conf))
+    try:
+        yield info
+    finally:
+        patch.undo()

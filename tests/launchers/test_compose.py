@@ -1,0 +1,169 @@
+"""The fast composer gives exactly what a full Hydra compose + to_run_config gives, and fails the same way."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+
+import conf  # noqa: F401  (registers the schema)
+from conf.schema import Precision, Recompute, RunConfig, to_run_config
+from launchers.compose import FastComposer
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+@pytest.fixture(scope="module")
+def composer() -> FastComposer:
+    return FastComposer.from_config_dir(CONF_DIR)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[object]:
+    """`reference(overrides)`: RunConfig by hydra.compose, the slow way the composer must match."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+
+        def run(overrides: list[str]) -> RunConfig:
+            return to_run_config(compose("config", overrides=overrides))
+
+        yield run
+
+
+SAME_AS_HYDRA = [
+    pytest.param([], id="defaults"),
+    pytest.param(["model=gpt_1.3b"], id="one-group"),
+    pytest.param(["model=gpt_13b", "hardware=a100_80gb", "parallelism=megatron_3d"], id="three-groups"),
+    pytest.param(["parallelism.tp=2", "model=gpt_1.3b", "parallelism.pp=4"], id="groups-and-values"),
+    pytest.param(["parallelism.rampup_batch_size=[16,16,1000]"], id="list"),
+    pytest.param(["parallelism.recompute=full", "parallelism.precision=bf16"], id="enums"),
+    pytest.param(["parallelism=megatron_3d", "parallelism.dp=null"], id="null"),
+    pytest.param(["parallelism.dp=8", "model.ffn_hidden_size=1000"], id="optional-set"),
+    pytest.param(["model.name='my model'", "parallelism.tp='2'"], id="quoted"),
+    pytest.param(["hardware=h100_sxm", "hardware.memory_gib=40"], id="int-into-float"),
+    pytest.param(
+        ["cluster=generic_gpu", "cluster.env.NCCL_DEBUG=INFO", "++cluster.env.NEW=1"], id="dict-field"
+    ),
+    pytest.param(["cluster.setup=[module load cuda,source venv/bin/activate]"], id="list-of-str"),
+    pytest.param(["parallelism={tp:2,pp:2}"], id="dict-merge"),
+    pytest.param(["cluster=generic_gpu", "~cluster.env.NCCL_DEBUG"], id="delete"),
+    pytest.param(["++foo=1", "training.lr=0.1"], id="outside-schema"),
+    pytest.param(
+        ["logger=disabled", "training.train_iters=100", "training.data_path=/data/x.bin"], id="logger"
+    ),
+    # Not independent: the composer must notice and compose these in order.
+    pytest.param(["parallelism.tp=2", "parallelism.tp=4"], id="same-key-twice"),
+    pytest.param(["parallelism={tp:2}", "parallelism.pp=4"], id="nested-keys"),
+    pytest.param(
+        ["model=gpt_1.3b", "model.ffn_hidden_size=${model.hidden_size}", "model.hidden_size=1024"],
+        id="interpolation",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides", SAME_AS_HYDRA)
+def test_same_run_config_as_hydra_compose(composer: FastComposer, reference, overrides: list[str]) -> None:
+    assert composer.run_config(overrides) == reference(overrides)
+
+
+def test_values_land(composer: FastComposer) -> None:
+    # Guards against a composer and a reference that agree on ignoring an override.
+    run = composer.run_config(
+        ["model=gpt_1.3b", "parallelism.tp=4", "parallelism.recompute=selective", "parallelism.dp=null"]
+    )
+    assert run.model.name == "gpt_1.3b" and run.model.hidden_size == 2048
+    assert run.parallelism.tp == 4
+    assert run.parallelism.recompute is Recompute.selective
+    assert run.parallelism.dp is None
+    interpolated = composer.run_config(
+        ["model.ffn_hidden_size=${model.hidden_size}", "model.hidden_size=512"]
+    )
+    assert interpolated.model.ffn_hidden_size == 512
+    assert composer.run_config(["parallelism.tp=2", "parallelism.tp=4"]).parallelism.tp == 4
+
+
+def test_sweep_composes_once_per_group_choice() -> None:
+    composer = FastComposer.from_config_dir(CONF_DIR)
+    batch = [
+        [
+            f"model={m}",
+            f"parallelism.tp={tp}",
+            f"parallelism.micro_batch_size={mbs}",
+            f"parallelism.precision={p}",
+        ]
+        for m, tp, mbs, p in itertools.product(["tiny", "gpt_1.3b"], [1, 2, 4], [1, 2], ["bf16", "fp16"])
+    ]
+    runs = composer.run_configs(batch)
+    stats = composer.stats()
+    assert stats.jobs == len(batch) == 24
+    assert stats.bases == 2  # one Hydra composition per model, not per job
+    assert stats.exact == 0
+    # 3 tp + 2 mbs + 2 precision values; the parallelism node is the same for both models.
+    assert stats.evaluations == 7
+    for overrides, run in zip(batch, runs, strict=True):
+        model, tp, mbs, precision = (o.split("=", 1)[1] for o in overrides)
+        assert run.model.name == model
+        assert (run.parallelism.tp, run.parallelism.micro_batch_size) == (int(tp), int(mbs))
+        assert run.parallelism.precision is Precision(precision)
+        # Untouched fields keep their base's values.
+        assert run.hardware == runs[0].hardware and run.training == runs[0].training
+
+
+def test_sampled_sweep_matches_hydra(composer: FastComposer, reference) -> None:
+    # Every job of a small mixed sweep (group choices x values, shared bases), composed both ways.
+    batch = [
+        [f"model={m}", f"hardware={h}", f"parallelism.zero_stage={z}"]
+        for m, h, z in itertools.product(["tiny", "gpt_350m"], ["cpu", "a100_40gb"], [0, 3])
+    ]
+    for overrides, run in zip(batch, composer.run_configs(batch), strict=True):
+        assert run == reference(overrides), overrides
+
+
+BAD = [
+    pytest.param(["model.foo=1"], "model.foo", id="unknown-key"),
+    pytest.param(["parallelism.tp=abc"], "parallelism.tp=abc", id="wrong-type"),
+    pytest.param(["parallelism.recompute=xx"], "parallelism.recompute=xx", id="bad-enum"),
+    pytest.param(["model=nosuch"], "nosuch", id="missing-option"),
+    pytest.param(["+training.lr=0.1"], "training.lr", id="add-existing"),
+    pytest.param(["+model.foo=1"], "+model.foo=1", id="add-unknown"),
+    pytest.param(["parallelism.tp=[1,"], "parallelism.tp=[1,", id="syntax"),
+    pytest.param(["~training.data_path"], "training.data_path", id="delete-null"),
+    pytest.param(["~parallelism.zero_stage"], "parallelism.zero_stage", id="delete-schema-field"),
+    # The bad override among good ones, in an independent job and in one composed in order.
+    pytest.param(
+        ["model=gpt_1.3b", "parallelism.tp=2", "parallelism.pp=x"], "parallelism.pp=x", id="among-good"
+    ),
+    pytest.param(["parallelism.tp=2", "parallelism.tp=x"], "parallelism.tp=x", id="in-order-path"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named"), BAD)
+def test_bad_override_is_rejected_by_name(composer: FastComposer, reference, overrides, named: str) -> None:
+    # Hydra (compose, then to_run_config) rejects it too: the composer must not be more lenient...
+    with pytest.raises(Exception):  # noqa: B017  (Hydra's or OmegaConf's, depending on the stage)
+        reference(overrides)
+    for _ in range(2):  # ...and must keep rejecting it once the error is cached.
+        with pytest.raises(HydraException) as error:
+            composer.run_config(overrides)
+        message = str(error.value)
+        assert named in message, message
+        assert "Traceback" not in message
+
+
+def test_wrong_type_error_explains_the_type(composer: FastComposer) -> None:
+    with pytest.raises(HydraException) as error:
+        composer.run_config(["parallelism.tp=abc"])
+    # As on Hydra's command line: the message names the override, its cause says what was wrong.
+    assert "could not be converted to Integer" in str(error.value.__cause__)
+    with pytest.raises(HydraException) as error:
+        composer.run_config(["parallelism.recompute=xx"])
+    assert "none, selective, full" in str(error.value.__cause__)
+
+
+def test_compose_returns_the_full_config(composer: FastComposer) -> None:
+    cfg = composer.compose(["model=gpt_1.3b", "parallelism.tp=2"])
+    assert cfg.model.name == "gpt_1.3b" and cfg.parallelism.tp == 2
+    assert "hydra" in cfg

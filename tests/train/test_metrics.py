@@ -1,0 +1,229 @@
+"""train.metrics: Megatron log lines, medians, atomic records, credential scrubbing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from train import metrics
+from train.metrics import (
+    IterationStats,
+    allowlisted_env,
+    format_log_line,
+    median_after_warmup,
+    redact_values,
+    scrub,
+    scrub_overrides,
+    secret_values,
+    summarize,
+    write_json_atomic,
+)
+
+# A line Megatron-DeepSpeed printed for BLOOM (seed 001, "bf16 - 1 node, 1 replica", 20B model).
+BLOOM_LINE = (
+    " iteration        2/   95367 | consumed samples:         4096 | consumed tokens:      8388608 |"
+    " elapsed time per iteration (s): 777.09 | learning rate: 3.787E-06 | global batch size:  2048 |"
+    " lm loss: 6.381926E+01 | loss scale: 1.0 | grad norm: 2.763 | num zeros: 0.0 |"
+    " number of skipped iterations:   0 | number of nan iterations:   0 | samples per second: 2.635 |"
+    " TFLOPs: 107.48 |"
+)
+
+NUMBER = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
+
+
+def parse_megatron_line(line: str) -> dict[str, str]:
+    """Fields of a Megatron iteration line, as a log parser would read them."""
+    fields = {}
+    for part in line.strip().strip("|").split(" | "):
+        part = part.strip()
+        if part.startswith("iteration"):
+            m = re.fullmatch(r"iteration\s+(\d+)/\s*(\d+)", part)
+            assert m, part
+            fields["iteration"], fields["train_iters"] = m.groups()
+        else:
+            key, _, value = part.rpartition(": ")
+            fields[key] = value.strip()
+    return fields
+
+
+def _stats(**overrides: object) -> IterationStats:
+    base: dict[str, object] = dict(
+        iteration=2,
+        train_iters=95367,
+        consumed_samples=4096,
+        consumed_tokens=8388608,
+        elapsed_s=777.09,
+        learning_rate=3.787e-06,
+        global_batch_size=2048,
+        loss=63.81926,
+        loss_scale=1.0,
+        grad_norm=2.763,
+        skipped_iters=0,
+        nan_iters=0,
+        samples_per_s=2.635,
+        tflops=107.48,
+        mfu=0.3445,
+        max_mem_gib=68.0,
+    )
+    base.update(overrides)
+    return IterationStats(**base)  # type: ignore[arg-type]
+
+
+def test_log_line_has_megatrons_fields_in_megatrons_format() -> None:
+    ours = parse_megatron_line(format_log_line(_stats()))
+    theirs = parse_megatron_line(BLOOM_LINE)
+    # Every field Megatron prints (except the optional `num zeros`) is there, with the same text
+    # for the same numbers; elapsed time has one more decimal (documented in format_log_line).
+    shared = set(theirs) - {"num zeros", "elapsed time per iteration (s)"}
+    assert shared <= set(ours)
+    for key in shared:
+        assert ours[key] == theirs[key], key
+    assert float(ours["elapsed time per iteration (s)"]) == pytest.approx(777.09)
+    assert ours["MFU"] == "34.45%"
+    assert ours["max memory (GiB)"] == "68.00"
+    # Field order follows Megatron's
+    keys = list(ours)
+    assert keys.index("consumed samples") < keys.index("lm loss") < keys.index("TFLOPs") < keys.index("MFU")
+
+
+def test_log_line_layout() -> None:
+    line = format_log_line(_stats(iteration=7, train_iters=10, tflops=None, mfu=None))
+    assert line.startswith(" iteration        7/      10 | consumed samples:")
+    assert line.endswith(" |")
+    assert "TFLOPs: n/a" in line and "MFU: n/a" in line
+    small = parse_megatron_line(format_log_line(_stats(tflops=0.02806)))
+    assert small["TFLOPs"] == "0.0281"  # sub-TFLOP CPU runs keep significant digits
+    for value in parse_megatron_line(line).values():
+        assert re.fullmatch(NUMBER + "%?|n/a", value), value
+
+
+def test_median_excludes_warmup() -> None:
+    # The two warm-up iterations are 100x slower; they must not move the median.
+    assert median_after_warmup([100.0, 50.0, 1.0, 2.0, 3.0], warmup=2) == 2.0
+    assert median_after_warmup([100.0, 50.0, 1.0, 2.0], warmup=2) == 1.5
+    assert median_after_warmup([100.0, 50.0], warmup=2) is None
+    assert median_after_warmup([1.0, None, 3.0], warmup=0) == 2.0
+    assert median_after_warmup([5.0, 1.0], warmup=-3) == 3.0
+
+
+def test_summarize_derives_throughput_from_median_time() -> None:
+    its = [_stats(elapsed_s=t, global_batch_size=8) for t in (9.0, 9.0, 2.0, 1.0, 4.0)]
+    m = summarize(
+        its, warmup=2, seq_length=256, devices=2, flops_per_iteration={"model": 4e12, "hardware": 6e12}
+    )
+    assert m.measured_iterations == 3
+    assert m.sec_per_iter == 2.0
+    assert m.samples_per_s == 4.0
+    assert m.tokens_per_s_per_device == 4.0 * 256 / 2
+    assert m.tflops_per_device == pytest.approx(1.0)
+    assert m.tflops_per_device_hardware == pytest.approx(1.5)
+    assert m.tflops_per_device_megatron_eq3 is None
+    empty = summarize(its[:2], warmup=2, seq_length=256, devices=1, flops_per_iteration={"model": 1.0})
+    assert empty.sec_per_iter is None and empty.measured_iterations == 0
+
+
+def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    write_json_atomic(path, {"status": "ok", "x": [1, 2]})
+    write_json_atomic(path, {"status": "nan"})
+    assert json.loads(path.read_text()) == {"status": "nan"}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+    mode = path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # readable by the sweep's other users, not mkstemp's 0600
+
+
+def test_atomic_write_leaves_no_partial_file_on_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "result.json"
+    write_json_atomic(path, {"status": "ok"})
+
+    def crash(src: object, dst: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(metrics.os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        write_json_atomic(path, {"status": "error", "big": "x" * 100_000})
+    assert json.loads(path.read_text()) == {"status": "ok"}  # the old record, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left behind
+
+
+def test_atomic_write_rejects_nan_without_touching_file(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    with pytest.raises(ValueError):
+        write_json_atomic(path, {"loss": float("nan")})
+    assert not path.exists()
+
+
+def test_record_to_dict_turns_non_finite_into_null() -> None:
+    assert metrics._finite({"a": float("nan"), "b": [float("inf"), 1.0], "c": "x"}) == {
+        "a": None,
+        "b": [None, 1.0],
+        "c": "x",
+    }
+
+
+def test_env_allowlist_and_scrubbing() -> None:
+    environ = {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_IB_HCA": "mlx5",
+        "NCCL_SECRET_KEY": "abc123",
+        "SLURM_JOB_ID": "42",
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "WANDB_API_KEY": "sekrit",
+        "HOME": "/root",
+        "AWS_SECRET_ACCESS_KEY": "xyz",
+    }
+    env = allowlisted_env(environ)
+    assert env == {
+        "CUDA_LAUNCH_BLOCKING": "1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_IB_HCA": "mlx5",
+        "NCCL_SECRET_KEY": "***",
+        "SLURM_JOB_ID": "42",
+    }
+
+
+def test_scrub_config_and_overrides() -> None:
+    cfg = {
+        "cluster": {"env": {"WANDB_API_KEY": "sekrit", "NCCL_DEBUG": "INFO"}},
+        "hf_token": "t0k",
+        "lr": 1e-3,
+    }
+    assert scrub(cfg) == {
+        "cluster": {"env": {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}},
+        "hf_token": "***",
+        "lr": 1e-3,
+    }
+    assert scrub_overrides(["+cluster.env.WANDB_API_KEY=sekrit", "training.lr=1e-3", "model=tiny"]) == [
+        "+cluster.env.WANDB_API_KEY=***",
+        "training.lr=1e-3",
+        "model=tiny",
+    ]
+
+
+def test_redact_values_catches_quoted_secrets() -> None:
+    secrets = secret_values(
+        {"WANDB_API_KEY": "sekrit-long", "MY_TOKEN": "sekrit", "PASSWORD": "1", "HOME": "/root"}
+    )
+    assert secrets == ["sekrit-long", "sekrit"]  # longest first; too-short values are not redacted
+    record = {"message": "login failed for key sekrit-long", "overrides": ["a=sekrit"], "n": 1}
+    assert redact_values(record, secrets) == {
+        "message": "login failed for key ***",
+        "overrides": ["a=***"],
+        "n": 1,
+    }
+
+
+def test_metrics_module_does_not_import_torch() -> None:
+    import subprocess
+
+    code = "import sys, train.metrics; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

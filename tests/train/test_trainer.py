@@ -1,0 +1,455 @@
+"""train.trainer end to end on CPU (tiny shapes, a few iterations), plus data, optimizer and calibration."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import conf  # noqa: F401  (registers the schema)
+from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
+from train import trainer
+from train.calibrate import measure_peak_tflops
+from train.data import MASK_PROBABILITY, MemmapTokens, SyntheticTokens, get_batch, make_source
+from train.model import IGNORE_INDEX, build_model
+from train.optim import TORCH_FOREACH, TORCH_FUSED, build_optimizer, lr_at
+from train.trainer import TrainingDiverged, TrainingTimeout, run_training
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = [
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.num_attention_heads=2",
+    "model.seq_length=32",
+    "model.vocab_size=256",
+    "model.make_vocab_size_divisible_by=64",
+    "parallelism.micro_batch_size=2",
+    "parallelism.global_batch_size=4",
+    "training.train_iters=3",
+    "training.warmup_iters=1",
+    "logger=disabled",
+    # Two calibrations per run add up over a test file; the offline run below keeps them.
+    "hardware.peak_measured=false",
+]
+RECORD_FIELDS = {
+    "status",
+    "message",
+    "config",
+    "overrides",
+    "world",
+    "hardware",
+    "versions",
+    "git_commit",
+    "optimizer",
+    "flops_per_iteration",
+    "sec_per_iter",
+    "samples_per_s",
+    "tokens_per_s_per_device",
+    "tflops_per_device",
+    "mfu",
+    "hfu",
+    "max_mem_gib",
+    "max_mem_gib_per_rank",
+    "peak_tflops",
+    "peak_source",
+    "losses",
+}
+
+
+def compose_run(*overrides: str) -> RunConfig:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return to_run_config(compose("config", overrides=[*SMALL, *overrides]))
+
+
+def read_record(directory: Path) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads((directory / "result.json").read_text())
+    return record
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_from_outside(monkeypatch: pytest.MonkeyPatch) -> None:
+    # WANDB_MODE wins over the config; pin it so a developer's shell cannot change these tests.
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """One real run with W&B offline and a credential in the environment."""
+    out = tmp_path_factory.mktemp("offline")
+    overrides = ["logger=offline", "hardware.peak_measured=true", "+cluster.env.HF_TOKEN=hf-sekrit"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_API_KEY", "sekrit")
+        mp.setenv("NCCL_DEBUG", "INFO")
+        # As `python -m train +cluster.env.HF_TOKEN=...` would leave it for W&B's metadata to read.
+        mp.setattr(sys, "argv", ["train", *overrides])
+        run = compose_run(*overrides)
+        returned = run_training(run, output_dir=out, overrides=overrides)
+        yield out, returned
+
+
+def test_record_ok_with_all_fields(offline_run: tuple[Path, dict[str, Any]]) -> None:
+    out, returned = offline_run
+    record = read_record(out)
+    assert record == returned
+    assert record["status"] == "ok" and record["message"] is None
+    assert set(record) >= RECORD_FIELDS
+    assert record["world"] == {"world_size": 1, "dp": 1, "tp": 1, "pp": 1}
+    assert record["config"]["model"]["hidden_size"] == 32
+    assert record["overrides"] == [
+        "logger=offline",
+        "hardware.peak_measured=true",
+        "+cluster.env.HF_TOKEN=***",
+    ]
+    assert record["versions"]["torch"] == torch.__version__ and record["versions"]["python"]
+    assert record["optimizer"] in (TORCH_FUSED, TORCH_FOREACH)
+    assert set(record["flops_per_iteration"]) == {"model", "hardware", "megatron_eq3"}
+    assert record["peak_source"] == "measured" and record["peak_tflops"] > 0
+    assert record["iterations_run"] == 3 and record["measured_iterations"] == 2 and len(record["losses"]) == 3
+    for key in (
+        "sec_per_iter",
+        "samples_per_s",
+        "tokens_per_s_per_device",
+        "tflops_per_device",
+        "max_mem_gib",
+    ):
+        assert record[key] > 0, key
+    assert record["samples_per_s"] == pytest.approx(4 / record["sec_per_iter"])
+    assert record["sec_per_iter"] == pytest.approx(float(np.median(record["iteration_times_s"][1:])))
+    assert record["max_mem_gib_per_rank"] == [record["max_mem_gib"]]
+    # MFU is either a real fraction or withheld with a stated reason (a noisy calibration).
+    assert (0 < record["mfu"] <= 1) or any("MFU not recorded" in w for w in record["warnings"])
+    assert record["env"] == {"NCCL_DEBUG": "INFO"}
+
+
+def test_no_credentials_anywhere_in_the_output(offline_run: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = offline_run
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "result.json" for p in files) and len(files) > 1
+    for path in files:
+        data = path.read_bytes()
+        assert b"sekrit" not in data, path  # WANDB_API_KEY's value and the HF_TOKEN override's
+
+
+def test_wandb_offline_run_directory(offline_run: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = offline_run
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("run-*.wandb"))  # the log `wandb sync` uploads
+
+
+def test_wandb_failure_never_stops_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import wandb
+
+    def broken_init(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("W&B is down")
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(wandb, "init", broken_init)
+    with pytest.warns(RuntimeWarning, match="W&B is down"):
+        record = run_training(compose_run(), output_dir=tmp_path, overrides=[])
+    assert record["status"] == "ok" and record["iterations_run"] == 3
+    assert any("wandb init failed" in w for w in record["warnings"])
+
+
+def test_wandb_log_failure_disables_wandb_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.wandb_log import WandbLogger
+
+    class FlakyRun:
+        calls = 0
+
+        def log(self, *args: object, **kwargs: object) -> None:
+            FlakyRun.calls += 1
+            raise OSError("disk full")
+
+    logger = WandbLogger(compose_run().logger, config={}, output_dir=tmp_path)
+    logger.run = FlakyRun()
+    with pytest.warns(RuntimeWarning, match="disk full"):
+        logger.log({"loss": 1.0}, step=1)
+    logger.log({"loss": 1.0}, step=2)  # no second warning, no second call
+    assert FlakyRun.calls == 1 and not logger.enabled
+
+
+def test_wandb_mode_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.wandb_log import resolve_mode
+
+    logger = compose_run("logger=online").logger
+    assert resolve_mode(logger, {"WANDB_MODE": "offline"}) == "offline"
+    assert resolve_mode(logger, {}) == "online"
+    assert resolve_mode(compose_run("logger=disabled").logger, {}) == "disabled"
+
+
+def test_wandb_helpers() -> None:
+    from train.wandb_log import argv_has_secret, hydra_sweep_name
+
+    assert argv_has_secret(["train", "+cluster.env.HF_TOKEN=x"])
+    assert not argv_has_secret(["train", "training.lr=1e-3", "--multirun"])
+    assert hydra_sweep_name() is None  # not inside a Hydra job
+
+
+def _losses(tmp_path: Path, name: str, *overrides: str) -> list[float]:
+    record = run_training(compose_run(*overrides), output_dir=tmp_path / name, overrides=list(overrides))
+    return record["losses"]
+
+
+def test_gradient_accumulation_equals_one_large_micro_batch(tmp_path: Path) -> None:
+    base = ("parallelism.global_batch_size=8", "parallelism.optimizer=torch")
+    accumulated = _losses(tmp_path, "acc", "parallelism.micro_batch_size=2", *base)  # 4 micro-batches
+    single = _losses(tmp_path, "one", "parallelism.micro_batch_size=8", *base)
+    # Same samples, same normalization: only the fp32 summation order differs (rel. 1e-5).
+    assert accumulated == pytest.approx(single, rel=1e-5)
+    assert len(single) == 3 and single[0] != single[2]  # the weights did move
+
+
+def test_gradient_accumulation_bert(tmp_path: Path) -> None:
+    base = ("model.kind=bert", "parallelism.global_batch_size=4")
+    accumulated = _losses(tmp_path, "acc", "parallelism.micro_batch_size=1", *base)
+    single = _losses(tmp_path, "one", "parallelism.micro_batch_size=4", *base)
+    assert accumulated == pytest.approx(single, rel=1e-5)
+
+
+def test_fused_and_foreach_adam_agree(tmp_path: Path) -> None:
+    fused = run_training(
+        compose_run("parallelism.optimizer=torch_fused"), output_dir=tmp_path / "f", overrides=[]
+    )
+    foreach = run_training(
+        compose_run("parallelism.optimizer=torch"), output_dir=tmp_path / "e", overrides=[]
+    )
+    assert (fused["optimizer"], foreach["optimizer"]) == (TORCH_FUSED, TORCH_FOREACH)
+    # Same math, different kernels: agree to 1e-5 relative over 3 steps.
+    assert fused["losses"] == pytest.approx(foreach["losses"], rel=1e-5)
+
+
+def test_recompute_same_losses_more_hardware_flops(tmp_path: Path) -> None:
+    none = run_training(compose_run(), output_dir=tmp_path / "n", overrides=[])
+    full = run_training(compose_run("parallelism.recompute=full"), output_dir=tmp_path / "f", overrides=[])
+    assert full["losses"] == pytest.approx(none["losses"], rel=1e-6)
+    fpi = full["flops_per_iteration"]
+    assert fpi["hardware"] > fpi["model"] == none["flops_per_iteration"]["hardware"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs(tmp_path: Path, precision: str) -> None:
+    record = run_training(
+        compose_run(f"parallelism.precision={precision}"), output_dir=tmp_path, overrides=[]
+    )
+    assert record["status"] == "ok" and record["precision"] == precision
+    assert all(np.isfinite(record["losses"]))
+    assert abs(record["losses"][0] - np.log(256)) < 0.5  # near-uniform predictions at init
+
+
+def test_nan_loss_stops_with_nan_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = compose_run("training.lr=1e30", "training.train_iters=6", "parallelism.optimizer=torch")
+    with pytest.raises(TrainingDiverged):
+        run_training(run, output_dir=tmp_path, overrides=[])
+    record = read_record(tmp_path)
+    assert record["status"] == "nan" and "NaN" in record["message"]
+    assert record["iterations_run"] < 6  # stopped at the first non-finite loss
+    assert record["losses"][-1] is None  # NaN/inf written as JSON null
+    assert f"result: {tmp_path / 'result.json'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory"), "oom"),
+        (ValueError("boom"), "error"),
+        (TrainingTimeout("received SIGTERM"), "timeout"),
+    ],
+)
+def test_failures_write_a_record_and_reraise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException, status: str
+) -> None:
+    def failing_train(*args: object, **kwargs: object) -> str:
+        raise exc
+
+    monkeypatch.setattr(trainer, "train", failing_train)
+    with pytest.raises(type(exc)):
+        run_training(compose_run(), output_dir=tmp_path, overrides=["x=1"])
+    record = read_record(tmp_path)
+    assert record["status"] == status and str(exc) in record["message"]
+    assert record["overrides"] == ["x=1"] and record["sec_per_iter"] is None
+
+
+def test_sigterm_becomes_timeout_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def slow_train(*args: object, **kwargs: object) -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return "ok"
+
+    monkeypatch.setattr(trainer, "train", slow_train)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingTimeout):
+        run_training(compose_run(), output_dir=tmp_path, overrides=[])
+    assert read_record(tmp_path)["status"] == "timeout"
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+
+def test_explicit_apex_on_cpu_is_an_error_record(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="apex"):
+        run_training(compose_run("parallelism.optimizer=apex"), output_dir=tmp_path, overrides=[])
+    assert read_record(tmp_path)["status"] == "error"
+
+
+def test_global_batch_must_split_into_micro_batches(tmp_path: Path) -> None:
+    run = compose_run("parallelism.micro_batch_size=3", "parallelism.global_batch_size=4")
+    with pytest.raises(ValueError, match="multiple"):
+        run_training(run, output_dir=tmp_path, overrides=[])
+
+
+def test_micro_batches_cover_the_global_batch_once() -> None:
+    run = compose_run("parallelism.micro_batch_size=2", "parallelism.global_batch_size=8")
+    ranges = trainer.micro_batch_indices(run, world=trainer.World(), consumed=16)
+    assert [list(r) for r in ranges] == [[16, 17], [18, 19], [20, 21], [22, 23]]
+    # Two DP ranks interleave micro-batches and together cover the same 8 samples.
+    two = [
+        trainer.micro_batch_indices(run, world=trainer.World(world_size=2, rank=r, dp=2), consumed=0)
+        for r in (0, 1)
+    ]
+    assert sorted(i for rank in two for r in rank for i in r) == list(range(8))
+
+
+@pytest.mark.slow
+def test_cli_subprocess(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "training.train_iters=3", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(" iteration ")]
+    assert len(lines) == 3 and "lm loss:" in lines[0]
+    assert f"result: {tmp_path / 'result.json'}" in proc.stdout
+    assert read_record(tmp_path)["status"] == "ok"
+
+
+# --- data, optimizer, schedule, calibration -----------------------------------------------------------
+
+GPT_CFG = ModelConfig(
+    name="d", num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=40, vocab_size=1000
+)
+
+
+def test_synthetic_samples_depend_only_on_seed_and_index() -> None:
+    a, b = SyntheticTokens(GPT_CFG, seed=1), SyntheticTokens(GPT_CFG, seed=1)
+    assert np.array_equal(a.sample(5), b.sample(5)) and len(a.sample(5)) == 41
+    assert not np.array_equal(a.sample(5), a.sample(6))
+    assert not np.array_equal(a.sample(5), SyntheticTokens(GPT_CFG, seed=2).sample(5))
+    whole, _ = get_batch(a, GPT_CFG, indices=range(4), seed=1, device=torch.device("cpu"))
+    part, _ = get_batch(a, GPT_CFG, indices=range(2, 4), seed=1, device=torch.device("cpu"))
+    assert torch.equal(whole[2:], part)
+    assert int(whole.max()) < GPT_CFG.vocab_size - 1  # the last id is reserved for [MASK]
+
+
+def test_gpt_labels_are_next_tokens() -> None:
+    tokens, labels = get_batch(
+        SyntheticTokens(GPT_CFG, seed=0), GPT_CFG, indices=[3], seed=0, device=torch.device("cpu")
+    )
+    assert tokens.shape == labels.shape == (1, 40)
+    assert torch.equal(tokens[0, 1:], labels[0, :-1])
+
+
+def test_bert_masking_is_deterministic_15_percent() -> None:
+    cfg = ModelConfig(**{**GPT_CFG.__dict__, "kind": ModelKind.bert, "seq_length": 200})
+    source = SyntheticTokens(cfg, seed=0)
+    x1, y1 = get_batch(source, cfg, indices=[0, 1], seed=0, device=torch.device("cpu"))
+    x2, y2 = get_batch(source, cfg, indices=[0, 1], seed=0, device=torch.device("cpu"))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    labelled = y1 != IGNORE_INDEX
+    assert labelled.sum(dim=1).tolist() == [round(MASK_PROBABILITY * 200)] * 2
+    original = torch.from_numpy(source.sample(0)[:-1])
+    assert torch.equal(y1[0][labelled[0]], original[labelled[0]])
+    assert torch.equal(x1[0][~labelled[0]], original[~labelled[0]])  # unmasked positions untouched
+    assert (x1[0][labelled[0]] == cfg.vocab_size - 1).float().mean() > 0.6  # mostly [MASK]
+
+
+def test_memmap_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.bin"
+    np.arange(1000, dtype=np.uint16).tofile(path)
+    source = make_source(GPT_CFG, seed=0, data_path=str(path))
+    assert isinstance(source, MemmapTokens) and source.dtype == np.uint16
+    assert source.sample(0).tolist() == list(range(41))
+    assert source.sample(1).tolist() == list(range(40, 81))
+    assert np.array_equal(source.sample(source.windows), source.sample(0))  # wraps around
+    wide = ModelConfig(**{**GPT_CFG.__dict__, "vocab_size": 100_000})
+    np.arange(100, dtype=np.uint32).tofile(tmp_path / "wide.bin")
+    assert MemmapTokens(tmp_path / "wide.bin", wide).sample(1)[0] == 40
+    np.full(100, 5000, dtype=np.uint16).tofile(tmp_path / "bad.bin")
+    with pytest.raises(ValueError, match="vocab_size"):
+        MemmapTokens(tmp_path / "bad.bin", GPT_CFG).sample(0)
+
+
+def test_memmap_training_run(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 256, size=5000, dtype=np.uint16).tofile(path)
+    record = run_training(
+        compose_run(f"training.data_path={path}"), output_dir=tmp_path / "run", overrides=[]
+    )
+    assert record["status"] == "ok"
+
+
+def test_optimizer_choice() -> None:
+    model = build_model(GPT_CFG)
+    assert build_optimizer(model, impl="auto", lr=1e-3, weight_decay=0.1, device_type="cpu")[1] == TORCH_FUSED
+    assert (
+        build_optimizer(model, impl=OptimizerImpl.torch, lr=1e-3, weight_decay=0.1, device_type="cpu")[1]
+        == TORCH_FOREACH
+    )
+    opt, _ = build_optimizer(model, impl="torch_fused", lr=1e-3, weight_decay=0.1, device_type="cpu")
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decayed["params"]) and all(p.ndim == 1 for p in plain["params"])
+    with pytest.raises(ValueError, match="apex"):
+        build_optimizer(model, impl="apex", lr=1e-3, weight_decay=0.1, device_type="cpu")
+
+
+def test_lr_schedule() -> None:
+    lrs = [lr_at(i, peak=1.0, warmup_iters=4, total_iters=14) for i in range(1, 15)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]  # linear warm-up
+    assert lrs[4] == 1.0 and lrs[-1] > 0.1 and all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    assert lr_at(100, peak=1.0, warmup_iters=4, total_iters=14) == pytest.approx(0.1)  # floor
+    assert lr_at(1, peak=3.0, warmup_iters=0, total_iters=10) == 3.0
+
+
+def test_calibration_is_positive_and_plausible() -> None:
+    peak = measure_peak_tflops("cpu", "fp32", budget_s=0.1)
+    assert 0 < peak < 100  # a few CPU cores: far below any GPU
+
+
+def test_unknown_peak_means_no_mfu(tmp_path: Path) -> None:
+    record = run_training(compose_run(), output_dir=tmp_path, overrides=[])
+    assert record["peak_tflops"] is None and record["peak_source"] is None
+    assert record["mfu"] is None and record["hfu"] is None and record["tflops_per_device"] > 0
+
+
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
+    run = compose_run("parallelism.precision=fp16")
+    torch.manual_seed(0)
+    model = build_model(run.model)
+    optimizer, _ = build_optimizer(model, impl="torch", lr=1e-3, weight_decay=0.0, device_type="cpu")
+    # 2^40 overflows fp16 activation gradients (max 65504) for sure.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    cpu = torch.device("cpu")
+    batches = trainer.step_batches(
+        run, make_source(run.model, seed=0, data_path=None), world=trainer.World(), consumed=0, device=cpu
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    result = trainer.train_step(model, optimizer, scaler, batches, run=run, device=cpu)
+    assert result.skipped and result.loss_scale == 2.0**40 and np.isfinite(result.loss)
+    assert scaler.get_scale() == 2.0**39
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no update

@@ -1,0 +1,646 @@
+"""Validation rules: a property test against plain arithmetic, one broken rule at a time, and messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import re
+from enum import Enum
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conf.schema import (
+    HardwareConfig,
+    ModelConfig,
+    Offload,
+    OptimizerImpl,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+    RunConfig,
+)
+from train.memory import estimate_memory, usable_bytes
+from train.validation import RULES, InfeasibleConfig, Violation, divisors, resolve_dp, validate
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PER_RULE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# A small valid base: 4 heads of 8, 4 layers, one 8-device node that has every peak.
+BASE_MODEL = ModelConfig(
+    name="t", num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=8, vocab_size=100,
+    make_vocab_size_divisible_by=8,
+)
+BASE_PAR = ParallelismConfig(tp=1, pp=1, micro_batch_size=1, global_batch_size=4, precision=Precision.bf16)
+BASE_HW = HardwareConfig(
+    name="toy", device_type="cuda", peak_tflops_bf16=100.0, peak_tflops_fp16=100.0, peak_tflops_fp32=50.0,
+    memory_gib=80.0, memory_reserve_gib=0.0, devices_per_node=8,
+)
+
+
+def make_run(model: dict | None = None, par: dict | None = None, hw: dict | None = None) -> RunConfig:
+    return RunConfig(
+        model=dataclasses.replace(BASE_MODEL, **(model or {})),
+        parallelism=dataclasses.replace(BASE_PAR, **(par or {})),
+        hardware=dataclasses.replace(BASE_HW, **(hw or {})),
+    )
+
+
+def compose_run(*overrides: str) -> RunConfig:
+    from hydra import compose, initialize_config_dir
+
+    import conf  # noqa: F401  (registers the schema)
+    from conf.schema import to_run_config
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_run_config(compose("config", overrides=list(overrides)))
+
+
+# --------------------------------------------------------------------------------------
+# The reference: every rule in plain arithmetic, independent of train.validation.
+
+
+def _pos(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
+    """Every rule the run breaks, by direct arithmetic (no cascade suppression)."""
+    m, p, hw = run.model, run.parallelism, run.hardware
+    broken: set[str] = set()
+    # Rules on fields that positivity does not cover hold or break whatever the sizes are.
+    if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)):
+        broken.add("vocab_padding")
+    elif _pos(p.tp):
+        multiple = m.make_vocab_size_divisible_by * p.tp
+        if math.ceil(m.vocab_size / multiple) * multiple % p.tp:
+            broken.add("vocab_padding")
+    if p.zero_stage not in (0, 1, 2, 3):
+        broken.add("zero_stage")
+    if (p.offload == Offload.params and p.zero_stage != 3) or (p.offload == Offload.optimizer and p.zero_stage < 1):
+        broken.add("offload_requires_zero")
+    peak = {"bf16": hw.peak_tflops_bf16, "fp16": hw.peak_tflops_fp16, "fp32": hw.peak_tflops_fp32}[p.precision]
+    if peak is None and not hw.peak_measured:
+        broken.add("precision_supported")
+
+    ints = {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
+            "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size,
+            "dpn": hw.devices_per_node, "ffn": m.ffn_hidden_size, "dp": p.dp, "world": world_size}
+    bad = {k for k, v in ints.items() if v is not None and not _pos(v)}
+    if bad:
+        broken.add("positive")
+
+    def ok(*names: str) -> bool:  # each divisibility rule needs its own fields to be positive
+        return not bad.intersection(names)
+
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    if ok("hidden", "heads") and m.hidden_size % m.num_attention_heads:
+        broken.add("hidden_divisible_by_heads")
+    if ok("heads", "tp") and m.num_attention_heads % p.tp:
+        broken.add("heads_divisible_by_tp")
+    if ok("hidden", "tp") and m.hidden_size % p.tp:
+        broken.add("hidden_divisible_by_tp")
+    if ok("hidden", "ffn", "tp") and ffn % p.tp:
+        broken.add("ffn_divisible_by_tp")
+    if ok("layers", "pp") and m.num_layers % p.pp:
+        broken.add("layers_divisible_by_pp")
+    if ok("tp", "dpn") and (p.tp > hw.devices_per_node or hw.devices_per_node % p.tp):
+        broken.add("tp_within_node")
+    dp: int | None = None
+    if not ok("tp", "pp", "dp", "world"):
+        pass  # no dp to speak of
+    elif world_size is None:
+        dp = p.dp or 1
+    elif p.dp is not None:
+        dp = p.dp if p.dp * p.tp * p.pp == world_size else None
+        if dp is None:
+            broken.add("world_size")
+    else:
+        dp = world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else None
+        if dp is None:
+            broken.add("world_size")
+    if dp is not None and ok("mbs", "gbs"):
+        step = p.micro_batch_size * dp
+        if p.global_batch_size % step:
+            broken.add("global_batch_divisible")
+        ramp = p.rampup_batch_size
+        if ramp is not None:
+            if len(ramp) != 3 or any(not isinstance(v, int) or v < 0 for v in ramp):
+                broken.add("rampup_batch_size")
+            else:
+                start, incr, _ = ramp
+                if (start <= 0 or incr <= 0 or start % step or incr % step or start > p.global_batch_size
+                        or (p.global_batch_size - start) % incr):
+                    broken.add("rampup_batch_size")
+    if bad:
+        return broken  # the memory estimate needs every size positive
+    if dp is not None and p.zero_stage in (0, 1, 2, 3) and "vocab_padding" not in broken:
+        fused = p.optimizer != OptimizerImpl.torch
+        if estimate_memory(m, p, dp=dp, fused_optimizer=fused).total > usable_bytes(hw):
+            broken.add("memory")
+    return broken
+
+
+# --------------------------------------------------------------------------------------
+# (a) Whatever validate accepts satisfies every rule; whatever it reports is really broken.
+
+
+@st.composite
+def any_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
+    model = ModelConfig(
+        name="h",
+        num_layers=draw(st.integers(1, 8)),
+        hidden_size=draw(st.integers(1, 48)),
+        num_attention_heads=draw(st.integers(1, 8)),
+        ffn_hidden_size=draw(st.none() | st.integers(1, 64)),
+        seq_length=draw(st.integers(1, 8)),
+        vocab_size=draw(st.integers(1, 300)),
+        make_vocab_size_divisible_by=draw(st.integers(1, 16)),
+    )
+    ramp = draw(st.none() | st.lists(st.integers(0, 32), min_size=3, max_size=3))
+    zero = draw(st.integers(0, 3))
+    par = ParallelismConfig(
+        tp=draw(st.sampled_from([1, 1, 2, 3, 4, 8])),
+        pp=draw(st.integers(1, 4)),
+        dp=draw(st.none() | st.integers(1, 4)),
+        micro_batch_size=draw(st.integers(1, 4)),
+        global_batch_size=draw(st.integers(1, 32)),
+        rampup_batch_size=ramp,
+        zero_stage=zero,
+        offload=draw(st.sampled_from(list(Offload))),
+        recompute=draw(st.sampled_from(list(Recompute))),
+        precision=draw(st.sampled_from(list(Precision))),
+    )
+    peaks = st.none() | st.just(100.0)
+    hw = HardwareConfig(
+        name="hw",
+        peak_tflops_bf16=draw(peaks),
+        peak_tflops_fp16=draw(peaks),
+        peak_tflops_fp32=draw(peaks),
+        peak_measured=draw(st.booleans()),
+        # Tiny capacities exercise the memory rule on these tiny models.
+        memory_gib=draw(st.sampled_from([0.0005, 0.002, 80.0])),
+        memory_reserve_gib=0.0,
+        devices_per_node=draw(st.sampled_from([1, 2, 4, 6, 8])),
+    )
+    world = draw(st.none() | st.integers(1, 64))
+    return RunConfig(model=model, parallelism=par, hardware=hw), world
+
+
+@st.composite
+def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
+    """Mostly valid configs: each value follows the rules, but about one in six is drawn freely.
+
+    Uniform draws (any_config) almost never pass every rule, so this is what exercises "accepted".
+    """
+
+    def pick(valid: st.SearchStrategy, wild: st.SearchStrategy) -> object:
+        return draw(wild) if draw(st.integers(0, 5)) == 0 else draw(valid)
+
+    tp = draw(st.sampled_from([1, 2, 4]))
+    pp = draw(st.integers(1, 3))
+    heads = pick(st.builds(lambda k: tp * k, st.integers(1, 3)), st.integers(1, 8))
+    assert isinstance(heads, int)
+    dp = draw(st.integers(1, 3))
+    mbs = draw(st.integers(1, 3))
+    step = mbs * dp
+    zero = pick(st.integers(0, 3), st.integers(-1, 4))
+    precision = draw(st.sampled_from(list(Precision)))
+    model = ModelConfig(
+        name="n",
+        num_layers=pick(st.builds(lambda j: pp * j, st.integers(1, 3)), st.integers(0, 8)),  # type: ignore[arg-type]
+        hidden_size=pick(st.builds(lambda d: heads * d, st.integers(1, 4)), st.integers(1, 40)),  # type: ignore[arg-type]
+        num_attention_heads=heads,
+        ffn_hidden_size=pick(st.none() | st.builds(lambda n: tp * n, st.integers(1, 8)), st.integers(0, 40)),  # type: ignore[arg-type]
+        seq_length=draw(st.integers(1, 8)),
+        vocab_size=pick(st.integers(1, 200), st.integers(-1, 200)),  # type: ignore[arg-type]
+        make_vocab_size_divisible_by=pick(st.sampled_from([1, 8, 64]), st.integers(-1, 8)),  # type: ignore[arg-type]
+    )
+    gbs = pick(st.builds(lambda k: step * k, st.integers(1, 6)), st.integers(1, 40))
+    assert isinstance(gbs, int)
+    ramp = pick(
+        st.none() | st.builds(lambda a, n: [step * a, step, n], st.integers(1, 1), st.integers(0, 99)),
+        st.none() | st.lists(st.integers(0, 12), min_size=2, max_size=4),
+    )
+    offload_ok = [Offload.none] + ([Offload.optimizer] if zero in (1, 2, 3) else []) + (
+        [Offload.params] if zero == 3 else [])
+    par = ParallelismConfig(
+        tp=tp,
+        pp=pp,
+        dp=draw(st.sampled_from([None, dp])),
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        rampup_batch_size=ramp,  # type: ignore[arg-type]
+        zero_stage=zero,  # type: ignore[arg-type]
+        offload=pick(st.sampled_from(offload_ok), st.sampled_from(list(Offload))),  # type: ignore[arg-type]
+        recompute=draw(st.sampled_from(list(Recompute))),
+        precision=precision,
+    )
+    measured = draw(st.booleans())
+    peak_here = pick(st.just(100.0), st.none())
+    hw = HardwareConfig(
+        name="hw",
+        peak_tflops_bf16=peak_here if precision == Precision.bf16 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
+        peak_tflops_fp16=peak_here if precision == Precision.fp16 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
+        peak_tflops_fp32=peak_here if precision == Precision.fp32 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
+        peak_measured=measured,
+        memory_gib=pick(st.just(80.0), st.sampled_from([1e-5, 1e-4, 0.002])),  # type: ignore[arg-type]
+        memory_reserve_gib=0.0,
+        devices_per_node=pick(st.sampled_from([tp, 2 * tp, 8]), st.integers(1, 8)),  # type: ignore[arg-type]
+    )
+    world = pick(st.sampled_from([None, dp * tp * pp]), st.integers(1, 40))
+    return RunConfig(model=model, parallelism=par, hardware=hw), world  # type: ignore[return-value]
+
+
+@PROPERTY
+@given(st.one_of(any_config(), near_valid_config()))
+def test_accepted_configs_satisfy_every_rule_and_reports_are_real(case: tuple[RunConfig, int | None]) -> None:
+    run, world = case
+    violations = validate(run, world_size=world)
+    reference = broken_rules(run, world)
+    reported = [v.rule for v in violations]
+    if not violations:
+        assert reference == set(), f"validate accepted a config that breaks {reference}"
+    # No false alarm: each reported rule is broken by the arithmetic too.
+    assert set(reported) <= reference
+    # One violation per rule, in the documented order.
+    assert len(reported) == len(set(reported))
+    assert reported == sorted(reported, key=RULES.index)
+    for v in violations:
+        assert "; " not in v.message  # the planner's CSV joins reasons with it
+        assert "\n" not in v.message
+
+
+@PROPERTY
+@given(st.one_of(any_config(), near_valid_config()))
+def test_validate_is_deterministic(case: tuple[RunConfig, int | None]) -> None:
+    run, world = case
+    assert validate(run, world_size=world) == validate(run, world_size=world)
+
+
+# --------------------------------------------------------------------------------------
+# (b) Break exactly one rule; the report names that rule and the fields' values.
+
+
+@st.composite
+def tp_split_model(draw: st.DrawFn, tp: int) -> dict:
+    """Model fields whose heads, hidden and ffn all split over tp."""
+    heads = tp * draw(st.integers(1, 2))
+    return {"num_attention_heads": heads, "hidden_size": heads * draw(st.integers(1, 4)),
+            "ffn_hidden_size": tp * draw(st.integers(1, 8))}
+
+
+@st.composite
+def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[str]]:
+    """A config that breaks `rule` (and, where arithmetic forces it, only its unavoidable partner)."""
+    model: dict = {}
+    par: dict = {}
+    hw: dict = {}
+    world: int | None = None
+    expected = {rule}
+    if rule == "positive":
+        field, value = draw(st.sampled_from([
+            ("model.num_layers", 0), ("model.hidden_size", -32), ("model.num_attention_heads", 0),
+            ("model.seq_length", 0), ("model.ffn_hidden_size", 0), ("parallelism.tp", 0), ("parallelism.pp", -1),
+            ("parallelism.dp", 0), ("parallelism.micro_batch_size", 0), ("parallelism.global_batch_size", 0),
+            ("hardware.devices_per_node", 0), ("world_size", 0),
+        ]))
+        group, name = field.split(".") if "." in field else ("", field)
+        target = {"model": model, "parallelism": par, "hardware": hw}.get(group)
+        if target is None:
+            world = value
+        else:
+            target[name] = value
+    elif rule == "hidden_divisible_by_heads":
+        heads = draw(st.integers(2, 8))
+        model = {"num_attention_heads": heads,
+                 "hidden_size": heads * draw(st.integers(1, 6)) + draw(st.integers(1, heads - 1))}
+    elif rule == "heads_divisible_by_tp":
+        tp = draw(st.sampled_from([2, 4, 8]))
+        heads = tp * draw(st.integers(0, 2)) + draw(st.integers(1, tp - 1))
+        model = {"num_attention_heads": heads, "hidden_size": heads * tp * draw(st.integers(1, 3)),
+                 "ffn_hidden_size": tp * draw(st.integers(1, 8))}
+        par = {"tp": tp}
+    elif rule == "hidden_divisible_by_tp":
+        # heads % tp == 0 and hidden % heads == 0 imply hidden % tp == 0, so hidden % tp can only
+        # break together with hidden % heads.
+        tp = draw(st.sampled_from([2, 4]))
+        heads = tp * draw(st.integers(1, 2))
+        model = {"num_attention_heads": heads,
+                 "hidden_size": heads * draw(st.integers(1, 4)) + draw(st.integers(1, tp - 1)),
+                 "ffn_hidden_size": tp * draw(st.integers(1, 8))}
+        par = {"tp": tp}
+        expected = {rule, "hidden_divisible_by_heads"}
+    elif rule == "ffn_divisible_by_tp":
+        tp = draw(st.sampled_from([2, 4, 8]))
+        model = draw(tp_split_model(tp))
+        model["ffn_hidden_size"] = tp * draw(st.integers(0, 4)) + draw(st.integers(1, tp - 1))
+        par = {"tp": tp}
+    elif rule == "vocab_padding":
+        field = draw(st.sampled_from(["vocab_size", "make_vocab_size_divisible_by"]))
+        model = {field: draw(st.integers(-4, 0))}
+    elif rule == "layers_divisible_by_pp":
+        pp = draw(st.integers(2, 8))
+        model = {"num_layers": pp * draw(st.integers(0, 3)) + draw(st.integers(1, pp - 1))}
+        par = {"pp": pp}
+    elif rule == "tp_within_node":
+        tp = draw(st.sampled_from([2, 4, 8]))
+        model = draw(tp_split_model(tp))
+        par = {"tp": tp}
+        hw = {"devices_per_node": draw(st.integers(1, 16).filter(lambda d: d % tp != 0))}
+    elif rule == "world_size":
+        if draw(st.booleans()):  # dp derived: the world is not a multiple of tp x pp
+            pp = draw(st.sampled_from([2, 4]))
+            par = {"pp": pp}
+            world = draw(st.integers(1, 32).filter(lambda w: w % pp != 0))
+        else:  # dp explicit and disagreeing with the world
+            pp, dp = draw(st.sampled_from([1, 2])), draw(st.integers(1, 4))
+            par = {"pp": pp, "dp": dp}
+            world = draw(st.integers(1, 32).filter(lambda w: w != dp * pp))
+    elif rule == "global_batch_divisible":
+        dp, mbs = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        world = dp
+        par = {"micro_batch_size": mbs,
+               "global_batch_size": draw(st.integers(1, 64).filter(lambda g: g % (mbs * dp) != 0))}
+    elif rule == "rampup_batch_size":
+        dp, mbs = draw(st.integers(1, 4)), draw(st.integers(1, 2))
+        step = dp * mbs
+        world = dp
+        kind = draw(st.sampled_from(["start", "increment", "landing", "length"]))
+        gbs = step * draw(st.integers(4, 8))
+        if kind == "start" and step > 1:
+            ramp = [step + draw(st.integers(1, step - 1)), step, 100]
+        elif kind == "increment" and step > 1:
+            ramp = [step, step + draw(st.integers(1, step - 1)), 100]
+        elif kind == "length":
+            ramp = [step, step]
+        else:  # (global - start) not a multiple of increment
+            gbs = step * 5
+            ramp = [step, 3 * step, 100]
+        par = {"micro_batch_size": mbs, "global_batch_size": gbs, "rampup_batch_size": ramp}
+    elif rule == "zero_stage":
+        par = {"zero_stage": draw(st.sampled_from([-1, 4, 7]))}
+    elif rule == "offload_requires_zero":
+        par = draw(st.sampled_from([
+            {"offload": Offload.params, "zero_stage": 0}, {"offload": Offload.params, "zero_stage": 1},
+            {"offload": Offload.params, "zero_stage": 2}, {"offload": Offload.optimizer, "zero_stage": 0},
+        ]))
+    elif rule == "precision_supported":
+        precision = draw(st.sampled_from(list(Precision)))
+        par = {"precision": precision}
+        hw = {f"peak_tflops_{precision.value}": None}
+    elif rule == "memory":
+        hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
+    else:
+        raise AssertionError(rule)
+    return make_run(model, par, hw), world, expected
+
+
+def _render(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
+# Derived quantities in Violation.fields that are not config fields written as name=value.
+_DERIVED = {"predicted_gib", "usable_gib", "padded_vocab_size"}
+
+
+@pytest.mark.parametrize("rule", RULES)
+@PER_RULE
+@given(data=st.data())
+def test_breaking_one_rule_reports_that_rule_with_its_fields(rule: str, data: st.DataObject) -> None:
+    run, world, expected = data.draw(break_one(rule))
+    assert broken_rules(run, world) >= expected  # the construction really breaks it
+    violations = validate(run, world_size=world)
+    assert {v.rule for v in violations} == expected, [v.message for v in violations]
+    for v in violations:
+        assert v.fields, v
+        for name, value in v.fields.items():
+            if name not in _DERIVED:
+                assert f"{name}={_render(value)}" in v.message, (name, value, v.message)
+
+
+def test_valid_base_config_passes() -> None:
+    assert validate(make_run()) == []
+    assert broken_rules(make_run(), None) == set()
+
+
+# --------------------------------------------------------------------------------------
+# Messages: the alternatives they offer are right.
+
+
+def _one(run: RunConfig, world_size: int | None = None) -> Violation:
+    violations = validate(run, world_size=world_size)
+    assert len(violations) == 1, [v.message for v in violations]
+    return violations[0]
+
+
+def _listed(message: str, label: str) -> list[int]:
+    match = re.search(re.escape(label) + r"[^:]*: (\d+(?:, \d+)*)", message)
+    assert match, (label, message)
+    return [int(x) for x in match.group(1).split(",")]
+
+
+def test_tp_not_dividing_heads_lists_valid_tp() -> None:
+    violations = validate(make_run({"num_attention_heads": 16, "hidden_size": 1024}, {"tp": 3}, {"devices_per_node": 24}))
+    # 3 divides neither the hidden size nor the MLP either; the heads rule is the first of them.
+    assert [x.rule for x in violations] == ["heads_divisible_by_tp", "hidden_divisible_by_tp", "ffn_divisible_by_tp"]
+    v = violations[0]
+    assert v.fields == {"parallelism.tp": 3, "model.num_attention_heads": 16}
+    assert "parallelism.tp=3 does not divide model.num_attention_heads=16" in v.message
+    assert "whole heads" in v.message
+    assert "Valid tp for this model: 1, 2, 4, 8, 16." in v.message
+
+
+def test_valid_tp_also_respects_the_ffn_width() -> None:
+    # ffn 24 = 2^3 x 3: tp 16 divides heads and hidden but not the MLP.
+    v = _one(make_run({"num_attention_heads": 16, "hidden_size": 64, "ffn_hidden_size": 24}, {"tp": 16},
+                      {"devices_per_node": 16}))
+    assert v.rule == "ffn_divisible_by_tp"
+    assert _listed(v.message, "Valid tp for this model") == [1, 2, 4, 8]
+
+
+def test_layers_not_divisible_by_pp_lists_divisors() -> None:
+    v = _one(make_run({"num_layers": 96}, {"pp": 5}))
+    assert v.rule == "layers_divisible_by_pp"
+    assert _listed(v.message, "Valid pp for this model") == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96]
+
+
+def test_hidden_not_divisible_by_heads_lists_heads_and_hidden_sizes() -> None:
+    v = _one(make_run({"hidden_size": 100, "num_attention_heads": 8}))
+    assert v.rule == "hidden_divisible_by_heads"
+    heads = _listed(v.message, "Valid num_attention_heads")
+    assert heads and all(100 % a == 0 for a in heads)
+    hiddens = _listed(v.message, "or hidden_size for 8 heads")
+    assert hiddens == [88, 96, 104, 112]
+
+
+def test_world_size_not_multiple_of_model_parallel() -> None:
+    v = _one(make_run({"num_layers": 10}, {"pp": 5, "global_batch_size": 16}), world_size=48)
+    assert v.rule == "world_size"
+    assert "world size must be a multiple of tp x pp = 5" in v.message.lower()
+    assert _listed(v.message, "nearest") == [45, 50]
+
+
+def test_world_size_disagreeing_with_explicit_dp_lists_valid_dp() -> None:
+    v = _one(make_run(par={"dp": 3, "pp": 2}), world_size=16)
+    assert v.rule == "world_size"
+    assert "Valid dp for world_size=16: 8" in v.message
+
+
+def test_global_batch_lists_nearby_batches_and_micro_batches() -> None:
+    v = _one(make_run(par={"micro_batch_size": 4, "global_batch_size": 10}))
+    assert v.rule == "global_batch_divisible"
+    assert _listed(v.message, "Valid global_batch_size near 10") == [4, 8, 12, 16]
+    micro = _listed(v.message, "Valid micro_batch_size")
+    assert micro == [1, 2, 5, 10]
+    assert all(10 % m == 0 for m in micro)
+
+
+def test_global_batch_not_multiple_of_dp_says_no_micro_batch_works() -> None:
+    v = _one(make_run(par={"micro_batch_size": 1, "global_batch_size": 10}), world_size=4)
+    assert v.fields["parallelism.dp"] == 4
+    assert "No micro_batch_size works" in v.message
+    assert all(g % 4 == 0 for g in _listed(v.message, "Valid global_batch_size near 10"))
+
+
+def test_tp_outside_a_node_lists_tp_within_the_node() -> None:
+    v = _one(make_run({"num_attention_heads": 16, "hidden_size": 256}, {"tp": 16}))
+    assert v.rule == "tp_within_node"
+    assert "parallelism.tp=16 exceeds hardware.devices_per_node=8" in v.message
+    assert _listed(v.message, "Valid tp for this model on toy") == [1, 2, 4, 8]
+
+
+def test_bf16_on_v100_is_rejected_with_fp16_and_fp32() -> None:
+    run = compose_run("hardware=v100_32gb", "parallelism.precision=bf16")
+    v = _one(run)
+    assert v.rule == "precision_supported"
+    assert "parallelism.precision=bf16" in v.message and "v100_32gb" in v.message
+    assert "Valid precision on v100_32gb: fp16, fp32." in v.message
+    assert validate(compose_run("hardware=v100_32gb", "parallelism.precision=fp16")) == []
+
+
+def test_measured_peaks_accept_any_precision() -> None:
+    for precision in Precision:
+        run = make_run(par={"precision": precision},
+                       hw={"peak_measured": True, "peak_tflops_bf16": None, "peak_tflops_fp16": None,
+                           "peak_tflops_fp32": None})
+        assert validate(run) == []
+
+
+def test_offload_messages() -> None:
+    v = _one(make_run(par={"offload": Offload.params, "zero_stage": 2}))
+    assert "parallelism.offload=params requires ZeRO stage 3" in v.message
+    assert validate(make_run(par={"offload": Offload.params, "zero_stage": 3})) == []
+    assert validate(make_run(par={"offload": Offload.optimizer, "zero_stage": 1})) == []
+
+
+def test_zero_stage_out_of_range_lists_stages() -> None:
+    v = _one(make_run(par={"zero_stage": 4}))
+    assert v.rule == "zero_stage"
+    assert "Valid zero_stage: 0" in v.message and "3 (and parameters)" in v.message
+
+
+def test_rampup_follows_bloom_notes() -> None:
+    # Seed 001: "if the rampup steps are in increments of 32 with DP=4 highest MBS is 8", and
+    # the 48-node row "48 | 200B | 12 | 8 | 4 | 1 | 2040" is excluded by the ramp-up (32 % 12 != 0).
+    def bloom(dp: int, mbs: int, gbs: int) -> list[Violation]:
+        run = make_run({"num_layers": 8}, {"micro_batch_size": mbs, "global_batch_size": gbs,
+                                           "rampup_batch_size": [32, 32, 6_000_000]})
+        return [v for v in validate(run, world_size=dp) if v.rule == "rampup_batch_size"]
+
+    assert bloom(dp=4, mbs=8, gbs=2048) == []
+    assert bloom(dp=8, mbs=4, gbs=2048) == []
+    too_big = bloom(dp=4, mbs=16, gbs=2048)
+    assert len(too_big) == 1
+    assert "start 32 is not a multiple of micro_batch_size x dp = 64" in too_big[0].message
+    dp12 = bloom(dp=12, mbs=1, gbs=2040)
+    assert len(dp12) == 1 and "increment 32 is not a multiple of micro_batch_size x dp = 12" in dp12[0].message
+
+
+def test_rampup_needs_three_values_and_exact_landing() -> None:
+    v = _one(make_run(par={"rampup_batch_size": [4, 4]}))
+    assert "three non-negative integers" in v.message
+    assert validate(make_run(par={"global_batch_size": 10, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]})) == []
+    v = _one(make_run(par={"global_batch_size": 12, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]}))
+    assert "global_batch_size - start = 12 - 2 = 10 is not a multiple of increment 4" in v.message
+
+
+def test_memory_violation_reports_gib_and_fixes_that_fit() -> None:
+    # BLOOM 181B on 384 A100s with pp=2 and micro-batch 4: far over 80 GB.
+    run = compose_run("model=bloom_181b_l72_h14336", "hardware=a100_80gb", "parallelism=megatron_3d",
+                      "parallelism.pp=2", "parallelism.global_batch_size=2304", "parallelism.micro_batch_size=4")
+    v = _one(run, world_size=384)
+    assert v.rule == "memory"
+    predicted, usable = v.fields["predicted_gib"], v.fields["usable_gib"]
+    assert isinstance(predicted, float) and isinstance(usable, float)
+    assert predicted > usable == pytest.approx(79.15 - 1.0, abs=0.01)
+    assert f"Predicted memory {predicted:.2f} GiB" in v.message and f"usable {usable:.2f} GiB" in v.message
+    for knob in ("tp or pp", "zero_stage", "recompute", "micro_batch_size"):
+        assert knob in v.message
+    fixes = re.findall(r"parallelism\.(\w+)=(\w+)", v.message.split("alone would fit")[1])
+    assert fixes, v.message
+    # Each fix keeps dp, so check it with dp explicit rather than with the world size.
+    keep_dp = dataclasses.replace(run.parallelism, dp=24)
+    for key, value in fixes:
+        fixed = type(getattr(keep_dp, key))(value)
+        changed = dataclasses.replace(run, parallelism=dataclasses.replace(keep_dp, **{key: fixed}))
+        assert "memory" not in {x.rule for x in validate(changed)}, (key, value)
+
+
+def test_gpt3_on_one_gpu_has_no_single_fix() -> None:
+    run = compose_run("model=gpt3_175b", "hardware=a100_80gb", "parallelism=megatron_3d", "parallelism.tp=1")
+    v = _one(run, world_size=1)
+    assert v.rule == "memory"
+    assert "No single change" in v.message
+
+
+def test_shipped_default_layouts_are_valid() -> None:
+    assert validate(compose_run()) == []
+    assert validate(compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism=megatron_3d"),
+                    world_size=8) == []
+
+
+# --------------------------------------------------------------------------------------
+# InfeasibleConfig and resolve_dp
+
+
+def test_infeasible_config_is_one_paragraph_with_every_violation() -> None:
+    run = compose_run("hardware=v100_32gb", "parallelism.precision=bf16", "parallelism.tp=3",
+                      "parallelism.zero_stage=5")
+    violations = validate(run)
+    assert len(violations) >= 3
+    error = InfeasibleConfig(violations)
+    text = str(error)
+    assert isinstance(error, ValueError)
+    assert "\n" not in text
+    assert f"{len(violations)} problems" in text
+    for v in violations:
+        assert v.message in text
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == text and copy.violations == violations
+
+
+def test_resolve_dp() -> None:
+    assert resolve_dp(ParallelismConfig(tp=2, pp=4), None) == 1
+    assert resolve_dp(ParallelismConfig(tp=2, pp=4), 64) == 8
+    assert resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), None) == 3
+    assert resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), 24) == 3
+    with pytest.raises(ValueError, match="multiple of tp x pp"):
+        resolve_dp(ParallelismConfig(tp=2, pp=4), 12)
+    with pytest.raises(ValueError, match="does not equal"):
+        resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), 16)
+
+
+def test_divisors() -> None:
+    assert divisors(1) == [1]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(49) == [1, 7, 49]
+    assert divisors(0) == []

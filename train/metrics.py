@@ -1,0 +1,307 @@
+"""Torch-free bookkeeping of a run: Megatron log lines, medians, the result record, secret scrubbing.
+
+Everything here is plain Python so that the launcher and the analysis can parse, write
+and check records on machines without torch. The trainer fills `IterationStats` once per
+iteration and `RunRecord` once per run; `write_json_atomic` is the only way records reach disk,
+so a reader never sees a half-written result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("ok", "oom", "nan", "error", "timeout")
+"""Every value a record's `status` can take."""
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+"""A name containing any of these (case-insensitive) holds a credential: its value is never recorded."""
+
+ENV_ALLOWLIST_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_", "SLURM_JOB", "SLURM_ARRAY", "OMP_")
+ENV_ALLOWLIST_NAMES = ("SLURM_PROCID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_CLUSTER_NAME", "WORLD_SIZE")
+"""The only environment variables a record may hold: they explain performance, nothing else."""
+
+REDACTED = "***"
+_MIN_SECRET_LEN = 4  # shorter values ("1", "on") would erase ordinary text when redacted
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """One iteration's figures, in the units of Megatron's log line."""
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int
+    consumed_tokens: int
+    elapsed_s: float
+    learning_rate: float
+    global_batch_size: int
+    loss: float
+    loss_scale: float
+    grad_norm: float
+    skipped_iters: int
+    nan_iters: int
+    samples_per_s: float
+    tflops: float | None
+    """Achieved model TFLOP/s per device (per-GEMM count, the MFU numerator)."""
+    mfu: float | None
+    """Fraction of the peak, 0..1; None when the peak is unknown."""
+    max_mem_gib: float
+
+
+def format_log_line(s: IterationStats) -> str:
+    """The iteration as Megatron-LM prints it (field names and order), plus MFU and memory.
+
+    Seconds get three decimals instead of Megatron's two: tiny CPU and GPU runs iterate in
+    well under a second, and parsers read the numbers as floats either way.
+    """
+    tflops = "n/a" if s.tflops is None else _tflops_text(s.tflops)
+    mfu = "n/a" if s.mfu is None else f"{100.0 * s.mfu:.2f}%"
+    fields = [
+        f" iteration {s.iteration:8d}/{s.train_iters:8d}",
+        f" consumed samples: {s.consumed_samples:12d}",
+        f" consumed tokens: {s.consumed_tokens:12d}",
+        f" elapsed time per iteration (s): {s.elapsed_s:.3f}",
+        f" learning rate: {s.learning_rate:.3E}",
+        f" global batch size: {s.global_batch_size:5d}",
+        f" lm loss: {s.loss:.6E}",
+        f" loss scale: {s.loss_scale:.1f}",
+        f" grad norm: {s.grad_norm:.3f}",
+        f" number of skipped iterations: {s.skipped_iters:3d}",
+        f" number of nan iterations: {s.nan_iters:3d}",
+        f" samples per second: {s.samples_per_s:.3f}",
+        f" TFLOPs: {tflops}",
+        f" MFU: {mfu}",
+        f" max memory (GiB): {s.max_mem_gib:.2f}",
+    ]
+    return " |".join(fields) + " |"
+
+
+def _tflops_text(tflops: float) -> str:
+    # Megatron's two decimals, but CPU and tiny runs sit far below 1 TFLOP/s: keep 3 digits there.
+    return f"{tflops:.2f}" if tflops >= 1.0 else f"{tflops:.4f}"
+
+
+def median_after_warmup(values: Sequence[float | None], warmup: int) -> float | None:
+    """Median of the values after the first `warmup` ones; None if nothing (or only None) is left.
+
+    The leading iterations pay for allocator growth, kernel selection and caches, so they
+    would bias a benchmark's figure; Megatron-style runs report steady state.
+    """
+    kept = [v for v in values[max(warmup, 0) :] if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+@dataclass(frozen=True)
+class Medians:
+    """Steady-state figures of a run: medians over the iterations after warm-up."""
+
+    measured_iterations: int
+    sec_per_iter: float | None
+    samples_per_s: float | None
+    tokens_per_s_per_device: float | None
+    tflops_per_device: float | None
+    """Model FLOPs (per-GEMM count, no recompute) per second per device (TFLOP/s)."""
+    tflops_per_device_hardware: float | None
+    """Hardware FLOPs (recomputed forwards included) per second per device (TFLOP/s)."""
+    tflops_per_device_megatron_eq3: float | None
+    """Megatron-LM's Eq. 3 estimate per second per device, as Megatron-DeepSpeed prints it (TFLOP/s)."""
+
+
+def summarize(
+    iterations: Sequence[IterationStats],
+    *,
+    warmup: int,
+    seq_length: int,
+    devices: int,
+    flops_per_iteration: Mapping[str, float],
+) -> Medians:
+    """Medians of the iterations after warm-up, and the throughputs derived from them.
+
+    Throughputs come from the median time per iteration (not the median of per-iteration
+    throughputs) so that every figure of the record describes the same representative step.
+    """
+    kept = iterations[max(warmup, 0) :]
+    sec = median_after_warmup([it.elapsed_s for it in iterations], warmup)
+    if sec is None or sec <= 0 or not kept:
+        return Medians(len(kept), None, None, None, None, None, None)
+    gbs = kept[-1].global_batch_size
+    samples_per_s = gbs / sec
+
+    def tflops(key: str) -> float | None:
+        flops = flops_per_iteration.get(key)
+        return None if flops is None else flops / sec / devices / 1e12
+
+    return Medians(
+        measured_iterations=len(kept),
+        sec_per_iter=sec,
+        samples_per_s=samples_per_s,
+        tokens_per_s_per_device=samples_per_s * seq_length / devices,
+        tflops_per_device=tflops("model"),
+        tflops_per_device_hardware=tflops("hardware"),
+        tflops_per_device_megatron_eq3=tflops("megatron_eq3"),
+    )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything result.json holds about one run (one record per run, whatever its outcome)."""
+
+    status: str
+    """ok | oom | nan | error | timeout."""
+    message: str | None
+    config: dict[str, Any]
+    """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""
+    overrides: list[str]
+    world: dict[str, int]
+    """world_size, dp, tp, pp."""
+    hardware: str
+    device: str | None
+    """What the run actually ran on (GPU product name, or 'cpu')."""
+    versions: dict[str, str | None]
+    git_commit: str | None
+    params: int | None
+    """Parameters of the model as built (counted once; tied weights once)."""
+    optimizer: str | None
+    """The Adam implementation that ran (e.g. 'torch.AdamW(fused)')."""
+    precision: str
+    flops_per_iteration: dict[str, float]
+    """model (per-GEMM, MFU), hardware (with recompute, HFU), megatron_eq3 (Megatron-LM Eq. 3)."""
+    flops_conventions: dict[str, str]
+    """What each flops_per_iteration entry counts, in words."""
+    iterations_run: int
+    warmup_iters: int
+    measured_iterations: int
+    skipped_iterations: int
+    final_loss: float | None
+    sec_per_iter: float | None
+    samples_per_s: float | None
+    tokens_per_s_per_device: float | None
+    tflops_per_device: float | None
+    tflops_per_device_hardware: float | None
+    tflops_per_device_megatron_eq3: float | None
+    mfu: float | None
+    hfu: float | None
+    max_mem_gib: float | None
+    max_mem_gib_per_rank: list[float]
+    max_mem_source: str | None
+    peak_tflops: float | None
+    peak_source: str | None
+    """'datasheet' (hardware config) or 'measured' (matmul calibration at run time); None if unknown."""
+    losses: list[float | None] = field(default_factory=list)
+    """lm loss of every iteration run (equal losses across layouts of one model are a correctness check)."""
+    iteration_times_s: list[float] = field(default_factory=list)
+    """Elapsed seconds of every iteration run, warm-up included."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
+    warnings: list[str] = field(default_factory=list)
+    started_at: str | None = None
+    wall_s: float | None = None
+    schema_version: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; non-finite floats become None (JSON has no NaN)."""
+        return _finite(asdict(self))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON so that `path` holds either the old content or the whole new one, never a part.
+
+    The temporary file lives in the same directory, so os.replace is a rename on one file
+    system (atomic on POSIX); fsync first so that a crash after the rename cannot leave an
+    empty file behind the new name.
+    """
+    path = Path(path)
+    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    # A unique sibling opened with "x" (not mkstemp, whose 0600 would survive the rename):
+    # the record gets the ordinary umask permissions, so other users of the sweep can read it.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def is_secret_name(name: str) -> bool:
+    """True for names that conventionally hold credentials (WANDB_API_KEY, HF_TOKEN, ...)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def allowlisted_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables a record may keep: allow-listed names, secret-looking ones redacted."""
+    kept = {
+        k: v
+        for k, v in environ.items()
+        if k in ENV_ALLOWLIST_NAMES or any(k.startswith(p) for p in ENV_ALLOWLIST_PREFIXES)
+    }
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in sorted(kept.items())}
+
+
+def scrub(obj: Any) -> Any:
+    """Copy of nested dicts/lists with the values under secret-looking keys redacted.
+
+    A config may carry credentials (e.g. cluster.env.WANDB_API_KEY); they must not reach
+    result.json or W&B.
+    """
+    if isinstance(obj, Mapping):
+        return {k: (REDACTED if is_secret_name(str(k)) else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [scrub(v) for v in obj]
+    return obj
+
+
+def scrub_overrides(overrides: Iterable[str]) -> list[str]:
+    """Hydra overrides with any secret-looking key's value redacted (`a.API_KEY=x` -> `a.API_KEY=***`)."""
+    out = []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        out.append(f"{key}{sep}{REDACTED}" if sep and is_secret_name(key) else item)
+    return out
+
+
+def secret_values(environ: Mapping[str, str]) -> list[str]:
+    """Values of the environment's secret-named variables, longest first (so no partial redaction)."""
+    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= _MIN_SECRET_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_values(obj: Any, secrets: Sequence[str]) -> Any:
+    """Copy of `obj` with every occurrence of the given secret strings replaced by '***'.
+
+    The last line of defence: an exception message or an override may quote a credential
+    that no key name gives away.
+    """
+    if not secrets:
+        return obj
+    if isinstance(obj, str):
+        for secret in secrets:
+            obj = obj.replace(secret, REDACTED)
+        return obj
+    if isinstance(obj, Mapping):
+        return {redact_values(k, secrets): redact_values(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_values(v, secrets) for v in obj]
+    return obj

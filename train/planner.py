@@ -1,0 +1,280 @@
+"""One row per config: feasibility, size, memory, GEMM shape efficiency and FLOPs, before any run.
+
+`plan_run` combines the arithmetic modules (sizes, validation, memory, shapes, flops) into a
+`PlanRow`; `format_plan_table` prints rows for the console and `write_plan_csv` stores them
+for the analysis. A sweep of thousands of layouts is planned in seconds: the expensive
+parts (memory estimate, per-GEMM shape report) are memoised on their frozen arguments, and
+layouts of one sweep share most of them.
+
+Torch-free: the launcher plans on login nodes.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, Recompute, RunConfig
+from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.memory import usable_bytes
+from train.shapes import shape_report
+from train.sizes import total_params
+from train.validation import Violation, estimated_memory, validate
+
+GIB = 2**30
+NAN = float("nan")
+
+# Separator of the reasons in one CSV cell; validation messages never contain it.
+REASON_SEPARATOR = "; "
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """The plan of one config. Quantities that cannot be computed for an infeasible config are NaN."""
+
+    feasible: bool
+    reasons: list[str]
+    """Violation messages, in validation's order; empty when feasible."""
+    model: str
+    hardware: str
+    nodes: int
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    global_batch_size: int
+    params: int
+    """Parameters of the whole model (train.sizes.total_params, vocabulary padded for tp)."""
+    mem_gib: float
+    """Predicted peak memory per device, worst pipeline stage (GiB)."""
+    mem_capacity_gib: float
+    """Usable memory per device: capacity minus the reserve (GiB)."""
+    quant_efficiency: float
+    """FLOPs-weighted tile x wave efficiency of the GEMMs on one rank (0-1)."""
+    model_flops_per_iter: float
+    """Model FLOPs of one iteration, all devices (no recomputation)."""
+    hardware_flops_per_iter: float
+    """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
+    overrides: str = ""
+    """Free label, e.g. the Hydra overrides that produced the config."""
+
+
+# The CSV columns are the dataclass fields, in order.
+CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRow))
+
+
+def _is_pos_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _layout_dp(par: ParallelismConfig, world_size: int | None) -> int:
+    """dp for the row even when validation rejected it: the explicit one, else what fits (at least 1)."""
+    if _is_pos_int(par.dp):
+        assert par.dp is not None
+        return par.dp
+    if world_size is None or not (_is_pos_int(par.tp) and _is_pos_int(par.pp)):
+        return 1
+    return max(1, world_size // (par.tp * par.pp))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _quant_efficiency(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig) -> float:
+    return shape_report(model, par, hw).efficiency
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _flops(model: ModelConfig, global_batch_size: int, recompute: Recompute, tp: int) -> tuple[float, float]:
+    return (
+        model_flops_per_iteration(model, global_batch_size=global_batch_size, tp=tp),
+        hardware_flops_per_iteration(model, global_batch_size=global_batch_size, recompute=recompute, tp=tp),
+    )
+
+
+def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
+    # The per-rank GEMM shapes depend on tp, the micro-batch and the precision (alignment) only;
+    # keeping just those lets every layout of a sweep that shares them share one report.
+    return ParallelismConfig(tp=par.tp, micro_batch_size=par.micro_batch_size, precision=par.precision)
+
+
+def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = "") -> PlanRow:
+    """The plan of one config on world_size devices (None: dp from the config, or 1)."""
+    m, par, hw = run.model, run.parallelism, run.hardware
+    violations: list[Violation] = validate(run, world_size=world_size)
+    rules = {v.rule for v in violations}
+    dp = _layout_dp(par, world_size)
+    # Positive sizes, a paddable vocabulary and a known precision are what every figure below needs.
+    known_precision = par.precision in {p.value for p in Precision}
+    sane = known_precision and not rules & {"positive", "vocab_padding"}
+    if world_size is not None and _is_pos_int(world_size):
+        devices = world_size
+    elif sane:
+        devices = dp * par.tp * par.pp
+    else:
+        devices = 0
+    per_node = hw.devices_per_node if _is_pos_int(hw.devices_per_node) else 1
+    shapes_ok = sane and not rules & {
+        "hidden_divisible_by_heads",
+        "heads_divisible_by_tp",
+        "hidden_divisible_by_tp",
+        "ffn_divisible_by_tp",
+    }
+
+    mem_gib = NAN
+    if sane and not rules & {"world_size", "zero_stage"} and par.pp <= m.num_layers:
+        mem_gib = estimated_memory(m, par, dp).total_gib
+    quant = _quant_efficiency(m, _shape_key(par), hw) if shapes_ok else NAN
+    # The model's FLOPs need whole heads but not a valid TP split (tp only pads the vocabulary).
+    flops = (NAN, NAN)
+    if sane and "hidden_divisible_by_heads" not in rules:
+        flops = _flops(m, par.global_batch_size, Recompute(par.recompute), par.tp)
+    return PlanRow(
+        feasible=not violations,
+        reasons=[v.message for v in violations],
+        model=m.name,
+        hardware=hw.name,
+        nodes=math.ceil(devices / per_node),
+        devices=devices,
+        dp=dp,
+        tp=par.tp,
+        pp=par.pp,
+        micro_batch_size=par.micro_batch_size,
+        global_batch_size=par.global_batch_size,
+        params=total_params(m, par.tp if _is_pos_int(par.tp) else 1) if sane else 0,
+        mem_gib=mem_gib,
+        mem_capacity_gib=usable_bytes(hw) / GIB,
+        quant_efficiency=quant,
+        model_flops_per_iter=flops[0],
+        hardware_flops_per_iter=flops[1],
+        overrides=overrides,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Console table
+
+
+def format_params(n: int) -> str:
+    """Parameter count with a unit, as papers write it: 124M, 1.3B, 175B, 1.1T."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.3g}{unit}"
+    return str(n)
+
+
+def _num(value: float, spec: str) -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    # (header, alignment): numbers right-aligned so magnitudes line up.
+    ("status", "<"),
+    ("model", "<"),
+    ("hw", "<"),
+    ("nodes", ">"),
+    ("DP", ">"),
+    ("TP", ">"),
+    ("PP", ">"),
+    ("MBS", ">"),
+    ("GBS", ">"),
+    ("params", ">"),
+    ("mem GiB / cap", ">"),
+    ("quant eff %", ">"),
+    ("PFLOP/iter", ">"),
+    ("reasons", "<"),
+)
+
+
+def _table_cells(row: PlanRow) -> list[str]:
+    return [
+        "ok" if row.feasible else "INFEASIBLE",
+        row.model,
+        row.hardware,
+        str(row.nodes),
+        str(row.dp),
+        str(row.tp),
+        str(row.pp),
+        str(row.micro_batch_size),
+        str(row.global_batch_size),
+        format_params(row.params),
+        f"{_num(row.mem_gib, '.1f')} / {row.mem_capacity_gib:.1f}",
+        _num(100 * row.quant_efficiency, ".1f"),
+        _num(row.model_flops_per_iter / 1e15, ".3g"),
+        REASON_SEPARATOR.join(row.reasons),
+    ]
+
+
+def format_plan_table(rows: Sequence[PlanRow]) -> str:
+    """Fixed-width table of rows, one line each under a header; reasons come last, unpadded."""
+    cells = [[h for h, _ in _TABLE_COLUMNS]] + [_table_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(_TABLE_COLUMNS) - 1)]
+    lines = []
+    for line in cells:
+        # The last column (reasons) has no width: it is free text and is left unpadded.
+        padded = [format(line[i], f"{_TABLE_COLUMNS[i][1]}{w}") for i, w in enumerate(widths)]
+        lines.append("  ".join(padded + [line[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# CSV
+
+
+def _csv_value(row: PlanRow, name: str) -> object:
+    value = getattr(row, name)
+    if name == "reasons":
+        return REASON_SEPARATOR.join(value)
+    # repr keeps every bit of a float, so a round trip is exact.
+    return repr(value) if isinstance(value, float) else value
+
+
+def write_plan_csv(rows: Iterable[PlanRow], path: str | Path) -> Path:
+    """Write rows to path as CSV, one column per PlanRow field (reasons joined by '; ')."""
+    out = Path(path)
+    with out.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            writer.writerow([_csv_value(row, name) for name in CSV_COLUMNS])
+    return out
+
+
+plan_rows_to_csv = write_plan_csv  # the contract's name for the same function
+
+
+def _parse(name: str, text: str) -> Any:
+    kind = PlanRow.__dataclass_fields__[name].type
+    if name == "reasons":
+        return text.split(REASON_SEPARATOR) if text else []
+    if kind == "bool":
+        return text == "True"
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    return text
+
+
+def read_plan_csv(path: str | Path) -> list[PlanRow]:
+    """Rows written by `write_plan_csv`, as PlanRows again."""
+    with Path(path).open(newline="", encoding="utf-8") as f:
+        return [PlanRow(**{k: _parse(k, v) for k, v in record.items()}) for record in csv.DictReader(f)]
+
+
+__all__ = [
+    "CSV_COLUMNS",
+    "PlanRow",
+    "format_params",
+    "format_plan_table",
+    "plan_rows_to_csv",
+    "plan_run",
+    "read_plan_csv",
+    "write_plan_csv",
+]

@@ -1,0 +1,660 @@
+"""Feasibility rules of a run's layout, checked before any device is touched.
+
+`validate` returns one `Violation` per broken rule, in a stable order, each with a message
+that names the fields and values involved, says why the rule exists, and lists values that
+would work. The trainer refuses to start on a non-empty list, the launcher turns it into a
+`skipped` row, and the planner prints the messages as the row's reasons; so the messages are
+written for the person who will edit the config, and never contain "; " (the planner's CSV
+joins reasons with it).
+
+Rules that need a value another rule rejected (a zero tp, a dp that the world size cannot
+give) are not evaluated: one mistake yields one message, not a cascade.
+
+Torch-free: the launcher runs this on login nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from conf.schema import (
+    HardwareConfig,
+    ModelConfig,
+    Offload,
+    OptimizerImpl,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+    RunConfig,
+)
+from train.memory import MemoryEstimate, estimate_memory, predicts_oom, usable_bytes
+from train.sizes import padded_vocab_size
+
+GIB = 2**30
+
+# Rule identifiers, in the order `validate` reports them.
+RULES: tuple[str, ...] = (
+    "positive",
+    "hidden_divisible_by_heads",
+    "heads_divisible_by_tp",
+    "hidden_divisible_by_tp",
+    "ffn_divisible_by_tp",
+    "vocab_padding",
+    "layers_divisible_by_pp",
+    "tp_within_node",
+    "world_size",
+    "global_batch_divisible",
+    "rampup_batch_size",
+    "zero_stage",
+    "offload_requires_zero",
+    "precision_supported",
+    "memory",
+)
+
+# How many alternatives a message lists at most; the ones nearest the rejected value win.
+_MAX_ALTERNATIVES = 12
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: its identifier, the offending fields with their values, and advice."""
+
+    rule: str
+    fields: dict[str, object]
+    message: str
+
+
+class InfeasibleConfig(ValueError):
+    """A run that cannot start; str() is one paragraph listing every violation."""
+
+    def __init__(self, violations: Sequence[Violation]) -> None:
+        self.violations: list[Violation] = list(violations)
+        super().__init__(self._paragraph())
+
+    def _paragraph(self) -> str:
+        n = len(self.violations)
+        if n == 0:
+            return "infeasible config (no violation recorded)"
+        if n == 1:
+            return f"infeasible config: {self.violations[0].message}"
+        listed = " ".join(f"({i}) {v.message}" for i, v in enumerate(self.violations, start=1))
+        return f"infeasible config, {n} problems: {listed}"
+
+    def __str__(self) -> str:
+        return self._paragraph()
+
+    # A launcher pickles the exception across processes; rebuild it from the violations,
+    # not from the formatted paragraph that Exception.args would otherwise hold.
+    def __reduce__(self) -> tuple[type[InfeasibleConfig], tuple[list[Violation]]]:
+        return (type(self), (self.violations,))
+
+
+# --------------------------------------------------------------------------------------
+# Small arithmetic helpers
+
+
+def _is_pos_int(value: object) -> bool:
+    # bool is an int subclass, and True would otherwise pass as tp=1.
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_nonneg_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending ([] for n <= 0)."""
+    if n <= 0:
+        return []
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
+def _nearest(values: Iterable[int], target: int, count: int = _MAX_ALTERNATIVES) -> list[int]:
+    """The `count` values closest to target (ties to the smaller), returned ascending."""
+    chosen = sorted(set(values), key=lambda v: (abs(v - target), v))[:count]
+    return sorted(chosen)
+
+
+def _fmt(values: Sequence[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _multiples_near(value: int, step: int, count: int = 4) -> list[int]:
+    """The `count` positive multiples of step nearest to value (value itself excluded), ascending."""
+    below = value // step
+    candidates = [k * step for k in range(max(1, below - count), below + count + 1)]
+    return _nearest([c for c in candidates if c != value], value, count)
+
+
+def valid_tp(model: ModelConfig) -> list[int]:
+    """TP degrees the model's shapes allow: common divisors of heads, hidden and FFN widths.
+
+    The padded vocabulary always splits evenly (it is padded to a multiple of tp), so it
+    adds no constraint here.
+    """
+    return divisors(math.gcd(model.num_attention_heads, model.hidden_size, model.ffn))
+
+
+def valid_pp(model: ModelConfig) -> list[int]:
+    """Pipeline degrees that give every stage the same whole number of layers."""
+    return divisors(model.num_layers)
+
+
+def resolve_dp(par: ParallelismConfig, world_size: int | None) -> int:
+    """The data-parallel degree of this layout on world_size devices.
+
+    An explicit `par.dp` wins (it must then agree with world_size); without it dp is
+    world_size / (tp x pp), and 1 when the world size is not known yet. Raises ValueError
+    when no whole dp fits; `validate` reports the same problem as a Violation.
+    """
+    if not (_is_pos_int(par.tp) and _is_pos_int(par.pp)):
+        raise ValueError(f"parallelism.tp={par.tp} and parallelism.pp={par.pp} must be positive integers")
+    model_parallel = par.tp * par.pp
+    if world_size is None:
+        if par.dp is None:
+            return 1
+        if not _is_pos_int(par.dp):
+            raise ValueError(f"parallelism.dp={par.dp} must be a positive integer")
+        return par.dp
+    if not _is_pos_int(world_size):
+        raise ValueError(f"world_size={world_size} must be a positive integer")
+    if par.dp is not None:
+        if par.dp * model_parallel != world_size:
+            raise ValueError(
+                f"world_size={world_size} does not equal parallelism.dp x tp x pp = "
+                f"{par.dp} x {par.tp} x {par.pp} = {par.dp * model_parallel}"
+            )
+        return par.dp
+    if world_size % model_parallel:
+        raise ValueError(
+            f"world_size={world_size} is not a multiple of tp x pp = {par.tp} x {par.pp} = {model_parallel}"
+        )
+    return world_size // model_parallel
+
+
+# --------------------------------------------------------------------------------------
+# Memory, cached: a sweep plans thousands of layouts that share (model, parallelism, dp).
+
+
+def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
+    # The ramp-up list makes the dataclass unhashable, and memory does not depend on it.
+    return par if par.rampup_batch_size is None else dataclasses.replace(par, rampup_batch_size=None)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
+    # Only plain torch.optim.Adam (foreach) materialises whole-shard temporaries; `auto` picks a fused one.
+    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch
+    return estimate_memory(model, par, dp=dp, fused_optimizer=fused)
+
+
+def estimated_memory(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
+    """`train.memory.estimate_memory` for this layout, memoised on its (frozen) arguments.
+
+    The optimizer implementation decides `fused_optimizer`: only `torch` (foreach Adam) is unfused.
+    """
+    return _estimate_cached(model, _cache_key(par), dp)
+
+
+# --------------------------------------------------------------------------------------
+# The rules. Each returns a Violation or None; `validate` runs them in RULES order.
+
+
+def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation | None, set[str]]:
+    m, p, hw = run.model, run.parallelism, run.hardware
+    values: dict[str, object] = {
+        "model.num_layers": m.num_layers,
+        "model.hidden_size": m.hidden_size,
+        "model.num_attention_heads": m.num_attention_heads,
+        "model.seq_length": m.seq_length,
+        "parallelism.tp": p.tp,
+        "parallelism.pp": p.pp,
+        "parallelism.micro_batch_size": p.micro_batch_size,
+        "parallelism.global_batch_size": p.global_batch_size,
+        "hardware.devices_per_node": hw.devices_per_node,
+    }
+    # Optional fields are checked only when given: None means "derive it".
+    if m.ffn_hidden_size is not None:
+        values["model.ffn_hidden_size"] = m.ffn_hidden_size
+    if p.dp is not None:
+        values["parallelism.dp"] = p.dp
+    if world_size is not None:
+        values["world_size"] = world_size
+    bad = {name: v for name, v in values.items() if not _is_pos_int(v)}
+    if not bad:
+        return None, set()
+    listed = ", ".join(f"{name}={v!r}" for name, v in bad.items())
+    verb = "is" if len(bad) == 1 else "are"
+    message = (
+        f"{listed} {verb} not a positive integer (sizes, parallel degrees and batch sizes count "
+        f"whole layers, devices and samples). Use an integer of at least 1."
+    )
+    return Violation("positive", bad, message), set(bad)
+
+
+def _tp_alternatives(model: ModelConfig, tp: int) -> str:
+    return f"Valid tp for this model: {_fmt(_nearest(valid_tp(model), tp))}."
+
+
+def _check_hidden_heads(m: ModelConfig) -> Violation | None:
+    h, a = m.hidden_size, m.num_attention_heads
+    if h % a == 0:
+        return None
+    heads = _nearest(divisors(h), a, 8)
+    hiddens = _multiples_near(h, a)
+    return Violation(
+        "hidden_divisible_by_heads",
+        {"model.hidden_size": h, "model.num_attention_heads": a},
+        f"model.hidden_size={h} is not a multiple of model.num_attention_heads={a} (every head needs the "
+        f"same whole head dimension). Valid num_attention_heads for hidden_size={h}: {_fmt(heads)}, "
+        f"or hidden_size for {a} heads: {_fmt(hiddens)}.",
+    )
+
+
+def _check_heads_tp(m: ModelConfig, tp: int) -> Violation | None:
+    if m.num_attention_heads % tp == 0:
+        return None
+    return Violation(
+        "heads_divisible_by_tp",
+        {"parallelism.tp": tp, "model.num_attention_heads": m.num_attention_heads},
+        f"parallelism.tp={tp} does not divide model.num_attention_heads={m.num_attention_heads} "
+        f"(each TP rank must hold whole heads). {_tp_alternatives(m, tp)}",
+    )
+
+
+def _check_hidden_tp(m: ModelConfig, tp: int) -> Violation | None:
+    if m.hidden_size % tp == 0:
+        return None
+    return Violation(
+        "hidden_divisible_by_tp",
+        {"parallelism.tp": tp, "model.hidden_size": m.hidden_size},
+        f"parallelism.tp={tp} does not divide model.hidden_size={m.hidden_size} (each TP rank holds an "
+        f"equal slice of the attention output and MLP weights along the hidden dimension). "
+        f"{_tp_alternatives(m, tp)}",
+    )
+
+
+def _check_ffn_tp(m: ModelConfig, tp: int) -> Violation | None:
+    if m.ffn % tp == 0:
+        return None
+    shown = f"{m.ffn}" if m.ffn_hidden_size is not None else f"{m.ffn} (4 x hidden_size)"
+    return Violation(
+        "ffn_divisible_by_tp",
+        {"parallelism.tp": tp, "model.ffn_hidden_size": m.ffn},
+        f"parallelism.tp={tp} does not divide model.ffn_hidden_size={shown} (each TP rank holds an equal "
+        f"slice of the MLP's inner width). {_tp_alternatives(m, tp)}",
+    )
+
+
+def _check_vocab(m: ModelConfig, tp: int | None) -> Violation | None:
+    problems: list[str] = []
+    fields: dict[str, object] = {}
+    if not _is_pos_int(m.vocab_size):
+        problems.append(f"model.vocab_size={m.vocab_size!r} must be a positive integer")
+        fields["model.vocab_size"] = m.vocab_size
+    if not _is_pos_int(m.make_vocab_size_divisible_by):
+        problems.append(
+            f"model.make_vocab_size_divisible_by={m.make_vocab_size_divisible_by!r} must be a positive "
+            f"integer (the vocabulary is padded to a multiple of it times tp)"
+        )
+        fields["model.make_vocab_size_divisible_by"] = m.make_vocab_size_divisible_by
+    if not problems and tp is not None:
+        padded = padded_vocab_size(m, tp)
+        # Holds by construction of the padding; checked because the embedding split relies on it.
+        if padded % tp:
+            problems.append(f"the padded vocabulary {padded} does not split over parallelism.tp={tp}")
+            fields.update({"parallelism.tp": tp, "padded_vocab_size": padded})
+    if not problems:
+        return None
+    return Violation(
+        "vocab_padding",
+        fields,
+        f"Vocabulary padding: {', and '.join(problems)}. Typical values: make_vocab_size_divisible_by=128 "
+        f"with the tokenizer's vocab_size.",
+    )
+
+
+def _check_layers_pp(m: ModelConfig, pp: int) -> Violation | None:
+    if m.num_layers % pp == 0:
+        return None
+    return Violation(
+        "layers_divisible_by_pp",
+        {"parallelism.pp": pp, "model.num_layers": m.num_layers},
+        f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp={pp} (each pipeline stage "
+        f"holds the same whole number of layers). Valid pp for this model: "
+        f"{_fmt(_nearest(valid_pp(m), pp))}.",
+    )
+
+
+def _check_tp_node(m: ModelConfig, hw: HardwareConfig, tp: int) -> Violation | None:
+    dpn = hw.devices_per_node
+    # A TP group is tp consecutive ranks; it stays on one node only if tp divides the node.
+    if dpn % tp == 0:
+        return None
+    fits = sorted(set(valid_tp(m)) & set(divisors(dpn)))
+    if tp > dpn:
+        why = f"parallelism.tp={tp} exceeds hardware.devices_per_node={dpn} of {hw.name}"
+    else:
+        why = (
+            f"parallelism.tp={tp} does not divide hardware.devices_per_node={dpn} of {hw.name}, so some "
+            f"TP groups would straddle two nodes"
+        )
+    return Violation(
+        "tp_within_node",
+        {"parallelism.tp": tp, "hardware.devices_per_node": dpn},
+        f"{why} (TP all-reduces run inside every layer and must stay on the node's fast links). "
+        f"Valid tp for this model on {hw.name}: {_fmt(fits)}.",
+    )
+
+
+def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
+    tp, pp = par.tp, par.pp
+    mp = tp * pp
+    fits = world_size % mp == 0
+    fix = (
+        f"Valid dp for world_size={world_size}: {world_size // mp} (or dp=null to derive it)."
+        if fits
+        else f"World size must be a multiple of tp x pp = {mp} (nearest: {_fmt(_multiples_near(world_size, mp, 2))})."
+    )
+    if par.dp is not None:
+        if par.dp * mp == world_size:
+            return None
+        return Violation(
+            "world_size",
+            {"world_size": world_size, "parallelism.dp": par.dp, "parallelism.tp": tp, "parallelism.pp": pp},
+            f"world_size={world_size} does not equal parallelism.dp={par.dp} x parallelism.tp={tp} x "
+            f"parallelism.pp={pp} = {par.dp * mp} (every device holds exactly one rank). {fix}",
+        )
+    if fits:
+        return None
+    return Violation(
+        "world_size",
+        {"world_size": world_size, "parallelism.tp": tp, "parallelism.pp": pp},
+        f"world_size={world_size} is not a multiple of parallelism.tp={tp} x parallelism.pp={pp} = {mp}, so "
+        f"no whole data-parallel degree fits. {fix}",
+    )
+
+
+def _check_global_batch(par: ParallelismConfig, dp: int) -> Violation | None:
+    mbs, gbs = par.micro_batch_size, par.global_batch_size
+    step = mbs * dp
+    if gbs % step == 0:
+        return None
+    if gbs % dp == 0:
+        mbs_alt = _nearest(divisors(gbs // dp), mbs, 8)
+        mbs_text = f"Valid micro_batch_size for global_batch_size={gbs} and dp={dp}: {_fmt(mbs_alt)}."
+    else:
+        mbs_text = f"No micro_batch_size works while global_batch_size={gbs} is not a multiple of dp={dp}."
+    return Violation(
+        "global_batch_divisible",
+        {"parallelism.global_batch_size": gbs, "parallelism.micro_batch_size": mbs, "parallelism.dp": dp},
+        f"parallelism.global_batch_size={gbs} is not a multiple of parallelism.micro_batch_size={mbs} x "
+        f"parallelism.dp={dp} = {step} (every replica runs the same whole number of micro-batches per step). "
+        f"Valid global_batch_size near {gbs}: {_fmt(_multiples_near(gbs, step))}. {mbs_text}",
+    )
+
+
+def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
+    ramp = par.rampup_batch_size
+    if ramp is None:
+        return None
+    field = "parallelism.rampup_batch_size"
+    shown = list(ramp) if isinstance(ramp, (list, tuple)) else ramp
+    if not isinstance(ramp, (list, tuple)) or len(ramp) != 3 or not all(_is_nonneg_int(v) for v in ramp):
+        return Violation(
+            "rampup_batch_size",
+            {field: shown},
+            f"{field}={shown!r} must be three non-negative integers [start, increment, ramp samples], "
+            f"e.g. [{par.micro_batch_size * dp}, {par.micro_batch_size * dp}, 1000000], or null for no ramp-up.",
+        )
+    start, incr, samples = (int(v) for v in ramp)
+    gbs = par.global_batch_size
+    step = par.micro_batch_size * dp
+    problems: list[str] = []
+    # Megatron's ramp-up: every intermediate global batch (start + k x increment) must split
+    # into whole micro-batches on every replica, and the ramp must land exactly on the target.
+    if start <= 0:
+        problems.append(f"start {start} must be positive")
+    elif start % step:
+        problems.append(f"start {start} is not a multiple of micro_batch_size x dp = {step}")
+    if incr <= 0:
+        problems.append(f"increment {incr} must be positive")
+    elif incr % step:
+        problems.append(f"increment {incr} is not a multiple of micro_batch_size x dp = {step}")
+    if start > gbs:
+        problems.append(f"start {start} exceeds global_batch_size={gbs}")
+    elif incr > 0 and (gbs - start) % incr:
+        problems.append(f"global_batch_size - start = {gbs} - {start} = {gbs - start} is not a multiple of increment {incr}")
+    if not problems:
+        return None
+    if gbs % step == 0:
+        # A neighbourhood of the given start, not every multiple up to a global batch of millions.
+        k = max(1, start // step)
+        starts = [j * step for j in range(max(1, k - 6), min(gbs // step, k + 6) + 1)]
+        suggestion = (
+            f"Valid start and increment are multiples of {step} that keep (global_batch_size - start) a "
+            f"multiple of the increment, e.g. [{step}, {step}, {samples}] or start in "
+            f"{_fmt(_nearest(starts, start, 6))} with increment {step}."
+        )
+    else:
+        suggestion = f"First make global_batch_size={gbs} a multiple of micro_batch_size x dp = {step}."
+    return Violation(
+        "rampup_batch_size",
+        {
+            field: shown,
+            "parallelism.global_batch_size": gbs,
+            "parallelism.micro_batch_size": par.micro_batch_size,
+            "parallelism.dp": dp,
+        },
+        f"{field}={shown} breaks the batch ramp-up rules for parallelism.global_batch_size={gbs}, "
+        f"parallelism.micro_batch_size={par.micro_batch_size} and parallelism.dp={dp}: "
+        f"{', and '.join(problems)}. {suggestion}",
+    )
+
+
+def _zero_ok(z: object) -> bool:
+    return isinstance(z, int) and not isinstance(z, bool) and 0 <= z <= 3
+
+
+def _check_zero(par: ParallelismConfig) -> Violation | None:
+    if _zero_ok(par.zero_stage):
+        return None
+    return Violation(
+        "zero_stage",
+        {"parallelism.zero_stage": par.zero_stage},
+        f"parallelism.zero_stage={par.zero_stage!r} is not a ZeRO stage. Valid zero_stage: 0 (none), "
+        f"1 (shard optimizer states), 2 (and gradients), 3 (and parameters).",
+    )
+
+
+def _check_offload(par: ParallelismConfig) -> Violation | None:
+    z = par.zero_stage
+    if par.offload == Offload.params and z != 3:
+        why = "only ZeRO-3 partitions the parameters, so only it can page them to host memory"
+        need = "3"
+    elif par.offload == Offload.optimizer and z < 1:
+        why = "optimizer states are offloaded per ZeRO partition, which stage 0 does not have"
+        need = "1, 2 or 3"
+    else:
+        return None
+    offload = Offload(par.offload).value
+    return Violation(
+        "offload_requires_zero",
+        {"parallelism.offload": offload, "parallelism.zero_stage": z},
+        f"parallelism.offload={offload} requires ZeRO stage {need} but parallelism.zero_stage={z} ({why}). "
+        f"Valid combinations: offload=none with any stage, offload=optimizer with zero_stage 1-3, "
+        f"offload=params with zero_stage=3.",
+    )
+
+
+def _peak(hw: HardwareConfig, precision: Precision) -> float | None:
+    peak: float | None = getattr(hw, f"peak_tflops_{precision.value}")
+    return peak
+
+
+def _check_precision(par: ParallelismConfig, hw: HardwareConfig) -> Violation | None:
+    try:
+        precision = Precision(par.precision)
+    except ValueError:
+        return Violation(
+            "precision_supported",
+            {"parallelism.precision": par.precision},
+            f"parallelism.precision={par.precision!r} is not a known precision. Valid precision: "
+            f"{', '.join(p.value for p in Precision)}.",
+        )
+    # Measured peaks come from a calibration at run time, so any precision torch can run is fine.
+    if hw.peak_measured or _peak(hw, precision) is not None:
+        return None
+    supported = [p.value for p in Precision if _peak(hw, p) is not None]
+    alternatives = (
+        f"Valid precision on {hw.name}: {', '.join(supported)}."
+        if supported
+        else f"No precision has a known peak on {hw.name}: give one, or set hardware.peak_measured=true."
+    )
+    return Violation(
+        "precision_supported",
+        {"parallelism.precision": precision.value, f"hardware.peak_tflops_{precision.value}": None},
+        f"parallelism.precision={precision.value} is not supported by {hw.name} "
+        f"(hardware.peak_tflops_{precision.value}=null: the device has no dense {precision.value} "
+        f"matmul peak). {alternatives}",
+    )
+
+
+def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> list[str]:
+    """The mildest single change of each memory knob that makes the estimate fit, dp kept.
+
+    Knobs: larger tp (within a node), larger pp, higher ZeRO stage, more recompute, smaller micro-batch.
+    """
+
+    def fits(**change: Any) -> bool:
+        return not predicts_oom(estimated_memory(m, dataclasses.replace(par, **change), dp), hw)
+
+    def first(key: str, candidates: Sequence[object]) -> None:
+        # Each knob's last candidate is its most memory-saving one: when even that does not fit,
+        # skip the scan (a sweep's infeasible rows would otherwise cost a dozen estimates each).
+        if not candidates or not fits(**{key: candidates[-1]}):
+            return
+        for value in candidates:
+            if fits(**{key: value}):
+                shown = value.value if isinstance(value, Enum) else value
+                fixes.append(f"parallelism.{key}={shown}")
+                return
+
+    fixes: list[str] = []
+    first("tp", [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0])
+    first("pp", [p for p in valid_pp(m) if p > par.pp])
+    first("zero_stage", list(range(par.zero_stage + 1, 4)))
+    order = [Recompute.none, Recompute.selective, Recompute.full]
+    first("recompute", order[order.index(Recompute(par.recompute)) + 1 :])
+    # Divisors of the current micro-batch keep global_batch_size divisible.
+    first("micro_batch_size", [d for d in reversed(divisors(par.micro_batch_size)) if d < par.micro_batch_size])
+    return fixes
+
+
+def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> Violation | None:
+    estimate = estimated_memory(m, par, dp)
+    if not predicts_oom(estimate, hw):
+        return None
+    usable = usable_bytes(hw) / GIB
+    fixes = _memory_fixes(m, par, hw, dp)
+    if fixes:
+        advice = f"Each of these alone would fit (dp={dp} kept, overrides as Hydra takes them): {', '.join(fixes)}."
+    else:
+        advice = (
+            "No single change of a larger tp or pp, a higher zero_stage, more recompute or a smaller "
+            "micro_batch_size fits: combine them, or use devices with more memory."
+        )
+    recompute = Recompute(par.recompute).value
+    return Violation(
+        "memory",
+        {
+            "predicted_gib": round(estimate.total_gib, 2),
+            "usable_gib": round(usable, 2),
+            "parallelism.tp": par.tp,
+            "parallelism.pp": par.pp,
+            "parallelism.dp": dp,
+            "parallelism.zero_stage": par.zero_stage,
+            "parallelism.recompute": recompute,
+            "parallelism.micro_batch_size": par.micro_batch_size,
+            "hardware.memory_gib": hw.memory_gib,
+        },
+        f"Predicted memory {estimate.total_gib:.2f} GiB per device (worst pipeline stage: {estimate.stage}) "
+        f"exceeds the usable {usable:.2f} GiB of {hw.name} (hardware.memory_gib={hw.memory_gib} minus "
+        f"hardware.memory_reserve_gib={hw.memory_reserve_gib}) with parallelism.tp={par.tp}, "
+        f"parallelism.pp={par.pp}, parallelism.dp={dp}, parallelism.zero_stage={par.zero_stage}, "
+        f"parallelism.recompute={recompute}, parallelism.micro_batch_size={par.micro_batch_size}. "
+        f"Larger tp or pp, a higher zero_stage, recompute or a smaller micro_batch_size reduce it. {advice}",
+    )
+
+
+def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation]:
+    """Every rule the run breaks, in RULES order; [] means the layout can start.
+
+    world_size None means "not known yet": dp is then parallelism.dp, or 1 when that is null.
+    """
+    m, par, hw = run.model, run.parallelism, run.hardware
+    out: list[Violation | None] = []
+    positive, bad = _check_positive(run, world_size)
+    out.append(positive)
+
+    def ok(*names: str) -> bool:
+        return not bad.intersection(names)
+
+    model_ok = ok("model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.ffn_hidden_size")
+    tp_ok = ok("parallelism.tp")
+    if ok("model.hidden_size", "model.num_attention_heads"):
+        out.append(_check_hidden_heads(m))
+    if model_ok and tp_ok:
+        out += [_check_heads_tp(m, par.tp), _check_hidden_tp(m, par.tp), _check_ffn_tp(m, par.tp)]
+    out.append(_check_vocab(m, par.tp if tp_ok else None))
+    if ok("model.num_layers", "parallelism.pp"):
+        out.append(_check_layers_pp(m, par.pp))
+    if model_ok and tp_ok and ok("hardware.devices_per_node"):
+        out.append(_check_tp_node(m, hw, par.tp))
+
+    # dp is known when the world size (if any) agrees with the layout.
+    dp: int | None = None
+    if ok("parallelism.tp", "parallelism.pp", "parallelism.dp", "world_size"):
+        if world_size is not None:
+            world = _check_world(par, world_size)
+            out.append(world)
+            if world is None:
+                dp = resolve_dp(par, world_size)
+        else:
+            dp = resolve_dp(par, None)
+    batch_ok = dp is not None and ok("parallelism.micro_batch_size", "parallelism.global_batch_size")
+    if batch_ok:
+        assert dp is not None
+        out += [_check_global_batch(par, dp), _check_rampup(par, dp)]
+
+    zero = _check_zero(par)
+    out.append(zero)
+    if zero is None:
+        out.append(_check_offload(par))
+    out.append(_check_precision(par, hw))
+
+    # The estimate needs sane shapes and a known dp; structural problems are reported first.
+    if batch_ok and positive is None and zero is None and par.pp <= m.num_layers and _vocab_ok(m) and _known_precision(par):
+        assert dp is not None
+        out.append(_check_memory(m, par, hw, dp))
+    return [v for v in out if v is not None]
+
+
+def _vocab_ok(m: ModelConfig) -> bool:
+    return _is_pos_int(m.vocab_size) and _is_pos_int(m.make_vocab_size_divisible_by)
+
+
+def _known_precision(par: ParallelismConfig) -> bool:
+    return par.precision in {p.value for p in Precision}
