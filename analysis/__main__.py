@@ -1,0 +1,140 @@
+"""`python -m analysis`: tables, recommendation, scaling and plots of one or more sweeps.
+
+    python -m analysis <sweep dir> [more sweep dirs] [-o OUT] [--max-nodes N] [--max-mem-gib G]
+                       [--dp-multiple K] [--no-plots] [--no-queue]
+    python -m analysis compare <before sweep> <after sweep> [-o OUT] [--match auto|overrides|layout]
+
+The first form reads every result.json, plan.csv row and manifest.jsonl entry of the sweeps and
+writes into OUT (default <first sweep dir>/analysis): results.csv (every field), results.md
+(the seeds' table, the recommendation, scaling, what is missing), scaling.csv and the PNG plots.
+It prints the recommendation and what is still missing. The second form writes compare.md and
+compare.csv (default OUT: <after sweep>/analysis) and prints the comparison. (A sweep directory
+literally named 'compare' is given as ./compare.)
+
+Bad input ends with one line on stderr and exit status 2. No torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # One line, like every other bad input, instead of argparse's usage block.
+        print(f"error: {message} (see python -m analysis --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _analyse_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m analysis", description="Analyse megasweep sweeps.")
+    p.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
+    p.add_argument("-o", "--out", type=Path, default=None, help="output directory (default: <first sweep>/analysis)")
+    p.add_argument("--max-nodes", type=int, default=None, help="recommend layouts on at most this many nodes")
+    p.add_argument("--max-mem-gib", type=float, default=None, help="recommend layouts peaking at most this (GiB)")
+    p.add_argument("--dp-multiple", type=int, default=None, help="recommend layouts whose DP is a multiple of this")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
+    return p
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m analysis compare", description="Compare two sweeps (before / after).")
+    p.add_argument("before", type=Path)
+    p.add_argument("after", type=Path)
+    p.add_argument("-o", "--out", type=Path, default=None, help="output directory (default: <after>/analysis)")
+    p.add_argument("--match", choices=("auto", "overrides", "layout"), default="auto")
+    p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
+    return p
+
+
+def analyse(argv: Sequence[str]) -> int:
+    from analysis.plots import write_plots
+    from analysis.recommend import Constraints, format_recommendations, recommend
+    from analysis.records import load_sweeps, slurm_queue_states, write_results_csv
+    from analysis.tables import (
+        missing_markdown,
+        results_markdown,
+        scaling_frame,
+        scaling_markdown,
+        summary_line,
+    )
+
+    args = _analyse_parser().parse_args(argv)
+    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else slurm_queue_states)
+    for w in sweeps.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    df = sweeps.table
+    out = args.out or args.sweeps[0] / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
+    rec_text = format_recommendations(recommend(df, constraints))
+    scaling = scaling_frame(df)
+    scaling_md = scaling_markdown(scaling)
+    written = [write_results_csv(df, out / "results.csv")]
+    md = results_markdown(df, labels=sweeps.labels, recommendation=rec_text, scaling=scaling_md)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    written.append(out / "results.md")
+    if not scaling.empty:
+        scaling.to_csv(out / "scaling.csv", index=False)
+        written.append(out / "scaling.csv")
+    if not args.no_plots:
+        written += write_plots(df, out)
+    print(summary_line(df))
+    print()
+    print(rec_text)
+    missing = df["outcome"].isin(("pending", "running"))
+    if missing.any():
+        print()
+        print(f"Missing ({int(missing.sum())} config(s) still pending or running):")
+        print(missing_markdown(df))
+    print()
+    print(f"wrote {', '.join(p.name for p in written)} to {out}")
+    return 0
+
+
+def compare(argv: Sequence[str]) -> int:
+    from analysis.compare import compare_sweeps, format_comparison
+    from analysis.records import load_sweeps, slurm_queue_states, sweep_labels
+
+    args = _compare_parser().parse_args(argv)
+    queue = None if args.no_queue else slurm_queue_states
+    before, after = load_sweeps([args.before], queue=queue), load_sweeps([args.after], queue=queue)
+    for w in before.warnings + after.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    result = compare_sweeps(before.table, after.table, match=args.match)
+    labels = sweep_labels([args.before, args.after])
+    text = format_comparison(result, before=labels[0], after=labels[1])
+    out = args.out or args.after / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(text, encoding="utf-8")
+    result.table.to_csv(out / "compare.csv", index=False)
+    print(text)
+    print(f"wrote compare.md, compare.csv to {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from analysis.records import AnalysisError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "compare":
+            return compare(args[1:])
+        return analyse(args)
+    except AnalysisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        # Unwritable output directory, unreadable sweep: the user's to fix, not a bug to trace.
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The recommendation: the layout that finishes the same work soonest.
+
+Same work = same model, global batch size and sequence length: one iteration then trains the same
+tokens whatever the layout, so seconds per iteration is time to train. The fastest layout is the
+one with the lowest seconds per iteration, not the highest TFLOPs per device: a layout on fewer
+devices can run each one harder and still finish later (the BLOOM notes' 40-node vs 48-node tables).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.records import FAILED
+from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_size
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Limits a recommended layout must satisfy besides finishing (None = no limit)."""
+
+    max_nodes: int | None = None
+    """At most this many nodes (the BLOOM notes' 'at most 48 nodes')."""
+    max_mem_gib: float | None = None
+    """Measured peak memory per device at most this (GiB): headroom against 'too close to OOM'."""
+    dp_multiple_of: int | None = None
+    """DP a multiple of this (batch ramp-up steps must divide evenly, the BLOOM notes' DP % 4 == 0)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One successful run, as the recommendation names it."""
+
+    sweep: str
+    run_dir: str
+    nodes: int
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+    mbs: int
+    gbs: int
+    sec_per_iter: float
+    tflops: float | None
+    mfu: float | None
+    mem_gib: float | None
+    mem_capacity_gib: float | None
+    overrides: str
+
+    @property
+    def label(self) -> str:
+        return (
+            f"DP={self.dp} TP={self.tp} PP={self.pp} MBS={self.mbs} on {self.nodes} node(s) "
+            f"({self.devices} devices)"
+        )
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The fastest layout of one piece of work, with what it beat and why it qualifies."""
+
+    model: str
+    size: str
+    global_batch_size: int
+    seq_length: int | None
+    best: Candidate
+    runner_up: Candidate | None
+    margin_pct: float | None
+    """How much longer the runner-up takes per iteration than the best (%)."""
+    highest_tflops: Candidate
+    """What ranking by TFLOPs per device would have picked (the same run when they agree)."""
+    satisfied: tuple[str, ...]
+    per_nodes: tuple[Candidate, ...]
+    """The fastest layout of each node count, fewest nodes first; empty when there is one node count."""
+    candidates: int
+    excluded: tuple[str, ...]
+
+
+def _opt_float(v: object) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # type: ignore[arg-type]
+
+
+def _candidate(row: pd.Series) -> Candidate:
+    return Candidate(
+        sweep=str(row["sweep"]),
+        run_dir=str(row["run_dir"]),
+        nodes=int(row["nodes"]),
+        devices=int(row["devices"]),
+        dp=int(row["dp"]),
+        tp=int(row["tp"]),
+        pp=int(row["pp"]),
+        mbs=int(row["mbs"]),
+        gbs=int(row["gbs"]),
+        sec_per_iter=float(row["sec_per_iter"]),
+        tflops=_opt_float(row["tflops"]),
+        mfu=_opt_float(row["mfu"]),
+        mem_gib=_opt_float(row["mem_gib"]),
+        mem_capacity_gib=_opt_float(row["mem_capacity_gib"]),
+        overrides=str(row["config_key"]),
+    )
+
+
+def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ...]:
+    notes = []
+    failed = group[group["outcome"].isin(FAILED)]
+    if not failed.empty:
+        counts = failed["outcome"].value_counts()
+        kinds = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in FAILED if o in counts.index)
+        notes.append(f"{len(failed)} did not finish ({kinds})")
+    missing = int(group["outcome"].isin(("pending", "running")).sum())
+    if missing:
+        notes.append(f"{missing} still pending or running")
+    unmeasured = int(((group["outcome"] == "ok") & ~(group["sec_per_iter"] > 0)).sum())
+    if unmeasured:
+        notes.append(f"{unmeasured} finished without a measured iteration")
+    for text, mask in masks.items():
+        n = int((~mask & (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)).sum())
+        if n:
+            notes.append(f"{n} {text}")
+    return tuple(notes)
+
+
+def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
+    """The fastest layout per (model, global batch, sequence length) among runs meeting the constraints."""
+    c = constraints or Constraints()
+    # Rows from plan.csv or the manifest carry no sequence length: they take their model's.
+    df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
+    groups = df[df["gbs"].notna()].groupby(["model", "gbs", "seq_length"], dropna=False, sort=True)
+    recs = []
+    for (model, gbs, seq), group in groups:
+        masks: dict[str, pd.Series] = {}
+        if c.max_nodes is not None:
+            masks[f"over the {c.max_nodes}-node limit"] = group["nodes"] <= c.max_nodes
+        if c.max_mem_gib is not None:
+            masks[f"above {c.max_mem_gib:g} GiB per device"] = group["mem_gib"] <= c.max_mem_gib
+        if c.dp_multiple_of is not None:
+            masks[f"with DP not a multiple of {c.dp_multiple_of}"] = group["dp"] % c.dp_multiple_of == 0
+        ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
+        for mask in masks.values():
+            ok &= mask
+        runs = group[ok].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+        if runs.empty:
+            continue
+        best = _candidate(runs.iloc[0])
+        runner_up = _candidate(runs.iloc[1]) if len(runs) > 1 else None
+        margin = None if runner_up is None else 100.0 * (runner_up.sec_per_iter / best.sec_per_iter - 1.0)
+        by_tflops = runs.sort_values("tflops", ascending=False, kind="mergesort", na_position="last")
+        per_nodes: tuple[Candidate, ...] = ()
+        if runs["nodes"].nunique() > 1:
+            firsts = runs.drop_duplicates("nodes", keep="first").sort_values("nodes", kind="mergesort")
+            per_nodes = tuple(_candidate(r) for _, r in firsts.iterrows())
+        recs.append(
+            Recommendation(
+                model=str(model),
+                size=format_size(runs.iloc[0]["size_params"]),
+                global_batch_size=int(gbs),
+                seq_length=None if pd.isna(seq) else int(seq),
+                best=best,
+                runner_up=runner_up,
+                margin_pct=margin,
+                highest_tflops=_candidate(by_tflops.iloc[0]),
+                satisfied=_satisfied(best, c, len(group)),
+                per_nodes=per_nodes,
+                candidates=len(runs),
+                excluded=_excluded(group, masks),
+            )
+        )
+    return recs
+
+
+def _satisfied(best: Candidate, c: Constraints, configs: int) -> tuple[str, ...]:
+    out = ["finished: status ok with measured iterations (no OOM, NaN, timeout or error)"]
+    out.append(f"same work as the {configs} config(s) it was compared with: same model, GBS {best.gbs} and sequence length")
+    if best.mem_gib is not None:
+        cap = f" of {best.mem_capacity_gib:.1f} GiB usable" if best.mem_capacity_gib is not None else ""
+        out.append(f"peak memory {best.mem_gib:.1f} GiB per device{cap}")
+    if c.max_nodes is not None:
+        out.append(f"{best.nodes} node(s) <= {c.max_nodes} (--max-nodes)")
+    if c.max_mem_gib is not None and best.mem_gib is not None:
+        out.append(f"peak memory {best.mem_gib:.1f} GiB <= {c.max_mem_gib:g} GiB (--max-mem-gib)")
+    if c.dp_multiple_of is not None:
+        out.append(f"DP={best.dp} is a multiple of {c.dp_multiple_of} (--dp-multiple)")
+    return tuple(out)
+
+
+def _figures(c: Candidate) -> str:
+    tflops = "" if c.tflops is None else f", {c.tflops:.2f} TFLOPs/device"
+    mfu = "" if c.mfu is None else f", MFU {100 * c.mfu:.1f}%"
+    return f"{c.sec_per_iter:.2f} s/it{tflops}{mfu}"
+
+
+def format_recommendations(recs: Sequence[Recommendation]) -> str:
+    """Plain text (also valid markdown) for the console and results.md."""
+    if not recs:
+        return "No recommendation: no run finished with a measured iteration (and met the constraints)."
+    blocks = []
+    for r in recs:
+        seq = "" if r.seq_length is None else f", sequence {r.seq_length}"
+        size = f" ({r.size})" if r.size else ""
+        lines = [
+            f"Fastest for {r.model}{size}, GBS {r.global_batch_size}{seq}: {r.best.label}: {_figures(r.best)}"
+            f" [{r.best.sweep}/{r.best.run_dir}]"
+        ]
+        if r.runner_up is not None and r.margin_pct is not None:
+            lines.append(
+                f"- margin: {r.margin_pct:.1f}% faster per iteration than the runner-up, "
+                f"{r.runner_up.label}: {_figures(r.runner_up)}"
+            )
+        else:
+            lines.append("- margin: none; it is the only run that qualifies")
+        if r.highest_tflops.run_dir != r.best.run_dir or r.highest_tflops.sweep != r.best.sweep:
+            slower = 100.0 * (r.highest_tflops.sec_per_iter / r.best.sec_per_iter - 1.0)
+            lines.append(
+                f"- highest TFLOPs is {r.highest_tflops.label}: {_figures(r.highest_tflops)}, "
+                f"yet {slower:.1f}% slower per iteration: ranked by seconds per iteration, not TFLOPs"
+            )
+        lines.append(f"- constraints satisfied: {'; '.join(r.satisfied)}")
+        lines.append(f"- compared {r.candidates} qualifying run(s)" + (f"; excluded: {'; '.join(r.excluded)}" if r.excluded else ""))
+        if r.per_nodes:
+            lines.append("- fastest per node count:")
+            lines += [f"  - {c.nodes} node(s): {c.label}: {_figures(c)}" for c in r.per_nodes]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "recommend"]

@@ -1,0 +1,574 @@
+"""Load one or more sweeps into one pandas table: results, skipped configs and missing runs.
+
+A sweep directory holds a result.json per finished run (anywhere below it; train.metrics.RunRecord),
+optionally the dry run's plan.csv (train.planner; its infeasible rows were never run) and the
+launcher's manifest.jsonl (analysis.manifest; which configs were submitted, which skipped). Every
+config becomes one row whose `outcome` is one of OUTCOMES:
+
+    ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
+                                  without writing one
+    skipped                       infeasible in plan.csv or skipped in the manifest (reason says why)
+    pending, running              submitted (manifest) or planned (plan.csv, no manifest), no result yet
+
+Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
+and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
+records again. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.manifest import MANIFEST_FILE, ManifestEntry, ManifestError, normalize_dir, read_manifest
+from conf.schema import (
+    Engine,
+    ModelConfig,
+    ModelKind,
+    Offload,
+    OptimizerImpl,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+)
+from train.memory import estimate_memory
+from train.planner import read_plan_csv
+from train.sizes import total_params
+
+RESULT_FILE = "result.json"
+PLAN_FILE = "plan.csv"
+GIB = 2**30
+
+OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "skipped", "pending", "running")
+FAILED = ("oom", "nan", "timeout", "fail", "skipped")
+MISSING = ("pending", "running")
+
+# The record's status -> outcome; anything unknown is a failure of some kind.
+_STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail"}
+
+CORE_COLUMNS: tuple[str, ...] = (
+    "sweep",  # the sweep directory's label (its name; its path when names clash)
+    "source",  # result | plan | manifest: where the row comes from
+    "run_dir",  # output directory relative to the sweep directory ('' when unknown)
+    "outcome",  # one of OUTCOMES
+    "reason",  # why a config failed, was skipped or is missing (free text, may be empty)
+    "config_key",  # sorted overrides joined by spaces: what a config is across sweeps
+    "layout_key",  # model, hardware, batch and layout fields: matches configs whose overrides differ
+    "model",
+    "hardware",
+    "nodes",
+    "devices",
+    "dp",
+    "tp",
+    "pp",
+    "mbs",
+    "gbs",
+    "seq_length",
+    "size_params",  # parameters of the model (the record's count, else train.sizes)
+    "sec_per_iter",
+    "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
+    "mfu",
+    "pflops",  # aggregate PetaFLOP/s = tflops x devices / 1024, as the BLOOM notes write it
+    "samples_per_s",
+    "mem_gib",  # measured peak per device, max over ranks and iterations (GiB)
+    "mem_pred_gib",  # train.memory.estimate_memory of the config (GiB, worst pipeline stage)
+    "mem_capacity_gib",  # usable memory per device: capacity less the reserve (GiB)
+    "date",  # MM-DD the run started, as the seeds' Notes write it
+    "job_id",
+    "queue_state",  # Slurm's state of a missing run's job (squeue / sacct), '' when unknown
+    "manifest_index",
+)
+
+QueueLookup = Callable[[Sequence[str]], Mapping[str, str]]
+"""Job ids -> Slurm state (RUNNING, PENDING, FAILED, ...); ids it does not know are left out."""
+
+
+class AnalysisError(Exception):
+    """Input the analysis cannot work with; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """The loaded table and what the user should know about the loading."""
+
+    table: pd.DataFrame
+    sweep_dirs: tuple[Path, ...]
+    labels: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and parsing files
+
+
+def find_result_files(sweep_dir: Path) -> list[Path]:
+    """Every result.json below sweep_dir, in sorted order (so that tables are reproducible)."""
+    found = []
+    for root, dirs, files in os.walk(sweep_dir):
+        # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if RESULT_FILE in files:
+            found.append(Path(root) / RESULT_FILE)
+    return sorted(found)
+
+
+def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    records = []
+    for path in find_result_files(sweep_dir):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            warnings.append(f"{path}: not a readable result record ({exc}); ignored")
+            continue
+        if not isinstance(record, dict) or "status" not in record:
+            warnings.append(f"{path}: not a result record (no 'status'); ignored")
+            continue
+        rel = path.parent.relative_to(sweep_dir).as_posix()
+        record["run_dir"] = normalize_dir(rel)
+        records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm queue
+
+
+_LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+_RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING"}
+# A job Slurm ended without a result.json: what the seeds would write for it.
+_ENDED_OUTCOME = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+
+
+def slurm_queue_states(job_ids: Sequence[str], *, timeout_s: float = 15.0) -> dict[str, str]:
+    """Slurm's state of each job id (squeue for live jobs, then sacct); {} where the tools are absent.
+
+    The analysis must work on a laptop holding a copy of the sweep, so any failure of the
+    tools (absent, no controller, timeout) means 'unknown', never an error.
+    """
+    ids = sorted({str(j) for j in job_ids if j})
+    if not ids:
+        return {}
+    states: dict[str, str] = {}
+    bases = sorted({j.split("_")[0] for j in ids})
+    if shutil.which("squeue"):
+        # -r: one line per array task, so that '1234_5' appears as itself, not in '1234_[5-9]'.
+        out = _run_tool(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(bases)], timeout_s)
+        states.update(_parse_states(out))
+    rest = [j for j in ids if j not in states]
+    if rest and shutil.which("sacct"):
+        out = _run_tool(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(rest)], timeout_s)
+        states.update({k: v for k, v in _parse_states(out).items() if k not in states})
+    return {j: states[j] for j in ids if j in states}
+
+
+def _run_tool(cmd: list[str], timeout_s: float) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def _parse_states(text: str) -> dict[str, str]:
+    states = {}
+    for line in text.splitlines():
+        job, sep, state = line.strip().partition("|")
+        if sep and job:
+            # sacct writes 'CANCELLED by 123': the first word is the state.
+            states[job.strip()] = state.split()[0] if state.split() else ""
+    return states
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived columns
+
+
+def _col(df: pd.DataFrame, name: str, default: Any = np.nan) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series(default, index=df.index, dtype=object)
+
+
+def _num(df: pd.DataFrame, name: str) -> pd.Series:
+    return pd.to_numeric(_col(df, name), errors="coerce").astype(float)
+
+
+def overrides_key(overrides: Iterable[str]) -> str:
+    """A config's identity across sweeps: its overrides, order-free."""
+    return " ".join(sorted(str(o) for o in overrides))
+
+
+_LAYOUT_FIELDS = (
+    "model",
+    "hardware",
+    "gbs",
+    "mbs",
+    "dp",
+    "tp",
+    "pp",
+    "config.parallelism.zero_stage",
+    "config.parallelism.offload",
+    "config.parallelism.recompute",
+    "config.parallelism.precision",
+    "config.parallelism.engine",
+)
+
+
+def _join_str(df: pd.DataFrame, names: Sequence[str]) -> pd.Series:
+    out = pd.Series("", index=df.index, dtype=object)
+    for i, name in enumerate(names):
+        values = _col(df, name, "").astype(object)
+        # Integral floats (columns that held a NaN somewhere) print as ints, so that keys match across sweeps.
+        text = values.map(_key_text)
+        out = text if i == 0 else out + "|" + text
+    return out
+
+
+def _key_text(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _plain(v: Any) -> Any:
+    """A value back from pandas as JSON had it (NaN -> None, 8.0 -> 8, numpy scalars -> Python)."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float):
+        if math.isnan(v):
+            return None
+        return int(v) if v.is_integer() else v
+    return v
+
+
+_ENUMS: dict[str, type] = {
+    "kind": ModelKind,
+    "offload": Offload,
+    "recompute": Recompute,
+    "precision": Precision,
+    "engine": Engine,
+    "optimizer": OptimizerImpl,
+}
+
+
+def _build(cls: type, values: Mapping[str, Any]) -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values and values[f.name] is not None:
+            v = values[f.name]
+            kwargs[f.name] = _ENUMS[f.name](v) if f.name in _ENUMS else v
+    return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _predict(model_items: tuple[tuple[str, Any], ...], par_items: tuple[tuple[str, Any], ...], dp: int) -> float:
+    try:
+        model = _build(ModelConfig, dict(model_items))
+        par = _build(ParallelismConfig, dict(par_items))
+        return estimate_memory(model, par, dp=dp).total_gib
+    except (TypeError, ValueError, ZeroDivisionError):
+        return math.nan
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _params(model_items: tuple[tuple[str, Any], ...], tp: int) -> float:
+    try:
+        return float(total_params(_build(ModelConfig, dict(model_items)), tp))
+    except (TypeError, ValueError, ZeroDivisionError):
+        return math.nan
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _per_config(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Predicted memory and model size, computed once per distinct (model, parallelism, dp)."""
+    mcols = [c for c in df.columns if c.startswith("config.model.")]
+    pcols = [c for c in df.columns if c.startswith("config.parallelism.")]
+    pred = pd.Series(np.nan, index=df.index)
+    params = pd.Series(np.nan, index=df.index)
+    if not mcols or df.empty:
+        return pred, params
+    key = _join_str(df, [*mcols, *pcols, "dp", "tp"])
+    first = df.loc[~key.duplicated()]
+    pred_by_key, params_by_key = {}, {}
+    # One Python step per distinct config (sweeps repeat models and layouts), not per record.
+    for idx in first.index:
+        row = first.loc[idx]
+        m_items = tuple((c.rsplit(".", 1)[1], _hashable(_plain(row[c]))) for c in mcols)
+        p_items = tuple((c.rsplit(".", 1)[1], _plain(row[c])) for c in pcols)
+        p_items = tuple((k, list(v) if isinstance(v, list | tuple) else v) for k, v in p_items)
+        dp, tp = _plain(row["dp"]), _plain(row["tp"])
+        ok = isinstance(dp, int) and dp > 0 and isinstance(tp, int) and tp > 0
+        pred_by_key[key[idx]] = _predict(m_items, _freeze(p_items), dp) if ok else math.nan
+        params_by_key[key[idx]] = _params(m_items, tp) if ok else math.nan
+    return key.map(pred_by_key).astype(float), key.map(params_by_key).astype(float)
+
+
+def _freeze(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    # lru_cache needs hashable arguments; _build turns the ramp-up tuple back into a list.
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in items)
+
+
+def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    if not records:
+        return pd.DataFrame()
+    df = pd.json_normalize(records, sep=".")
+    status = _col(df, "status", "error").astype(str)
+    df["source"] = "result"
+    df["outcome"] = status.map(_STATUS_OUTCOME).fillna("fail")
+    df["reason"] = _col(df, "message", "").fillna("").astype(str).str.split("\n").str[0]
+    df["config_key"] = _col(df, "overrides", None).map(lambda o: overrides_key(o) if isinstance(o, list) else "")
+    df["model"] = _col(df, "config.model.name", "")
+    df["devices"] = _num(df, "world.world_size")
+    for name in ("dp", "tp", "pp"):
+        df[name] = _num(df, f"world.{name}")
+    df["mbs"] = _num(df, "config.parallelism.micro_batch_size")
+    df["gbs"] = _num(df, "config.parallelism.global_batch_size")
+    df["seq_length"] = _num(df, "config.model.seq_length")
+    per_node = _num(df, "config.hardware.devices_per_node").where(lambda s: s > 0, 1.0)
+    # SLURM_NNODES is what the job had; the division is what it needed (a CPU run has no Slurm).
+    df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(np.ceil(df["devices"] / per_node))
+    df["tflops"] = _num(df, "tflops_per_device")
+    df["mfu"] = _num(df, "mfu")
+    df["pflops"] = df["tflops"] * df["devices"] / 1024
+    df["samples_per_s"] = _num(df, "samples_per_s")
+    per_rank = _col(df, "max_mem_gib_per_rank", None).map(
+        lambda v: max((x for x in v if x is not None), default=np.nan) if isinstance(v, list) else np.nan
+    )
+    df["mem_gib"] = np.fmax(_num(df, "max_mem_gib"), pd.to_numeric(per_rank, errors="coerce").astype(float))
+    df["mem_capacity_gib"] = _num(df, "config.hardware.memory_gib") - _num(
+        df, "config.hardware.memory_reserve_gib"
+    ).fillna(0.0)
+    started = _col(df, "started_at", "").fillna("").astype(str)
+    df["date"] = started.str.slice(5, 10)
+    df["mem_pred_gib"], estimated = _per_config(df)
+    df["size_params"] = _num(df, "params").fillna(estimated)
+    return df
+
+
+def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
+    try:
+        rows = read_plan_csv(path)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        warnings.append(f"{path}: not a readable plan ({exc}); ignored")
+        return pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    plan = pd.DataFrame([dataclasses.asdict(r) for r in rows])
+    out = pd.DataFrame(
+        {
+            "source": "plan",
+            "outcome": np.where(plan["feasible"], "pending", "skipped"),
+            "reason": plan["reasons"].map("; ".join),
+            "config_key": plan["overrides"].fillna("").astype(str).str.split(" ").map(overrides_key),
+            "overrides": plan["overrides"].fillna("").astype(str).str.split(" ").map(lambda o: [x for x in o if x]),
+            "model": plan["model"],
+            "hardware": plan["hardware"],
+            "nodes": plan["nodes"].astype(float),
+            "devices": plan["devices"].astype(float),
+            "dp": plan["dp"].astype(float),
+            "tp": plan["tp"].astype(float),
+            "pp": plan["pp"].astype(float),
+            "mbs": plan["micro_batch_size"].astype(float),
+            "gbs": plan["global_batch_size"].astype(float),
+            "size_params": plan["params"].astype(float).where(plan["params"] > 0),
+            "mem_pred_gib": plan["mem_gib"].astype(float),
+            "mem_capacity_gib": plan["mem_capacity_gib"].astype(float),
+        }
+    )
+    return out
+
+
+def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "manifest_index": [e.index for e in entries],
+            "m_overrides": [list(e.overrides) for e in entries],
+            "m_key": [overrides_key(e.overrides) for e in entries],
+            "m_dir": [e.output_dir for e in entries],
+            "m_status": [e.status for e in entries],
+            "m_reason": [e.reason or "" for e in entries],
+            "job_id": [e.job_id or "" for e in entries],
+            "m_nodes": [float(e.nodes) if e.nodes is not None else np.nan for e in entries],
+        }
+    )
+
+
+def _merge_manifest(results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence[ManifestEntry]) -> pd.DataFrame:
+    """Results, skipped and pending rows of one sweep, with the manifest's job ids and shapes."""
+    man = _manifest_frame(entries)
+    parts = []
+    if not results.empty:
+        results = results.merge(
+            man.drop(columns=["m_overrides", "m_key", "m_status", "m_reason"]),
+            how="left", left_on="run_dir", right_on="m_dir",
+        ).drop(columns=["m_dir"])
+        # The job's real shape beats anything derived from the record.
+        results["nodes"] = results["m_nodes"].fillna(results["nodes"])
+        parts.append(results.drop(columns=["m_nodes"]))
+    done = set(results["run_dir"]) if not results.empty else set()
+    plan_by_key = plan.drop_duplicates("config_key").set_index("config_key") if not plan.empty else None
+
+    def _plan_values(keys: pd.Series) -> pd.DataFrame:
+        if plan_by_key is None:
+            return pd.DataFrame(index=keys.index)
+        found = plan_by_key.reindex(keys.to_numpy())
+        found.index = keys.index
+        return found.drop(columns=["source", "outcome", "reason", "overrides"])
+
+    skipped = man[man["m_status"] == "skipped"]
+    pending = man[(man["m_status"] == "submitted") & ~man["m_dir"].isin(done)]
+    for rows, outcome in ((skipped, "skipped"), (pending, "pending")):
+        if rows.empty:
+            continue
+        frame = pd.concat([rows.reset_index(drop=True), _plan_values(rows["m_key"]).reset_index(drop=True)], axis=1)
+        frame["source"] = "manifest"
+        frame["outcome"] = outcome
+        frame["reason"] = frame["m_reason"]
+        frame["config_key"] = frame["m_key"]
+        frame["overrides"] = frame["m_overrides"]
+        frame["run_dir"] = frame["m_dir"]
+        frame["nodes"] = frame["m_nodes"].fillna(_col(frame, "nodes"))
+        parts.append(frame.drop(columns=[c for c in frame.columns if c.startswith("m_")]))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str]) -> pd.DataFrame:
+    missing = df["outcome"].isin(MISSING) & (df["job_id"].fillna("") != "")
+    if not missing.any():
+        return df
+    states: Mapping[str, str] = {}
+    if queue is not None:
+        try:
+            states = queue(sorted(set(df.loc[missing, "job_id"])))
+        except Exception as exc:  # the queue is advice: never lose the analysis over it
+            warnings.append(f"Slurm queue not read ({exc}); pending runs' states unknown")
+    if not states:
+        return df
+    state = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "").where(missing, "")
+    df["queue_state"] = state.where(state != "", df["queue_state"])
+    ended = missing & (state != "") & ~state.isin(_LIVE_STATES)
+    df.loc[missing & state.isin(_RUNNING_STATES), "outcome"] = "running"
+    df.loc[ended, "outcome"] = state[ended].map(_ENDED_OUTCOME).fillna("fail")
+    df.loc[ended, "reason"] = "no result.json; Slurm state " + state[ended]
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def sweep_labels(sweep_dirs: Sequence[Path]) -> tuple[str, ...]:
+    """Names of the sweeps for tables: the directory names, or the paths when two names clash."""
+    names = [Path(d).resolve().name or str(d) for d in sweep_dirs]
+    if len(set(names)) == len(names):
+        return tuple(names)
+    return tuple(str(d) for d in sweep_dirs)
+
+
+def load_sweep_dir(
+    sweep_dir: Path, *, label: str, queue: QueueLookup | None, warnings: list[str]
+) -> pd.DataFrame:
+    """The rows of one sweep directory (empty frame when it holds nothing the analysis reads)."""
+    results = _records_frame(_read_records(sweep_dir, warnings))
+    plan_path = sweep_dir / PLAN_FILE
+    plan = _plan_frame(plan_path, warnings) if plan_path.is_file() else pd.DataFrame()
+    man_path = sweep_dir / MANIFEST_FILE
+    if man_path.is_file():
+        try:
+            entries = read_manifest(man_path)
+        except (OSError, ManifestError) as exc:
+            raise AnalysisError(f"bad manifest: {exc}") from None
+        df = _merge_manifest(results, plan, entries)
+    else:
+        parts = [results]
+        if not plan.empty:
+            # Without a manifest, a feasible planned config with no result is still to be run.
+            done = set(results["config_key"]) if not results.empty else set()
+            parts.append(plan[(plan["outcome"] == "skipped") | ~plan["config_key"].isin(done)])
+        parts = [p for p in parts if not p.empty]
+        df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if df.empty:
+        return df
+    df["sweep"] = label
+    for name in CORE_COLUMNS:
+        if name not in df.columns:
+            df[name] = "" if name in ("run_dir", "reason", "date", "job_id", "queue_state", "model") else np.nan
+    for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware"):
+        df[name] = df[name].fillna("").astype(str)
+    df["layout_key"] = _join_str(df, _LAYOUT_FIELDS)
+    return _apply_queue(df, queue, warnings)
+
+
+def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = slurm_queue_states) -> Sweeps:
+    """One table of every config of the given sweeps; AnalysisError for a missing or empty sweep."""
+    if not sweep_dirs:
+        raise AnalysisError("no sweep directory given")
+    dirs = tuple(Path(d) for d in sweep_dirs)
+    for d in dirs:
+        if not d.exists():
+            raise AnalysisError(f"sweep directory {d} does not exist")
+        if not d.is_dir():
+            raise AnalysisError(f"{d} is not a directory")
+    labels = sweep_labels(dirs)
+    warnings: list[str] = []
+    frames = []
+    for d, label in zip(dirs, labels, strict=True):
+        frame = load_sweep_dir(d, label=label, queue=queue, warnings=warnings)
+        if frame.empty:
+            raise AnalysisError(
+                f"sweep directory {d} holds no {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: nothing to analyse"
+            )
+        frames.append(frame)
+    table = pd.concat(frames, ignore_index=True)
+    rest = [c for c in table.columns if c not in CORE_COLUMNS]
+    return Sweeps(table=table[list(CORE_COLUMNS) + rest], sweep_dirs=dirs, labels=labels, warnings=tuple(warnings))
+
+
+def outcome_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Rows per outcome, in OUTCOMES order, zeros left out."""
+    counts = df["outcome"].value_counts()
+    return {o: int(counts[o]) for o in OUTCOMES if o in counts.index}
+
+
+def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
+    """results.csv: every column; list-valued cells (losses, overrides) as JSON text."""
+    out = df.copy()
+    for name in out.columns:
+        if out[name].dtype == object and out[name].map(lambda v: isinstance(v, list | dict)).any():
+            out[name] = out[name].map(lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
+    out.to_csv(path, index=False)
+    return path
+
+
+__all__ = [
+    "CORE_COLUMNS",
+    "FAILED",
+    "MISSING",
+    "OUTCOMES",
+    "AnalysisError",
+    "QueueLookup",
+    "Sweeps",
+    "find_result_files",
+    "load_sweep_dir",
+    "load_sweeps",
+    "outcome_counts",
+    "overrides_key",
+    "slurm_queue_states",
+    "sweep_labels",
+    "write_results_csv",
+]

@@ -1,0 +1,345 @@
+"""Tables in the seeds' format: results.md (BLOOM notes, seed 001) and scaling tables (DeepSpeed, seed 004).
+
+Formatting conventions, as the seeds write them:
+- Mem: the measured peak per device (max over ranks and iterations) in GiB (2**30 bytes), written
+  'GB' like the seeds: whole GiB from 10 GiB up ('47GB'), one decimal below ('0.4GB') so that
+  small and CPU runs do not all read '0GB'. A failed or skipped config shows its outcome there
+  instead (OOM, NaN, timeout, fail, skipped), with Sec/it and TFLOPs empty, as the seeds' OOM rows.
+- Size: parameters as papers write them (1.3B, 181B); Sec/it two decimals (three below 1 s);
+  TFLOPs per device two decimals (four below 1); MFU in percent, one decimal.
+- Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
+  failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from analysis.records import outcome_counts
+from train.planner import format_params
+
+SEED_COLUMNS = ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "TFLOPs", "MFU", "Notes")
+OUTCOME_TEXT = {
+    "ok": "ok",
+    "oom": "OOM",
+    "nan": "NaN",
+    "timeout": "timeout",
+    "fail": "fail",
+    "skipped": "skipped",
+    "pending": "pending",
+    "running": "running",
+}
+_ORDER = {"ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "skipped": 6, "pending": 7, "running": 8}
+# Overrides whose value has its own column: repeating them in Notes would be noise.
+_SHOWN_KEYS = {
+    "parallelism.dp",
+    "parallelism.tp",
+    "parallelism.pp",
+    "parallelism.micro_batch_size",
+    "parallelism.global_batch_size",
+}
+_MAX_REASON = 120
+TIE_BREAK = ("nodes", "dp", "tp", "pp", "mbs", "gbs", "sweep", "run_dir", "config_key")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+
+
+def _missing(v: float | None) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def format_mem(gib: float | None) -> str:
+    """'47GB' (whole GiB, the seeds' rounding) or '0.4GB' below 10 GiB; '' when not measured."""
+    if _missing(gib):
+        return ""
+    assert gib is not None
+    return f"{gib:.0f}GB" if gib >= 10 else f"{gib:.1f}GB"
+
+
+def format_size(params: float | None) -> str:
+    """'1.3B', '181B'; '' when unknown."""
+    if _missing(params) or not params or params <= 0:
+        return ""
+    return format_params(int(params))
+
+
+def format_sec(sec: float | None) -> str:
+    if _missing(sec):
+        return ""
+    assert sec is not None
+    return f"{sec:.2f}" if sec >= 1 else f"{sec:.3f}"
+
+
+def format_tflops(tflops: float | None) -> str:
+    if _missing(tflops):
+        return ""
+    assert tflops is not None
+    return f"{tflops:.2f}" if tflops >= 1 else f"{tflops:.4f}"
+
+
+def format_mfu(mfu: float | None) -> str:
+    if _missing(mfu):
+        return ""
+    assert mfu is not None
+    return f"{100 * mfu:.1f}%"
+
+
+def _int_text(s: pd.Series) -> pd.Series:
+    return s.map(lambda v: "" if _missing(v) else str(int(v)))
+
+
+def _escape(s: pd.Series) -> pd.Series:
+    return s.astype(str).str.replace("|", "\\|", regex=False).str.replace("\n", " ", regex=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# results.md
+
+
+def sort_results(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest first; finished runs without a measurement next; failures after, in a stable order."""
+    rank = df["outcome"].map(_ORDER).fillna(9).astype(float)
+    rank = rank.where(~((df["outcome"] == "ok") & df["sec_per_iter"].isna()), 1.0)
+    keyed = df.assign(_rank=rank)
+    by = ["_rank", "sec_per_iter", *[c for c in TIE_BREAK if c in df.columns]]
+    return keyed.sort_values(by, kind="mergesort", na_position="last").drop(columns="_rank")
+
+
+def varying_overrides(df: pd.DataFrame) -> pd.Series:
+    """Per row, its overrides that differ across the table and have no column ('' when none).
+
+    The seeds add a column (NHIDDEN, NHEADS) when they vary something the columns do not show;
+    a generic table puts those overrides in Notes instead.
+    """
+    if "overrides" not in df.columns or df.empty:
+        return pd.Series("", index=df.index, dtype=object)
+    items = df["overrides"].map(lambda o: list(o) if isinstance(o, list | tuple) else []).explode().dropna()
+    if items.empty:
+        return pd.Series("", index=df.index, dtype=object)
+    items = items.astype(str)
+    keys = items.str.split("=", n=1).str[0].str.lstrip("+~")
+    pairs = pd.DataFrame({"row": items.index, "key": keys.to_numpy(), "item": items.to_numpy()})
+    stats = pairs.groupby("key").agg(values=("item", "nunique"), rows=("row", "nunique"))
+    varies = stats.index[(stats["values"] > 1) | (stats["rows"] < len(df))]
+    keep = pairs[pairs["key"].isin(varies) & ~pairs["key"].isin(_SHOWN_KEYS)]
+    joined = keep.groupby("row", sort=False)["item"].agg(" ".join)
+    return joined.reindex(df.index).fillna("").astype(object)
+
+
+def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
+    reason = df["reason"].fillna("").astype(str)
+    reason = reason.where(reason.str.len() <= _MAX_REASON, reason.str.slice(0, _MAX_REASON - 3) + "...")
+    parts = [df["date"].fillna("").astype(str), varying_overrides(df), reason]
+    if multi_sweep:
+        parts.insert(0, df["sweep"].astype(str))
+    notes = pd.Series("", index=df.index, dtype=object)
+    for part in parts:
+        part = part.astype(str)
+        notes = notes.where(part == "", notes.where(notes == "", notes + "; ") + part)
+    return notes
+
+
+def results_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The finished and skipped configs as the seeds' columns (strings), sorted; missing runs left out."""
+    done = sort_results(df[~df["outcome"].isin(("pending", "running"))])
+    ok = done["outcome"] == "ok"
+    mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
+    table = pd.DataFrame(
+        {
+            "Nodes": _int_text(done["nodes"]),
+            "Size": done["size_params"].map(format_size),
+            "DP": _int_text(done["dp"]),
+            "TP": _int_text(done["tp"]),
+            "PP": _int_text(done["pp"]),
+            "MBS": _int_text(done["mbs"]),
+            "GBS": _int_text(done["gbs"]),
+            "Mem": mem,
+            "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
+            "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
+            "MFU": done["mfu"].map(format_mfu).where(ok, ""),
+            "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
+        }
+    )
+    return table.reset_index(drop=True)
+
+
+def markdown_table(table: pd.DataFrame, *, left: Sequence[str] = ()) -> str:
+    """A padded markdown table; columns right-aligned as the seeds do, except those in `left`."""
+    cols = list(table.columns)
+    cells = [[str(v) for v in row] for row in table.itertuples(index=False, name=None)]
+    widths = [max([len(c), 3, *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
+
+    def line(values: Sequence[str]) -> str:
+        padded = [v.ljust(w) if c in left else v.rjust(w) for v, w, c in zip(values, widths, cols, strict=True)]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = ["-" * (w - 1) + ":" if c not in left else ":" + "-" * (w - 1) for w, c in zip(widths, cols, strict=True)]
+    return "\n".join([line(cols), "| " + " | ".join(rule) + " |", *(line(r) for r in cells)])
+
+
+def missing_markdown(df: pd.DataFrame) -> str:
+    """What is not there yet: the configs still pending or running, with their job ids and directories."""
+    missing = df[df["outcome"].isin(("pending", "running"))]
+    if missing.empty:
+        return "Nothing missing: every config has a result or was skipped."
+    missing = missing.sort_values(["sweep", "manifest_index", "run_dir", "config_key"], kind="mergesort")
+    table = pd.DataFrame(
+        {
+            "State": missing["outcome"].where(missing["queue_state"] == "", missing["queue_state"]),
+            "Job": missing["job_id"].astype(str),
+            "Dir": missing["run_dir"].astype(str),
+            "Overrides": _escape(missing["config_key"].astype(str)),
+        }
+    )
+    if df["sweep"].nunique() > 1:
+        table.insert(0, "Sweep", missing["sweep"].astype(str).to_numpy())
+    return markdown_table(table.reset_index(drop=True), left=tuple(table.columns))
+
+
+def summary_line(df: pd.DataFrame) -> str:
+    """'11 configs: 5 ok, 1 OOM, ..., 1 pending' in the outcomes' order."""
+    counts = outcome_counts(df)
+    parts = ", ".join(f"{n} {OUTCOME_TEXT[o]}" for o, n in counts.items())
+    return f"{len(df)} configs: {parts}"
+
+
+MEM_FOOTNOTE = (
+    "* Mem = measured peak memory per device (max over ranks and iterations), GiB (2^30 bytes) written GB "
+    "as the seeds do: whole GiB from 10 GiB, one decimal below. Sec/it = median seconds per iteration after "
+    "warm-up. TFLOPs = model TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak."
+)
+
+
+def results_markdown(
+    df: pd.DataFrame, *, labels: Sequence[str], recommendation: str, scaling: str | None = None
+) -> str:
+    """The whole results.md: table, recommendation, scaling (when given) and what is missing."""
+    parts = [
+        f"# Sweep results: {', '.join(labels)}",
+        "",
+        summary_line(df) + ".",
+        "",
+        markdown_table(results_table(df), left=("Notes",)),
+        "",
+        MEM_FOOTNOTE,
+        "",
+        "## Recommendation",
+        "",
+        recommendation.rstrip(),
+        "",
+    ]
+    if scaling:
+        parts += ["## Scaling", "", scaling.rstrip(), ""]
+    parts += ["## Missing", "", missing_markdown(df), ""]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaling (seed 004)
+
+_VARIANT_FIELDS = (
+    ("hardware", "{}"),
+    ("config.parallelism.zero_stage", "zero{}"),
+    ("config.parallelism.offload", "offload={}"),
+    ("config.parallelism.recompute", "recompute={}"),
+    ("config.parallelism.precision", "{}"),
+    ("config.parallelism.engine", "{}"),
+)
+
+
+def _text(v: object) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (variant, scale): throughput, TFLOPs, aggregate PFLOPs and parallel efficiency.
+
+    A variant is everything but the data-parallel degree (model, tp, pp, mbs and the options
+    that vary in the sweep), so that a row of the table follows one layout as it scales out.
+    Efficiency = per-device throughput relative to the variant's smallest successful run
+    (1.0 = perfect scaling). Cells with several runs (e.g. different GBS) keep the fastest.
+    """
+    runs = df[df["outcome"].isin(("ok", "oom", "nan", "timeout", "fail"))].copy()
+    if runs.empty:
+        return pd.DataFrame()
+    label = runs["model"].astype(str) + " (tp=" + runs["tp"].map(_text) + " pp=" + runs["pp"].map(_text)
+    label = label + " mbs=" + runs["mbs"].map(_text) + ")"
+    for name, fmt in _VARIANT_FIELDS:
+        if name in runs.columns and runs[name].map(_text).nunique() > 1:
+            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
+    runs["variant"] = label
+    runs["scale"] = runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text)
+    runs["_ok"] = (runs["outcome"] == "ok") & runs["samples_per_s"].notna()
+    runs = runs.sort_values(["variant", "devices", "_ok", "samples_per_s"], ascending=[True, True, False, False],
+                            kind="mergesort")
+    cells = runs.drop_duplicates(["variant", "devices"], keep="first").copy()
+    per_device = cells["samples_per_s"] / cells["devices"]
+    base = per_device.where(cells["_ok"]).groupby(cells["variant"]).transform("first")
+    cells["efficiency"] = per_device.where(cells["_ok"]) / base
+    cols = ["variant", "scale", "nodes", "devices", "outcome", "samples_per_s", "tflops", "pflops", "mfu",
+            "mem_gib", "mem_capacity_gib", "efficiency"]
+    return cells[cols].reset_index(drop=True)
+
+
+def _scaling_cell(row: pd.Series) -> str:
+    if row["outcome"] != "ok" or _missing(row["samples_per_s"]):
+        return OUTCOME_TEXT.get(str(row["outcome"]), str(row["outcome"]))
+    parts = [f"{row['samples_per_s']:.2f} samples/s", f"{format_tflops(row['tflops'])} TFLOPs/dev"]
+    if not _missing(row["pflops"]):
+        parts.append(f"{row['pflops']:.2f} PFLOPs")
+    if not _missing(row["mem_gib"]):
+        cap = "" if _missing(row["mem_capacity_gib"]) else f"/{row['mem_capacity_gib']:.1f}"
+        parts.append(f"{row['mem_gib']:.1f}{cap}GB")
+    if not _missing(row["efficiency"]):
+        parts.append(f"{100 * row['efficiency']:.0f}%")
+    return "<br>".join(parts)
+
+
+def scaling_markdown(frame: pd.DataFrame) -> str | None:
+    """Seed 004's layout: variants down, nodes*devices across; None when the sweep has one scale only."""
+    if frame.empty or frame["devices"].nunique() < 2:
+        return None
+    frame = frame.assign(cell=frame.apply(_scaling_cell, axis=1))
+    order = frame.drop_duplicates("scale").sort_values("devices")["scale"].tolist()
+    wide = frame.pivot(index="variant", columns="scale", values="cell").reindex(columns=order).fillna("")
+    wide = wide.reset_index().rename(columns={"variant": "layout \\ nodes*devices"})
+    wide.columns = [str(c) for c in wide.columns]
+    note = (
+        "Cells: samples/s, model TFLOP/s per device, aggregate PFLOP/s (TFLOPs x devices / 1024), "
+        "peak/usable memory per device, parallel efficiency (per-device throughput vs the row's smallest run)."
+    )
+    return markdown_table(wide, left=(wide.columns[0],)) + "\n\n" + note
+
+
+def pflops_aggregate(tflops_per_device: pd.Series | float, devices: pd.Series | float) -> pd.Series | float:
+    """Aggregate PetaFLOP/s as the BLOOM notes write it: TFLOPs per device x devices / 1024."""
+    return tflops_per_device * devices / 1024
+
+
+__all__ = [
+    "MEM_FOOTNOTE",
+    "OUTCOME_TEXT",
+    "SEED_COLUMNS",
+    "format_mem",
+    "format_mfu",
+    "format_sec",
+    "format_size",
+    "format_tflops",
+    "markdown_table",
+    "missing_markdown",
+    "pflops_aggregate",
+    "results_markdown",
+    "results_table",
+    "scaling_frame",
+    "scaling_markdown",
+    "sort_results",
+    "summary_line",
+    "varying_overrides",
+]

@@ -1,0 +1,142 @@
+"""Build sweep directories from the golden fixture (sweep.json): real result.json files in the
+RunRecord format, plus plan.csv and manifest.jsonl, the way the trainer and launchers write them.
+
+Each fixture run gives its layout and outcome; everything else a RunRecord holds is derived
+here (config via conf.schema.to_plain_dict, FLOPs via train.flops) so that records are complete.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis.manifest import ManifestEntry, write_manifest
+from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Recompute, RunConfig, to_plain_dict
+from train.metrics import RunRecord, write_json_atomic
+from train.planner import PlanRow, write_plan_csv
+
+GOLDEN = Path(__file__).resolve().parent
+FIXTURE = GOLDEN / "sweep.json"
+EXPECTED_MD = GOLDEN / "results.md"
+
+
+def fixture() -> dict[str, Any]:
+    return json.loads(FIXTURE.read_text())
+
+
+def run_config(model: dict[str, Any], hardware: dict[str, Any], layout: dict[str, Any]) -> RunConfig:
+    par = ParallelismConfig(
+        tp=layout["tp"], pp=layout["pp"], dp=layout["dp"], micro_batch_size=layout["mbs"],
+        global_batch_size=layout["gbs"], zero_stage=layout.get("zero_stage", 1), recompute=Recompute.full,
+    )
+    return RunConfig(model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware))
+
+
+def overrides_of(layout: dict[str, Any], model: str, extra: list[str] | None = None) -> list[str]:
+    return [
+        f"model={model}",
+        f"parallelism.dp={layout['dp']}",
+        f"parallelism.tp={layout['tp']}",
+        f"parallelism.pp={layout['pp']}",
+        f"parallelism.micro_batch_size={layout['mbs']}",
+        f"parallelism.global_batch_size={layout['gbs']}",
+        *(extra or []),
+    ]
+
+
+def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A complete RunRecord for one fixture run (figures from the spec, the rest consistent with them)."""
+    layout = spec["layout"]
+    world = layout["dp"] * layout["tp"] * layout["pp"]
+    status = spec.get("status", "ok")
+    sec = spec.get("sec_per_iter")
+    tflops = spec.get("tflops")
+    peak = run.hardware.peak_tflops_bf16
+    flops = tflops * 1e12 * sec * world if (sec and tflops) else 1.0e18
+    mem = spec.get("mem_gib")
+    gbs = layout["gbs"]
+    record = RunRecord(
+        status=status,
+        message=spec.get("message"),
+        config=to_plain_dict(run),
+        overrides=overrides,
+        world={"world_size": world, "dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"]},
+        hardware=run.hardware.name,
+        device="NVIDIA A100-SXM4-80GB",
+        versions={"python": "3.11.2", "torch": "2.4.0"},
+        git_commit="0" * 40,
+        params=spec.get("params"),
+        optimizer="apex.FusedAdam",
+        precision="bf16",
+        flops_per_iteration={"model": flops, "hardware": flops * 4 / 3, "megatron_eq3": flops * 4 / 3},
+        flops_conventions={"model": "per-GEMM", "hardware": "with recompute", "megatron_eq3": "Eq. 3"},
+        iterations_run=3 if sec else 1,
+        warmup_iters=1,
+        measured_iterations=2 if sec else 0,
+        skipped_iterations=0,
+        final_loss=None if status == "nan" else 11.5,
+        sec_per_iter=sec,
+        samples_per_s=gbs / sec if sec else None,
+        tokens_per_s_per_device=gbs * run.model.seq_length / sec / world if sec else None,
+        tflops_per_device=tflops,
+        tflops_per_device_hardware=tflops * 4 / 3 if tflops else None,
+        tflops_per_device_megatron_eq3=tflops * 4 / 3 if tflops else None,
+        mfu=tflops / peak if (tflops and peak) else None,
+        hfu=tflops * 4 / 3 / peak if (tflops and peak) else None,
+        max_mem_gib=mem,
+        max_mem_gib_per_rank=[] if mem is None else [mem - 3.0, mem],
+        max_mem_source="torch.cuda.max_memory_allocated" if mem else None,
+        peak_tflops=peak,
+        peak_source="datasheet",
+        losses=[11.9, 11.7, 11.5] if sec else [float("nan")],
+        iteration_times_s=[sec * 1.2, sec, sec] if sec else [],
+        env={"SLURM_JOB_ID": "1000", "SLURM_NNODES": str(spec["nodes"])} if "nodes" in spec else {},
+        started_at=spec.get("started_at", "2022-02-25T10:00:00+00:00"),
+        wall_s=600.0,
+    )
+    return record.to_dict()
+
+
+def build_sweep(root: Path, data: dict[str, Any] | None = None, *, drop: tuple[str, ...] = ()) -> Path:
+    """Write the fixture as a sweep under root: runs/<i>/result.json, plan.csv, manifest.jsonl.
+
+    Runs whose name is in `drop` get no result.json (a sweep still in progress).
+    """
+    data = data or fixture()
+    model, hardware = data["model"], data["hardware"]
+    root.mkdir(parents=True, exist_ok=True)
+    entries, plan_rows = [], []
+    for index, spec in enumerate(data["runs"]):
+        layout = spec["layout"]
+        run = run_config(model, hardware, layout)
+        overrides = overrides_of(layout, model["name"], spec.get("extra_overrides"))
+        out_dir = f"runs/{index}"
+        shape = {"nodes": spec["nodes"], "tasks_per_node": 8}
+        if spec.get("status") == "skipped":
+            entries.append(ManifestEntry(index, tuple(overrides), out_dir, "skipped", spec["message"], None, shape))
+            plan_rows.append(_plan_row(run, spec, overrides, feasible=False))
+            continue
+        entries.append(ManifestEntry(index, tuple(overrides), out_dir, "submitted", None, f"1000_{index}", shape))
+        plan_rows.append(_plan_row(run, spec, overrides, feasible=True))
+        if spec["name"] in drop or spec.get("pending"):
+            continue
+        (root / out_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(root / out_dir / "result.json", make_record(run, spec, overrides))
+    write_manifest(entries, root / "manifest.jsonl")
+    write_plan_csv(plan_rows, root / "plan.csv")
+    return root
+
+
+def _plan_row(run: RunConfig, spec: dict[str, Any], overrides: list[str], *, feasible: bool) -> PlanRow:
+    layout = spec["layout"]
+    return PlanRow(
+        feasible=feasible, reasons=[] if feasible else [spec["message"]], model=run.model.name,
+        hardware=run.hardware.name, nodes=spec["nodes"], devices=layout["dp"] * layout["tp"] * layout["pp"],
+        dp=layout["dp"], tp=layout["tp"], pp=layout["pp"], micro_batch_size=layout["mbs"],
+        global_batch_size=layout["gbs"], params=spec.get("params") or 0, mem_gib=float("nan"),
+        mem_capacity_gib=run.hardware.memory_gib - run.hardware.memory_reserve_gib, quant_efficiency=1.0,
+        model_flops_per_iter=float("nan"), hardware_flops_per_iter=float("nan"), overrides=" ".join(overrides),
+    )
+
+

@@ -1,0 +1,72 @@
+"""Comparing two sweeps: per-config ratios of seconds per iteration and TFLOPs."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.compare import compare_sweeps, format_comparison
+from analysis.records import load_sweeps
+from tests.analysis.golden.build import build_sweep, fixture
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _after(speedup: float, extra: list[str] | None = None) -> dict:
+    data = copy.deepcopy(fixture())
+    for run in data["runs"]:
+        if run.get("sec_per_iter") and not run.get("pending"):
+            run["sec_per_iter"] = round(run["sec_per_iter"] / speedup, 2)
+            run["tflops"] = round(run["tflops"] * speedup, 2)
+        if extra:
+            run["extra_overrides"] = extra
+    # The OOM config fits after the change.
+    oom = next(r for r in data["runs"] if r["name"] == "n48_dp32_tp2_oom")
+    oom.update(status="ok", message=None, sec_per_iter=150.0, tflops=100.0, mem_gib=70.0)
+    return data
+
+
+@pytest.fixture()
+def sweeps(tmp_path: Path) -> tuple[Path, Path]:
+    return build_sweep(tmp_path / "before"), build_sweep(tmp_path / "after", _after(1.25))
+
+
+def test_ratios_per_config(sweeps: tuple[Path, Path]) -> None:
+    before, after = (load_sweeps([s], queue=None).table for s in sweeps)
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "overrides" and c.only_before == c.only_after == 0
+    ok = c.table[(c.table["outcome_before"] == "ok") & (c.table["outcome_after"] == "ok")]
+    assert len(ok) == 5
+    # 207.92 s -> round(207.92 / 1.25, 2) = 166.34 s: ratio 0.800 (+- rounding of the fixture).
+    assert ok["sec_ratio"].tolist() == pytest.approx([0.8] * 5, abs=1e-4)
+    assert ok["tflops_ratio"].tolist() == pytest.approx([1.25] * 5, abs=1e-3)
+    assert c.sec_ratio_geomean == pytest.approx(0.8, abs=1e-4)
+    fixed = c.table[c.table["outcome_before"] == "oom"].iloc[0]
+    assert fixed["outcome_after"] == "ok" and fixed["sec_after"] == 150.0
+    text = format_comparison(c, before="before", after="after")
+    assert "Sec/it x0.800 (+20.0% faster)" in text
+    assert re.search(r"\|\s+OOM \|", text), text
+
+
+def test_falls_back_to_layout_when_overrides_differ(tmp_path: Path) -> None:
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", _after(2.0, ["cluster.env.NCCL_ALGO=Tree"]))], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and len(c.table) == 10
+    assert compare_sweeps(before, after, match="overrides").table.empty
+
+
+def test_compare_cli(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
+    before, after = sweeps
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "compare", str(before), str(after), "-o", str(tmp_path / "cmp"), "--no-queue"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "10 config(s) matched by overrides" in proc.stdout
+    assert (tmp_path / "cmp" / "compare.md").is_file() and (tmp_path / "cmp" / "compare.csv").is_file()

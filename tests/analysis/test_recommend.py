@@ -1,0 +1,72 @@
+"""The recommendation: lowest seconds per iteration for the same work, not the highest TFLOPs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from analysis.recommend import Constraints, format_recommendations, recommend
+from analysis.records import load_sweeps
+from tests.analysis.golden.build import build_sweep, fixture
+
+
+def _two_layouts() -> dict:
+    # Seed 001, 'Choosing the fastest 3D Topology' (MBS=2 tables, 02-20):
+    #   | 40 | 200B | 4 | 8 | 10 | 2 | 2048 | 43GB | 207.92 | 100.43 |   highest TFLOPs, 40 nodes
+    #   | 48 | 194B | 8 | 8 |  6 | 2 | 2048 | 45GB | 172.36 |  98.43 |   faster per iteration, 48 nodes
+    data = copy.deepcopy(fixture())
+    data["runs"] = [r for r in data["runs"] if r["name"] in ("n40_pp10_mbs2", "n48_pp6_mbs2")]
+    return data
+
+
+def test_lowest_sec_per_iter_wins_over_highest_tflops(tmp_path: Path) -> None:
+    df = load_sweeps([build_sweep(tmp_path / "s", _two_layouts())], queue=None).table
+    (rec,) = recommend(df)
+    assert (rec.best.nodes, rec.best.dp, rec.best.pp, rec.best.sec_per_iter) == (48, 8, 6, 172.36)
+    assert (rec.highest_tflops.nodes, rec.highest_tflops.tflops) == (40, 100.43)
+    assert rec.runner_up is not None and rec.runner_up.nodes == 40
+    # Margin: the runner-up takes 207.92 / 172.36 - 1 = 20.6% longer per iteration.
+    assert rec.margin_pct == pytest.approx(100 * (207.92 / 172.36 - 1))
+    text = format_recommendations([rec])
+    assert "20.6% faster per iteration than the runner-up" in text
+    assert "highest TFLOPs is DP=4 TP=8 PP=10 MBS=2 on 40 node(s)" in text
+    assert "constraints satisfied:" in text
+
+
+def test_fastest_per_node_count_and_failures_excluded(tmp_path: Path) -> None:
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    (rec,) = recommend(df)  # the skipped GBS-2016 config is other work and has no successful run
+    assert rec.best.sec_per_iter == 161.96 and rec.candidates == 5
+    assert [(c.nodes, c.sec_per_iter) for c in rec.per_nodes] == [(40, 207.92), (44, 186.65), (48, 161.96)]
+    assert rec.excluded == ("4 did not finish (1 OOM, 1 NaN, 1 timeout, 1 fail)", "1 still pending or running")
+
+
+def test_constraints_filter_and_are_reported(tmp_path: Path) -> None:
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    # BLOOM: at most 44 nodes, DP % 4 == 0 (batch ramp-up), keep headroom below 50 GiB.
+    (rec,) = recommend(df, Constraints(max_nodes=44, max_mem_gib=50.0, dp_multiple_of=4))
+    assert (rec.best.nodes, rec.best.sec_per_iter) == (44, 186.65)
+    assert "44 node(s) <= 44 (--max-nodes)" in rec.satisfied
+    assert "DP=4 is a multiple of 4 (--dp-multiple)" in rec.satisfied
+    assert any("above 50 GiB per device" in e for e in rec.excluded)
+    assert any("over the 44-node limit" in e for e in rec.excluded)
+
+
+def test_different_work_gets_separate_recommendations(tmp_path: Path) -> None:
+    data = _two_layouts()
+    other = copy.deepcopy(data["runs"][0])
+    other.update(name="gbs1024", sec_per_iter=100.0)
+    other["layout"]["gbs"] = 1024
+    data["runs"].append(other)
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    recs = recommend(df)
+    assert [(r.global_batch_size, r.best.sec_per_iter) for r in recs] == [(1024, 100.0), (2048, 172.36)]
+    assert recs[0].runner_up is None and "only run that qualifies" in format_recommendations(recs[:1])
+
+
+def test_nothing_qualifies(tmp_path: Path) -> None:
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    assert recommend(df, Constraints(max_nodes=8)) == []
+    assert format_recommendations([]).startswith("No recommendation")

@@ -1,0 +1,209 @@
+"""Loading sweeps: result records, plan.csv skips, the manifest, pending runs, the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.manifest import ManifestEntry, ManifestError, append_manifest, read_manifest, write_manifest
+from analysis.records import AnalysisError, load_sweeps, outcome_counts, slurm_queue_states
+from tests.analysis.golden.build import build_sweep, fixture
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def sweep(tmp_path: Path) -> Path:
+    return build_sweep(tmp_path / "bloom_sweep")
+
+
+def test_every_config_is_one_row_with_its_outcome(sweep: Path) -> None:
+    df = load_sweeps([sweep], queue=None).table
+    assert len(df) == len(fixture()["runs"]) == 11
+    assert outcome_counts(df) == {"ok": 5, "oom": 1, "nan": 1, "timeout": 1, "fail": 1, "skipped": 1, "pending": 1}
+    # The record's 'error' reads 'fail', as the seeds write it; only the first line of a message is kept.
+    row = df.set_index("run_dir").loc["runs/5"]
+    assert row["outcome"] == "oom" and row["reason"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB"
+    assert df.set_index("run_dir").loc["runs/6", "outcome"] == "fail"
+
+
+def test_record_fields_are_flattened_and_core_columns_derived(sweep: Path) -> None:
+    df = load_sweeps([sweep], queue=None).table.set_index("run_dir")
+    r = df.loc["runs/2"]
+    assert r["config.model.hidden_size"] == 14400 and r["config.parallelism.tp"] == 8
+    assert r["world.world_size"] == 384 and r["flops_per_iteration.model"] > 0
+    assert (r["nodes"], r["devices"], r["dp"], r["tp"], r["pp"], r["mbs"], r["gbs"]) == (48, 384, 8, 8, 6, 2, 2048)
+    # Mem is the max over ranks: the fixture writes [mem - 3, mem].
+    assert r["mem_gib"] == pytest.approx(45.2)
+    # Aggregate PFLOPs as the BLOOM notes compute it: TFLOPs x GPUs / 1024.
+    assert r["pflops"] == pytest.approx(98.43 * 384 / 1024)
+    assert r["mem_pred_gib"] > 0 and r["mem_capacity_gib"] == pytest.approx(78.15)
+    assert r["job_id"] == "1000_2" and r["date"] == "02-20"
+
+
+def test_skipped_row_comes_from_plan_and_manifest_with_reason(sweep: Path) -> None:
+    df = load_sweeps([sweep], queue=None).table
+    skipped = df[df["outcome"] == "skipped"].iloc[0]
+    assert "exceeds the usable" in skipped["reason"]
+    assert (skipped["dp"], skipped["tp"], skipped["pp"], skipped["gbs"]) == (48, 8, 1, 2016)
+
+
+def test_plan_csv_without_manifest_gives_skips_and_unrun_configs(sweep: Path) -> None:
+    (sweep / "manifest.jsonl").unlink()
+    df = load_sweeps([sweep], queue=None).table
+    # The planned config with no result (the fixture's pending run) is still missing without a manifest.
+    assert outcome_counts(df)["skipped"] == 1 and outcome_counts(df)["pending"] == 1
+    assert len(df) == 11
+
+
+def test_in_progress_sweep_reports_pending_runs(tmp_path: Path) -> None:
+    sweep = build_sweep(tmp_path / "s", drop=("n48_pp6_mbs2", "n40_pp10_mbs2"))
+    df = load_sweeps([sweep], queue=None).table
+    pending = df[df["outcome"] == "pending"].sort_values("manifest_index")
+    assert pending["run_dir"].tolist() == ["runs/0", "runs/2", "runs/10"]
+    assert pending["job_id"].tolist() == ["1000_0", "1000_2", "1000_10"]
+
+
+def test_queue_states_mark_running_and_ended_jobs(sweep: Path) -> None:
+    build_sweep(sweep, drop=("n48_pp6_mbs2", "n40_pp10_mbs2"))
+    for d in ("runs/0", "runs/2"):
+        (sweep / d / "result.json").unlink()
+    asked: list[list[str]] = []
+
+    def queue(ids: Sequence[str]) -> dict[str, str]:
+        asked.append(list(ids))
+        return {"1000_0": "RUNNING", "1000_2": "OUT_OF_MEMORY"}
+
+    df = load_sweeps([sweep], queue=queue).table.set_index("run_dir")
+    assert asked == [["1000_0", "1000_10", "1000_2"]]
+    assert df.loc["runs/0", "outcome"] == "running"
+    # A job Slurm ended without result.json is a failure of the kind Slurm names, not 'pending' forever.
+    assert df.loc["runs/2", "outcome"] == "oom" and "OUT_OF_MEMORY" in df.loc["runs/2", "reason"]
+    assert df.loc["runs/10", "outcome"] == "pending" and df.loc["runs/10", "queue_state"] == ""
+
+
+def test_absent_slurm_tools_mean_unknown_not_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert slurm_queue_states(["1234_5"]) == {}
+
+
+def test_corrupt_record_is_a_warning(sweep: Path) -> None:
+    (sweep / "runs" / "0" / "result.json").write_text("{not json")
+    loaded = load_sweeps([sweep], queue=None)
+    assert any("runs/0/result.json" in w for w in loaded.warnings)
+    # Its config is then missing: submitted in the manifest, no readable result.
+    assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
+
+
+def test_two_sweeps_in_one_table(tmp_path: Path) -> None:
+    a, b = build_sweep(tmp_path / "a"), build_sweep(tmp_path / "b")
+    loaded = load_sweeps([a, b], queue=None)
+    assert loaded.labels == ("a", "b")
+    assert loaded.table.groupby("sweep").size().to_dict() == {"a": 11, "b": 11}
+
+
+def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
+    with pytest.raises(AnalysisError, match="does not exist"):
+        load_sweeps([tmp_path / "nope"], queue=None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnalysisError, match="nothing to analyse"):
+        load_sweeps([tmp_path / "empty"], queue=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest
+
+
+def test_manifest_round_trip_and_partial_last_line(tmp_path: Path) -> None:
+    entries = [
+        ManifestEntry(0, ("parallelism.tp=2",), "./runs//0/", "submitted", None, "1234_0", {"nodes": 2, "tasks_per_node": 2}),
+        ManifestEntry(1, ("parallelism.tp=3",), "runs/1", "skipped", "heads not divisible by tp", None, {}),
+    ]
+    path = write_manifest(entries, tmp_path / "manifest.jsonl")
+    back = read_manifest(tmp_path)
+    assert back == entries and back[0].output_dir == "runs/0" and back[0].nodes == 2
+    assert json.loads(path.read_text().splitlines()[0])["overrides"] == ["parallelism.tp=2"]
+    append_manifest([ManifestEntry(2, (), "runs/2", "submitted", job_id="1234_2")], path)
+    with path.open("a") as f:
+        f.write('{"index": 3, "overr')  # the launcher is mid-write
+    assert [e.index for e in read_manifest(path)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"index": 0, "overrides": [], "output_dir": "a", "status": "done"}', "status"),
+        ('{"index": -1, "overrides": [], "output_dir": "a", "status": "submitted"}', "index"),
+        ('{"overrides": [], "output_dir": "a", "status": "submitted"}', "missing key"),
+        ('{"index": 0, "overrides": [], "output_dir": "/abs", "status": "submitted"}', "relative"),
+        ("not json", "not JSON"),
+    ],
+)
+def test_manifest_bad_lines_name_the_line(tmp_path: Path, line: str, match: str) -> None:
+    path = tmp_path / "manifest.jsonl"
+    path.write_text(line + "\n" + '{"index": 1, "overrides": [], "output_dir": "b", "status": "submitted"}\n')
+    with pytest.raises(ManifestError, match=match) as info:
+        read_manifest(path)
+    assert ":1:" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI and import hygiene
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_cli_writes_files_and_prints_recommendation(sweep: Path, tmp_path: Path) -> None:
+    # squeue/sacct are kept off PATH: the CLI must not need them.
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    proc = _cli(str(sweep), "-o", str(tmp_path / "out"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Fastest for bloom_200b_l80_h14400" in proc.stdout and "DP=4 TP=8 PP=12 MBS=2" in proc.stdout
+    assert "Missing (1 config(s) still pending or running)" in proc.stdout
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"results.csv", "results.md", "scaling.csv", "tflops_mfu.png"} <= names
+    csv = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(csv) == 11 and "config.model.num_layers" in csv.columns
+
+
+def test_cli_default_output_is_first_sweeps_analysis_dir(sweep: Path) -> None:
+    proc = _cli(str(sweep), "--no-queue", "--no-plots")
+    assert proc.returncode == 0, proc.stderr
+    assert (sweep / "analysis" / "results.md").is_file()
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "bad_manifest", "no_args"])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
+    target = tmp_path / case
+    if case in ("empty", "bad_manifest"):
+        target.mkdir()
+    if case == "bad_manifest":
+        (target / "manifest.jsonl").write_text("[1, 2]\n")
+    proc = _cli(*([] if case == "no_args" else [str(target)]), "--no-queue")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_analysis_imports_without_torch() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any import of torch now raises\n"
+        "import analysis, analysis.records, analysis.tables, analysis.recommend, analysis.plots, "
+        "analysis.compare, analysis.manifest, analysis.__main__\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
