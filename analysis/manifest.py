@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from train.metrics import write_text_atomic
 
 MANIFEST_FILE = "manifest.jsonl"
 ENTRY_STATUSES = ("submitted", "skipped")
@@ -155,16 +156,7 @@ def write_manifest(entries: Iterable[ManifestEntry], path: str | Path) -> Path:
     """Write the whole manifest atomically (a reader sees the old file or the new one)."""
     path = Path(path)
     text = "".join(json.dumps(e.to_json(), sort_keys=False) + "\n" for e in entries)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
     return path
 
 

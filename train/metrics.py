@@ -222,16 +222,20 @@ def _finite(obj: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON so that `path` holds either the old content or the whole new one, never a part.
+    """Write JSON so that `path` holds either the old content or the whole new one, never a part."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` atomically: a reader sees the old file or the new one.
 
     The temporary file lives in the same directory, so os.replace is a rename on one file
     system (atomic on POSIX); fsync first so that a crash after the rename cannot leave an
     empty file behind the new name.
     """
     path = Path(path)
-    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
     # A unique sibling opened with "x" (not mkstemp, whose 0600 would survive the rename):
-    # the record gets the ordinary umask permissions, so other users of the sweep can read it.
+    # the file gets the ordinary umask permissions, so other users of the sweep can read it.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with open(tmp, "x", encoding="utf-8") as f:
@@ -240,7 +244,7 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
