@@ -1,0 +1,113 @@
+"""Local launcher: run each config of a sweep on this machine, one after another.
+
+    python -m train -m parallelism.tp=1,2 hydra/launcher=local
+
+Configs are composed and validated exactly as `hydra/launcher=slurm` does (infeasible ones
+become `skipped` manifest entries), then each runs as `python -m train <overrides>
+hydra.run.dir=<sweep dir>/<index>` in a subprocess, with cluster.env exported; the trainer
+starts the processes a multi-device layout needs itself. The manifest (job_id null) and the
+result.json files are those of a Slurm sweep, so `python -m launchers status` and the
+analysis read both alike. A failed config does not stop the sweep; the launcher reports
+every failure to Hydra at the end, as Hydra's own launchers do.
+
+Torch-free, like everything a launcher imports.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
+from launchers.compose import is_megasweep_config, sweep_composer
+from launchers.slurm import LaunchSettings, command_for, entry_args_for, merge_entries, plan_configs
+
+__all__ = ["LocalLauncher"]
+
+
+class LocalLauncher(Launcher):
+    """Hydra launcher running each config as a local subprocess, in order (`hydra/launcher=local`).
+
+    Options (hydra.launcher.*): python (null: this interpreter), module (entry module of each run).
+    """
+
+    def __init__(self, python: str | None = None, module: str = "train") -> None:
+        super().__init__()
+        self.python = python
+        self.module = module
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        if not is_megasweep_config(self.config):
+            raise HydraException("hydra/launcher=local launches megasweep configs (conf/config.yaml) only")
+        composer = sweep_composer(self.hydra_context.config_loader, self.config)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        settings = LaunchSettings(
+            python=self.python or sys.executable,
+            module=self.module,
+            cwd=str(self.config.hydra.runtime.cwd),
+            job_name=self.module,
+            max_array_size=1,  # unused: nothing is submitted
+            entry_args=entry_args_for(self.config),
+        )
+        specs, skipped = plan_configs(composer, job_overrides, initial_job_idx)
+        queued = [
+            ManifestEntry(
+                index=s.index,
+                overrides=s.overrides,
+                output_dir=s.output_dir,
+                status="submitted",
+                shape=s.key.shape.as_dict(),
+            )
+            for s in specs
+        ]
+        entries = sorted([*skipped, *queued], key=lambda e: e.index)
+        # Written before the first run, so that `status` follows the sweep while it runs.
+        path = manifest_path(sweep_dir)
+        old = read_manifest(path) if initial_job_idx and path.exists() else []
+        write_manifest(merge_entries(old, entries), path)
+        print(
+            f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
+            flush=True,
+        )
+
+        outcomes: dict[int, tuple[JobStatus, Any]] = {}
+        for n, spec in enumerate(specs, start=1):
+            print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
+            try:
+                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
+            except Exception as exc:  # reported to Hydra below, after the other configs have run
+                print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
+                outcomes[spec.index] = (JobStatus.FAILED, exc)
+
+        task_name = str(self.config.hydra.job.name)
+        returns = []
+        for e in entries:
+            status, value = outcomes.get(e.index, (JobStatus.COMPLETED, e.to_json()))
+            returns.append(
+                JobReturn(
+                    overrides=list(e.overrides),
+                    working_dir=str(sweep_dir / e.output_dir),
+                    task_name=task_name,
+                    status=status,
+                    _return_value=value,
+                )
+            )
+        return returns

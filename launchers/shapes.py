@@ -1,0 +1,140 @@
+"""Resource shape of a run, and grouping of a sweep's configs into one job array per shape.
+
+Slurm gives every task of a job array the same allocation, so configs can share an array
+only when they ask for the same nodes, tasks, GPUs, time and sbatch options. A sweep over
+learning rates or environment variables is one array; a sweep over tp (or time limits, or
+partitions) is one array per distinct value. Per-config settings that do not change the
+allocation (cluster.env, the overrides themselves) travel with each task instead.
+
+Torch-free: the launcher runs this on login nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from conf.schema import RunConfig
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+__all__ = ["ArrayKey", "Shape", "SbatchOptions", "array_key", "chunk", "group_by", "run_shape"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one run asks Slurm for: the allocation that every rank of it needs."""
+
+    nodes: int
+    """Nodes (nodes)."""
+    tasks_per_node: int
+    """Processes started by srun on each node, one per device (tasks)."""
+    gpus_per_node: int
+    """GPUs requested per node; 0 on CPU hardware (devices)."""
+    time_limit_min: int
+    """Wall-clock limit (minutes)."""
+
+    @property
+    def tasks(self) -> int:
+        """Processes in the whole job, i.e. the world size (tasks)."""
+        return self.nodes * self.tasks_per_node
+
+    def as_dict(self) -> dict[str, int]:
+        """JSON-ready dict, as stored in the manifest's `shape`."""
+        return {
+            "nodes": self.nodes,
+            "tasks_per_node": self.tasks_per_node,
+            "gpus_per_node": self.gpus_per_node,
+            "time_limit_min": self.time_limit_min,
+        }
+
+
+def run_shape(run: RunConfig) -> Shape:
+    """The allocation of one run: dp x tp x pp devices (dp null counts as 1 in a sweep).
+
+    Devices fill whole nodes of hardware.devices_per_node; a run smaller than a node gets
+    one partial node, so a tp=2 config does not hold an 8-GPU node's other six GPUs.
+    Raises ValueError for a world that does not split into whole nodes (validation
+    reports those configs first, so the launcher never sees them).
+    """
+    par, hw = run.parallelism, run.hardware
+    dp = 1 if par.dp is None else par.dp
+    devices = dp * par.tp * par.pp
+    per_node = hw.devices_per_node
+    if devices < 1 or per_node < 1:
+        raise ValueError(f"no allocation for {devices} devices at {per_node} devices per node")
+    if devices <= per_node:
+        nodes, tasks_per_node = 1, devices
+    else:
+        if devices % per_node:
+            raise ValueError(
+                f"dp x tp x pp = {devices} devices do not fill whole nodes of "
+                f"hardware.devices_per_node={per_node}"
+            )
+        nodes, tasks_per_node = devices // per_node, per_node
+    gpus = tasks_per_node if hw.device_type == "cuda" else 0
+    return Shape(
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        gpus_per_node=gpus,
+        time_limit_min=run.cluster.time_limit_min,
+    )
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """The cluster settings that go on the sbatch command line (and so split arrays too)."""
+
+    partition: str | None
+    account: str | None
+    qos: str | None
+    gres: str | None
+    constraint: str | None
+    cpus_per_task: int
+    mem_per_node_gb: int | None
+    array_parallelism: int
+    setup: tuple[str, ...]
+    """Shell lines run in the batch script before srun (module loads, venv activation)."""
+
+
+@dataclass(frozen=True)
+class ArrayKey:
+    """Configs with equal keys can be one job array."""
+
+    shape: Shape
+    options: SbatchOptions
+
+
+def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayKey:
+    """The grouping key of one run; `array_parallelism` overrides cluster.array_parallelism."""
+    c = run.cluster
+    options = SbatchOptions(
+        partition=c.partition,
+        account=c.account,
+        qos=c.qos,
+        gres=c.gres,
+        constraint=c.constraint,
+        cpus_per_task=c.cpus_per_task,
+        mem_per_node_gb=c.mem_per_node_gb,
+        array_parallelism=array_parallelism if array_parallelism is not None else c.array_parallelism,
+        setup=tuple(c.setup),
+    )
+    return ArrayKey(shape=run_shape(run), options=options)
+
+
+def group_by(items: Iterable[tuple[K, T]]) -> dict[K, list[T]]:
+    """Items grouped by key, groups in order of first appearance, items in input order."""
+    groups: dict[K, list[T]] = {}
+    for key, item in items:
+        groups.setdefault(key, []).append(item)
+    return groups
+
+
+def chunk(items: list[T], size: int) -> list[list[T]]:
+    """Consecutive pieces of at most `size` items (an array larger than MaxArraySize is refused)."""
+    if size < 1:
+        raise ValueError(f"chunk size must be positive, got {size}")
+    return [items[i * size : (i + 1) * size] for i in range(math.ceil(len(items) / size))]

@@ -1,0 +1,508 @@
+"""Slurm launcher: one job array per resource shape, infeasible configs pruned before sbatch.
+
+    python -m train -m parallelism.tp=1,2,4 training.lr=1e-4,3e-4 hydra/launcher=slurm
+
+Every config of the sweep is composed with the shared FastComposer (one Hydra compose per
+distinct group choice) and checked with train.validation on the login node. Infeasible
+configs become `skipped` manifest entries with the validator's paragraph as their reason;
+nothing is queued for them. The others are grouped by ArrayKey (launchers/shapes.py: nodes,
+tasks and GPUs per node, time limit, sbatch options) and each group is submitted as one job
+array through submitit, split at the cluster's MaxArraySize and throttled with %N. Each array
+task runs `python -m train <overrides> hydra.run.dir=<its output dir>` under srun, one srun
+task per device, with cluster.env exported (env is per config, so sweeping it never splits
+an array).
+
+By default the launcher returns once the arrays are queued: <sweep dir>/manifest.jsonl says
+what went where, `python -m launchers status <sweep dir>` follows progress (also after this
+process has gone), and `python -m launchers rerun <sweep dir> --failed` resubmits failures.
+An sbatch that Slurm refuses (unknown partition, bad gres) marks that group's configs
+`skipped` with Slurm's own message; the other groups still go ahead.
+
+What a rerun needs to resubmit a config without Hydra (its command, environment and array
+key) is kept in <sweep dir>/.megasweep/launch.json.
+
+Torch-free, like everything a launcher imports; torch is imported only inside the jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
+from conf.schema import RunConfig
+from launchers.compose import FastComposer, is_megasweep_config, sweep_composer
+from launchers.shapes import ArrayKey, SbatchOptions, Shape, array_key, chunk, group_by
+from train.validation import InfeasibleConfig, validate
+
+__all__ = [
+    "DEFAULT_MAX_ARRAY_SIZE",
+    "LAUNCH_FILE",
+    "ConfigSpec",
+    "LaunchSettings",
+    "SlurmLauncher",
+    "Submission",
+    "TrainCommand",
+    "load_launch_file",
+    "merge_entries",
+    "entry_args_for",
+    "plan_config",
+    "plan_configs",
+    "read_max_array_size",
+    "save_launch_file",
+    "submit_configs",
+]
+
+LAUNCH_FILE = ".megasweep/launch.json"
+RESULT_FILE = "result.json"  # written by train.trainer.run_training (not imported: it needs torch)
+# Slurm's own default when scontrol cannot be asked.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+REFUSED_PREFIX = "sbatch refused: "
+
+
+@dataclass(frozen=True)
+class TrainCommand:
+    """What one array task runs: picklable (submitit ships it to the node), no torch inside.
+
+    Runs the trainer as a subprocess so that each srun task is a fresh interpreter whose
+    torch.distributed start-up reads SLURM_PROCID / SLURM_NTASKS; returns the run's
+    result.json (the value Hydra's JobReturn carries with hydra.launcher.wait=true).
+    """
+
+    argv: tuple[str, ...]
+    cwd: str
+    output_dir: str
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __call__(self) -> dict[str, Any]:
+        env = {**os.environ, **dict(self.env)}
+        # Inherited stdout/stderr: the trainer's log lines land in the task's Slurm log as they come.
+        proc = subprocess.run(list(self.argv), cwd=self.cwd, env=env, check=False)
+        result = Path(self.output_dir) / RESULT_FILE
+        if proc.returncode != 0:
+            where = f"; record: {result}" if result.exists() else " before writing result.json"
+            raise RuntimeError(f"`{' '.join(self.argv)}` exited with status {proc.returncode}{where}")
+        record: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {}
+        return record
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One feasible config, ready to submit (everything needed, nothing Hydra)."""
+
+    index: int
+    overrides: tuple[str, ...]
+    output_dir: str
+    """Relative to the sweep directory."""
+    key: ArrayKey
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Launcher-wide settings, stored with the sweep so that a rerun submits the same way."""
+
+    python: str
+    """Interpreter of the jobs (submitit's and the trainer's)."""
+    module: str
+    """Entry module run per config (`python -m <module> <overrides>`)."""
+    cwd: str
+    """Working directory of the jobs (the submitting process's, so `-m train` resolves)."""
+    job_name: str
+    max_array_size: int
+    """Largest array Slurm accepts (tasks); bigger groups are split."""
+    entry_args: tuple[str, ...] = ()
+    """Arguments before the overrides (--config-name, --config-dir)."""
+    sbatch_args: Mapping[str, str] = field(default_factory=dict)
+    """Extra sbatch options, without the leading dashes ({'exclusive': ''} gives --exclusive)."""
+    srun_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Outcome of submitting a set of configs: manifest entries, and submitit jobs by index."""
+
+    entries: list[ManifestEntry]
+    jobs: dict[int, Any]
+    arrays: list[str]
+    """Slurm job ids of the arrays (or single jobs) queued, one per group chunk."""
+
+
+def read_max_array_size(default: int = DEFAULT_MAX_ARRAY_SIZE) -> int:
+    """MaxArraySize from `scontrol show config`, or `default` when scontrol does not answer."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return default
+    match = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", out, flags=re.MULTILINE)
+    return int(match.group(1)) if match else default
+
+
+def run_dir_override(path: Path) -> str:
+    """`hydra.run.dir=<path>`, quoted when Hydra's override grammar needs it."""
+    text = str(path)
+    if re.fullmatch(r"[\w/.\-+@%]+", text):
+        return f"hydra.run.dir={text}"
+    if "'" in text or "\\" in text:
+        raise HydraException(
+            f"sweep directory {text!r} has a quote or backslash: pick another hydra.sweep.dir"
+        )
+    return f"hydra.run.dir='{text}'"
+
+
+def plan_config(
+    run: RunConfig, *, array_parallelism: int | None = None
+) -> tuple[ArrayKey | None, str | None]:
+    """(array key, None) for a feasible run; (None, reason) for one that must not be submitted."""
+    violations = validate(run, world_size=None)
+    if violations:
+        return None, str(InfeasibleConfig(violations))
+    try:
+        return array_key(run, array_parallelism=array_parallelism), None
+    except ValueError as exc:
+        return None, f"infeasible config: {exc}"
+
+
+def plan_configs(
+    composer: FastComposer,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    *,
+    array_parallelism: int | None = None,
+) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
+    """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
+
+    Config i's output directory is `<initial_job_idx + i>` in the sweep directory, as Hydra's
+    default hydra.sweep.subdir (${hydra.job.num}) would name it.
+    """
+    specs: list[ConfigSpec] = []
+    skipped: list[ManifestEntry] = []
+    for offset, overrides in enumerate(job_overrides):
+        index = initial_job_idx + offset
+        run = composer.run_config(overrides)
+        key, reason = plan_config(run, array_parallelism=array_parallelism)
+        if key is None:
+            skipped.append(
+                ManifestEntry(
+                    index=index,
+                    overrides=tuple(overrides),
+                    output_dir=str(index),
+                    status="skipped",
+                    reason=reason,
+                )
+            )
+            continue
+        env = tuple(sorted((str(k), str(v)) for k, v in run.cluster.env.items()))
+        specs.append(ConfigSpec(index, tuple(overrides), str(index), key, env))
+    return specs, skipped
+
+
+def entry_args_for(config: DictConfig) -> tuple[str, ...]:
+    """Arguments that make `python -m <module>` compose each run as the sweep composed it."""
+    hydra = config.hydra
+    args = [f"--config-name={hydra.job.config_name}"]
+    # A --config-dir given to the sweep must reach each run too.
+    for source in hydra.runtime.config_sources:
+        if source.provider == "command-line" and source.schema == "file":
+            args.append(f"--config-dir={source.path}")
+    return tuple(args)
+
+
+def command_for(spec: ConfigSpec, settings: LaunchSettings, sweep_dir: Path) -> TrainCommand:
+    out = sweep_dir / spec.output_dir
+    argv = (
+        settings.python,
+        "-m",
+        settings.module,
+        *settings.entry_args,
+        *spec.overrides,
+        run_dir_override(out),
+    )
+    return TrainCommand(argv=argv, cwd=settings.cwd, output_dir=str(out), env=spec.env)
+
+
+def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters of one group."""
+    shape, opt = key.shape, key.options
+    params: dict[str, Any] = {
+        "job_name": settings.job_name,
+        "time": shape.time_limit_min,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "cpus_per_task": opt.cpus_per_task,
+        "array_parallelism": opt.array_parallelism,
+        "stderr_to_stdout": True,
+        # Jobs start where the sweep was launched from, whatever the cwd of a later rerun.
+        # An empty value is a flag (`hold: ''` gives `--hold`): submitit writes True that way.
+        "additional_parameters": {
+            "chdir": settings.cwd,
+            **{k: (v if v != "" else True) for k, v in settings.sbatch_args.items()},
+        },
+    }
+    optional = {
+        "partition": opt.partition,
+        "account": opt.account,
+        "qos": opt.qos,
+        "constraint": opt.constraint,
+        "mem": opt.mem_per_node_gb,
+        "setup": list(opt.setup) or None,
+        "srun_args": list(settings.srun_args) or None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the shape's GPUs.
+    if opt.gres:
+        params["gres"] = opt.gres
+    elif shape.gpus_per_node:
+        params["gpus_per_node"] = shape.gpus_per_node
+    return params
+
+
+def submit_configs(sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings) -> Submission:
+    """Queue one array per ArrayKey (split at max_array_size); refused groups become skipped entries."""
+    import submitit  # not at module level: Hydra's plugin scan imports this module
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    entries: list[ManifestEntry] = []
+    jobs: dict[int, Any] = {}
+    arrays: list[str] = []
+    groups = group_by((spec.key, spec) for spec in specs)
+    for key, members in groups.items():
+        for piece in chunk(members, settings.max_array_size):
+            executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j", python=settings.python)
+            executor.update_parameters(**executor_parameters(key, settings))
+            try:
+                queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])
+            except (FailedJobError, FailedSubmissionError) as exc:
+                reason = REFUSED_PREFIX + _slurm_message(str(exc))
+                entries.extend(_entry(s, "skipped", reason=reason) for s in piece)
+                continue
+            arrays.append(str(queued[0].job_id).split("_")[0])
+            for spec, job in zip(piece, queued, strict=True):
+                jobs[spec.index] = job
+                entries.append(_entry(spec, "submitted", job_id=str(job.job_id)))
+    entries.sort(key=lambda e: e.index)
+    return Submission(entries=entries, jobs=jobs, arrays=arrays)
+
+
+def _slurm_message(stderr: str) -> str:
+    # sbatch prints 'sbatch: error: ...' lines; keep them all, on one line, for the manifest.
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()] or lines
+    return " | ".join(errors) or "sbatch failed without a message"
+
+
+def _entry(
+    spec: ConfigSpec, status: str, *, reason: str | None = None, job_id: str | None = None
+) -> ManifestEntry:
+    return ManifestEntry(
+        index=spec.index,
+        overrides=spec.overrides,
+        output_dir=spec.output_dir,
+        status=status,
+        reason=reason,
+        job_id=job_id,
+        shape=spec.key.shape.as_dict(),
+    )
+
+
+def merge_entries(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+    """Entries of both, the new one winning for an index; in index order."""
+    merged = {e.index: e for e in old}
+    merged.update({e.index: e for e in new})
+    return [merged[i] for i in sorted(merged)]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a rerun needs, kept in the sweep directory.
+
+
+def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[ConfigSpec]) -> Path:
+    """Add specs (by index) and the settings to <sweep dir>/.megasweep/launch.json."""
+    path = sweep_dir / LAUNCH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    known: dict[str, Any] = {}
+    if path.exists():
+        known = json.loads(path.read_text()).get("configs", {})
+    for spec in specs:
+        known[str(spec.index)] = {
+            "overrides": list(spec.overrides),
+            "output_dir": spec.output_dir,
+            "env": [list(kv) for kv in spec.env],
+            "shape": dataclasses.asdict(spec.key.shape),
+            "options": {**dataclasses.asdict(spec.key.options), "setup": list(spec.key.options.setup)},
+        }
+    data = {
+        "settings": {
+            **dataclasses.asdict(settings),
+            "entry_args": list(settings.entry_args),
+            "srun_args": list(settings.srun_args),
+            "sbatch_args": dict(settings.sbatch_args),
+        },
+        "configs": known,
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigSpec]]:
+    """Settings and specs saved by save_launch_file."""
+    data = json.loads((sweep_dir / LAUNCH_FILE).read_text())
+    raw = data["settings"]
+    settings = LaunchSettings(
+        python=raw["python"],
+        module=raw["module"],
+        cwd=raw["cwd"],
+        job_name=raw["job_name"],
+        max_array_size=int(raw["max_array_size"]),
+        entry_args=tuple(raw.get("entry_args", ())),
+        sbatch_args=dict(raw.get("sbatch_args", {})),
+        srun_args=tuple(raw.get("srun_args", ())),
+    )
+    specs = {}
+    for index, c in data["configs"].items():
+        options = {**c["options"], "setup": tuple(c["options"]["setup"])}
+        specs[int(index)] = ConfigSpec(
+            index=int(index),
+            overrides=tuple(c["overrides"]),
+            output_dir=c["output_dir"],
+            key=ArrayKey(shape=Shape(**c["shape"]), options=SbatchOptions(**options)),
+            env=tuple((k, v) for k, v in c["env"]),
+        )
+    return settings, specs
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hydra launcher.
+
+
+class SlurmLauncher(Launcher):
+    """Hydra launcher submitting one Slurm job array per resource shape (`hydra/launcher=slurm`).
+
+    Options (hydra.launcher.*): wait (block until every job ends and return their results),
+    array_parallelism (the %N throttle; null: cluster.array_parallelism), max_array_size
+    (null: MaxArraySize from scontrol), sbatch_args (extra sbatch options), srun_args,
+    python (null: this interpreter), module (entry module of each run), job_name
+    (null: hydra.job.name).
+    """
+
+    def __init__(
+        self,
+        wait: bool = False,
+        array_parallelism: int | None = None,
+        max_array_size: int | None = None,
+        sbatch_args: Mapping[str, str] | None = None,
+        srun_args: Sequence[str] | None = None,
+        python: str | None = None,
+        module: str = "train",
+        job_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.wait = wait
+        self.array_parallelism = array_parallelism
+        self.max_array_size = max_array_size
+        self.sbatch_args = dict(sbatch_args or {})
+        self.srun_args = list(srun_args or [])
+        self.python = python
+        self.module = module
+        self.job_name = job_name
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def settings(self) -> LaunchSettings:
+        assert self.config is not None
+        hydra = self.config.hydra
+        return LaunchSettings(
+            python=self.python or sys.executable,
+            module=self.module,
+            cwd=str(hydra.runtime.cwd),
+            # `python -m train` names the job `__main__`: useless in squeue.
+            job_name=self.job_name or (name if (name := str(hydra.job.name)) != "__main__" else self.module),
+            max_array_size=self.max_array_size or read_max_array_size(),
+            entry_args=entry_args_for(self.config),
+            sbatch_args={str(k): str(v) for k, v in self.sbatch_args.items()},
+            srun_args=tuple(str(a) for a in self.srun_args),
+        )
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        if not is_megasweep_config(self.config):
+            raise HydraException("hydra/launcher=slurm launches megasweep configs (conf/config.yaml) only")
+        composer = sweep_composer(self.hydra_context.config_loader, self.config)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        settings = self.settings()
+
+        specs, skipped = plan_configs(
+            composer, job_overrides, initial_job_idx, array_parallelism=self.array_parallelism
+        )
+        save_launch_file(sweep_dir, settings, specs)
+        submission = submit_configs(sweep_dir, specs, settings)
+        entries = sorted([*skipped, *submission.entries], key=lambda e: e.index)
+        path = manifest_path(sweep_dir)
+        old = read_manifest(path) if initial_job_idx and path.exists() else []
+        write_manifest(merge_entries(old, entries), path)
+        self._report(entries, submission, path)
+        return self._returns(entries, submission, sweep_dir)
+
+    def _report(self, entries: Sequence[ManifestEntry], submission: Submission, path: Path) -> None:
+        submitted = sum(1 for e in entries if e.status == "submitted")
+        refused = [e for e in entries if e.reason and e.reason.startswith(REFUSED_PREFIX)]
+        infeasible = len(entries) - submitted - len(refused)
+        arrays = ", ".join(submission.arrays) or "none"
+        print(
+            f"slurm: {len(entries)} configs: {submitted} submitted in {len(submission.arrays)} "
+            f"array(s) ({arrays}), {infeasible} infeasible, {len(refused)} refused by sbatch -> {path}",
+            flush=True,
+        )
+        for e in refused:
+            print(f"slurm: config {e.index} {' '.join(e.overrides)}: {e.reason}", file=sys.stderr)
+
+    def _returns(
+        self, entries: Sequence[ManifestEntry], submission: Submission, sweep_dir: Path
+    ) -> list[JobReturn]:
+        assert self.config is not None
+        task_name = str(self.config.hydra.job.name)
+        returns = []
+        for e in entries:
+            status = JobStatus.COMPLETED
+            value: Any = e.to_json()
+            job = submission.jobs.get(e.index)
+            if self.wait and job is not None:
+                try:
+                    value = job.result()
+                except Exception as exc:  # the job's failure, as Hydra launchers report it
+                    status, value = JobStatus.FAILED, exc
+            returns.append(
+                JobReturn(
+                    overrides=list(e.overrides),
+                    working_dir=str(sweep_dir / e.output_dir),
+                    task_name=task_name,
+                    status=status,
+                    _return_value=value,
+                )
+            )
+        return returns

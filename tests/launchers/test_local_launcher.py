@@ -1,0 +1,60 @@
+"""`hydra/launcher=local`: each config of a sweep runs here, in order, with the Slurm launcher's files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from analysis.manifest import read_manifest
+from launchers.status import sweep_status
+from tests.launchers.test_slurm_launcher import REPO, TINY, result
+
+
+def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "train", "-m", *TINY,
+            "training.lr=1e-4,2e-4", "+cluster.env.CUDA_LAUNCH_BLOCKING=1",
+            # A measured peak keeps fp32 feasible on a CPU; without one validation refuses it.
+            "hardware.peak_measured=true,false",
+            "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 configs: 2 to run, 2 infeasible" in proc.stdout
+
+    entries = read_manifest(sweep_dir)
+    ran = [e for e in entries if e.status == "submitted"]
+    skipped = [e for e in entries if e.status == "skipped"]
+    assert len(ran) == 2 and len(skipped) == 2
+    assert all(e.job_id is None for e in entries)
+    assert all(e.reason and "peak_measured" in e.reason for e in skipped)
+    records = [result(sweep_dir, e) for e in ran]
+    assert [r["status"] if r else None for r in records] == ["ok", "ok"]
+    assert all(r is not None and r["env"]["CUDA_LAUNCH_BLOCKING"] == "1" for r in records)
+    assert sorted(r["config"]["training"]["lr"] for r in records if r) == [1e-4, 2e-4]
+    # The files are a Slurm sweep's: status reads them alike, without asking Slurm.
+    states = sweep_status(sweep_dir, slurm_states={})
+    assert sorted(s.state for s in states) == ["done", "done", "skipped", "skipped"]
+
+
+def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "train", "-m", *TINY,
+            "training.data_path=/nonexistent.bin,null",
+            "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "config 0 failed" in proc.stderr
+    first, second = read_manifest(sweep_dir)
+    bad, good = result(sweep_dir, first), result(sweep_dir, second)
+    assert bad is not None and bad["status"] == "error"
+    # The failure of config 0 did not stop config 1.
+    assert good is not None and good["status"] == "ok"

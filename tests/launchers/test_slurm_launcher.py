@@ -1,0 +1,214 @@
+"""`hydra/launcher=slurm` against the real local Slurm cluster (no mocked sbatch).
+
+Each test runs `python -m train -m ... hydra/launcher=slurm` as a user would, then checks the
+manifest, what Slurm queued (squeue/sacct), and the runs' result.json files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from analysis.manifest import ManifestEntry, read_manifest
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+REPO = Path(__file__).resolve().parents[2]
+# About one second of training per config on one core: a 1-layer, 64-wide model, 3 iterations.
+TINY = (
+    "training.train_iters=3",
+    "training.warmup_iters=1",
+    "logger=disabled",
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_attention_heads=2",
+    "model.seq_length=32",
+    "model.vocab_size=512",
+    "parallelism.micro_batch_size=1",
+    "parallelism.global_batch_size=2",
+)
+# Four runs share two cores (OverSubscribe): each takes ~10 s alone, so a minute is generous.
+RESULTS_TIMEOUT_S = 150
+
+
+def sweep(
+    sweep_dir: Path, *overrides: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`python -m train -m <TINY> <overrides> hydra/launcher=slurm` into sweep_dir."""
+    args = [sys.executable, "-m", "train", "-m", *TINY, *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    if not any(o.startswith("hydra/launcher=") for o in overrides):
+        args.append("hydra/launcher=slurm")
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sweep exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_until(what: str, probe: Callable[[], bool], timeout: float = RESULTS_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.5)
+
+
+def result(sweep_dir: Path, entry: ManifestEntry) -> dict[str, Any] | None:
+    path = sweep_dir / entry.output_dir / "result.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def wait_for_results(sweep_dir: Path, entries: Sequence[ManifestEntry]) -> list[dict[str, Any]]:
+    wait_until(
+        f"result.json of configs {[e.index for e in entries]}",
+        lambda: all(result(sweep_dir, e) is not None for e in entries),
+    )
+    return [r for e in entries if (r := result(sweep_dir, e)) is not None]
+
+
+def sacct(*args: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", *args], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return [line.split("|") for line in out.splitlines() if line.strip()]
+
+
+def array_of(job_id: str | None) -> str:
+    assert job_id is not None
+    return job_id.split("_")[0]
+
+
+def test_homogeneous_sweep_is_one_array_and_exports_swept_env(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", "+cluster.env.CUDA_LAUNCH_BLOCKING=0,1")
+    assert "4 submitted in 1 array(s)" in proc.stdout
+
+    entries = read_manifest(sweep_dir)
+    assert [e.index for e in entries] == [0, 1, 2, 3]
+    assert {e.status for e in entries} == {"submitted"}
+    arrays = {array_of(e.job_id) for e in entries}
+    assert len(arrays) == 1, entries
+    (array,) = arrays
+    assert sorted(e.job_id for e in entries) == [f"{array}_{i}" for i in range(4)]
+    assert all(
+        e.shape == {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "time_limit_min": 20}
+        for e in entries
+    )
+
+    results = wait_for_results(sweep_dir, entries)
+    assert [r["status"] for r in results] == ["ok"] * 4
+    # Each run exported its own value of the swept variable, inside the array it shares.
+    for entry, record in zip(entries, results, strict=True):
+        wanted = next(o.split("=", 1)[1] for o in entry.overrides if o.startswith("+cluster.env."))
+        assert record["env"]["CUDA_LAUNCH_BLOCKING"] == wanted
+        assert record["env"]["SLURM_ARRAY_JOB_ID"] == array
+    # sacct knows the four tasks under the one array id.
+    wait_until(
+        "sacct to list 4 completed tasks",
+        lambda: (
+            sorted(r[0] for r in sacct("-X", "-j", array, "--format=JobID,State") if r[1] == "COMPLETED")
+            == [f"{array}_{i}" for i in range(4)]
+        ),
+        timeout=30,
+    )
+
+
+def test_infeasible_configs_are_skipped_and_two_time_limits_give_two_arrays(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # peak_measured=false leaves the CPU without an fp32 peak: validation rejects that config.
+    proc = sweep(sweep_dir, "hardware.peak_measured=true,false", "cluster.time_limit_min=5,10")
+    assert "2 submitted in 2 array(s)" in proc.stdout and "2 infeasible" in proc.stdout
+
+    entries = read_manifest(sweep_dir)
+    skipped = [e for e in entries if e.status == "skipped"]
+    submitted = [e for e in entries if e.status == "submitted"]
+    assert len(skipped) == 2
+    assert all(o.lower() != "hardware.peak_measured=true" for e in skipped for o in e.overrides)
+    assert all(e.job_id is None and e.reason and "peak_measured" in e.reason for e in skipped)
+    assert len({array_of(e.job_id) for e in submitted}) == 2
+    assert sorted(e.shape["time_limit_min"] for e in submitted) == [5, 10]
+    # Nothing was queued for the skipped configs: no output directory, no job.
+    assert not any((sweep_dir / e.output_dir).exists() for e in skipped)
+
+    results = wait_for_results(sweep_dir, submitted)
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    limits = {
+        row[0]: row[1]
+        for e in submitted
+        for row in sacct("-X", "-j", str(e.job_id).split("_")[0], "--format=JobID,TimelimitRaw")
+    }
+    assert sorted(limits.values()) == ["10", "5"], limits
+
+
+def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, f"cluster.partition=nosuch,{slurm_cluster.partition}", "hydra.launcher.wait=true")
+    assert "1 refused by sbatch" in proc.stdout
+
+    refused, ran = read_manifest(sweep_dir)
+    assert refused.status == "skipped" and refused.job_id is None
+    # Slurm's own words, as sbatch printed them.
+    assert refused.reason is not None and "sbatch refused" in refused.reason
+    assert "invalid partition" in refused.reason.lower(), refused.reason
+    assert "nosuch" in proc.stderr
+    assert ran.status == "submitted"
+    # wait=true: the sweep returned only after the job ended, so its result is already there.
+    record = result(sweep_dir, ran)
+    assert record is not None and record["status"] == "ok"
+
+
+def test_wait_reports_a_failing_job_as_a_failed_sweep(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "training.data_path=/nonexistent.bin", "hydra.launcher.wait=true", check=False)
+    assert proc.returncode != 0
+    assert "exited with status" in proc.stderr
+    (entry,) = read_manifest(sweep_dir)
+    record = result(sweep_dir, entry)
+    assert record is not None and record["status"] == "error" and "nonexistent" in record["message"]
+
+
+def test_groups_larger_than_max_array_size_are_split(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Held so that nothing runs: only the split is checked, then the jobs are cancelled.
+    proc = sweep(
+        sweep_dir,
+        "training.lr=1e-4,2e-4,3e-4",
+        "hydra.launcher.max_array_size=2",
+        "hydra.launcher.array_parallelism=1",
+        "+hydra.launcher.sbatch_args.hold=''",
+    )
+    entries = read_manifest(sweep_dir)
+    arrays = [array_of(e.job_id) for e in entries]
+    try:
+        assert "3 submitted in 2 array(s)" in proc.stdout
+        assert arrays[0] == arrays[1] != arrays[2]
+        assert [e.job_id for e in entries] == [f"{arrays[0]}_0", f"{arrays[0]}_1", arrays[2]]
+        # The %N throttle of the two-task array.
+        shown = subprocess.run(
+            ["scontrol", "show", "job", arrays[0]], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+        assert "ArrayTaskThrottle=1" in shown
+    finally:
+        subprocess.run(["scancel", *sorted(set(arrays))], timeout=30, check=False)
+
+
+def test_launcher_modules_import_without_torch() -> None:
+    code = (
+        "import sys; import launchers.slurm, launchers.shapes, hydra_plugins.megasweep.slurm_launcher; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, env={**os.environ})
