@@ -1,7 +1,10 @@
 """`python -m analysis`: tables, recommendation, scaling and plots of one or more sweeps.
 
     python -m analysis <sweep dir> [more sweep dirs] [-o OUT] [--max-nodes N] [--max-mem-gib G]
-                       [--dp-multiple K] [--no-plots] [--no-queue]
+                       [--dp-multiple K] [--no-plots] [--no-queue] [--wandb-log [--wandb-project P]
+                       [--wandb-entity E] [--wandb-group G]]
+    python -m analysis --wandb ENTITY/PROJECT --group SWEEP [-o OUT] [same options]
+    python -m analysis --wandb-offline DIR [more DIRs] [--group SWEEP] [-o OUT] [same options]
     python -m analysis compare <before sweep> <after sweep> [-o OUT] [--match auto|overrides|layout]
 
 The first form reads every result.json, plan.csv row and manifest.jsonl entry of the sweeps and
@@ -10,6 +13,16 @@ writes into OUT (default <first sweep dir>/analysis): results.csv (every field),
 It prints the recommendation and what is still missing. The second form writes compare.md and
 compare.csv (default OUT: <after sweep>/analysis) and prints the comparison. (A sweep directory
 literally named 'compare' is given as ./compare.)
+
+--wandb reads the trainer's runs of one W&B group through wandb's public API (network and a key
+needed; default OUT ./analysis-<SWEEP>); --wandb-offline reads offline W&B runs (sweep
+directories, run directories or .wandb files) with wandb's own log reader: a sweep whose
+result.json files are gone can still be analysed (analysis.wandb_io says what W&B cannot give
+back). --wandb-log also logs the analysis as one W&B run (job_type 'analysis') in the sweep's
+project and group: explicit, because the default must never touch the network. Project,
+entity and group default to the records' logger.* config, the group then to the sweep's name;
+WANDB_MODE wins over the records' wandb_mode (offline when neither says). A failing W&B only
+warns: the local outputs are written either way.
 
 Bad input ends with one line on stderr and exit status 2. No torch is imported.
 """
@@ -20,6 +33,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from analysis.records import Sweeps
 
 EXIT_USAGE = 2
 
@@ -33,14 +50,48 @@ class _Parser(argparse.ArgumentParser):
 
 def _analyse_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m analysis", description="Analyse megasweep sweeps.")
-    p.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
+    p.add_argument("sweeps", nargs="*", type=Path, help="sweep directories")
+    src = p.add_argument_group("W&B as the source (instead of sweep directories)")
+    src.add_argument("--wandb", metavar="ENTITY/PROJECT", default=None, help="read the runs of --group from W&B")
+    src.add_argument("--wandb-offline", metavar="DIR", nargs="+", type=Path, default=None,
+                     help="read offline W&B runs (sweep dirs, run dirs or .wandb files)")
+    src.add_argument("--group", default=None, help="W&B group (the sweep's name) to read")
     p.add_argument("-o", "--out", type=Path, default=None, help="output directory (default: <first sweep>/analysis)")
     p.add_argument("--max-nodes", type=int, default=None, help="recommend layouts on at most this many nodes")
     p.add_argument("--max-mem-gib", type=float, default=None, help="recommend layouts peaking at most this (GiB)")
     p.add_argument("--dp-multiple", type=int, default=None, help="recommend layouts whose DP is a multiple of this")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
+    log = p.add_argument_group("logging the analysis to W&B")
+    log.add_argument("--wandb-log", action="store_true", help="log the analysis as a W&B run (WANDB_MODE honoured)")
+    log.add_argument("--wandb-project", default=None, help="default: the records' logger.wandb_project")
+    log.add_argument("--wandb-entity", default=None, help="default: the records' logger.wandb_entity")
+    log.add_argument("--wandb-group", default=None, help="default: the records' logger.wandb_group, else the sweep")
     return p
+
+
+def _load(args: argparse.Namespace) -> tuple[Sweeps, Path]:
+    """The sweeps to analyse and the default output directory, from whichever source was named."""
+    from analysis.records import AnalysisError, load_sweeps, slurm_queue_states
+
+    sources = sum(bool(x) for x in (args.sweeps, args.wandb, args.wandb_offline))
+    if sources != 1:
+        raise AnalysisError("give sweep directories, --wandb ENTITY/PROJECT or --wandb-offline DIR (one of them)")
+    if args.group is not None and not (args.wandb or args.wandb_offline):
+        raise AnalysisError("--group selects W&B runs: use it with --wandb or --wandb-offline")
+    if args.wandb:
+        from analysis.wandb_io import server_sweeps
+
+        if not args.group:
+            raise AnalysisError("--wandb needs --group SWEEP (the W&B group of the sweep's runs)")
+        return server_sweeps(args.wandb, args.group), Path(f"analysis-{args.group}")
+    if args.wandb_offline:
+        from analysis.wandb_io import offline_sweeps
+
+        first = args.wandb_offline[0]
+        return offline_sweeps(args.wandb_offline, group=args.group), (first if first.is_dir() else first.parent) / "analysis"
+    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else slurm_queue_states)
+    return sweeps, args.sweeps[0] / "analysis"
 
 
 def _compare_parser() -> argparse.ArgumentParser:
@@ -56,7 +107,7 @@ def _compare_parser() -> argparse.ArgumentParser:
 def analyse(argv: Sequence[str]) -> int:
     from analysis.plots import write_plots
     from analysis.recommend import Constraints, format_recommendations, recommend
-    from analysis.records import load_sweeps, slurm_queue_states, write_results_csv
+    from analysis.records import write_results_csv
     from analysis.tables import (
         missing_markdown,
         results_markdown,
@@ -66,11 +117,11 @@ def analyse(argv: Sequence[str]) -> int:
     )
 
     args = _analyse_parser().parse_args(argv)
-    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else slurm_queue_states)
+    sweeps, default_out = _load(args)
     for w in sweeps.warnings:
         print(f"warning: {w}", file=sys.stderr)
     df = sweeps.table
-    out = args.out or args.sweeps[0] / "analysis"
+    out = args.out or default_out
     out.mkdir(parents=True, exist_ok=True)
     constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
     rec_text = format_recommendations(recommend(df, constraints))
@@ -83,8 +134,20 @@ def analyse(argv: Sequence[str]) -> int:
     if not scaling.empty:
         scaling.to_csv(out / "scaling.csv", index=False)
         written.append(out / "scaling.csv")
-    if not args.no_plots:
-        written += write_plots(df, out)
+    plots = [] if args.no_plots else write_plots(df, out)
+    written += plots
+    if args.wandb_log:
+        from analysis.wandb_io import log_analysis, resolve_destination
+
+        dest = resolve_destination(
+            df, labels=sweeps.labels, project=args.wandb_project, entity=args.wandb_entity, group=args.wandb_group
+        )
+        run_dir, warning = log_analysis(df, dest=dest, out_dir=out, recommendation=rec_text,
+                                        results_markdown=md, plots=plots)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        if run_dir:
+            print(f"W&B ({dest.mode}): analysis run in {dest.project}/{dest.group or '-'}, {run_dir}")
     print(summary_line(df))
     print()
     print(rec_text)

@@ -121,6 +121,9 @@ class WandbLogger:
         if self.run is None:
             return
         try:
+            # Commit the last history row first: W&B otherwise writes it at finish, after
+            # this update, and the last iteration's figures would replace the medians.
+            self.run.log({}, commit=True)
             self.run.summary.update({k: v for k, v in figures.items() if v is not None})
         except Exception as exc:
             self._disable("summary", exc)
