@@ -1,13 +1,14 @@
-"""Megatron-style training loop: one process, one device, for now.
+"""Megatron-style training loop, on one process or over a (pp, dp, tp) device mesh.
 
 run_training() owns the outcome: whatever happens (a clean run, a NaN loss, an OOM, any
 exception, Slurm's SIGTERM) it writes one result.json and prints its path, then raises for
 anything but `ok` so the process exits non-zero. train() / train_step() / forward_backward()
 are the loop, the optimizer step and one micro-batch.
 
-Parallelism comes later as functions applied to the built model (tensor/pipeline/data over a
-DeviceMesh); this module already keeps the layout explicit: the world (dp, tp, pp), the
-global-batch arithmetic and the per-rank sample indices are computed in one place.
+Parallelism is applied to the built model by train.parallel's functions (pipeline split, then
+tensor, then data parallel); this module keeps the layout explicit: the world (dp, tp, pp), the
+global-batch arithmetic and the per-rank sample indices are computed in one place. Rank 0 alone
+prints and writes the record; the other ranks train quietly.
 
 The log line's TFLOPs and MFU use model FLOPs (per-GEMM count, no recompute) so that
 MFU = TFLOPs / peak holds on the line; Megatron-LM's Eq. 3 figure is in the record, labelled.
@@ -16,16 +17,18 @@ MFU = TFLOPs / peak holds on the line; Megatron-LM's Eq. 3 figure is in the reco
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
 import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -34,8 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from conf.schema import Precision, Recompute, RunConfig, to_plain_dict
-from train import flops
+from conf.schema import Precision, Recompute, RunConfig, WandbMode, to_plain_dict
+from train import distributed, flops, parallel
 from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, get_batch, make_source
 from train.metrics import (
@@ -52,6 +55,7 @@ from train.metrics import (
 )
 from train.model import IGNORE_INDEX, TransformerLM, build_model, count_params, lm_loss_sum, num_layers
 from train.optim import build_optimizer, lr_at, set_lr
+from train.validation import resolve_dp
 from train.wandb_log import WandbLogger
 
 RESULT_FILE = "result.json"
@@ -61,6 +65,10 @@ FLOPS_CONVENTIONS = {
     "megatron_eq3": "Narayanan et al. 2021 Eq. 3, as Megatron-DeepSpeed prints TFLOPs (compare to its logs)",
 }
 _REPO_ROOT = Path(__file__).resolve().parents[1]
+FAULT_ENV = "MEGASWEEP_FAULT_EXIT"
+"""'<rank>:<iteration>': that rank exits abruptly (os._exit) at the start of that iteration. A test
+hook for the failure path of multi-process runs (a worker dying mid-run, as on a node failure)."""
+FAULT_EXIT_CODE = 17
 
 
 class TrainingDiverged(RuntimeError):
@@ -73,10 +81,11 @@ class TrainingTimeout(Exception):
 
 @dataclass(frozen=True)
 class World:
-    """Where this process sits in the job; all 1 until the parallel engines land."""
+    """Where this process sits in the job (all 1 / 0 for one process)."""
 
     world_size: int = 1
     rank: int = 0
+    local_rank: int = 0
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -95,6 +104,8 @@ class Progress:
     iterations: list[IterationStats] = field(default_factory=list)
     skipped: int = 0
     warnings: list[str] = field(default_factory=list)
+    max_mem_per_rank: list[float] = field(default_factory=list)
+    """Every rank's peak memory (GiB), gathered at the end of a successful run."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +133,9 @@ def run_training(
     output_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     world, progress = resolve_world(run), Progress()
+    lead = world.rank == 0
     wandb = WandbLogger(
-        run.logger,
+        run.logger if lead else replace(run.logger, wandb_mode=WandbMode.disabled),
         config=redact_values(
             {**scrub(to_plain_dict(run)), "world": asdict(world)}, secret_values(os.environ)
         ),
@@ -145,6 +157,8 @@ def run_training(
         status, message, failure = "timeout", str(exc), exc
     except BaseException as exc:  # the record is written for KeyboardInterrupt too
         status, message, failure = "error", f"{type(exc).__name__}: {exc}", exc
+    finally:
+        distributed.destroy_process_group()
     if status == "nan":
         message = (
             f"loss or gradient norm became NaN/inf at iteration {len(progress.iterations)}; training stopped"
@@ -162,10 +176,12 @@ def run_training(
         wall_s=time.perf_counter() - t0,
     )
     path = output_dir / RESULT_FILE
-    write_json_atomic(path, record)
+    if lead:
+        write_json_atomic(path, record)
     wandb.summary(_summary_figures(record))
     wandb.finish(exit_code=0 if status == "ok" else 1)
-    print(f"result: {path}", flush=True)
+    if lead:
+        print(f"result: {path}", flush=True)
     if failure is not None:
         raise failure
     if status == "nan":
@@ -199,6 +215,8 @@ def build_record(
     )
     last = progress.iterations[-1] if progress.iterations else None
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
+    per_rank = progress.max_mem_per_rank or ([] if mem is None else [mem])
+    mem = max(per_rank, default=None)
     record = RunRecord(
         status=status,
         message=message,
@@ -228,7 +246,7 @@ def build_record(
         mfu=_utilization(medians.tflops_per_device, progress, "MFU"),
         hfu=_utilization(medians.tflops_per_device_hardware, progress, "HFU"),
         max_mem_gib=mem,
-        max_mem_gib_per_rank=[] if mem is None else [mem],
+        max_mem_gib_per_rank=per_rank,
         max_mem_source=progress.max_mem_source,
         peak_tflops=progress.peak_tflops,
         peak_source=progress.peak_source,
@@ -241,6 +259,45 @@ def build_record(
     )
     result: dict[str, Any] = redact_values(record.to_dict(), secret_values(os.environ))
     return result
+
+
+def record_worker_failure(
+    run: RunConfig,
+    *,
+    output_dir: Path,
+    overrides: Sequence[str],
+    failed_rank: int | None,
+    failed_code: int | None,
+) -> dict[str, Any]:
+    """Make <output_dir>/result.json say `error`, naming the worker that failed first.
+
+    Called by the parent of a local spawn. Rank 0's own record is kept when rank 0 failed first
+    (its status, oom or nan say more); otherwise its record (if any: it may have been SIGKILLed)
+    is kept for the iterations it saw, with the status and message of the real cause.
+    """
+    path = Path(output_dir) / RESULT_FILE
+    cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        record = build_record(
+            run,
+            world=World(),
+            progress=Progress(),
+            status="error",
+            message=None,
+            overrides=overrides,
+            started=datetime.now(timezone.utc),
+            wall_s=0.0,
+        )
+        record["world"] = {"world_size": None, "dp": None, "tp": run.parallelism.tp, "pp": run.parallelism.pp}
+    if failed_rank == 0 and record.get("status") not in (None, "ok"):
+        return record
+    earlier = record.get("message")
+    record["status"] = "error"
+    record["message"] = f"{cause} (rank 0: {earlier})" if earlier else cause
+    write_json_atomic(path, record)
+    return record
 
 
 def flops_per_iteration(run: RunConfig) -> dict[str, float]:
@@ -297,46 +354,132 @@ def _summary_figures(record: dict[str, Any]) -> dict[str, Any]:
 # The loop.
 
 
+class MicroBatchLoss:
+    """The pipeline schedule's loss_fn: one micro-batch's share of the step's loss.
+
+    The divisor (the global batch's labelled tokens) is set per step. The schedule also calls it
+    once on placeholder tensors to infer shapes, so the step's losses come from the schedule's
+    `losses` list, not from here.
+    """
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+        self.normalizer = 1
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(lm_loss_sum(logits, labels) / self.normalizer)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This rank's parallel machinery; all None (and dp size 1) on one process."""
+
+    dp: parallel.DataParallel = field(default_factory=lambda: parallel.DataParallel(None, 1))
+    tp_group: torch.distributed.ProcessGroup | None = None
+    pp_group: torch.distributed.ProcessGroup | None = None
+    tie_group: torch.distributed.ProcessGroup | None = None
+    stage: parallel.PipelineStageModule | None = None
+    schedule: Any = None
+    """torch.distributed.pipelining Schedule1F1B when pp > 1."""
+    loss_fn: MicroBatchLoss | None = None
+    mesh: Any = None
+    """The (pp, dp, tp) DeviceMesh."""
+
+
 @dataclass(frozen=True)
 class Setup:
     """What train() builds before the first step."""
 
     device: torch.device
-    model: TransformerLM
+    model: nn.Module
+    """The whole model on one process; this rank's (TP-sharded) pipeline stage otherwise."""
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     source: TokenSource
+    par: Parallel
 
 
 def setup(run: RunConfig, *, world: World, progress: Progress) -> Setup:
-    """Device, model (seeded, checked against the layout), optimizer, loss scaler, data, peak."""
+    """Device, process group, model (seeded, parallelized, checked against the layout), optimizer,
+    loss scaler, data, peak."""
     par, tr = run.parallelism, run.training
     device = setup_device(run, progress)
+    launch = distributed.launch_from_env(os.environ)
+    if launch is not None:
+        distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
+    # Every rank builds the whole model from the same seed, so TP shards and the last stage's
+    # embedding copy start exactly as the one-process model (fine at benchmark scale; a meta-device
+    # build is the way for models that do not fit one device).
     torch.manual_seed(tr.seed)
-    model = build_model(run.model, recompute=par.recompute, device=device)
-    check_layout(run, model, world)
+    model: nn.Module = build_model(run.model, recompute=par.recompute, device=device)
     progress.params = count_params(model)
+    scaler = torch.amp.GradScaler(device.type, enabled=par.precision == Precision.fp16)
+    parallel_state = Parallel()
+    if launch is not None:
+        model, parallel_state = parallelize(run, model, world=world, device=device, scaler=scaler)
+    check_layout(run, world, layers=_layers_held(model, parallel_state.pp_group))
     optimizer, progress.optimizer = build_optimizer(
         model, impl=par.optimizer, lr=tr.lr, weight_decay=tr.weight_decay, device_type=device.type
     )
-    scaler = torch.amp.GradScaler(device.type, enabled=par.precision == Precision.fp16)
+    if world.tp > 1:
+        parallel.separate_dtensor_groups(optimizer)
+    if par.zero_stage == 1 and world.dp > 1:
+        assert launch is not None
+        optimizer = parallel.apply_zero1(optimizer, dp_mesh=parallel_state.mesh["dp"])
+        progress.optimizer = f"{progress.optimizer}+ZeRO-1"
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
     progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
-    return Setup(device, model, optimizer, scaler, source)
+    return Setup(device, model, optimizer, scaler, source, parallel_state)
+
+
+def parallelize(
+    run: RunConfig, model: nn.Module, *, world: World, device: torch.device, scaler: torch.amp.GradScaler
+) -> tuple[nn.Module, Parallel]:
+    """This rank's part of `model` over the (pp, dp, tp) mesh: pipeline stage, then TP, then DP."""
+    mesh = distributed.build_mesh(device.type, pp=world.pp, dp=world.dp, tp=world.tp)
+    assert isinstance(model, TransformerLM)
+    stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"])
+    parallel.apply_tp(stage, tp_mesh=mesh["tp"])
+    dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
+    tie_group = parallel.embedding_tie_group(mesh)
+    schedule, loss_fn = None, None
+    if world.pp > 1:
+        loss_fn = MicroBatchLoss(scaler)
+        par = run.parallelism
+        schedule = parallel.build_schedule(
+            stage,
+            pp_mesh=mesh["pp"],
+            n_microbatches=par.global_batch_size // (par.micro_batch_size * world.dp),
+            device=device,
+            loss_fn=loss_fn,
+        )
+    groups = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
+    return stage, Parallel(dp, groups["tp"], groups["pp"], tie_group, stage, schedule, loss_fn, mesh)
+
+
+def _layers_held(model: nn.Module, pp_group: torch.distributed.ProcessGroup | None) -> int:
+    """Blocks held by all pipeline stages together (by this rank's stage alone when pp = 1)."""
+    held = torch.tensor(num_layers(model))  # type: ignore[arg-type]
+    if pp_group is not None:
+        torch.distributed.all_reduce(held, group=pp_group)
+    return int(held)
 
 
 def train(run: RunConfig, *, world: World, progress: Progress, wandb: WandbLogger) -> str:
     """Run run.training.train_iters optimizer steps; 'ok', or 'nan' when the loss diverged."""
     par, tr = run.parallelism, run.training
     s = setup(run, world=world, progress=progress)
-    print(_banner(run, s.model, progress), flush=True)
+    lead = world.rank == 0
+    if lead:
+        print(_banner(run, progress), flush=True)
     for iteration in range(1, tr.train_iters + 1):
+        _fault_hook(world, iteration)
         start = time.perf_counter()
         lr = lr_at(iteration, peak=tr.lr, warmup_iters=tr.lr_warmup_iters, total_iters=tr.train_iters)
         set_lr(s.optimizer, lr)
         consumed = (iteration - 1) * par.global_batch_size
         batches = step_batches(run, s.source, world=world, consumed=consumed, device=s.device)
-        result = train_step(s.model, s.optimizer, s.scaler, batches, run=run, device=s.device)
+        result = train_step(s.model, s.optimizer, s.scaler, batches, run=run, device=s.device, par=s.par)
         _sync(s.device)
         elapsed = time.perf_counter() - start
         progress.skipped += int(result.skipped)
@@ -345,16 +488,32 @@ def train(run: RunConfig, *, world: World, progress: Progress, wandb: WandbLogge
         )
         diverged = stats.nan_iters > 0
         progress.iterations.append(stats)
-        if iteration % tr.log_interval == 0 or diverged or iteration == tr.train_iters:
+        if lead and (iteration % tr.log_interval == 0 or diverged or iteration == tr.train_iters):
             print(format_log_line(stats), flush=True)
         wandb.log(_wandb_metrics(stats), step=iteration)
         if diverged:
             return "nan"
+    progress.max_mem_per_rank = _gather_memory(max_memory_gib(s.device), world)
     if progress.peak_source == "measured":
         # Any calibration is a lower bound on the peak (interference only slows it down), so
         # a second one after training tightens it for the record's MFU on a shared node.
         progress.peak_tflops = max(progress.peak_tflops or 0.0, measure_peak_tflops(s.device, par.precision))
     return "ok"
+
+
+def _gather_memory(mine: float, world: World) -> list[float]:
+    if world.world_size == 1 or not torch.distributed.is_initialized():
+        return [mine]
+    gathered: list[object] = [None] * world.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    return [float(x) for x in gathered]  # type: ignore[arg-type]
+
+
+def _fault_hook(world: World, iteration: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and spec == f"{world.rank}:{iteration}":
+        print(f"{FAULT_ENV}={spec}: rank {world.rank} exits now", file=sys.stderr, flush=True)
+        os._exit(FAULT_EXIT_CODE)
 
 
 def _iteration_stats(
@@ -400,25 +559,46 @@ def train_step(
     *,
     run: RunConfig,
     device: torch.device,
+    par: Parallel | None = None,
 ) -> StepResult:
-    """One optimizer step over all micro-batches: accumulate, unscale, clip, step.
+    """One optimizer step over all micro-batches: accumulate, sync, unscale, clip, step.
 
-    A non-finite loss returns before the optimizer touches the weights. In fp16 a non-finite
-    gradient is the loss scaler's business: the step is skipped and counted, as in Megatron.
+    Gradients are synchronised once, after the last micro-batch: tied-embedding copies between
+    the first and last stage, then over DP. A non-finite loss returns before the optimizer
+    touches the weights. In fp16 a non-finite gradient is the loss scaler's business: the step
+    is skipped and counted, as in Megatron.
     """
+    par = par or Parallel()
     optimizer.zero_grad(set_to_none=True)
-    # Normalize by the global batch's labelled tokens, so accumulation == one large batch.
-    normalizer = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
-    loss = torch.zeros((), device=device)
-    for tokens, labels in batches:
-        loss += forward_backward(model, tokens, labels, normalizer=normalizer, run=run, scaler=scaler)
-    loss_value = loss.item()
+    # Normalize by the global batch's labelled tokens (all DP ranks), so that accumulation and
+    # data parallelism both equal one large batch.
+    normalizer = _all_reduce_sum(
+        torch.tensor(sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)), par.dp.group
+    )
+    if par.schedule is not None:
+        loss = pipeline_forward_backward(par, batches, normalizer=int(normalizer), run=run)
+    else:
+        loss = torch.zeros((), device=device)
+        for tokens, labels in batches:
+            loss += forward_backward(
+                model, tokens, labels, normalizer=int(normalizer), run=run, scaler=scaler
+            )
+    # Only the last stage holds the loss (0 elsewhere); TP ranks all hold the same one.
+    loss_value = float(_all_reduce_sum(_all_reduce_sum(loss.float(), par.dp.group), par.pp_group))
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     if not math.isfinite(loss_value):
         return StepResult(loss_value, math.nan, scale, skipped=False)
+    if par.stage is not None:
+        parallel.tie_embedding_grads(par.stage, group=par.tie_group)
+    par.dp.sync_grads(model.parameters())
     scaler.unscale_(optimizer)
-    clip = run.training.grad_clip if run.training.grad_clip > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    grad_norm = parallel.clip_grad_norm(
+        model.parameters(),
+        max_norm=run.training.grad_clip if run.training.grad_clip > 0 else math.inf,
+        tp_group=par.tp_group,
+        pp_group=par.pp_group,
+        exclude=par.stage.tied_copy() if par.stage is not None else None,
+    )
     scaler.step(optimizer)  # in fp16, skips the update when any gradient is inf/NaN
     scaler.update()
     skipped = scaler.is_enabled() and float(scaler.get_scale()) < scale
@@ -435,13 +615,47 @@ def forward_backward(
     scaler: torch.amp.GradScaler,
 ) -> torch.Tensor:
     """Forward and backward of one micro-batch; returns its (detached) share of the step's loss."""
-    precision = run.parallelism.precision
-    dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float16
-    with torch.autocast(tokens.device.type, dtype=dtype, enabled=precision != Precision.fp32):
+    with _autocast(run, tokens.device):
         logits = model(tokens)
     loss = lm_loss_sum(logits, labels) / normalizer
     scaler.scale(loss).backward()
     return loss.detach()
+
+
+def pipeline_forward_backward(
+    par: Parallel, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, normalizer: int, run: RunConfig
+) -> torch.Tensor:
+    """Every micro-batch of the step through the 1F1B schedule; this stage's share of the loss
+    (0 except on the last stage). The schedule cuts the concatenated batch back into the same
+    micro-batches along dim 0."""
+    assert par.stage is not None and par.loss_fn is not None
+    par.loss_fn.normalizer = normalizer
+    losses: list[torch.Tensor] = []
+    tokens = torch.cat([t for t, _ in batches])
+    labels = torch.cat([y for _, y in batches])
+    target = labels if par.stage.is_last else None
+    with _autocast(run, tokens.device):
+        if par.stage.is_first:
+            par.schedule.step(tokens, target=target, losses=losses, return_outputs=False)
+        else:
+            par.schedule.step(target=target, losses=losses, return_outputs=False)
+    if not losses:
+        return torch.zeros((), device=tokens.device)
+    scaler = par.loss_fn.scaler
+    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+    return torch.stack([loss.detach() for loss in losses]).sum() / scale
+
+
+def _autocast(run: RunConfig, device: torch.device) -> torch.autocast:
+    precision = run.parallelism.precision
+    dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float16
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != Precision.fp32)
+
+
+def _all_reduce_sum(t: torch.Tensor, group: torch.distributed.ProcessGroup | None) -> torch.Tensor:
+    if group is not None:
+        torch.distributed.all_reduce(t, group=group)
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,26 +663,41 @@ def forward_backward(
 
 
 def resolve_world(run: RunConfig) -> World:
-    """The layout this process runs; only one device is implemented so far."""
+    """This process's place in the job, from its launcher's environment (one process without one)."""
     par = run.parallelism
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    dp = par.dp if par.dp is not None else max(world_size // (par.tp * par.pp), 1)
-    return World(world_size=world_size, dp=dp, tp=par.tp, pp=par.pp)
+    launch = distributed.launch_from_env(os.environ)
+    world_size = 1 if launch is None else launch.world_size
+    # A wrong world size is the record's error, not a crash before there is a record.
+    try:
+        dp = resolve_dp(par, world_size)
+    except ValueError:
+        dp = max(world_size // (par.tp * par.pp), 1)
+    return World(
+        world_size=world_size,
+        rank=0 if launch is None else launch.rank,
+        local_rank=0 if launch is None else launch.local_rank,
+        dp=dp,
+        tp=par.tp,
+        pp=par.pp,
+    )
 
 
-def check_layout(run: RunConfig, model: TransformerLM, world: World) -> None:
-    """Fail before the first step unless every step consumes exactly global_batch_size samples
-    and the model holds exactly num_layers layers."""
+def check_layout(run: RunConfig, world: World, *, layers: int) -> None:
+    """Fail before the first step unless the layout covers the world, every step consumes exactly
+    global_batch_size samples and the model (all pipeline stages together) holds exactly num_layers
+    layers."""
     par = run.parallelism
-    if (world.world_size, world.dp, world.tp, world.pp) != (1, 1, 1, 1):
-        raise NotImplementedError(
-            f"this trainer runs one process on one device; got world_size={world.world_size} dp={world.dp} "
-            f"tp={world.tp} pp={world.pp}"
+    if world.dp * world.tp * world.pp != world.world_size:
+        raise ValueError(
+            f"world size {world.world_size} is not dp x tp x pp = {world.dp} x {world.tp} x {world.pp}"
         )
-    if par.engine != "native" or par.zero_stage != 0 or par.rampup_batch_size:
+    if par.engine != "native" or par.zero_stage > 1 or par.rampup_batch_size:
         raise NotImplementedError(
-            "engine=deepspeed, zero_stage > 0 and rampup_batch_size are not implemented yet"
+            "engine=deepspeed, zero_stage > 1 and rampup_batch_size are not implemented yet"
         )
+    if par.precision == Precision.fp16 and world.tp * world.pp > 1:
+        # The loss scaler's inf check would have to agree over TP and PP ranks (Megatron all-reduces it).
+        raise NotImplementedError("fp16 loss scaling with tp or pp > 1 is not implemented; use bf16 or fp32")
     per_micro_step = par.micro_batch_size * world.dp
     if par.global_batch_size % per_micro_step:
         raise ValueError(
@@ -480,22 +709,22 @@ def check_layout(run: RunConfig, model: TransformerLM, world: World) -> None:
         raise AssertionError(
             f"a step would consume {consumed} samples, not global_batch_size {par.global_batch_size}"
         )
-    if num_layers(model) != run.model.num_layers:
-        raise AssertionError(
-            f"model holds {num_layers(model)} layers, config asks for {run.model.num_layers}"
-        )
+    if layers != run.model.num_layers:
+        raise AssertionError(f"model holds {layers} layers, config asks for {run.model.num_layers}")
 
 
 def micro_batch_indices(run: RunConfig, *, world: World, consumed: int) -> list[range]:
     """Global sample indices of this rank's micro-batches for the step starting at `consumed`.
 
     Micro-batch m of DP rank r takes samples [m*dp + r] x mbs onwards, so any (mbs, dp)
-    split of a step covers the same global_batch_size samples exactly once.
+    split of a step covers the same global_batch_size samples exactly once. The DP rank is the
+    rank's middle mesh coordinate (TP fastest, then DP): all TP ranks and all pipeline stages of
+    one replica read the same samples.
     """
     par = run.parallelism
     mbs, dp = par.micro_batch_size, world.dp
     micro_batches = par.global_batch_size // (mbs * dp)
-    rank = world.rank % dp
+    rank = (world.rank // world.tp) % dp
     return [
         range(consumed + (m * dp + rank) * mbs, consumed + (m * dp + rank + 1) * mbs)
         for m in range(micro_batches)
@@ -558,8 +787,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _banner(run: RunConfig, model: nn.Module, progress: Progress) -> str:
-    params = count_params(model)
+def _banner(run: RunConfig, progress: Progress) -> str:
+    params = progress.params or 0
     peak = (
         "unknown" if progress.peak_tflops is None else f"{progress.peak_tflops:.3f} ({progress.peak_source})"
     )

@@ -1,0 +1,165 @@
+"""train.distributed: who a process is in its job, and the supervised local spawn.
+
+The end-to-end test starts real gloo workers through `python -m train` and kills one mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from train import distributed
+from train.distributed import (
+    SLURM_PORT_BASE,
+    SLURM_PORT_SPAN,
+    first_host,
+    launch_from_env,
+    slurm_master_port,
+    spawn_local,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "model.num_layers=4",
+    "model.hidden_size=64",
+    "model.num_attention_heads=4",
+    "model.seq_length=32",
+    "model.vocab_size=512",
+    "model.make_vocab_size_divisible_by=64",
+    "parallelism.micro_batch_size=2",
+    "parallelism.global_batch_size=8",
+    "parallelism.precision=fp32",
+    "training.train_iters=3",
+    "training.warmup_iters=1",
+    "logger=disabled",
+    "hardware.peak_measured=false",
+    "hardware.peak_tflops_fp32=1.0",
+]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any launcher variables, one thread per worker (2 cores)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith("SLURM_")
+    }
+    return {**env, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", **extra}
+
+
+def test_lone_process_has_no_launch() -> None:
+    assert launch_from_env({}) is None
+    assert launch_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    # An sbatch script's single task: the trainer spawns its own workers instead.
+    assert launch_from_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+
+
+def test_torchrun_env() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1", "MASTER_PORT": "1234"}
+    launch = launch_from_env({**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "2"})  # torchrun wins
+    assert launch is not None
+    assert (launch.rank, launch.world_size, launch.local_rank) == (3, 4, 1)
+    assert (launch.master_addr, launch.master_port, launch.launcher) == ("n1", 1234, "torchrun")
+
+
+def test_srun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No scontrol on PATH: the node list is parsed by our own fallback.
+    monkeypatch.setenv("PATH", "/nonexistent")
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[007-010]",
+        "SLURM_JOB_ID": "4242",
+    }
+    launch = launch_from_env(env)
+    assert launch is not None
+    assert (launch.rank, launch.world_size, launch.local_rank, launch.launcher) == (5, 8, 1, "slurm")
+    assert launch.master_addr == "gpu007"
+    assert launch.master_port == SLURM_PORT_BASE + 4242
+    assert launch_from_env({**env, "MASTER_PORT": "999"}).master_port == 999  # type: ignore[union-attr]
+
+
+def test_first_host_parser() -> None:
+    assert first_host("node1") == "node1"
+    assert first_host("node[1-3,7]") == "node1"
+    assert first_host("gpu[003-005,9],cpu1") == "gpu003"  # zero padding kept
+    assert first_host("a1,b[2-3]") == "a1"
+
+
+def test_slurm_ports_differ_between_jobs_and_array_tasks() -> None:
+    ports = {slurm_master_port(str(job)) for job in range(100_000, 100_500)}
+    assert len(ports) == 500 and all(SLURM_PORT_BASE <= p < SLURM_PORT_BASE + SLURM_PORT_SPAN for p in ports)
+    assert slurm_master_port("123_4") != slurm_master_port("124_3")
+
+
+def test_spawn_local_ends_survivors_of_a_failed_worker() -> None:
+    # Rank 1 fails at once; ranks 0 and 2 would sleep a minute. Rank 2 ignores SIGTERM, as a
+    # worker stuck in a collective does, so it must be SIGKILLed after the grace period.
+    script = (
+        "import os, signal, sys, time\n"
+        "r = int(os.environ['RANK'])\n"
+        "assert os.environ['WORLD_SIZE'] == '3' and os.environ['MASTER_ADDR'] == '127.0.0.1'\n"
+        "if r == 2: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "if r == 1: time.sleep(0.5); sys.exit(3)\n"
+        "time.sleep(60)\n"
+    )
+    start = time.monotonic()
+    result = spawn_local([sys.executable, "-c", script], world_size=3, env=worker_env(), grace_s=1.0)
+    assert time.monotonic() - start < 20  # bounded: far below the workers' 60 s
+    assert (result.failed_rank, result.failed_code, result.returncode) == (1, 3, 3)
+    assert result.returncodes[0] is not None and result.returncodes[0] < 0  # ended by SIGTERM
+    assert result.returncodes[2] == -9  # SIGKILL after the grace period
+
+
+def test_spawn_local_success() -> None:
+    script = "import os, sys; sys.exit(0 if int(os.environ['LOCAL_RANK']) < 2 else 1)"
+    assert spawn_local([sys.executable, "-c", script], world_size=2, env=worker_env()).returncode == 0
+    failed = spawn_local([sys.executable, "-c", script], world_size=3, env=worker_env())
+    assert (failed.failed_rank, failed.returncode) == (2, 1)
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = distributed.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+@pytest.mark.slow
+def test_killed_worker_ends_the_run_with_an_error_record(tmp_path: Path) -> None:
+    # Rank 1 exits abruptly at the start of iteration 2: rank 0 is then blocked in (or entering)
+    # a collective. The run must end well within the collective timeout, with an error record.
+    env = worker_env(MEGASWEEP_FAULT_EXIT="1:2")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train",
+            *TINY,
+            "parallelism.dp=2",
+            "training.collective_timeout_s=120",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert time.monotonic() - start < 100, "ended by the collective timeout, not by the supervisor"
+    assert proc.returncode != 0
+    assert "worker rank 1 exited with 17" in proc.stderr
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["status"] == "error"
+    assert record["message"].startswith("worker rank 1 exited with code 17")
+    assert record["world"]["world_size"] == 2 and len(record["losses"]) == 1  # iteration 1 ran

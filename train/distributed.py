@@ -1,0 +1,277 @@
+"""Process start-up: who am I in the job, and the process group + device mesh.
+
+Three ways a run gets its processes:
+
+- torchrun (or anything that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT);
+- srun, one task per device: SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, the master being the
+  first host of the allocation and the port derived from the job id;
+- `python -m train parallelism.tp=2 ...` on one machine: `spawn_local` starts the world's worker
+  processes itself (one `python -m train` each, with torchrun's variables) and supervises them.
+
+This module does not import torch at module level: `launch_from_env` and `spawn_local` run in
+the parent of a local spawn, which never trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+SLURM_PORT_BASE = 20000
+SLURM_PORT_SPAN = 40000
+"""Ports for srun jobs: BASE + job id mod SPAN, so any two jobs whose ids are less than SPAN apart
+(every pair that can share a node in practice) get different ports. Each array task has its own
+SLURM_JOB_ID, so array tasks on one node differ too; 20000-59999 stays below Linux's default
+ephemeral range (32768-60999 overlaps, but an ephemeral clash fails loudly at bind, not silently)."""
+
+KILL_GRACE_S = 10.0
+"""Time the survivors of a failed local spawn get after SIGTERM to write their record, before SIGKILL."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """This process's place in a multi-process job, as its launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """'torchrun' (also our local spawn) or 'slurm'."""
+
+
+def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
+    """The job this process belongs to, or None for a lone process (no launcher, or one task).
+
+    torchrun's variables win over Slurm's: a torchrun inside an sbatch script sets both.
+    """
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        if world <= 1:
+            return None
+        return LaunchEnv(
+            rank=int(env["RANK"]),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        port = env.get("MASTER_PORT")
+        return LaunchEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            master_addr=env.get("MASTER_ADDR") or slurm_master_addr(env.get("SLURM_JOB_NODELIST", "")),
+            master_port=int(port) if port else slurm_master_port(env.get("SLURM_JOB_ID", "0")),
+            launcher="slurm",
+        )
+    return None
+
+
+def slurm_master_port(job_id: str) -> int:
+    """The rendezvous port of a Slurm job (see SLURM_PORT_SPAN); array ids like '123_4' use the task's
+    own SLURM_JOB_ID when Slurm gives one, else job and task combined."""
+    digits = [int(part) for part in re.findall(r"\d+", job_id)] or [0]
+    key = digits[0] + sum(digits[1:]) * 7919  # '123_4' and '124_3' must not meet
+    return SLURM_PORT_BASE + key % SLURM_PORT_SPAN
+
+
+def slurm_master_addr(nodelist: str) -> str:
+    """First host of a Slurm node list: `scontrol show hostnames` (the authority), else our parser."""
+    if not nodelist:
+        return "127.0.0.1"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.split()
+        if out:
+            return out[0]
+    return first_host(nodelist)
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a compressed node list ('gpu[003-005,9],cpu1' -> 'gpu003'), zero padding kept."""
+    match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?", nodelist.strip())
+    if match is None or not match.group(0):
+        raise ValueError(f"cannot parse Slurm node list {nodelist!r}")
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The process group and the mesh (in the workers).
+
+
+def init_process_group(launch: LaunchEnv, *, device_type: str, timeout_s: float) -> None:
+    """gloo on CPU, nccl on CUDA; every collective is bounded by `timeout_s`."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", launch.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+    dist.init_process_group(
+        backend="nccl" if device_type == "cuda" else "gloo",
+        init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def build_mesh(device_type: str, *, pp: int, dp: int, tp: int) -> DeviceMesh:
+    """Megatron's rank order: TP fastest (neighbouring ranks, one node), then DP, then PP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Local spawn (in the parent).
+
+
+@dataclass(frozen=True)
+class SpawnResult:
+    """How a local spawn ended: 0 when every worker exited 0."""
+
+    returncode: int
+    failed_rank: int | None
+    """The first worker seen to fail (the cause; the others were ended because of it)."""
+    failed_code: int | None
+    returncodes: tuple[int | None, ...]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def spawn_local(
+    argv: Sequence[str],
+    *,
+    world_size: int,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    poll_s: float = 0.2,
+    grace_s: float = KILL_GRACE_S,
+) -> SpawnResult:
+    """Run `argv` as `world_size` worker processes on this machine and wait for all of them.
+
+    The first worker to exit non-zero ends the others: SIGTERM (the trainer turns it into a record),
+    then SIGKILL after `grace_s` for a worker stuck in a collective. A SIGTERM/SIGINT to this parent
+    is forwarded the same way, and each worker dies with the parent (PR_SET_PDEATHSIG) even if the
+    parent is SIGKILLed, so no worker outlives its run.
+    """
+    base = dict(os.environ if env is None else env)
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    for rank in range(world_size):
+        worker_env = {
+            **base,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(subprocess.Popen(list(argv), env=worker_env, cwd=cwd, preexec_fn=_die_with_parent))
+    # One waiter thread per worker records exit order: a worker that dies makes its peers fail
+    # a few milliseconds later, and only the first one is the cause worth reporting.
+    exits: list[int] = []
+
+    def wait_for(rank: int) -> None:
+        procs[rank].wait()
+        exits.append(rank)
+
+    for rank in range(world_size):
+        threading.Thread(target=wait_for, args=(rank,), daemon=True).start()
+    stop_requested: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        stop_requested.append(signum)
+
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    failed_rank: int | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            failed_rank = next((r for r in list(exits) if procs[r].returncode != 0), None)
+            if failed_rank is not None or stop_requested:
+                _end_all(procs, grace_s=grace_s)
+                break
+            time.sleep(poll_s)
+    finally:
+        if any(p.poll() is None for p in procs):
+            _end_all(procs, grace_s=grace_s)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    codes = tuple(p.returncode for p in procs)
+    if failed_rank is None:
+        ordered = list(exits) + [r for r in range(world_size) if r not in exits]
+        failed_rank = next((r for r in ordered if codes[r] != 0), None)
+    failed_code = None if failed_rank is None else codes[failed_rank]
+    # A worker ended by a signal has a negative code; the parent's exit status must stay positive.
+    returncode = 0 if failed_rank is None else (failed_code if failed_code and failed_code > 0 else 1)
+    return SpawnResult(
+        returncode=returncode,
+        failed_rank=failed_rank,
+        failed_code=failed_code,
+        returncodes=codes,
+    )
+
+
+def _end_all(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _die_with_parent() -> None:
+    # Linux only; elsewhere a SIGKILLed parent can leave workers, which then end at their
+    # collective timeout.
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
