@@ -1,0 +1,181 @@
+"""micro_batch_size=auto: the planner's prediction, and the probe under a SIMULATED memory limit.
+
+There is no device memory to exhaust on a CPU, so the probe tests run the real tiny model's
+forward/backward inside train.autombs.simulated_memory_limit, which counts the step's live
+tensors and raises torch.OutOfMemoryError past a cap: the cap is set between the needs of two
+sizes, so the largest sizes fail and the probe must walk down to the first that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conf.schema import ModelConfig, ParallelismConfig, RunConfig
+from train.autombs import (
+    auto_micro_batch,
+    largest_fitting_micro_batch,
+    probe_micro_batch,
+    simulated_memory_limit,
+    valid_micro_batches,
+)
+from train.memory import GIB, estimate_memory, predicts_oom
+
+TINY = ModelConfig(
+    name="autombs", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=256
+)
+SIZES = (1, 2, 4, 8, 16)
+
+
+def _compose(*overrides: str) -> RunConfig:
+    from tests.train.test_ds_config import compose_run
+
+    return compose_run(*overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Planner half (torch-free arithmetic).
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dp"),
+    [
+        (
+            [
+                "model=gpt_13b",
+                "hardware=a100_80gb",
+                "parallelism.global_batch_size=256",
+                "parallelism.zero_stage=3",
+                "parallelism.precision=bf16",
+                "parallelism.recompute=selective",
+            ],
+            16,
+        ),
+        (["model=gpt_6.7b", "hardware=a100_80gb", "parallelism=megatron_3d", "parallelism.tp=4"], 2),
+        (
+            [
+                "model=gpt_13b",
+                "hardware=a100_80gb",
+                "parallelism=megatron_3d",
+                "parallelism.recompute=full",
+                "parallelism.global_batch_size=256",
+            ],
+            1,
+        ),
+    ],
+)
+def test_planner_picks_the_largest_size_predicted_to_fit(overrides: list[str], dp: int) -> None:
+    run = _compose(*overrides)
+    mbs, reason = largest_fitting_micro_batch(run, dp=dp)
+
+    def fits(c: int) -> bool:
+        par = dataclasses.replace(run.parallelism, micro_batch_size=c)
+        return not predicts_oom(estimate_memory(run.model, par, dp=dp), run.hardware)
+
+    valid = valid_micro_batches(run, dp=dp)
+    expected = max((c for c in valid if fits(c)), default=None)
+    assert mbs == expected
+    assert mbs is not None, "these layouts were chosen so that some size fits"
+    # The limit is binding: the next valid size would not fit (else the case tests nothing).
+    larger = [c for c in valid if c > mbs]
+    assert larger and not fits(larger[0])
+    assert (
+        f"micro_batch_size={mbs}" in reason and "GiB" in reason and f"micro_batch_size={larger[0]}" in reason
+    )
+
+
+def test_planner_reports_none_when_nothing_fits() -> None:
+    run = _compose("model=bloom_176b", "hardware=a100_40gb", "parallelism.global_batch_size=8")
+    mbs, reason = largest_fitting_micro_batch(run, dp=1)
+    assert mbs is None
+    assert "micro_batch_size=1" in reason and "a100_40gb" in reason
+
+
+def test_planner_only_considers_sizes_that_split_the_global_batch() -> None:
+    run = _compose("parallelism.global_batch_size=12")
+    assert valid_micro_batches(run, dp=2) == [1, 2]
+    assert valid_micro_batches(run, dp=2, candidates=(3, 6, 5)) == [3, 6]
+    mbs, reason = largest_fitting_micro_batch(run, dp=4, candidates=(2, 4))
+    assert mbs is None and "divides" in reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Probe half, under a simulated memory limit.
+
+
+@pytest.fixture(scope="module")
+def step_fn() -> object:
+    from train.model import build_model, lm_loss_sum
+
+    torch.manual_seed(0)
+    model = build_model(TINY)
+
+    def step(mbs: int) -> None:
+        tokens = torch.randint(0, TINY.vocab_size, (mbs, TINY.seq_length + 1))
+        loss = lm_loss_sum(model(tokens[:, :-1]), tokens[:, 1:]) / (mbs * TINY.seq_length)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _peak(step_fn: object, mbs: int) -> int:
+    with simulated_memory_limit(float("inf")) as peak:
+        step_fn(mbs)  # type: ignore[operator]
+    return peak()
+
+
+def test_simulated_limit_scales_with_micro_batch(step_fn: object) -> None:
+    peaks = [_peak(step_fn, c) for c in (1, 2, 4)]
+    assert 0 < peaks[0] < peaks[1] < peaks[2]
+    # Activations dominate: doubling the micro-batch nearly doubles the working memory.
+    assert peaks[2] / peaks[1] == pytest.approx(2.0, rel=0.15)
+
+
+def test_probe_walks_down_to_the_first_size_that_fits(step_fn: object) -> None:
+    limit = 1.5 * _peak(step_fn, 4)  # below the need of 8 (about 2x that of 4)
+    with simulated_memory_limit(limit):
+        mbs, log = probe_micro_batch(step_fn, SIZES)  # type: ignore[arg-type]
+    assert mbs == 4
+    assert [(a.micro_batch_size, a.outcome) for a in log] == [(16, "oom"), (8, "oom"), (4, "ok")]
+    assert "simulated memory limit" in log[0].message
+
+
+def test_probe_returns_none_when_every_size_runs_out(step_fn: object) -> None:
+    with simulated_memory_limit(1000):
+        mbs, log = probe_micro_batch(step_fn, (1, 2))  # type: ignore[arg-type]
+    assert mbs is None
+    assert [a.outcome for a in log] == ["oom", "oom"]
+
+
+def test_probe_lets_other_errors_through() -> None:
+    def broken(mbs: int) -> None:
+        raise ValueError("not a memory problem")
+
+    with pytest.raises(ValueError, match="not a memory problem"):
+        probe_micro_batch(broken, (1, 2))
+
+
+def test_auto_starts_at_the_prediction_and_the_probe_decides(step_fn: object) -> None:
+    par = ParallelismConfig(micro_batch_size=1, global_batch_size=32)
+    reserve = 0.5
+    needs = {
+        c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).total for c in (8, 16)
+    }
+    # A device whose usable memory lies between the planner's figures for 8 and 16.
+    memory_gib = reserve + (needs[8] + needs[16]) / 2 / GIB
+    run = RunConfig(
+        model=TINY,
+        parallelism=par,
+        hardware=dataclasses.replace(RunConfig().hardware, memory_gib=memory_gib, memory_reserve_gib=reserve),
+    )
+    limit = 1.5 * _peak(step_fn, 4)  # the "real" device is smaller than the planner thinks
+    with simulated_memory_limit(limit):
+        result = auto_micro_batch(run, dp=1, step_fn=step_fn, candidates=SIZES)  # type: ignore[arg-type]
+    assert result.predicted == 8
+    # 16 is never tried: the prediction caps the probe.
+    assert [(a.micro_batch_size, a.outcome) for a in result.probe] == [(8, "oom"), (4, "ok")]
+    assert result.micro_batch_size == 4
+    assert "micro_batch_size=8" in result.reason

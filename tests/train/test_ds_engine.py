@@ -1,0 +1,278 @@
+"""DeepSpeed engine: ZeRO 0-3 (and optimizer offload) reach plain torch's losses; the flops
+profiler's figures; DeepSpeed's ZeRO memory estimators next to train.memory.
+
+All DeepSpeed training runs share one pair of gloo worker processes (DeepSpeed's import and
+engine set-up cost seconds each), started once per module by the `runs` fixture. The first run
+on a machine also builds DeepSpeed's shm and cpu_adam ops with gcc (minutes, then cached).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conf.schema import Engine, ModelConfig, Offload, ParallelismConfig, Precision, RunConfig, TrainingConfig
+
+pytest.importorskip("deepspeed")
+
+WORLD = 2
+STEPS = 3
+MODEL = ModelConfig(
+    name="ds_test", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=200
+)
+PAR = ParallelismConfig(
+    micro_batch_size=2, global_batch_size=8, precision=Precision.fp32, engine=Engine.deepspeed
+)
+TRAINING = TrainingConfig(lr=3e-3, weight_decay=0.1, grad_clip=1.0, seed=7)
+# (zero_stage, offload) cases run in the workers; the reference is plain torch in this process.
+CASES: list[tuple[int, Offload]] = [
+    (0, Offload.none),
+    (1, Offload.none),
+    (2, Offload.none),
+    (3, Offload.none),
+    (2, Offload.optimizer),
+]
+# fp32 everywhere; DeepSpeed reduces gradients over 2 ranks and (ZeRO 1-3) steps on flattened
+# partitions, so sums run in another order: differences of 1e-6 relative per step, which Adam's
+# normalised update carries into the loss. 1e-4 relative over 3 steps leaves a wide margin and
+# still fails on any real mistake (a wrong gradient scale moves the step-2 loss by > 1e-2).
+LOSS_RTOL = 1e-4
+# DeepSpeedCPUAdam is a separate (vectorised C++) Adam: same update, its own rounding.
+OFFLOAD_LOSS_RTOL = 1e-3
+
+
+def run_config(zero_stage: int, offload: Offload) -> RunConfig:
+    return RunConfig(
+        model=MODEL,
+        parallelism=replace(PAR, zero_stage=zero_stage, offload=offload),
+        training=TRAINING,
+    )
+
+
+def global_batch(step: int) -> torch.Tensor:
+    """[gbs, seq + 1] tokens of global step `step`, identical in every process."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, MODEL.vocab_size, (PAR.global_batch_size, MODEL.seq_length + 1), generator=g)
+
+
+def rank_batches(step: int, rank: int, dp: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This DP rank's micro-batches, as the trainer splits a step: micro-batch m of rank r takes
+    samples (m*dp + r)*mbs onwards."""
+    tokens, mbs = global_batch(step), PAR.micro_batch_size
+    out = []
+    for m in range(PAR.global_batch_size // (mbs * dp)):
+        start = (m * dp + rank) * mbs
+        window = tokens[start : start + mbs]
+        out.append((window[:, :-1], window[:, 1:]))
+    return out
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        DS_ACCELERATOR="cpu",
+    )
+    torch.set_num_threads(1)
+    from train.ds_config import deepspeed_config
+    from train.ds_engine import build_deepspeed_engine, deepspeed_train_step, profile_deepspeed_step
+    from train.model import build_model
+
+    results: dict[str, Any] = {}
+    for zero_stage, offload in CASES:
+        run = run_config(zero_stage, offload)
+        torch.manual_seed(TRAINING.seed)
+        model = build_model(MODEL)
+        engine, name = build_deepspeed_engine(model, ds_config=deepspeed_config(run, dp=WORLD))
+        steps = [asdict(deepspeed_train_step(engine, rank_batches(s, rank, WORLD))) for s in range(STEPS)]
+        results[f"{zero_stage}-{offload.value}"] = {"optimizer": name, "steps": steps}
+        if zero_stage == 0:
+            profile, result = profile_deepspeed_step(engine, rank_batches(STEPS, rank, WORLD))
+            results["profile"] = {**asdict(profile), "loss": result.loss}
+        engine.destroy()
+    # bf16 (DeepSpeed converts the model to bf16; fp16 it refuses on its CPU accelerator).
+    run = replace(
+        run_config(2, Offload.none), parallelism=replace(PAR, zero_stage=2, precision=Precision.bf16)
+    )
+    torch.manual_seed(TRAINING.seed)
+    engine, _ = build_deepspeed_engine(build_model(MODEL), ds_config=deepspeed_config(run, dp=WORLD))
+    results["bf16"] = [
+        asdict(deepspeed_train_step(engine, rank_batches(s, rank, WORLD))) for s in range(STEPS)
+    ]
+    engine.destroy()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("ds_runs")
+    torch.multiprocessing.start_processes(
+        _worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method="spawn"
+    )
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def reference_losses() -> list[tuple[float, float]]:
+    """(loss, grad norm) per step of plain single-process torch: the whole global batch at once,
+    the same AdamW, parameter groups, clipping and constant learning rate."""
+    from train.model import build_model, lm_loss_sum
+    from train.optim import BETAS, EPS, param_groups
+
+    torch.manual_seed(TRAINING.seed)
+    model = build_model(MODEL)
+    opt = torch.optim.AdamW(
+        param_groups(model, TRAINING.weight_decay), lr=TRAINING.lr, betas=BETAS, eps=EPS, foreach=False
+    )
+    out = []
+    for step in range(STEPS):
+        tokens = global_batch(step)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        opt.zero_grad(set_to_none=True)
+        loss = lm_loss_sum(model(x), y) / y.numel()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), TRAINING.grad_clip)
+        opt.step()
+        out.append((float(loss.detach()), float(norm)))
+    return out
+
+
+@pytest.mark.parametrize(("zero_stage", "offload"), CASES, ids=[f"zero{z}-{o.value}" for z, o in CASES])
+def test_zero_stage_matches_plain_torch(
+    runs: list[dict[str, Any]], zero_stage: int, offload: Offload
+) -> None:
+    expected = reference_losses()
+    rtol = LOSS_RTOL if offload == Offload.none else OFFLOAD_LOSS_RTOL
+    key = f"{zero_stage}-{offload.value}"
+    for rank_result in runs:
+        steps = rank_result[key]["steps"]
+        assert len(steps) == STEPS
+        for step, (got, (loss, norm)) in enumerate(zip(steps, expected, strict=True)):
+            assert got["loss"] == pytest.approx(loss, rel=rtol), f"step {step}"
+            assert got["grad_norm"] == pytest.approx(norm, rel=max(rtol, 1e-4)), f"step {step}"
+            assert got["skipped"] is False and got["loss_scale"] == 1.0
+    # The loss must actually move, or matching it would prove nothing.
+    assert expected[-1][0] < expected[0][0] - 1e-3
+    # Both ranks report the same global loss.
+    for a, b in zip(runs[0][key]["steps"], runs[1][key]["steps"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_bf16_zero2_runs_close_to_fp32(runs: list[dict[str, Any]]) -> None:
+    # bf16 keeps 8 bits of mantissa in the forward/backward: 2% of the loss is a generous bound
+    # for 3 steps of a 2-layer model, and still fails if bf16 broke the update (the loss would
+    # not fall as the fp32 one does).
+    expected = reference_losses()
+    for got, (loss, _) in zip(runs[0]["bf16"], expected, strict=True):
+        assert got["loss"] == pytest.approx(loss, rel=2e-2)
+    assert runs[0]["bf16"][-1]["loss"] < runs[0]["bf16"][0]["loss"]
+
+
+def test_optimizer_names(runs: list[dict[str, Any]]) -> None:
+    names = {key: runs[0][key]["optimizer"] for key in (f"{z}-{o.value}" for z, o in CASES)}
+    assert names["0-none"] == "deepspeed:torch.AdamW ZeRO-0"
+    assert names["3-none"] == "deepspeed:torch.AdamW ZeRO-3"
+    # Optimizer offload steps with DeepSpeed's own CPU Adam, not torch's.
+    assert names["2-optimizer"] == "deepspeed:deepspeed.DeepSpeedCPUAdam ZeRO-2 offload optimizer"
+
+
+def test_flops_profiler_figures(runs: list[dict[str, Any]]) -> None:
+    from train.flops import model_flops_per_iteration
+    from train.model import build_model, count_params
+
+    profile = runs[0]["profile"]
+    assert profile["params"] == count_params(build_model(MODEL))
+    assert profile["forward_latency_s"] > 0
+    assert profile["step_latency_s"] >= profile["forward_latency_s"]
+    assert profile["forward_flops"] >= 2 * profile["forward_macs"] > 0
+    # This rank's forwards are 1/dp of the global batch; Megatron's per-GEMM count is forward x 3.
+    ours_forward = model_flops_per_iteration(MODEL, global_batch_size=PAR.global_batch_size) / 3 / WORLD
+    # The profiler's GEMMs (incl. SDPA as full s x s) equal ours; it adds element-wise work
+    # (LayerNorm, GELU, softmax-free SDPA, embedding adds) that ours omits: on this toy shape
+    # (h = 64) that is a sizeable share, on a real one a few percent. Band: [1.0, 1.3].
+    assert 1.0 <= profile["forward_flops"] / ours_forward <= 1.3
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's ZeRO memory estimators against train.memory (no processes needed).
+
+
+def _model(name: str) -> ModelConfig:
+    from tests.train.test_ds_config import compose_run
+
+    return compose_run(f"model={name}").model
+
+
+@pytest.mark.parametrize("name", ["gpt_1.3b", "gpt_13b", "bloom_176b"])
+@pytest.mark.parametrize("dp", [8, 64])
+@pytest.mark.parametrize(
+    ("zero_stage", "offload"),
+    [(2, Offload.none), (2, Offload.optimizer), (3, Offload.none), (3, Offload.params)],
+)
+def test_model_states_against_deepspeed_estimate(
+    name: str, dp: int, zero_stage: int, offload: Offload
+) -> None:
+    """Our model states (weights + gradients + optimizer) vs DeepSpeed's GPU estimate.
+
+    The differences are exactly the ones train.ds_engine.deepspeed_model_states_estimate lists:
+    ours adds a reduce bucket of one largest module's 16-bit gradients (stages 2-3, N > 1),
+    stage 3 counts 20/N (DeepSpeed 18/N), and with offload ours keeps the sharded 16-bit
+    gradients on the device (2/N) where DeepSpeed counts none. Asserted exactly, then as a band.
+    """
+    from train.ds_engine import deepspeed_model_states_estimate
+    from train.memory import estimate_memory
+
+    model = _model(name)
+    ds = deepspeed_model_states_estimate(model, zero_stage=zero_stage, dp=dp, offload=offload)
+    par = ParallelismConfig(micro_batch_size=1, global_batch_size=dp, zero_stage=zero_stage, offload=offload)
+    ours = estimate_memory(model, par, dp=dp)
+    states = ours.weights + ours.gradients + ours.optimizer
+    psi, largest = ds.total_params, ds.largest_layer_params
+    assert ours.params_on_device == psi
+
+    bucket = 2 * largest  # one largest module's 16-bit gradients
+    if offload == Offload.none:
+        extra = bucket + (2 * psi / dp if zero_stage == 3 else 0)
+    else:
+        extra = bucket + 2 * psi / dp
+    # DeepSpeed truncates with int(); one byte of slack.
+    assert states - ds.device_bytes == pytest.approx(extra, abs=2)
+    # The stated bands (ratio ours / DeepSpeed), measured over these 3 models x 2 dp:
+    #   no offload (stages 2, 3):        1.01-1.32  (the bucket; at stage 3 also 2/N)
+    #   optimizer offload (stage 2):     1.03-1.21  (ours keeps the 2/N 16-bit gradient shard)
+    #   params offload (stage 3):        1.6-4.6    (both are a few largest-module working sets,
+    #       so the 2/N gradient shard ours keeps dominates: DeepSpeed moves reduced gradient
+    #       partitions to the host under offload, train.memory does not; see the report)
+    low, high = {(2, "none"): (1.0, 1.35), (3, "none"): (1.0, 1.35), (2, "optimizer"): (1.0, 1.25)}.get(
+        (zero_stage, offload.value), (1.5, 5.0)
+    )
+    assert low <= states / ds.device_bytes <= high
+
+
+def test_deepspeed_stage2_matches_the_18_byte_convention() -> None:
+    """DeepSpeed's own figure for gpt_1.3b, ZeRO-2, 8 GPUs: 2 Ψ + 18 Ψ / 8 bytes (its code's
+    comment: 16-bit params, then 16-bit + fp32 gradients, fp32 params, Adam moments sharded)."""
+    from train.ds_engine import deepspeed_model_states_estimate
+
+    ds = deepspeed_model_states_estimate(_model("gpt_1.3b"), zero_stage=2, dp=8, offload=Offload.none)
+    assert ds.device_bytes == pytest.approx(2 * ds.total_params + 18 * ds.total_params / 8, abs=1)
+    # 1.3B parameters, the model's name.
+    assert 1.2e9 < ds.total_params < 1.45e9
+    assert math.isfinite(ds.host_bytes)

@@ -1,0 +1,188 @@
+"""The DeepSpeed config of a run, derived from its Hydra config (the one source of truth).
+
+`parallelism.engine=deepspeed` never reads a hand-written ds_config.json: every DeepSpeed
+setting that has a counterpart in RunConfig is computed from it here, so a sweep over
+zero_stage / offload / precision / batch sizes changes the DeepSpeed run exactly as it changes
+the native one, and the JSON written beside result.json records what DeepSpeed was told.
+
+Mapping (RunConfig field -> DeepSpeed key):
+
+    parallelism.global_batch_size     train_batch_size
+    parallelism.micro_batch_size      train_micro_batch_size_per_gpu
+    gbs / (mbs x dp)                  gradient_accumulation_steps (must be whole)
+    parallelism.zero_stage            zero_optimization.stage
+    parallelism.offload=optimizer     zero_optimization.offload_optimizer.device = cpu
+                                      (DeepSpeed then steps with its DeepSpeedCPUAdam)
+    parallelism.offload=params        the above + zero_optimization.offload_param.device = cpu
+                                      (ZeRO-3 only, as train.validation requires)
+    parallelism.precision             bf16.enabled / fp16.enabled (fp16 with dynamic loss
+                                      scaling: loss_scale 0); fp32 enables neither
+    parallelism.recompute             not DeepSpeed's: train.model.set_recompute for both engines;
+                                      activation_checkpointing is written all off (see there)
+    training.grad_clip                gradient_clipping (0 disables, in both)
+    training.lr / weight_decay        optimizer.params (AdamW, betas and eps of train.optim)
+
+Torch-free: the launcher writes the config on login nodes, and tests check it without DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conf.schema import Offload, Precision, RunConfig
+from train.metrics import write_json_atomic
+
+DS_CONFIG_FILE = "deepspeed_config.json"
+"""Written beside result.json in the run directory."""
+
+# train.optim's AdamW constants; repeated (not imported) because train.optim imports torch.
+# tests/train/test_ds_config.py checks that they stay equal.
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+
+# DeepSpeed prints a progress line every steps_per_print steps; the trainer prints its own line,
+# so DeepSpeed's is pushed beyond any real run.
+STEPS_PER_PRINT = 10**9
+
+# fp16 dynamic loss scaling, as Megatron-LM's defaults: start at 2^16, halve on overflow, double
+# after 1000 clean steps, tolerate 2 overflows before lowering (hysteresis).
+FP16_INITIAL_SCALE_POWER = 16
+FP16_LOSS_SCALE_WINDOW = 1000
+FP16_HYSTERESIS = 2
+FP16_MIN_LOSS_SCALE = 1
+
+# Communication bucket sizes (elements). DeepSpeed's defaults are 5e8, sized for multi-GPU nodes;
+# 5e7 keeps the staging buffers (2 or 4 bytes per element each) small next to a benchmark model
+# on one accelerator and on a CPU test, at no measurable cost for the sizes swept here.
+REDUCE_BUCKET_SIZE = 50_000_000
+ALLGATHER_BUCKET_SIZE = 50_000_000
+STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
+STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
+
+
+def gradient_accumulation_steps(run: RunConfig, *, dp: int) -> int:
+    """gbs / (mbs x dp); ValueError when the global batch does not split into whole micro-batches."""
+    par = run.parallelism
+    if dp < 1 or par.micro_batch_size < 1 or par.global_batch_size < 1:
+        raise ValueError(
+            f"dp={dp}, parallelism.micro_batch_size={par.micro_batch_size} and "
+            f"parallelism.global_batch_size={par.global_batch_size} must all be >= 1"
+        )
+    per_step = par.micro_batch_size * dp
+    if par.global_batch_size % per_step:
+        raise ValueError(
+            f"parallelism.global_batch_size={par.global_batch_size} is not a multiple of "
+            f"micro_batch_size x dp = {par.micro_batch_size} x {dp} = {per_step}"
+        )
+    return par.global_batch_size // per_step
+
+
+def deepspeed_config(run: RunConfig, *, dp: int) -> dict[str, Any]:
+    """The DeepSpeed config dict of `run` on `dp` data-parallel replicas (a new dict each call).
+
+    Raises ValueError for combinations DeepSpeed would reject or silently change: a global batch
+    that is not a whole number of micro-batches, a ZeRO stage outside 0-3, offload without the
+    stage it needs (optimizer: 1-3, params: 3).
+    """
+    par, tr = run.parallelism, run.training
+    gas = gradient_accumulation_steps(run, dp=dp)
+    precision, offload = Precision(par.precision), Offload(par.offload)
+    cpu = run.hardware.device_type == "cpu"
+
+    optimizer_params: dict[str, Any] = {
+        "lr": tr.lr,
+        "betas": list(ADAM_BETAS),
+        "eps": ADAM_EPS,
+        "weight_decay": tr.weight_decay,
+    }
+    if cpu and offload == Offload.none:
+        # DeepSpeed's default AdamW is its FusedAdam, a CUDA kernel; on CPU (tests, the cpu
+        # hardware config) torch's AdamW does the same arithmetic without building an op.
+        optimizer_params["torch_adam"] = True
+
+    return {
+        "train_batch_size": par.global_batch_size,
+        "train_micro_batch_size_per_gpu": par.micro_batch_size,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": float(tr.grad_clip),
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+        "optimizer": {"type": "AdamW", "params": optimizer_params},
+        "zero_optimization": _zero_optimization(par.zero_stage, offload, pin_memory=not cpu),
+        "bf16": {"enabled": precision == Precision.bf16},
+        "fp16": _fp16(enabled=precision == Precision.fp16),
+        "activation_checkpointing": _activation_checkpointing(),
+    }
+
+
+def write_deepspeed_config(config: dict[str, Any], output_dir: str | Path) -> Path:
+    """Write `config` as <output_dir>/deepspeed_config.json (atomically); return its path."""
+    path = Path(output_dir) / DS_CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, config)
+    return path
+
+
+def _zero_optimization(stage: int, offload: Offload, *, pin_memory: bool) -> dict[str, Any]:
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"parallelism.zero_stage must be 0, 1, 2 or 3, got {stage}")
+    if offload == Offload.optimizer and stage < 1:
+        raise ValueError("parallelism.offload=optimizer needs parallelism.zero_stage 1, 2 or 3")
+    if offload == Offload.params and stage != 3:
+        raise ValueError("parallelism.offload=params needs parallelism.zero_stage=3")
+    zero: dict[str, Any] = {"stage": stage}
+    if stage >= 1:
+        zero.update(
+            # One flat gradient buffer: fewer, larger reductions and no fragmentation.
+            contiguous_gradients=True,
+            # Overlap needs a second stream to pay off; on CPU it only adds buffers.
+            overlap_comm=pin_memory,
+            reduce_bucket_size=REDUCE_BUCKET_SIZE,
+            reduce_scatter=True,
+        )
+    if stage in (1, 2):
+        zero["allgather_bucket_size"] = ALLGATHER_BUCKET_SIZE
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = STAGE3_PREFETCH_BUCKET_SIZE
+        zero["stage3_param_persistence_threshold"] = STAGE3_PARAM_PERSISTENCE_THRESHOLD
+    if offload in (Offload.optimizer, Offload.params):
+        # pin_memory speeds host<->GPU copies; on a CPU run there is no copy to speed up.
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
+    if offload == Offload.params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
+    return zero
+
+
+def _fp16(*, enabled: bool) -> dict[str, Any]:
+    if not enabled:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "loss_scale": 0,  # 0 = dynamic
+        "initial_scale_power": FP16_INITIAL_SCALE_POWER,
+        "loss_scale_window": FP16_LOSS_SCALE_WINDOW,
+        "hysteresis": FP16_HYSTERESIS,
+        "min_loss_scale": FP16_MIN_LOSS_SCALE,
+    }
+
+
+def _activation_checkpointing() -> dict[str, Any]:
+    """DeepSpeed's activation-checkpointing section: every option off, whatever the recompute.
+
+    The recompute itself is train.model.set_recompute (torch.utils.checkpoint around each Block,
+    or around the attention core), the same code for both engines so that their memory and
+    FLOPs compare like for like. DeepSpeed's section configures only its own
+    deepspeed.checkpointing.checkpoint, which megasweep's model does not call; its options
+    (partitioning checkpoints over TP ranks, keeping them on the CPU, one contiguous buffer)
+    would change memory in ways train.memory does not model, so they are written explicitly
+    off and the record says plainly that DeepSpeed added nothing on top.
+    """
+    return {
+        "partition_activations": False,
+        "cpu_checkpointing": False,
+        "contiguous_memory_optimization": False,
+        "number_checkpoints": None,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }

@@ -1,0 +1,340 @@
+"""DeepSpeed as a second training engine, on the same model, data and loss as the native one.
+
+`build_deepspeed_engine` wraps the model built by train.model in a DeepSpeedEngine configured
+by train.ds_config (the Hydra config is the only source); `deepspeed_train_step` runs one
+global step through it. Everything else (data, LR schedule, logging, the record) stays the
+trainer's, so a native and a DeepSpeed run of one layout differ only in the engine.
+
+On CPU DeepSpeed needs its CPU accelerator, chosen by DS_ACCELERATOR=cpu before deepspeed is
+first imported (`import_deepspeed` does that), and the gloo backend. Its first use on a
+machine builds a small shared-memory op with gcc (about 2 minutes on 2 cores, then cached in
+~/.cache/torch_extensions); DeepSpeedCPUAdam, used by optimizer offload, is built likewise.
+
+The module also carries the two places where DeepSpeed's own accounting is compared with
+megasweep's: its flops profiler (`profile_deepspeed_step`) and its ZeRO model-state memory
+estimators (`deepspeed_model_states_estimate`). Both import deepspeed lazily: importing it
+costs seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from conf.schema import ModelConfig, Offload
+from train.memory import layer_params_per_rank
+from train.model import IGNORE_INDEX, lm_loss_sum
+from train.optim import param_groups
+from train.sizes import padded_vocab_size, total_params
+
+
+@dataclass(frozen=True)
+class DeepSpeedStepResult:
+    """One global step through the engine; the fields of trainer.StepResult, same meanings."""
+
+    loss: float
+    """Mean token loss of the whole global batch (all DP ranks)."""
+    grad_norm: float
+    """Global L2 norm of the gradients before clipping."""
+    loss_scale: float
+    """fp16 loss scale used by the step (1.0 outside fp16)."""
+    skipped: bool
+    """fp16 only: the step found inf/NaN gradients and did not update the weights."""
+
+
+def import_deepspeed(device_type: str) -> ModuleType:
+    """Import deepspeed with the accelerator for `device_type` ('cpu' or 'cuda').
+
+    DeepSpeed picks its accelerator once, when first asked; on a CPU-only machine without the
+    environment variable it can fall back to the wrong one, so the choice is made explicit.
+    Raises RuntimeError when deepspeed was already set up for another accelerator.
+    """
+    if device_type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    name = get_accelerator().device_name()
+    if name != device_type:
+        raise RuntimeError(
+            f"DeepSpeed's accelerator is {name!r}, the run needs {device_type!r}: set "
+            f"DS_ACCELERATOR={device_type} before deepspeed is first imported"
+        )
+    return deepspeed
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
+    """DeepSpeed needs a process group even on one process; a launcher's group is used as is."""
+    if torch.distributed.is_initialized():
+        return
+    # One process without a launcher (tests, `python -m train` on a laptop): a world of one.
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    deepspeed.init_distributed(
+        dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
+    )
+
+
+def build_deepspeed_engine(
+    model: nn.Module, *, ds_config: dict[str, Any], mpu: Any = None
+) -> tuple[Any, str]:
+    """(DeepSpeedEngine, optimizer name) for `model` (already on its device) and `ds_config`.
+
+    The optimizer is DeepSpeed's, built from ds_config["optimizer"] over train.optim's parameter
+    groups (weight decay on matrices only, as the native engine), so ZeRO can partition and
+    offload it. `mpu` is Megatron's model-parallel unit (get_model_parallel_rank/group/world_size,
+    get_data_parallel_*) when TP or PP is in use; None means pure data parallelism over the world.
+    """
+    device_type = next(model.parameters()).device.type
+    deepspeed = import_deepspeed(device_type)
+    _ensure_process_group(deepspeed, device_type)
+    weight_decay = float(ds_config["optimizer"]["params"]["weight_decay"])
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=param_groups(model, weight_decay),
+        config=ds_config,
+        mpu=mpu,
+    )
+    return engine, optimizer_name(engine, ds_config)
+
+
+def optimizer_name(engine: Any, ds_config: dict[str, Any]) -> str:
+    """'deepspeed:<Adam class> ZeRO-<stage>[ offload <what>]', the record's `optimizer` field."""
+    basic = engine.basic_optimizer if engine.basic_optimizer is not None else engine.optimizer
+    cls = type(basic)
+    module = cls.__module__.split(".")[0]
+    name = f"{module}.{cls.__name__}" if module in ("torch", "deepspeed") else cls.__name__
+    zero = ds_config.get("zero_optimization", {})
+    offload = (
+        Offload.params
+        if "offload_param" in zero
+        else Offload.optimizer
+        if "offload_optimizer" in zero
+        else Offload.none
+    )
+    suffix = "" if offload == Offload.none else f" offload {offload.value}"
+    return f"deepspeed:{name} ZeRO-{int(zero.get('stage', 0))}{suffix}"
+
+
+def deepspeed_train_step(
+    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> DeepSpeedStepResult:
+    """One global step: forward/backward of every micro-batch of this rank, then the update.
+
+    engine.backward divides each micro-batch's loss by gradient_accumulation_steps and the
+    gradient reduction averages over the dp ranks. To make the gradient the one of the global
+    batch's mean token loss (as the native engine's, including BERT's uneven mask counts), each
+    micro-batch's loss is its token-loss sum times gas x dp over the global batch's labelled
+    tokens. engine.step() after every micro-batch updates only at the accumulation boundary.
+    """
+    gas = int(engine.gradient_accumulation_steps())
+    if len(batches) != gas:
+        raise ValueError(f"{len(batches)} micro-batches given, the engine accumulates {gas}")
+    group = engine.data_parallel_group if torch.distributed.is_initialized() else None
+    dp = torch.distributed.get_world_size(group) if group is not None else 1
+    device = batches[0][0].device
+    labelled = torch.tensor(
+        float(sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)), device=device
+    )
+    if group is not None:
+        torch.distributed.all_reduce(labelled, group=group)
+    scale = gas * dp / float(labelled)
+    skipped_before = int(engine.skipped_steps)
+    loss_scale = _loss_scale(engine)
+    total = torch.zeros((), device=device)
+    grad_norm: float | None = None
+    for i, (tokens, labels) in enumerate(batches):
+        loss_sum = lm_loss_sum(engine(tokens), labels)
+        engine.backward(loss_sum * scale)
+        total += loss_sum.detach()
+        if i == gas - 1 and engine.zero_optimization_stage() == 0:
+            # Without ZeRO, DeepSpeed reports no norm unless it clips; the reduced gradients are
+            # in .grad until the step below.
+            grad_norm = _grad_norm(engine.module)
+        engine.step()
+    if group is not None:
+        torch.distributed.all_reduce(total, group=group)
+    if grad_norm is None:
+        reported = engine.get_global_grad_norm()
+        grad_norm = math.nan if reported is None else float(reported)
+    return DeepSpeedStepResult(
+        loss=float(total) / float(labelled),
+        grad_norm=grad_norm,
+        loss_scale=loss_scale,
+        skipped=int(engine.skipped_steps) > skipped_before,
+    )
+
+
+def _grad_norm(module: nn.Module) -> float:
+    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def _loss_scale(engine: Any) -> float:
+    if not engine.fp16_enabled():
+        return 1.0
+    return float(getattr(engine.optimizer, "cur_scale", getattr(engine.optimizer, "loss_scale", 1.0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's flops profiler.
+
+
+@dataclass(frozen=True)
+class FlopsProfile:
+    """What DeepSpeed's flops profiler saw in one global step, for the record."""
+
+    forward_flops: int
+    """FLOPs of the step's forwards as the profiler counts them (all micro-batches of this rank)."""
+    forward_macs: int
+    """Multiply-accumulates of the same forwards."""
+    params: int
+    """Parameters the profiler counts on this rank (after ZeRO-3 partitioning: the local shard)."""
+    forward_latency_s: float
+    """Time inside the model's forward calls (summed over micro-batches)."""
+    step_latency_s: float
+    """Wall time of the whole step (forwards, backwards, update)."""
+    convention: str = (
+        "deepspeed flops profiler: forward only, module-level hooks and patched functionals; "
+        "GEMM = 2 x MACs; no backward factor"
+    )
+
+
+def profile_deepspeed_step(
+    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[FlopsProfile, DeepSpeedStepResult]:
+    """Run one global step under DeepSpeed's flops profiler; (its figures, the step's result).
+
+    Why its FLOPs are not train.flops' model FLOPs (the record keeps both, labelled):
+
+    * It counts the FORWARD only. Megatron's per-iteration figure (train.flops) is forward +
+      2 x forward for the backward (+ recomputed forwards for HFU). The profiler's printed
+      per-step figure multiplies by 2 + recompute_fwd_factor only in its report, which this
+      function does not use: multiply `forward_flops` by 3 to compare with model FLOPs.
+    * It counts what passes through the functions it patches (F.linear, torch.matmul and
+      Tensor.__matmul__, F.scaled_dot_product_attention, F.softmax, F.layer_norm, F.gelu,
+      F.embedding, torch.add/mul...) while module hooks are active. GEMMs are 2 x MACs, like
+      ours; but it also counts element-wise work (LayerNorm, GELU, softmax, bias adds via
+      addmm), which Megatron's GEMM-only count leaves out, so it reads a few percent higher on
+      a real shape and much higher on a toy one. Attention is counted only if it goes through a
+      patched function: F.scaled_dot_product_attention is (as a full s x s product, with no
+      causal halving, matching Megatron's convention); a fused kernel reached another way
+      (a custom CUDA op, flash_attn's own function) counts 0.
+    * Operators written as Python operators that are not patched (x + y, x * y on tensors)
+      count 0, and the cross-entropy (a fused log_softmax + nll_loss) counts 0.
+    * `params` is what the rank holds: with ZeRO-3 the local partition, not the model.
+    """
+    from deepspeed.profiling.flops_profiler import FlopsProfiler
+
+    profiler = FlopsProfiler(engine.module, ds_engine=engine)
+    start = time.perf_counter()
+    profiler.start_profile()
+    try:
+        result = deepspeed_train_step(engine, batches)
+        figures = FlopsProfile(
+            forward_flops=int(profiler.get_total_flops()),
+            forward_macs=int(profiler.get_total_macs()),
+            params=int(profiler.get_total_params()),
+            forward_latency_s=float(profiler.get_total_duration()),
+            step_latency_s=time.perf_counter() - start,
+        )
+    finally:
+        profiler.end_profile()
+    return figures, result
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's ZeRO memory estimators, next to train.memory's model states.
+
+
+@dataclass(frozen=True)
+class ModelStatesEstimate:
+    """DeepSpeed's estimate of model-state bytes for one layout (per device and per node's CPU)."""
+
+    device_bytes: int
+    """Per GPU, as DeepSpeed estimates it (params, gradients, optimizer states; no activations)."""
+    host_bytes: int
+    """Per node's CPU memory (DeepSpeed applies its 1.5 additional_buffer_factor here only)."""
+    total_params: int
+    largest_layer_params: int
+
+
+def largest_module_params(model: ModelConfig) -> int:
+    """The largest single module train.memory gathers (a layer or the word embedding; pp=tp=1)."""
+    return max(layer_params_per_rank(model), padded_vocab_size(model) * model.hidden_size)
+
+
+def deepspeed_model_states_estimate(
+    model: ModelConfig, *, zero_stage: int, dp: int, offload: Offload, devices_per_node: int = 8
+) -> ModelStatesEstimate:
+    """DeepSpeed's estimate_zero{2,3}_model_states_mem_needs for `model` on dp devices (tp = pp = 1).
+
+    Stage 1 uses the stage-2 estimator (DeepSpeed has none for 1). How DeepSpeed counts, per
+    parameter on one GPU, next to train.memory (Ψ params, N = dp):
+
+        stage 2, no offload:  2 + 18/N  (16-bit params; 16-bit + fp32 grads, fp32 params, moments
+                              all sharded). Ours: 2 + 18/N as well (2 + (2 + 16)/N), plus one
+                              largest module of 16-bit gradients as the reduce bucket.
+        stage 2, offload:     2         (only the 16-bit params stay). Ours keeps the sharded
+                              16-bit gradients too: 2 + 2/N, plus the bucket.
+        stage 3, no offload:  18/N + 4 bytes x largest layer (the all-gathered working set).
+                              Ours: 20/N (the 16-bit gradient counted in the shard) + 2 modules x
+                              2 bytes x largest module gathered (the same 4 bytes x largest), +
+                              2 bytes x largest module of gradients (the reduce bucket).
+        stage 3, offload all: 4 bytes x largest layer only. Ours: 0 params, 2/N gradients, the
+                              same 4 x largest gathered, plus the gradient bucket.
+
+    So the two agree exactly up to (a) our reduce bucket, (b) 2/N at stage 3 without offload, and
+    (c) under offload, the 16-bit gradient shard (2/N) that DeepSpeed moves to the host with the
+    optimizer step and train.memory keeps on the device. (c) makes train.memory up to ~4.6x
+    DeepSpeed's figure for offloaded ZeRO-3 (bloom_176b, dp 8: 61 vs 13 GiB of model states);
+    tests/train/test_ds_engine.py asserts the decomposition exactly and the ratio in stated bands.
+
+    DeepSpeed's 1.5 additional_buffer_factor multiplies only its CPU figure, never the GPU one.
+    """
+    import_deepspeed("cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    params = total_params(model)
+    largest = largest_module_params(model)
+    per_node = min(dp, devices_per_node)
+    if dp % per_node:
+        raise ValueError(f"dp={dp} does not fill whole nodes of {devices_per_node} devices")
+    nodes = dp // per_node
+    offload = Offload(offload)
+    if zero_stage in (1, 2):
+        host, device = estimate_zero2_model_states_mem_needs(
+            params, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=offload != Offload.none
+        )
+    elif zero_stage == 3:
+        host, device, _ = estimate_zero3_model_states_mem_needs(
+            params,
+            largest,
+            num_gpus_per_node=per_node,
+            num_nodes=nodes,
+            cpu_offload=offload != Offload.none,
+            cpu_offload_params=offload == Offload.params,
+            zero_init=True,
+        )
+    else:
+        raise ValueError(f"DeepSpeed's estimators cover ZeRO stages 1-3, not {zero_stage}")
+    return ModelStatesEstimate(int(device), int(host), params, largest)
