@@ -1,10 +1,13 @@
-"""`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep."""
+"""`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep;
+`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from analysis.manifest import ManifestError
 from launchers.status import format_status, rerun_failed, sweep_status
@@ -20,7 +23,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     rerun.add_argument(
         "--failed", action="store_true", required=True, help="the failed and timed-out configs (required)"
     )
+    sbatch = sub.add_parser(
+        "sbatch",
+        help="write job array scripts (one per resource shape) and their task tables, submit nothing",
+        description="Expand and validate a sweep as hydra/launcher=slurm does; write one array script "
+        "per resource shape, for sbatch. Example: python -m launchers sbatch --name lr training.lr=1e-4,3e-4",
+    )
+    sbatch.add_argument("overrides", nargs="+", help="sweep overrides, as after `python -m train -m`")
+    sbatch.add_argument("--name", default=None, help="job name and file stem (default: sweep-<time>)")
+    sbatch.add_argument("--out-dir", default="slurm/sweeps", help="where the scripts go (slurm/sweeps)")
+    sbatch.add_argument("--sweep-dir", default=None, help="results directory (multirun/sbatch/<name>)")
+    sbatch.add_argument("--config-dir", default=None, help="config directory (megasweep's conf/)")
+    sbatch.add_argument("--config-name", default="config")
+    sbatch.add_argument("--python", default=None, help="interpreter on the nodes (this one)")
+    sbatch.add_argument("--module", default="train", help="entry module each task runs (train)")
+    sbatch.add_argument("--max-array-size", type=int, default=None, help="(MaxArraySize from scontrol)")
+    sbatch.add_argument("--array-parallelism", type=int, default=None, help="%%N (cluster.array_parallelism)")
+    sbatch.add_argument(
+        "--sbatch-arg", action="append", default=[], metavar="KEY[=VALUE]", help="extra #SBATCH --KEY=VALUE"
+    )
+    sbatch.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument")
     args = parser.parse_args(argv)
+    if args.command == "sbatch":
+        return _sbatch(args, sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "status":
             print(format_status(sweep_status(args.sweep_dir)))
@@ -35,6 +60,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in entries:
         what = f"job {e.job_id}" if e.status == "submitted" else f"skipped: {e.reason}"
         print(f"rerun: config {e.index}: {what}")
+    return 0
+
+
+def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from datetime import datetime
+
+    from hydra.errors import HydraException
+
+    from launchers.sbatch import export_sweep, format_export
+
+    name = args.name or f"sweep-{datetime.now():%Y%m%d-%H%M%S}"
+    extra = dict(a.split("=", 1) if "=" in a else (a, "") for a in args.sbatch_arg)
+    try:
+        export = export_sweep(
+            args.overrides,
+            name=name,
+            out_dir=Path(args.out_dir),
+            sweep_dir=Path(args.sweep_dir) if args.sweep_dir else None,
+            config_dir=Path(args.config_dir) if args.config_dir else None,
+            config_name=args.config_name,
+            python=args.python,
+            module=args.module,
+            max_array_size=args.max_array_size,
+            array_parallelism=args.array_parallelism,
+            sbatch_args=extra,
+            srun_args=args.srun_arg,
+            command=shlex.join(["python", "-m", "launchers", *argv]),
+        )
+    except (HydraException, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_export(export))
     return 0
 
 

@@ -10,6 +10,9 @@ result.json files are those of a Slurm sweep, so `python -m launchers status` an
 analysis read both alike. A failed config does not stop the sweep; the launcher reports
 every failure to Hydra at the end, as Hydra's own launchers do.
 
+A sweep of any other Hydra app (a config not composed on megasweep's schema) runs as Hydra's
+basic launcher runs it: each job's task function in this process, one after another.
+
 Torch-free, like everything a launcher imports.
 """
 
@@ -20,15 +23,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import HydraException
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
 from launchers.compose import is_megasweep_config, sweep_composer
-from launchers.slurm import LaunchSettings, command_for, entry_args_for, merge_entries, plan_configs
+from launchers.slurm import (
+    HydraJob,
+    LaunchSettings,
+    command_for,
+    entry_args_for,
+    merge_entries,
+    plan_configs,
+    prepare_sweep_dir,
+)
 
 __all__ = ["LocalLauncher"]
 
@@ -55,7 +65,7 @@ class LocalLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
-            raise HydraException("hydra/launcher=local launches megasweep configs (conf/config.yaml) only")
+            return self._launch_hydra_jobs(job_overrides, initial_job_idx)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -111,3 +121,18 @@ class LocalLauncher(Launcher):
                 )
             )
         return returns
+
+    def _launch_hydra_jobs(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> list[JobReturn]:
+        """A sweep of any other Hydra app: each job in this process, in order, as Hydra's basic launcher."""
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        prepare_sweep_dir(self.config)
+        # In-process: Hydra's singletons are already those of the sweep, nothing to ship.
+        job = HydraJob(self.hydra_context, self.config, self.task_function)
+        return [
+            job(overrides, job_num=num, job_id=f"job_id_for_{num}")
+            for num, overrides in enumerate(job_overrides, start=initial_job_idx)
+        ]

@@ -18,6 +18,11 @@ process has gone), and `python -m launchers rerun <sweep dir> --failed` resubmit
 An sbatch that Slurm refuses (unknown partition, bad gres) marks that group's configs
 `skipped` with Slurm's own message; the other groups still go ahead.
 
+A sweep of any other Hydra app (a config not composed on megasweep's schema) is run the way
+hydra-submitit-launcher runs it: one job array, one task per job, each task composing its
+config on the node and calling the app's task function (pickled by submitit); the launcher
+waits for the array and returns each job's JobReturn, as Hydra's launcher contract wants.
+
 What a rerun needs to resubmit a config without Hydra (its command, environment and array
 key) is kept in <sweep dir>/.megasweep/launch.json.
 
@@ -37,11 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
 from conf.schema import RunConfig
@@ -53,6 +59,7 @@ __all__ = [
     "DEFAULT_MAX_ARRAY_SIZE",
     "LAUNCH_FILE",
     "ConfigSpec",
+    "HydraJob",
     "LaunchSettings",
     "SlurmLauncher",
     "Submission",
@@ -65,6 +72,7 @@ __all__ = [
     "read_max_array_size",
     "save_launch_file",
     "submit_configs",
+    "submit_hydra_jobs",
 ]
 
 LAUNCH_FILE = ".megasweep/launch.json"
@@ -390,6 +398,112 @@ def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigS
 
 
 # ---------------------------------------------------------------------------------------------
+# Sweeps of configs that are not megasweep's (any Hydra app): jobs run as Hydra runs a job.
+
+GENERIC_TIME_LIMIT_MIN = 60
+"""Slurm time limit of a generic job unless sbatch_args sets `time` (submitit's own default is 5)."""
+
+
+@dataclass(frozen=True, eq=False)
+class HydraJob:
+    """The task function of a Hydra app, run on one job's overrides as Hydra's launchers run it.
+
+    Picklable: submitit ships it to the node with cloudpickle, which carries a task function
+    defined in __main__ or in a closure by value. `singletons` is Hydra's global state at
+    submission (ConfigStore, registered resolvers), which a fresh interpreter lacks.
+    """
+
+    hydra_context: HydraContext
+    config: DictConfig
+    """The sweep's master config (each job's config is composed from it on the node)."""
+    task_function: TaskFunction
+    singletons: Any = None
+
+    def __call__(self, overrides: Sequence[str], job_num: int, job_id: str | None = None) -> JobReturn:
+        if self.singletons is not None:
+            Singleton.set_state(self.singletons)
+        setup_globals()
+        if job_id is None:
+            import submitit
+
+            job_id = str(submitit.JobEnvironment().job_id)
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config.hydra.job):
+            config.hydra.job.id = job_id
+            config.hydra.job.num = job_num
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+
+
+def prepare_sweep_dir(config: DictConfig) -> Path:
+    """hydra.sweep.dir, created (with hydra.sweep.mode when the config sets one)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if OmegaConf.select(config, "hydra.sweep.mode", default=None) is not None:
+        os.chmod(sweep_dir, mode=int(str(config.hydra.sweep.mode), 8))
+    return sweep_dir
+
+
+def generic_executor_parameters(settings: LaunchSettings, array_parallelism: int | None) -> dict[str, Any]:
+    """submitit parameters of a generic sweep: one task per job, one node, sbatch_args on top."""
+    return {
+        "job_name": settings.job_name,
+        "time": GENERIC_TIME_LIMIT_MIN,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "array_parallelism": array_parallelism or 256,
+        "stderr_to_stdout": True,
+        "additional_parameters": {
+            "chdir": settings.cwd,
+            **{k: (v if v != "" else True) for k, v in settings.sbatch_args.items()},
+        },
+        **({"srun_args": list(settings.srun_args)} if settings.srun_args else {}),
+    }
+
+
+def submit_hydra_jobs(
+    job: HydraJob,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    settings: LaunchSettings,
+    *,
+    array_parallelism: int | None = None,
+) -> list[JobReturn]:
+    """Run a generic sweep as one job array (split at max_array_size); block until it ends.
+
+    Hydra's own contract for a launcher: one JobReturn per job, in order, carrying the task's
+    value or its failure. A job that died outside the task (killed, unpicklable) is FAILED too.
+    """
+    import submitit
+
+    sweep_dir = prepare_sweep_dir(job.config).resolve()
+    nums = [initial_job_idx + i for i in range(len(job_overrides))]
+    queued: list[Any] = []
+    for piece in chunk(list(zip(job_overrides, nums, strict=True)), settings.max_array_size):
+        executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j", python=settings.python)
+        executor.update_parameters(**generic_executor_parameters(settings, array_parallelism))
+        queued.extend(executor.map_array(job, [list(o) for o, _ in piece], [n for _, n in piece]))
+    returns = []
+    for overrides, slurm_job in zip(job_overrides, queued, strict=True):
+        try:
+            value = slurm_job.result()
+        except Exception as exc:  # the job's failure, reported to Hydra as its own launchers do
+            value = JobReturn(
+                overrides=list(overrides),
+                task_name=str(job.config.hydra.job.name),
+                status=JobStatus.FAILED,
+                _return_value=exc,
+            )
+        returns.append(value)
+    return returns
+
+
+# ---------------------------------------------------------------------------------------------
 # The Hydra launcher.
 
 
@@ -401,6 +515,10 @@ class SlurmLauncher(Launcher):
     (null: MaxArraySize from scontrol), sbatch_args (extra sbatch options), srun_args,
     python (null: this interpreter), module (entry module of each run), job_name
     (null: hydra.job.name).
+
+    Configs that are not megasweep's run as generic Hydra jobs (see submit_hydra_jobs), always
+    waited for; of the options only array_parallelism, max_array_size, sbatch_args, srun_args,
+    python and job_name apply to them.
     """
 
     def __init__(
@@ -450,7 +568,13 @@ class SlurmLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
-            raise HydraException("hydra/launcher=slurm launches megasweep configs (conf/config.yaml) only")
+            # Any other Hydra app: no validation or shapes to group by, and Hydra's launcher
+            # contract (each job's JobReturn) means waiting for the array to end.
+            assert self.task_function is not None
+            job = HydraJob(self.hydra_context, self.config, self.task_function, Singleton.get_state())
+            return submit_hydra_jobs(
+                job, job_overrides, initial_job_idx, self.settings(), array_parallelism=self.array_parallelism
+            )
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)

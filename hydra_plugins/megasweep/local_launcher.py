@@ -20,7 +20,8 @@ class LocalLauncherConf:
     python: str | None = None
     """Interpreter of the runs; null: the one running this sweep."""
     module: str = "train"
-    """Entry module each config runs (`python -m <module> <overrides>`)."""
+    """Entry module each config runs (`python -m <module> <overrides>`); an app that is not
+    megasweep's runs its own task function in this process instead."""
 
 
 ConfigStore.instance().store(

@@ -18,7 +18,8 @@ class SlurmLauncherConf:
 
     _target_: str = "hydra_plugins.megasweep.slurm_launcher.SlurmLauncher"
     wait: bool = False
-    """Block until every job has ended and return their results; false: return once queued."""
+    """Block until every job has ended and return their results; false: return once queued.
+    A sweep of an app that is not megasweep's (any Hydra task function) always waits."""
     array_parallelism: int | None = None
     """Most tasks of one array running at once (%N); null: cluster.array_parallelism (tasks)."""
     max_array_size: int | None = None

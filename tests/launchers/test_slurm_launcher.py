@@ -97,7 +97,7 @@ def test_homogeneous_sweep_is_one_array_and_exports_swept_env(
     arrays = {array_of(e.job_id) for e in entries}
     assert len(arrays) == 1, entries
     (array,) = arrays
-    assert sorted(e.job_id for e in entries) == [f"{array}_{i}" for i in range(4)]
+    assert sorted(str(e.job_id) for e in entries) == [f"{array}_{i}" for i in range(4)]
     assert all(
         e.shape == {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "time_limit_min": 20}
         for e in entries

@@ -1,0 +1,321 @@
+"""`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch by hand.
+
+    python -m launchers sbatch --name lr_scan training.lr=1e-4,3e-4,1e-3 parallelism.tp=1,2
+    sbatch slurm/sweeps/lr_scan-1.sbatch; sbatch slurm/sweeps/lr_scan-2.sbatch
+
+For sites (or people) that want to see and own what goes to Slurm. The sweep is expanded as
+Hydra's basic sweeper expands it, and each config composed and validated as
+`hydra/launcher=slurm` does (launchers.slurm.plan_configs), so the same configs are left out
+for the same reasons; they are printed and listed in <name>.skipped.tsv. The others are
+grouped by resource shape (launchers/shapes.py), and each group becomes one array script
+<name>.sbatch (or <name>-<k>.sbatch, one per shape or per MaxArraySize-sized piece) with:
+
+- a header saying how it was generated, and the #SBATCH lines of the shape and of the
+  cluster config (partition, account, qos, gres, time, %N throttle, ...);
+- the cluster's setup lines, and `export` lines for the cluster.env all its tasks share;
+- a few lines of bash that read the task's row of <name>.tasks.tsv beside it (tab-separated:
+  array task id, config index, count of env entries, KEY=VALUE env entries of this config
+  alone, overrides) and run `srun python -m train <overrides> hydra.run.dir=<sweep dir>/<index>`.
+
+So a script needs nothing but bash, awk and the installed megasweep on the nodes. Results land
+where a launcher-run sweep puts them (<sweep dir>/<config index>/result.json).
+
+Torch-free, like everything the launchers import.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.errors import HydraException
+
+from launchers.compose import FastComposer, parse_override
+from launchers.shapes import ArrayKey, chunk, group_by
+from launchers.slurm import ConfigSpec, plan_configs, read_max_array_size, run_dir_override
+
+__all__ = [
+    "DEFAULT_OUT_DIR",
+    "Export",
+    "ExportedScript",
+    "SkippedConfig",
+    "default_config_dir",
+    "expand_sweep",
+    "export_sweep",
+    "format_export",
+    "render_script",
+    "task_row",
+]
+
+DEFAULT_OUT_DIR = Path("slurm/sweeps")
+SHOWN_SKIPPED = 10
+"""Skipped configs printed in full; the rest are only in <name>.skipped.tsv."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+@dataclass(frozen=True)
+class ExportedScript:
+    """One array script and its task table."""
+
+    script: Path
+    tasks: Path
+    key: ArrayKey
+    configs: tuple[int, ...]
+    """Sweep indices of the configs, in array task order (task i runs configs[i])."""
+
+
+@dataclass(frozen=True)
+class SkippedConfig:
+    """A config left out, with the validator's (or the shape's) reason."""
+
+    index: int
+    overrides: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Export:
+    """What export_sweep wrote."""
+
+    scripts: list[ExportedScript]
+    skipped: list[SkippedConfig]
+    skipped_file: Path | None
+    sweep_dir: Path
+
+
+def default_config_dir() -> Path:
+    """megasweep's own conf/ (the one `python -m train` composes from)."""
+    import conf
+
+    assert conf.__file__ is not None
+    return Path(conf.__file__).resolve().parent
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """The jobs of a sweep, in the order Hydra's basic sweeper (and so hydra/launcher=slurm) gives them.
+
+    Hydra's own overrides (`hydra.*`, `hydra/...`) are refused: a script has no Hydra sweep
+    to apply them to (use --sweep-dir for where results go).
+    """
+    parsed = [parse_override(text) for text in overrides]
+    for override in parsed:
+        if override.is_hydra_override():
+            raise HydraException(
+                f"'{override.input_line}': Hydra's own settings have no effect on an exported script"
+            )
+    (jobs,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return jobs
+
+
+def task_row(task_id: int, spec: ConfigSpec, shared_env: Mapping[str, str], sweep_dir: Path) -> str:
+    """One line of the task table (see the module docstring for its columns)."""
+    own_env = [f"{k}={v}" for k, v in spec.env if shared_env.get(k) != v]
+    fields = [
+        str(task_id),
+        str(spec.index),
+        str(len(own_env)),
+        *own_env,
+        *spec.overrides,
+        run_dir_override(sweep_dir / spec.output_dir),
+    ]
+    for text in fields:
+        # The script splits rows on tabs and reads one line per task.
+        if "\t" in text or "\n" in text or not text:
+            raise ValueError(f"{text!r} of config {spec.index} is empty or has a tab or newline")
+    return "\t".join(fields)
+
+
+def _sbatch_line(option: str, value: object | None = None) -> str:
+    return f"#SBATCH --{option}" if value is None else f"#SBATCH --{option}={shlex.quote(str(value))}"
+
+
+def render_script(
+    *,
+    name: str,
+    key: ArrayKey,
+    script: Path,
+    tasks: Path,
+    count: int,
+    sweep_dir: Path,
+    cwd: Path,
+    python: str,
+    module: str,
+    entry_args: Sequence[str],
+    shared_env: Mapping[str, str],
+    sbatch_args: Mapping[str, str],
+    srun_args: Sequence[str],
+    command: str,
+    configs: Sequence[int],
+) -> str:
+    """The text of one array script of `count` tasks (their rows are in `tasks`)."""
+    shape, opt = key.shape, key.options
+    throttle = max(1, min(count, opt.array_parallelism))
+    shown = ", ".join(map(str, configs[:8])) + (", ..." if len(configs) > 8 else "")
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by megasweep on {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC; regenerate with:",
+        f"#   cd {shlex.quote(str(cwd))} && {command}",
+        f"# Job array of {count} configs of one resource shape: {shape.nodes} node(s) x "
+        f"{shape.tasks_per_node} task(s), {shape.gpus_per_node} GPU(s) per node, {shape.time_limit_min} min.",
+        f"# Configs (sweep indices) {shown}; array task i runs row i of {tasks.name}:",
+        "#   task id, config index, count of env entries, KEY=VALUE env entries, overrides (tab-separated).",
+        f"# Submit with: sbatch {shlex.quote(str(script))}",
+        f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir}/.slurm/",
+        _sbatch_line("job-name", name),
+        _sbatch_line("array", f"0-{count - 1}%{throttle}"),
+        _sbatch_line("nodes", shape.nodes),
+        _sbatch_line("ntasks-per-node", shape.tasks_per_node),
+        _sbatch_line("cpus-per-task", opt.cpus_per_task),
+        _sbatch_line("time", shape.time_limit_min),
+    ]
+    optional = {
+        "partition": opt.partition,
+        "account": opt.account,
+        "qos": opt.qos,
+        "constraint": opt.constraint,
+        "mem": None if opt.mem_per_node_gb is None else f"{opt.mem_per_node_gb}G",
+    }
+    lines += [_sbatch_line(k, v) for k, v in optional.items() if v is not None]
+    # A site's gres string (e.g. 'gpu:a100:8') wins, as in the launcher.
+    if opt.gres:
+        lines.append(_sbatch_line("gres", opt.gres))
+    elif shape.gpus_per_node:
+        lines.append(_sbatch_line("gpus-per-node", shape.gpus_per_node))
+    lines += [
+        _sbatch_line("output", sweep_dir / ".slurm" / "%A_%a.out"),
+        _sbatch_line("chdir", cwd),
+    ]
+    lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
+    lines += ["", "set -euo pipefail"]
+    if opt.setup:
+        lines += ["", "# cluster.setup", *opt.setup]
+    if shared_env:
+        lines += ["", "# cluster.env of every config in this array"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in shared_env.items()]
+    srun = shlex.join(["srun", "--unbuffered", *srun_args])
+    entry = shlex.join(["-m", module, *entry_args])
+    lines += [
+        "",
+        f"TASKS={shlex.quote(str(tasks))}",
+        f'PYTHON="${{MEGASWEEP_PYTHON:-{python}}}"',
+        'task="${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a job array}"',
+        "line=$(awk -F'\\t' -v id=\"$task\" '$1 == id { print; exit }' \"$TASKS\")",
+        'if [[ -z "$line" ]]; then echo "megasweep: no row for array task $task in $TASKS" >&2; exit 1; fi',
+        "IFS=$'\\t' read -r -a fields <<< \"$line\"",
+        'n_env="${fields[2]}"',
+        'for kv in "${fields[@]:3:n_env}"; do export "$kv"; done',
+        'args=("${fields[@]:3+n_env}")',
+        'echo "megasweep: array task $task runs config ${fields[1]}: ${args[*]}"',
+        f'{srun} "$PYTHON" {entry} "${{args[@]}}"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export_sweep(
+    overrides: Sequence[str],
+    *,
+    name: str,
+    out_dir: Path = DEFAULT_OUT_DIR,
+    sweep_dir: Path | None = None,
+    config_dir: Path | None = None,
+    config_name: str = "config",
+    python: str | None = None,
+    module: str = "train",
+    max_array_size: int | None = None,
+    array_parallelism: int | None = None,
+    sbatch_args: Mapping[str, str] | None = None,
+    srun_args: Sequence[str] = (),
+    command: str = "python -m launchers sbatch ...",
+) -> Export:
+    """Write the array scripts, task tables and the skipped list of a sweep; see the module docstring."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"--name {name!r}: use letters, digits, '_', '.', '-' (it names files and the job)")
+    cwd = Path.cwd()
+    out_dir = (cwd / out_dir).resolve()
+    sweep_dir = (cwd / (sweep_dir or Path("multirun") / "sbatch" / name)).resolve()
+    custom_dir = config_dir is not None
+    config_dir = (config_dir or default_config_dir()).resolve()
+    entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
+
+    composer = FastComposer.from_config_dir(config_dir, config_name)
+    specs, skipped_entries = plan_configs(
+        composer, expand_sweep(overrides), 0, array_parallelism=array_parallelism
+    )
+    skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
+    size = max_array_size or read_max_array_size()
+    pieces = [
+        (key, piece)
+        for key, members in group_by((s.key, s) for s in specs).items()
+        for piece in chunk(members, size)
+    ]
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Slurm opens --output itself and does not create its directory.
+    (sweep_dir / ".slurm").mkdir(parents=True, exist_ok=True)
+    scripts = []
+    for number, (key, piece) in enumerate(pieces, start=1):
+        stem = name if len(pieces) == 1 else f"{name}-{number}"
+        envs = [dict(s.env) for s in piece]
+        shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+        tasks = out_dir / f"{stem}.tasks.tsv"
+        tasks.write_text("".join(task_row(i, s, shared, sweep_dir) + "\n" for i, s in enumerate(piece)))
+        script = out_dir / f"{stem}.sbatch"
+        configs = tuple(s.index for s in piece)
+        script.write_text(
+            render_script(
+                name=name,
+                key=key,
+                script=script,
+                tasks=tasks,
+                count=len(piece),
+                sweep_dir=sweep_dir,
+                cwd=cwd,
+                python=python or sys.executable,
+                module=module,
+                entry_args=entry_args,
+                shared_env=shared,
+                sbatch_args=dict(sbatch_args or {}),
+                srun_args=srun_args,
+                command=command,
+                configs=configs,
+            )
+        )
+        script.chmod(0o755)
+        scripts.append(ExportedScript(script=script, tasks=tasks, key=key, configs=configs))
+
+    skipped_file = None
+    if skipped:
+        skipped_file = out_dir / f"{name}.skipped.tsv"
+        rows = ["index\treason\toverrides"]
+        rows += [f"{s.index}\t{' '.join(s.reason.split())}\t{' '.join(s.overrides)}" for s in skipped]
+        skipped_file.write_text("\n".join(rows) + "\n")
+    return Export(scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir)
+
+
+def format_export(export: Export) -> str:
+    """What `python -m launchers sbatch` prints: one line per script, then the skipped configs."""
+    total = sum(len(s.configs) for s in export.scripts)
+    lines = [
+        f"sbatch: {total + len(export.skipped)} configs: {total} in {len(export.scripts)} script(s), "
+        f"{len(export.skipped)} infeasible; results will go to {export.sweep_dir}"
+    ]
+    for s in export.scripts:
+        shape = s.key.shape
+        lines.append(
+            f"  {s.script}  ({len(s.configs)} tasks; {shape.nodes} node(s) x {shape.tasks_per_node} task(s), "
+            f"{shape.gpus_per_node} GPU(s)/node, {shape.time_limit_min} min)  submit: sbatch {s.script}"
+        )
+    for k in export.skipped[:SHOWN_SKIPPED]:
+        lines.append(f"  skipped config {k.index} ({' '.join(k.overrides)}): {k.reason}")
+    if len(export.skipped) > SHOWN_SKIPPED:
+        lines.append(f"  ... and {len(export.skipped) - SHOWN_SKIPPED} more skipped")
+    if export.skipped_file is not None:
+        lines.append(f"  skipped configs listed in {export.skipped_file}")
+    return "\n".join(lines)
