@@ -53,13 +53,21 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     if world_size > 1 and launch_from_env(os.environ) is None:
         return spawn_workers(run, world_size=world_size, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
-    from train.trainer import run_training
+    from train.checkpoint import REQUEUE_EXIT_CODE
+    from train.trainer import TrainingPreempted, run_training
 
-    return run_training(
-        run,
-        output_dir=Path(hydra_cfg.runtime.output_dir),
-        overrides=list(hydra_cfg.overrides.task),
-    )
+    try:
+        return run_training(
+            run,
+            output_dir=Path(hydra_cfg.runtime.output_dir),
+            overrides=list(hydra_cfg.overrides.task),
+        )
+    except TrainingPreempted as preempted:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise
+        # Checkpointed and stopped on Slurm's signal: a status the launcher requeues on.
+        print(f"preempted: {preempted}", file=sys.stderr)
+        sys.exit(REQUEUE_EXIT_CODE)
 
 
 def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[str, Any]:
@@ -80,6 +88,14 @@ def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[st
         "hydra.output_subdir=null",
     ]
     result = spawn_local(argv, world_size=world_size, cwd=Path(__file__).resolve().parents[1])
+    if result.returncode != 0 and _preempted(result.failed_code, output_dir):
+        # The workers checkpointed and stopped together on Slurm's signal; rank 0's `timeout`
+        # record stands, and the exit status asks for a requeue.
+        message = f"preempted after a checkpoint (record: {output_dir})"
+        if multirun:
+            raise RuntimeError(message)
+        print(message, file=sys.stderr)
+        sys.exit(result.returncode)
     if result.returncode != 0:
         from train.trainer import record_worker_failure
 
@@ -97,6 +113,17 @@ def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[st
         sys.exit(result.returncode)
     record: dict[str, Any] = json.loads((output_dir / "result.json").read_text())
     return record
+
+
+def _preempted(code: int | None, output_dir: Path) -> bool:
+    from train.checkpoint import REQUEUE_EXIT_CODE
+
+    if code != REQUEUE_EXIT_CODE:
+        return False
+    try:
+        return bool(json.loads((output_dir / "result.json").read_text()).get("status") == "timeout")
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

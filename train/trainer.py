@@ -38,8 +38,9 @@ import torch
 from torch import nn
 
 from conf.schema import Precision, Recompute, RunConfig, WandbMode, to_plain_dict
-from train import distributed, flops, parallel
+from train import distributed, failures, flopcheck, flops, parallel, power, profiling, shapes
 from train.calibrate import measure_peak_tflops
+from train.checkpoint import Checkpointer, CheckpointMismatch, checkpoint_root, fingerprint
 from train.data import TokenSource, get_batch, make_source
 from train.metrics import (
     IterationStats,
@@ -69,6 +70,9 @@ FAULT_ENV = "MEGASWEEP_FAULT_EXIT"
 """'<rank>:<iteration>': that rank exits abruptly (os._exit) at the start of that iteration. A test
 hook for the failure path of multi-process runs (a worker dying mid-run, as on a node failure)."""
 FAULT_EXIT_CODE = 17
+SIGNAL_ENV = "MEGASWEEP_FAULT_SIGNAL"
+"""'<rank>:<iteration>': that rank sends itself SIGUSR1 during that iteration, as Slurm's --signal
+warning would. A test hook for stop-at-a-step-boundary, checkpoint and resume."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -77,6 +81,12 @@ class TrainingDiverged(RuntimeError):
 
 class TrainingTimeout(Exception):
     """Slurm asked the job to stop (SIGTERM at the time limit, or the SIGUSR1 warning)."""
+
+
+class TrainingPreempted(TrainingTimeout):
+    """Slurm asked the job to stop and the state was checkpointed at a step boundary first: the
+    record says `timeout`, the process exits with checkpoint.REQUEUE_EXIT_CODE, and a requeued
+    attempt resumes from the checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,13 @@ class Progress:
     warnings: list[str] = field(default_factory=list)
     max_mem_per_rank: list[float] = field(default_factory=list)
     """Every rank's peak memory (GiB), gathered at the end of a successful run."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Optional measurements (flop_check, power, profile) added to the record under their keys."""
+    run_dir: Path | None = None
+    """The run directory (profiler traces go there)."""
+    prior_losses: list[float] = field(default_factory=list)
+    """Losses of the steps before this attempt's resume point, from the checkpoint: the record's
+    `losses` is the whole run's, its medians and iteration times this attempt's."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +149,7 @@ def run_training(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    world, progress = resolve_world(run), Progress()
+    world, progress = resolve_world(run), Progress(run_dir=output_dir)
     lead = world.rank == 0
     wandb = WandbLogger(
         run.logger if lead else replace(run.logger, wandb_mode=WandbMode.disabled),
@@ -149,14 +166,17 @@ def run_training(
     status, message = "error", None
     failure: BaseException | None = None
     try:
-        with _timeout_signals():
-            status = train(run, world=world, progress=progress, wandb=wandb)
+        with _timeout_signals(defer=run.training.save_interval > 0) as stop:
+            status = train(
+                run, world=world, progress=progress, wandb=wandb, output_dir=output_dir, stop=stop
+            )
     except torch.OutOfMemoryError as exc:
         status, message, failure = "oom", f"{type(exc).__name__}: {exc}", exc
     except TrainingTimeout as exc:
         status, message, failure = "timeout", str(exc), exc
     except BaseException as exc:  # the record is written for KeyboardInterrupt too
-        status, message, failure = "error", f"{type(exc).__name__}: {exc}", exc
+        # A CPU allocator failure is an OOM, a collective timeout a timeout (train.failures).
+        status, message, failure = failures.classify(exc), f"{type(exc).__name__}: {exc}", exc
     finally:
         distributed.destroy_process_group()
     if status == "nan":
@@ -183,6 +203,10 @@ def run_training(
     if lead:
         print(f"result: {path}", flush=True)
     if failure is not None:
+        if isinstance(failure, TrainingPreempted) and not lead:
+            # All ranks stop together; the local spawn's parent ends the others when the first
+            # worker exits, so the rest wait for rank 0 to have written the record.
+            _await_record(path, since=started)
         raise failure
     if status == "nan":
         raise TrainingDiverged(f"{message} (record: {path})")
@@ -251,13 +275,13 @@ def build_record(
         peak_tflops=progress.peak_tflops,
         peak_source=progress.peak_source,
         env=allowlisted_env(os.environ),
-        losses=[it.loss for it in progress.iterations],
+        losses=[*progress.prior_losses, *(it.loss for it in progress.iterations)],
         iteration_times_s=[it.elapsed_s for it in progress.iterations],
         warnings=list(progress.warnings),
         started_at=started.isoformat(timespec="seconds"),
         wall_s=wall_s,
     )
-    result: dict[str, Any] = redact_values(record.to_dict(), secret_values(os.environ))
+    result: dict[str, Any] = redact_values({**record.to_dict(), **progress.extra}, secret_values(os.environ))
     return result
 
 
@@ -465,15 +489,41 @@ def _layers_held(model: nn.Module, pp_group: torch.distributed.ProcessGroup | No
     return int(held)
 
 
-def train(run: RunConfig, *, world: World, progress: Progress, wandb: WandbLogger) -> str:
-    """Run run.training.train_iters optimizer steps; 'ok', or 'nan' when the loss diverged."""
+def train(
+    run: RunConfig,
+    *,
+    world: World,
+    progress: Progress,
+    wandb: WandbLogger,
+    output_dir: Path | None = None,
+    stop: StopRequest | None = None,
+) -> str:
+    """Run run.training.train_iters optimizer steps; 'ok', or 'nan' when the loss diverged.
+
+    With training.save_interval > 0 (and an output_dir) it resumes from the run's latest checkpoint,
+    saves every save_interval steps, and on Slurm's signal (`stop`) saves at the step boundary and
+    raises TrainingPreempted.
+    """
     par, tr = run.parallelism, run.training
     s = setup(run, world=world, progress=progress)
     lead = world.rank == 0
     if lead:
         print(_banner(run, progress), flush=True)
-    for iteration in range(1, tr.train_iters + 1):
+        print(_shape_report(run, progress), flush=True)
+        if flopcheck.enabled(os.environ):  # opt-in: one extra model build and micro-batch
+            check = flopcheck.flop_check(run, device=s.device)
+            print(flopcheck.format_flop_check(check), flush=True)
+            progress.extra["flop_check"] = check.to_dict()
+            if abs(check.relative_error) > flopcheck.TOLERANCE:
+                progress.warnings.append(flopcheck.format_flop_check(check))
+    meter = power.PowerMeter.for_device(s.device)  # disabled (with its reason) off NVIDIA GPUs
+    profiler = profiling.StepProfiler.from_env(os.environ, run_dir=progress.run_dir, rank=world.rank)
+    ckpt, resumed = _resume(run, s, world=world, progress=progress, output_dir=output_dir)
+    for iteration in range(resumed + 1, tr.train_iters + 1):
         _fault_hook(world, iteration)
+        if iteration == max(tr.warmup_iters, resumed) + 1:  # the measured iterations of this process
+            meter.start()
+        profiler.begin(iteration)
         start = time.perf_counter()
         lr = lr_at(iteration, peak=tr.lr, warmup_iters=tr.lr_warmup_iters, total_iters=tr.train_iters)
         set_lr(s.optimizer, lr)
@@ -482,6 +532,7 @@ def train(run: RunConfig, *, world: World, progress: Progress, wandb: WandbLogge
         result = train_step(s.model, s.optimizer, s.scaler, batches, run=run, device=s.device, par=s.par)
         _sync(s.device)
         elapsed = time.perf_counter() - start
+        profiler.end(iteration)
         progress.skipped += int(result.skipped)
         stats = _iteration_stats(
             run, iteration, elapsed, lr, result, world=world, progress=progress, device=s.device
@@ -492,13 +543,102 @@ def train(run: RunConfig, *, world: World, progress: Progress, wandb: WandbLogge
             print(format_log_line(stats), flush=True)
         wandb.log(_wandb_metrics(stats), step=iteration)
         if diverged:
+            meter.stop(tokens=0)
             return "nan"
+        if ckpt is not None:
+            _checkpoint_boundary(ckpt, s, iteration, run=run, world=world, progress=progress, stop=stop)
+    if ckpt is not None:
+        ckpt.wait()
+        progress.extra["checkpoint"] = _checkpoint_summary(ckpt)
     progress.max_mem_per_rank = _gather_memory(max_memory_gib(s.device), world)
+    measured_iters = max(tr.train_iters - max(tr.warmup_iters, resumed), 0)
+    measured_tokens = measured_iters * par.global_batch_size * run.model.seq_length
+    progress.extra["power"] = power.gather(meter.stop(tokens=measured_tokens), world.world_size).to_dict()
+    if profiler.record() is not None:
+        progress.extra["profile"] = profiler.record()
     if progress.peak_source == "measured":
         # Any calibration is a lower bound on the peak (interference only slows it down), so
         # a second one after training tightens it for the record's MFU on a shared node.
         progress.peak_tflops = max(progress.peak_tflops or 0.0, measure_peak_tflops(s.device, par.precision))
     return "ok"
+
+
+def _resume(
+    run: RunConfig, s: Setup, *, world: World, progress: Progress, output_dir: Path | None
+) -> tuple[Checkpointer | None, int]:
+    """The run's checkpointer (None when training.save_interval is 0) and the step training goes on
+    after: the latest checkpoint's, restored into s, or 0."""
+    progress.extra["resumed_from_step"] = None
+    if run.training.save_interval <= 0 or output_dir is None:
+        return None, 0
+    par = run.parallelism
+    ckpt = Checkpointer(
+        checkpoint_root(run, output_dir),
+        layout={"dp": world.dp, "tp": world.tp, "pp": world.pp, "zero_stage": par.zero_stage},
+        config=fingerprint(run),
+        rank=world.rank,
+    )
+    progress.extra["checkpoint"] = _checkpoint_summary(ckpt)
+    resumed = ckpt.load_latest(model=s.model, optimizer=s.optimizer, scaler=s.scaler)
+    if resumed is None:
+        return ckpt, 0
+    if resumed.consumed_samples != resumed.step * par.global_batch_size:
+        raise CheckpointMismatch(
+            f"checkpoint {resumed.path} consumed {resumed.consumed_samples} samples in {resumed.step} steps, "
+            f"not {resumed.step} x global_batch_size {par.global_batch_size}"
+        )
+    progress.extra["resumed_from_step"] = resumed.step
+    progress.prior_losses = resumed.losses
+    if world.rank == 0:
+        print(f"resumed from step {resumed.step} ({resumed.path})", flush=True)
+    return ckpt, resumed.step
+
+
+def _checkpoint_boundary(
+    ckpt: Checkpointer,
+    s: Setup,
+    iteration: int,
+    *,
+    run: RunConfig,
+    world: World,
+    progress: Progress,
+    stop: StopRequest | None,
+) -> None:
+    """After a step: save every save_interval steps; when any rank got Slurm's signal, save now
+    (synchronously), then raise TrainingPreempted. Every rank calls this at every step."""
+    tr = run.training
+    spec = os.environ.get(SIGNAL_ENV)
+    if spec and spec == f"{world.rank}:{iteration}":
+        os.kill(os.getpid(), signal.SIGUSR1)
+    # One scalar all-reduce per step: the ranks must stop at the same step even when the signal
+    # reached them on either side of a boundary.
+    stopping = stop is not None and stop.agreed(s.device) and iteration < tr.train_iters
+    if iteration % tr.save_interval == 0 or stopping:
+        ckpt.save(
+            iteration,
+            model=s.model,
+            optimizer=s.optimizer,
+            scaler=s.scaler,
+            losses=[*progress.prior_losses, *(it.loss for it in progress.iterations)],
+            consumed_samples=iteration * run.parallelism.global_batch_size,
+            blocking=stopping,
+        )
+    progress.extra["checkpoint"] = _checkpoint_summary(ckpt)
+    if stopping:
+        assert stop is not None
+        raise TrainingPreempted(
+            f"received {stop.signal or 'a stop signal (on another rank)'}; stopped after step {iteration} "
+            f"of {tr.train_iters} with a checkpoint in {ckpt.dir}: requeue to resume"
+        )
+
+
+def _checkpoint_summary(ckpt: Checkpointer) -> dict[str, Any]:
+    return {
+        "dir": str(ckpt.dir),
+        "save_mode": ckpt.mode,
+        "saved_steps": list(ckpt.committed),
+        "warnings": list(ckpt.warnings),
+    }
 
 
 def _gather_memory(mine: float, world: World) -> list[float]:
@@ -514,6 +654,7 @@ def _fault_hook(world: World, iteration: int) -> None:
     if spec and spec == f"{world.rank}:{iteration}":
         print(f"{FAULT_ENV}={spec}: rank {world.rank} exits now", file=sys.stderr, flush=True)
         os._exit(FAULT_EXIT_CODE)
+    failures.hang_hook(world.rank, iteration)
 
 
 def _iteration_stats(
@@ -799,6 +940,17 @@ def _banner(run: RunConfig, progress: Progress) -> str:
     )
 
 
+def _shape_report(run: RunConfig, progress: Progress) -> str:
+    """train.shapes' table for this run's GEMMs; its shape warnings (with the advisor's hidden sizes)
+    also go into the record."""
+    try:
+        report = shapes.shape_report(run.model, run.parallelism, run.hardware)
+    except ValueError as exc:
+        return f"GEMM shapes: not analysed ({exc})"
+    progress.warnings += [f"shapes: {w}" for w in report.warnings if "Advisor:" in w]
+    return shapes.format_shape_report(report)
+
+
 def _name(value: object) -> str:
     return str(getattr(value, "value", value))
 
@@ -819,24 +971,54 @@ def _wandb_metrics(s: IterationStats) -> dict[str, float | int | None]:
     }
 
 
+@dataclass
+class StopRequest:
+    """Slurm's stop signal, noted by the handler and acted on at the next step boundary."""
+
+    signal: str | None = None
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank got the signal (a collective: every rank calls it at every step)."""
+        flag = torch.tensor(float(self.signal is not None), device=device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 @contextlib.contextmanager
-def _timeout_signals() -> Iterator[None]:
+def _timeout_signals(*, defer: bool = False) -> Iterator[StopRequest | None]:
     """Turn Slurm's SIGTERM (time limit, scancel) and SIGUSR1 (--signal warning) into TrainingTimeout,
     so the record is written before the job dies; the previous handlers come back afterwards.
-    SIGUSR2 is left alone: submitit uses it for its own checkpoint-and-requeue."""
+    With `defer` (a checkpointing run) the handler only notes the signal in the yielded StopRequest:
+    the loop saves at the next step boundary, then stops. SIGUSR2 is left alone: submitit uses it
+    for its own checkpoint-and-requeue."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield None
         return
+    stop = StopRequest() if defer else None
 
     def handler(signum: int, frame: object) -> None:
+        if stop is not None:
+            stop.signal = signal.Signals(signum).name
+            return
         raise TrainingTimeout(f"received {signal.Signals(signum).name}; stopped before the end of training")
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
-        yield
+        yield stop
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _await_record(path: Path, *, since: datetime, timeout_s: float = 30.0) -> None:
+    """Wait until `path` was written after `since` (by rank 0), at most timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime >= since.timestamp():
+                return
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------------

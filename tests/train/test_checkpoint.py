@@ -1,0 +1,199 @@
+"""train.checkpoint: a run stopped by Slurm's signal and restarted in the same run directory ends
+with the losses of an uninterrupted run, without repeating the steps it had finished.
+
+End to end through `python -m train` in subprocesses: 6 steps, save_interval=2; the interrupted
+attempt gets SIGUSR1 during step 3 from the MEGASWEEP_FAULT_SIGNAL hook (on one rank only: all
+ranks must still stop at the same step), saves at the step boundary and exits with
+REQUEUE_EXIT_CODE; the second attempt resumes from step 3 and runs steps 4-6.
+
+Tolerances: one process and DP=2 + ZeRO-1 compare exactly with the uninterrupted run (fp32 on CPU
+is deterministic, and the checkpoint restores weights, Adam states and the data position bit for
+bit). TP=2 and PP=2 compare with the one-process run at rel 1e-6: those layouts only reorder fp32
+sums (< 1e-7 relative here, as in test_parallel), while a resume that lost or mis-restored
+state (Adam moments, learning-rate step, data position) moves the next loss by far more.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from train.checkpoint import (
+    LATEST,
+    REQUEUE_EXIT_CODE,
+    Checkpointer,
+    CheckpointMismatch,
+    layout_key,
+    read_latest,
+)
+
+from .test_distributed import REPO, TINY, worker_env
+
+STEPS = 6
+STOP_AT = 3
+RUN = [*(o for o in TINY if not o.startswith("training.train_iters=")), f"training.train_iters={STEPS}"]
+CKPT = ["training.save_interval=2"]
+RTOL_REORDERED = 1e-6
+
+
+def launch(
+    out: Path, *overrides: str, signal_at: str | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    env = worker_env(**({"MEGASWEEP_FAULT_SIGNAL": signal_at} if signal_at else {}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *RUN, *CKPT, *overrides, f"hydra.run.dir={out}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    record: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return proc, record
+
+
+def iterations_logged(stdout: str) -> list[int]:
+    return [
+        int(line.split()[1].rstrip("/")) for line in stdout.splitlines() if line.startswith(" iteration ")
+    ]
+
+
+def interrupt_and_resume(out: Path, *overrides: str, signal_at: str) -> dict[str, Any]:
+    """The two attempts of a preempted run; returns the second one's record after checking both."""
+    first, stopped = launch(out, *overrides, signal_at=signal_at)
+    assert first.returncode == REQUEUE_EXIT_CODE, first.stderr[-3000:]
+    assert stopped["status"] == "timeout" and "SIGUSR1" in (stopped["message"] + first.stderr)
+    assert stopped["iterations_run"] == STOP_AT and len(stopped["losses"]) == STOP_AT
+    assert stopped["checkpoint"]["saved_steps"] == [2, STOP_AT]
+    assert stopped["checkpoint"]["save_mode"] == "async"  # torch 2.13 has dcp.async_save
+    second, resumed = launch(out, *overrides)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert resumed["status"] == "ok"
+    assert f"resumed from step {STOP_AT}" in second.stdout
+    # Steps 1-3 are not run again: this attempt ran 4-6, and its medians cover those only.
+    assert resumed["resumed_from_step"] == STOP_AT
+    assert resumed["iterations_run"] == STEPS - STOP_AT == len(resumed["iteration_times_s"])
+    assert iterations_logged(second.stdout) == list(range(STOP_AT + 1, STEPS + 1))
+    assert resumed["measured_iterations"] == STEPS - STOP_AT - 1  # warmup_iters=1 of this attempt
+    # The whole run's losses: the first attempt's, carried by the checkpoint, then this one's.
+    assert resumed["losses"][:STOP_AT] == stopped["losses"]
+    assert len(resumed["losses"]) == STEPS
+    return resumed
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc, record = launch(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert record["status"] == "ok" and record["resumed_from_step"] is None
+    assert record["checkpoint"]["saved_steps"] == [2, 4, 6]
+    # `latest` names the last save; older step directories beyond the newest two are pruned.
+    ckpt = Path(record["checkpoint"]["dir"])
+    assert ckpt.name == layout_key(dp=1, tp=1, pp=1, zero_stage=0)
+    assert read_latest(ckpt) == STEPS
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_4", "step_6"]
+    losses: list[float] = record["losses"]
+    assert len(losses) == STEPS and losses[0] != losses[-1]
+    return record
+
+
+def test_one_process_resume_equals_uninterrupted(tmp_path: Path, uninterrupted: dict[str, Any]) -> None:
+    resumed = interrupt_and_resume(tmp_path / "run", signal_at=f"0:{STOP_AT}")
+    assert resumed["losses"] == uninterrupted["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "signal_at", "exact"),
+    [
+        (("parallelism.dp=2", "parallelism.zero_stage=1"), f"1:{STOP_AT}", True),
+        (("parallelism.tp=2",), f"0:{STOP_AT}", False),
+        (("parallelism.pp=2",), f"1:{STOP_AT}", False),
+    ],
+    ids=["dp2_zero1", "tp2", "pp2"],
+)
+def test_layout_resume_equals_uninterrupted(
+    tmp_path: Path, uninterrupted: dict[str, Any], overrides: tuple[str, ...], signal_at: str, exact: bool
+) -> None:
+    resumed = interrupt_and_resume(tmp_path / "run", *overrides, signal_at=signal_at)
+    if exact:
+        assert resumed["losses"] == uninterrupted["losses"]
+    else:
+        assert resumed["losses"] == pytest.approx(uninterrupted["losses"], rel=RTOL_REORDERED)
+    files = sorted(p.name for p in Path(resumed["checkpoint"]["dir"]).glob("step_6/*.distcp"))
+    assert len(files) == 2  # each rank wrote its own part
+
+
+def test_other_layout_is_refused(tmp_path: Path) -> None:
+    # A checkpoint of dp=2 in the run's checkpoint directory; this run is one process.
+    other = tmp_path / "run" / "checkpoints" / layout_key(dp=2, tp=1, pp=1, zero_stage=0)
+    other.mkdir(parents=True)
+    (other / LATEST).write_text(json.dumps({"step": 2, "dir": "step_2"}))
+    proc, record = launch(tmp_path / "run")
+    assert proc.returncode != 0
+    assert record["status"] == "error" and record["iterations_run"] == 0
+    assert "CheckpointMismatch" in record["message"]
+    assert "layout dp2-tp1-pp1-zero0, not of this run's layout dp1-tp1-pp1-zero0" in record["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# In one process, without the trainer.
+
+
+def _toy(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, optimizer, torch.amp.GradScaler("cpu", enabled=False)
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.ones(3, 4)).square().sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _checkpointer(root: Path, **config: Any) -> Checkpointer:
+    layout = {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0}
+    return Checkpointer(root, layout=layout, config={"model": "toy", **config}, use_async=False)
+
+
+def test_round_trip_restores_weights_optimizer_and_rng(tmp_path: Path) -> None:
+    model, optimizer, scaler = _toy(0)
+    _step(model, optimizer)
+    ckpt = _checkpointer(tmp_path)
+    assert ckpt.load_latest(model=model, optimizer=optimizer, scaler=scaler) is None  # nothing yet
+    ckpt.save(1, model=model, optimizer=optimizer, scaler=scaler, losses=[2.5], consumed_samples=3)
+    assert ckpt.mode == "sync" and read_latest(ckpt.dir) == 1
+    expected_rand = torch.rand(3)
+    _step(model, optimizer)
+    expected_weights = [p.detach().clone() for p in model.parameters()]
+    # A fresh model (other seed, no optimizer state yet) takes the saved state and repeats step 2.
+    fresh, fresh_opt, fresh_scaler = _toy(1)
+    resumed = _checkpointer(tmp_path).load_latest(model=fresh, optimizer=fresh_opt, scaler=fresh_scaler)
+    assert resumed is not None and (resumed.step, resumed.consumed_samples, resumed.losses) == (1, 3, [2.5])
+    assert torch.equal(torch.rand(3), expected_rand)
+    _step(fresh, fresh_opt)
+    for got, want in zip(fresh.parameters(), expected_weights, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_incomplete_save_is_ignored_and_changed_config_refused(tmp_path: Path) -> None:
+    model, optimizer, scaler = _toy(0)
+    _step(model, optimizer)
+    ckpt = _checkpointer(tmp_path)
+    ckpt.save(1, model=model, optimizer=optimizer, scaler=scaler, losses=[1.0], consumed_samples=3)
+    # A save killed before its pointer moved leaves a step directory that nothing names.
+    (ckpt.dir / "step_2").mkdir()
+    resumed = _checkpointer(tmp_path).load_latest(model=model, optimizer=optimizer, scaler=scaler)
+    assert resumed is not None and resumed.step == 1
+    with pytest.raises(CheckpointMismatch, match=r"other seed \(seed=None\)"):
+        _checkpointer(tmp_path, seed=7).load_latest(model=model, optimizer=optimizer, scaler=scaler)

@@ -1,0 +1,202 @@
+"""Failure statuses through the real entry point (`python -m train` subprocesses): oom, nan, timeout.
+
+Each end-to-end test tags its processes with a unique marker (an environment variable and the
+hydra.run.dir on the command line) and checks afterwards, by scanning /proc, that none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from train.failures import HANG_ENV, classify, hang_hook
+from train.trainer import TrainingTimeout
+
+from .test_distributed import REPO, worker_env
+
+MARKER_ENV = "MEGASWEEP_TEST_MARKER"
+SMALL = (
+    "model.num_layers=1",
+    "model.hidden_size=64",
+    "model.num_attention_heads=2",
+    "model.seq_length=32",
+    "model.vocab_size=256",
+    "parallelism.precision=fp32",
+    "hardware.peak_measured=false",
+    "hardware.peak_tflops_fp32=1.0",
+    "logger=disabled",
+)
+ADDRESS_SPACE_LIMIT = 2 * 2**30
+"""Enough for Python, torch and a small run here (a 64-wide model peaked at 0.3 GiB resident)."""
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs whose command line or environment holds `marker` (our own processes are readable)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        for name in ("cmdline", "environ"):
+            try:
+                if marker.encode() in (entry / name).read_bytes():
+                    found.append(int(entry.name))
+                    break
+            except OSError:  # gone meanwhile, or another user's
+                continue
+    return found
+
+
+def run_cli(
+    out: Path,
+    *overrides: str,
+    limit_as: int | None = None,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
+    marker = uuid.uuid4().hex
+    out = out / f"run-{marker}"
+
+    def limit() -> None:
+        if limit_as is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))
+
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *SMALL, *overrides, f"hydra.run.dir={out}"],
+        cwd=REPO,
+        env=worker_env(**{MARKER_ENV: marker, **(env or {})}),
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    elapsed = time.monotonic() - start
+    # Every worker is gone once the entry point returns: nothing may outlive the run.
+    assert processes_with(marker) == [], f"processes left behind: {processes_with(marker)}"
+    record: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return proc, record, elapsed
+
+
+def test_classify() -> None:
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    assert classify(cpu) == "oom"
+    assert (
+        classify(RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 bytes"))
+        == "oom"
+    )
+    assert classify(MemoryError()) == "oom"
+    assert classify(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "oom"
+    gloo = RuntimeError(
+        "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation"
+    )
+    assert classify(gloo) == "timeout"
+    assert classify(TimeoutError()) == "timeout"
+    # The cause counts when a wrapper re-raises.
+    try:
+        try:
+            raise cpu
+        except RuntimeError as inner:
+            raise ValueError("step failed") from inner
+    except ValueError as outer:
+        assert classify(outer) == "oom"
+    assert classify(ValueError("boom")) == classify(KeyError("memory")) == "error"
+    assert classify(RuntimeError("shape mismatch")) == "error"
+
+
+def test_hang_hook_only_for_its_rank_and_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    hang_hook(0, 2, {HANG_ENV: "1:2"})
+    hang_hook(1, 1, {HANG_ENV: "1:2"})
+    hang_hook(1, 2, {})
+    assert slept == []
+    hang_hook(1, 2, {HANG_ENV: "1:2"})
+    assert len(slept) == 1 and slept[0] > 60
+
+
+@pytest.mark.slow
+def test_cpu_allocator_failure_is_oom(tmp_path: Path) -> None:
+    # One micro-batch's logits alone are 32 x 256 x 65536 fp32 = 2 GiB: beyond the address space.
+    proc, record, _ = run_cli(
+        tmp_path,
+        "model.seq_length=256",
+        "model.vocab_size=65536",
+        "parallelism.micro_batch_size=32",
+        "parallelism.global_batch_size=32",
+        "training.train_iters=2",
+        limit_as=ADDRESS_SPACE_LIMIT,
+    )
+    assert proc.returncode != 0
+    assert record["status"] == "oom", record["message"]
+    assert "can't allocate memory" in record["message"] or "MemoryError" in record["message"]
+    assert record["iterations_run"] == 0
+
+
+@pytest.mark.slow
+def test_small_run_fits_the_same_limit(tmp_path: Path) -> None:
+    # The control: the limit itself does not break a run that needs little memory.
+    proc, record, _ = run_cli(
+        tmp_path, "training.train_iters=2", "training.warmup_iters=1", limit_as=ADDRESS_SPACE_LIMIT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert record["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_nan_loss_is_nan(tmp_path: Path) -> None:
+    proc, record, _ = run_cli(
+        tmp_path, "training.lr=1e30", "training.train_iters=6", "parallelism.optimizer=torch"
+    )
+    assert proc.returncode != 0
+    assert record["status"] == "nan" and record["iterations_run"] < 6
+
+
+@pytest.mark.slow
+def test_rank_hanging_in_a_collective_is_timeout(tmp_path: Path) -> None:
+    # Rank 1 sleeps an hour before iteration 2's first collective; rank 0 waits at most 10 s in it,
+    # writes the record, and the local spawner ends rank 1 (SIGTERM, then SIGKILL after its grace).
+    # run_cli's subprocess timeout (240 s, far below the hour) is the bound on all of it.
+    proc, record, _ = run_cli(
+        tmp_path,
+        "parallelism.dp=2",
+        "parallelism.micro_batch_size=2",
+        "parallelism.global_batch_size=4",
+        "training.train_iters=3",
+        "training.warmup_iters=1",
+        "training.collective_timeout_s=10",
+        env={HANG_ENV: "1:2"},
+    )
+    assert proc.returncode != 0
+    assert record["status"] == "timeout", record["message"]
+    assert "Timed out" in record["message"]
+    assert record["iterations_run"] == 1  # iteration 1 finished, iteration 2 never did
+    assert "rank 1 hangs now" in proc.stderr
+
+
+def test_trainer_uses_the_classifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from train import trainer
+
+    from .test_trainer import compose_run
+
+    def allocator_failure(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setattr(trainer, "train", allocator_failure)
+    with pytest.raises(RuntimeError):
+        trainer.run_training(compose_run(), output_dir=tmp_path, overrides=[])
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "oom"
+    assert classify(TrainingTimeout("received SIGTERM")) == "error"  # handled by the trainer itself
