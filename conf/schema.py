@@ -243,6 +243,10 @@ class TrainingConfig:
     """Where checkpoints go; null means <run dir>/checkpoints."""
     collective_timeout_s: float = 300.0
     """Bound on any collective before every rank is ended (seconds)."""
+    flop_check: bool = False
+    """Cross-check the per-GEMM FLOPs with FlopCounterMode on one micro-batch at start (on | off)."""
+    profile_steps: list[int] = field(default_factory=list)
+    """Iterations to trace with the PyTorch profiler, first to last (iterations); empty traces none."""
 
 
 @dataclass(frozen=True)

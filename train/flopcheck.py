@@ -16,13 +16,12 @@ Two details make the comparison meaningful:
   (Megatron's convention: the whole region is re-run) says. `early_stop=False` re-runs the whole
   region and matches that convention; `skipped_recompute_flops` quantifies the difference.
 
-Enabled in the trainer by MEGASWEEP_FLOP_CHECK=1 (a `training.flop_check` field is the intended
-config switch); the result goes into the record under `flop_check`.
+Enabled in the trainer by `training.flop_check=true`; the result goes into the record under
+`flop_check`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,7 +35,6 @@ from train import flops
 from train.data import get_batch, make_source
 from train.model import build_model, lm_loss_sum
 
-FLOP_CHECK_ENV = "MEGASWEEP_FLOP_CHECK"
 TOLERANCE = 0.01
 """Relative disagreement above which the trainer adds a warning to the record."""
 
@@ -73,10 +71,6 @@ class FlopCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "expected": self.expected, "relative_error": self.relative_error}
-
-
-def enabled(environ: Mapping[str, str]) -> bool:
-    return environ.get(FLOP_CHECK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def count_step_flops(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> int:

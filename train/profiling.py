@@ -1,38 +1,32 @@
 """A torch.profiler trace of chosen training iterations, written under the run directory.
 
-MEGASWEEP_PROFILE_STEPS='3,4' (or '3-5', or '7') profiles those iterations (the span from the
-first to the last named one) on every rank and writes one Chrome trace per rank:
+`training.profile_steps=[3,4]` profiles those iterations (the span from the first to the last
+named one) on every rank and writes one Chrome trace per rank:
 <run dir>/profile/trace_rank<R>_iters<A>-<B>.json (open it in chrome://tracing or Perfetto).
-A `training.profile_steps: list[int]` config field is the intended switch; the env var stands in.
 Profiling slows the profiled iterations down: they count in the record's medians like any other,
 so profile iterations inside the warm-up (or accept the bias) when timing matters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-PROFILE_ENV = "MEGASWEEP_PROFILE_STEPS"
 PROFILE_DIR = "profile"
 
 
-def parse_steps(spec: str) -> tuple[int, int] | None:
-    """'3,4' / '3-5' / '7' -> (first, last) iteration; '' -> None. Iterations count from 1."""
-    spec = spec.strip()
-    if not spec:
+def steps_span(steps: Sequence[int]) -> tuple[int, int] | None:
+    """training.profile_steps -> (first, last) iteration; [] -> None. Iterations count from 1."""
+    if not steps:
         return None
-    parts = [p for chunk in spec.split(",") for p in chunk.split("-")]
-    try:
-        steps = [int(p) for p in parts if p.strip()]
-    except ValueError as exc:
-        raise ValueError(f"{PROFILE_ENV}={spec!r}: expected iterations like '3,4' or '3-5'") from exc
-    if not steps or min(steps) < 1:
-        raise ValueError(f"{PROFILE_ENV}={spec!r}: iterations count from 1")
+    if min(steps) < 1:
+        raise ValueError(
+            f"training.profile_steps={list(steps)} names iteration {min(steps)}: iterations count from 1"
+        )
     return min(steps), max(steps)
 
 
@@ -47,8 +41,8 @@ class StepProfiler:
         self._label: Any = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], *, run_dir: Path | None, rank: int = 0) -> StepProfiler:
-        return cls(parse_steps(environ.get(PROFILE_ENV, "")), run_dir=run_dir, rank=rank)
+    def for_steps(cls, steps: Sequence[int], *, run_dir: Path | None, rank: int = 0) -> StepProfiler:
+        return cls(steps_span(steps), run_dir=run_dir, rank=rank)
 
     def begin(self, iteration: int) -> None:
         if self.steps is None or not self.steps[0] <= iteration <= self.steps[1]:

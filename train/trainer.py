@@ -510,14 +510,14 @@ def train(
     if lead:
         print(_banner(run, progress), flush=True)
         print(_shape_report(run, progress), flush=True)
-        if flopcheck.enabled(os.environ):  # opt-in: one extra model build and micro-batch
+        if tr.flop_check:  # opt-in: one extra model build and micro-batch
             check = flopcheck.flop_check(run, device=s.device)
             print(flopcheck.format_flop_check(check), flush=True)
             progress.extra["flop_check"] = check.to_dict()
             if abs(check.relative_error) > flopcheck.TOLERANCE:
                 progress.warnings.append(flopcheck.format_flop_check(check))
     meter = power.PowerMeter.for_device(s.device)  # disabled (with its reason) off NVIDIA GPUs
-    profiler = profiling.StepProfiler.from_env(os.environ, run_dir=progress.run_dir, rank=world.rank)
+    profiler = profiling.StepProfiler.for_steps(tr.profile_steps, run_dir=progress.run_dir, rank=world.rank)
     ckpt, resumed = _resume(run, s, world=world, progress=progress, output_dir=output_dir)
     for iteration in range(resumed + 1, tr.train_iters + 1):
         _fault_hook(world, iteration)

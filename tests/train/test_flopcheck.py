@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from train.flopcheck import FLOP_CHECK_ENV, enabled, flop_check, format_flop_check
+from train.flopcheck import flop_check, format_flop_check
 from train.trainer import run_training
 
 from .test_trainer import compose_run
@@ -58,20 +58,15 @@ def test_selective_recompute_adds_the_attention_core() -> None:
     assert abs(flop_check(run).relative_error) < 0.01
 
 
-def test_env_switch() -> None:
-    assert enabled({FLOP_CHECK_ENV: "1"}) and enabled({FLOP_CHECK_ENV: "true"})
-    assert not enabled({}) and not enabled({FLOP_CHECK_ENV: "0"})
-
-
 def test_trainer_records_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv(FLOP_CHECK_ENV, "1")
-    plain = run_training(compose_run(*SHAPES), output_dir=tmp_path / "plain", overrides=[])
+    plain = run_training(
+        compose_run(*SHAPES, "training.flop_check=true"), output_dir=tmp_path / "plain", overrides=[]
+    )
     assert plain["status"] == "ok"
     check = plain["flop_check"]
     assert abs(check["relative_error"]) < 0.01
     assert check["model_flops_per_iteration"] == plain["flops_per_iteration"]["model"]
-    monkeypatch.delenv(FLOP_CHECK_ENV)
     unchecked = run_training(compose_run(*SHAPES), output_dir=tmp_path / "off", overrides=[])
     assert "flop_check" not in unchecked
     # The check builds its own model under a forked RNG: training is unchanged by it.
