@@ -10,6 +10,11 @@ tensor, then data parallel); this module keeps the layout explicit: the world (d
 global-batch arithmetic and the per-rank sample indices are computed in one place. Rank 0 alone
 prints and writes the record; the other ranks train quietly.
 
+parallelism.engine=deepspeed (data parallel, ZeRO 0-3, offload) swaps only the step's machinery:
+setup() wraps the same model in a DeepSpeedEngine (train.ds_engine) configured from the run
+(train.ds_config, written beside result.json) and train_step() hands it the same micro-batches;
+data, LR schedule, log line, W&B and the record stay this module's.
+
 The log line's TFLOPs and MFU use model FLOPs (per-GEMM count, no recompute) so that
 MFU = TFLOPs / peak holds on the line; Megatron-LM's Eq. 3 figure is in the record, labelled.
 """
@@ -37,11 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from conf.schema import Precision, Recompute, RunConfig, WandbMode, to_plain_dict
+from conf.schema import Engine, Offload, Precision, Recompute, RunConfig, WandbMode, to_plain_dict
 from train import distributed, failures, flopcheck, flops, parallel, power, profiling, shapes
 from train.calibrate import measure_peak_tflops
 from train.checkpoint import Checkpointer, CheckpointMismatch, checkpoint_root, fingerprint
 from train.data import TokenSource, get_batch, make_source
+from train.ds_config import deepspeed_config, write_deepspeed_config
+from train.ds_engine import build_deepspeed_engine, deepspeed_train_step
 from train.metrics import (
     IterationStats,
     RunRecord,
@@ -437,6 +444,8 @@ def setup(run: RunConfig, *, world: World, progress: Progress) -> Setup:
     torch.manual_seed(tr.seed)
     model: nn.Module = build_model(run.model, recompute=par.recompute, device=device)
     progress.params = count_params(model)
+    if par.engine == Engine.deepspeed:
+        return _setup_deepspeed(run, model, world=world, progress=progress, device=device)
     scaler = torch.amp.GradScaler(device.type, enabled=par.precision == Precision.fp16)
     parallel_state = Parallel()
     if launch is not None:
@@ -454,6 +463,24 @@ def setup(run: RunConfig, *, world: World, progress: Progress) -> Setup:
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
     progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
     return Setup(device, model, optimizer, scaler, source, parallel_state)
+
+
+def _setup_deepspeed(
+    run: RunConfig, model: nn.Module, *, world: World, progress: Progress, device: torch.device
+) -> Setup:
+    """setup()'s DeepSpeed half: the engine replaces parallelize, the optimizer, ZeRO and the loss
+    scaler; its config comes from the run (train.ds_config) and is recorded beside result.json."""
+    check_layout(run, world, layers=_layers_held(model, None))
+    ds_cfg = deepspeed_config(run, dp=world.dp)
+    if world.rank == 0 and progress.run_dir is not None:
+        progress.extra["deepspeed_config"] = str(write_deepspeed_config(ds_cfg, progress.run_dir))
+    engine, progress.optimizer = build_deepspeed_engine(model, ds_config=ds_cfg)
+    # The engine's optimizer (a ZeRO wrapper from stage 1 on) exposes its inner optimizer's
+    # param_groups, so train.optim.set_lr drives DeepSpeed's update as it drives torch's.
+    source = make_source(run.model, seed=run.training.seed, data_path=run.training.data_path)
+    progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
+    disabled = torch.amp.GradScaler(device.type, enabled=False)  # DeepSpeed scales fp16 itself
+    return Setup(device, engine, engine.optimizer, disabled, source, Parallel())
 
 
 def parallelize(
@@ -707,8 +734,13 @@ def train_step(
     Gradients are synchronised once, after the last micro-batch: tied-embedding copies between
     the first and last stage, then over DP. A non-finite loss returns before the optimizer
     touches the weights. In fp16 a non-finite gradient is the loss scaler's business: the step
-    is skipped and counted, as in Megatron.
+    is skipped and counted, as in Megatron. With engine=deepspeed, `model` is the DeepSpeedEngine,
+    which does all of this itself (`optimizer` and `scaler` are unused).
     """
+    if run.parallelism.engine == Engine.deepspeed:
+        # The engine normalizes, reduces, clips, scales (fp16) and steps; `model` is the engine.
+        ds = deepspeed_train_step(model, batches)
+        return StepResult(ds.loss, ds.grad_norm, ds.loss_scale, skipped=ds.skipped)
     par = par or Parallel()
     optimizer.zero_grad(set_to_none=True)
     # Normalize by the global batch's labelled tokens (all DP ranks), so that accumulation and
@@ -832,10 +864,16 @@ def check_layout(run: RunConfig, world: World, *, layers: int) -> None:
         raise ValueError(
             f"world size {world.world_size} is not dp x tp x pp = {world.dp} x {world.tp} x {world.pp}"
         )
-    if par.engine != "native" or par.zero_stage > 1 or par.rampup_batch_size:
-        raise NotImplementedError(
-            "engine=deepspeed, zero_stage > 1 and rampup_batch_size are not implemented yet"
-        )
+    if par.rampup_batch_size:
+        raise NotImplementedError("rampup_batch_size is not implemented yet")
+    if par.engine == Engine.deepspeed:
+        if world.tp * world.pp > 1:
+            raise NotImplementedError("engine=deepspeed runs data parallel only: use tp=1 and pp=1")
+        if run.training.save_interval > 0:
+            # train.checkpoint saves torch state dicts; DeepSpeed's partitioned states need its own.
+            raise NotImplementedError("checkpointing (training.save_interval > 0) with engine=deepspeed")
+    elif par.zero_stage > 1 or par.offload != Offload.none:
+        raise NotImplementedError("the native engine implements ZeRO-1 only; use engine=deepspeed for 2-3")
     if par.precision == Precision.fp16 and world.tp * world.pp > 1:
         # The loss scaler's inf check would have to agree over TP and PP ranks (Megatron all-reduces it).
         raise NotImplementedError("fp16 loss scaling with tp or pp > 1 is not implemented; use bf16 or fp32")

@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any
 
 from conf.schema import (
+    Engine,
     HardwareConfig,
     ModelConfig,
     Offload,
@@ -53,6 +54,10 @@ RULES: tuple[str, ...] = (
     "rampup_batch_size",
     "zero_stage",
     "offload_requires_zero",
+    "deepspeed_data_parallel_only",
+    "deepspeed_fp16_on_cpu",
+    "native_zero_stage",
+    "native_offload",
     "precision_supported",
     "memory",
 )
@@ -499,6 +504,55 @@ def _check_offload(par: ParallelismConfig) -> Violation | None:
     )
 
 
+def _check_deepspeed_layout(par: ParallelismConfig) -> Violation | None:
+    if par.engine != Engine.deepspeed or (par.tp == 1 and par.pp == 1):
+        return None
+    return Violation(
+        "deepspeed_data_parallel_only",
+        {"parallelism.engine": "deepspeed", "parallelism.tp": par.tp, "parallelism.pp": par.pp},
+        f"parallelism.engine=deepspeed with parallelism.tp={par.tp} and parallelism.pp={par.pp}: the "
+        f"DeepSpeed engine runs data parallel only in megasweep today (no Megatron mpu or pipeline "
+        f"engine is wired to it). Use engine=native for tp/pp, or tp=1 pp=1 with engine=deepspeed.",
+    )
+
+
+def _check_deepspeed_fp16(par: ParallelismConfig, hw: HardwareConfig) -> Violation | None:
+    if par.engine != Engine.deepspeed or par.precision != Precision.fp16 or hw.device_type != "cpu":
+        return None
+    return Violation(
+        "deepspeed_fp16_on_cpu",
+        {"parallelism.engine": "deepspeed", "parallelism.precision": "fp16", "hardware.device_type": "cpu"},
+        "parallelism.engine=deepspeed with parallelism.precision=fp16 on hardware.device_type=cpu: "
+        "DeepSpeed's CPU accelerator refuses fp16 training. Valid precision with engine=deepspeed on "
+        "cpu: bf16, fp32 (or engine=native for fp16).",
+    )
+
+
+def _check_native_zero(par: ParallelismConfig) -> Violation | None:
+    if par.engine != Engine.native or par.zero_stage not in (2, 3):
+        return None
+    return Violation(
+        "native_zero_stage",
+        {"parallelism.engine": "native", "parallelism.zero_stage": par.zero_stage},
+        f"parallelism.zero_stage={par.zero_stage} with parallelism.engine=native: the native engine "
+        f"implements ZeRO-1 (sharded optimizer states) only. Use engine=deepspeed for stages 2-3, or "
+        f"zero_stage 0 or 1 with engine=native.",
+    )
+
+
+def _check_native_offload(par: ParallelismConfig) -> Violation | None:
+    if par.engine != Engine.native or par.offload == Offload.none:
+        return None
+    offload = Offload(par.offload).value
+    return Violation(
+        "native_offload",
+        {"parallelism.engine": "native", "parallelism.offload": offload},
+        f"parallelism.offload={offload} with parallelism.engine=native: the native engine keeps every "
+        f"state on the device (offload is DeepSpeed's). Use engine=deepspeed to offload, or offload=none "
+        f"with engine=native.",
+    )
+
+
 def _peak(hw: HardwareConfig, precision: Precision) -> float | None:
     peak: float | None = getattr(hw, f"peak_tflops_{precision.value}")
     return peak
@@ -553,9 +607,12 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
                 return
 
     fixes: list[str] = []
-    first("tp", [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0])
-    first("pp", [p for p in valid_pp(m) if p > par.pp])
-    first("zero_stage", list(range(par.zero_stage + 1, 4)))
+    # Only changes the engine can run: DeepSpeed is data parallel only, native ZeRO stops at 1.
+    deepspeed = par.engine == Engine.deepspeed
+    if not deepspeed:
+        first("tp", [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0])
+        first("pp", [p for p in valid_pp(m) if p > par.pp])
+    first("zero_stage", list(range(par.zero_stage + 1, 4 if deepspeed else 2)))
     order = [Recompute.none, Recompute.selective, Recompute.full]
     first("recompute", order[order.index(Recompute(par.recompute)) + 1 :])
     # Divisors of the current micro-batch keep global_batch_size divisible.
@@ -643,6 +700,10 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     out.append(zero)
     if zero is None:
         out.append(_check_offload(par))
+    if tp_ok and ok("parallelism.pp"):
+        out.append(_check_deepspeed_layout(par))
+    out.append(_check_deepspeed_fp16(par, hw))
+    out += [_check_native_zero(par), _check_native_offload(par)]
     out.append(_check_precision(par, hw))
 
     # The estimate needs sane shapes and a known dp; structural problems are reported first.

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conf.schema import (
+    Engine,
     HardwareConfig,
     ModelConfig,
     Offload,
@@ -83,6 +84,17 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("zero_stage")
     if (p.offload == Offload.params and p.zero_stage != 3) or (p.offload == Offload.optimizer and p.zero_stage < 1):
         broken.add("offload_requires_zero")
+    # Engines: DeepSpeed is wired for data parallelism only and refuses fp16 on its CPU accelerator;
+    # the native engine has ZeRO-1 and no offload.
+    deepspeed = p.engine == Engine.deepspeed
+    if deepspeed and ((_pos(p.tp) and p.tp > 1) or (_pos(p.pp) and p.pp > 1)):
+        broken.add("deepspeed_data_parallel_only")
+    if deepspeed and p.precision == Precision.fp16 and hw.device_type == "cpu":
+        broken.add("deepspeed_fp16_on_cpu")
+    if not deepspeed and p.zero_stage in (2, 3):
+        broken.add("native_zero_stage")
+    if not deepspeed and p.offload != Offload.none:
+        broken.add("native_offload")
     peak = {"bf16": hw.peak_tflops_bf16, "fp16": hw.peak_tflops_fp16, "fp32": hw.peak_tflops_fp32}[p.precision]
     if peak is None and not hw.peak_measured:
         broken.add("precision_supported")
@@ -174,10 +186,12 @@ def any_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         offload=draw(st.sampled_from(list(Offload))),
         recompute=draw(st.sampled_from(list(Recompute))),
         precision=draw(st.sampled_from(list(Precision))),
+        engine=draw(st.sampled_from(list(Engine))),
     )
     peaks = st.none() | st.just(100.0)
     hw = HardwareConfig(
         name="hw",
+        device_type=draw(st.sampled_from(["cpu", "cuda"])),
         peak_tflops_bf16=draw(peaks),
         peak_tflops_fp16=draw(peaks),
         peak_tflops_fp32=draw(peaks),
@@ -208,7 +222,11 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
     dp = draw(st.integers(1, 3))
     mbs = draw(st.integers(1, 3))
     step = mbs * dp
-    zero = pick(st.integers(0, 3), st.integers(-1, 4))
+    # DeepSpeed runs tp = pp = 1 only; the native engine has ZeRO 0-1 and no offload.
+    engine = pick(st.sampled_from(list(Engine)) if tp == pp == 1 else st.just(Engine.native),
+                  st.sampled_from(list(Engine)))
+    deepspeed = engine == Engine.deepspeed
+    zero = pick(st.integers(0, 3 if deepspeed else 1), st.integers(-1, 4))
     precision = draw(st.sampled_from(list(Precision)))
     model = ModelConfig(
         name="n",
@@ -226,8 +244,8 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         st.none() | st.builds(lambda a, n: [step * a, step, n], st.integers(1, 1), st.integers(0, 99)),
         st.none() | st.lists(st.integers(0, 12), min_size=2, max_size=4),
     )
-    offload_ok = [Offload.none] + ([Offload.optimizer] if zero in (1, 2, 3) else []) + (
-        [Offload.params] if zero == 3 else [])
+    offload_ok = [Offload.none] + ([Offload.optimizer] if deepspeed and zero in (1, 2, 3) else []) + (
+        [Offload.params] if deepspeed and zero == 3 else [])
     par = ParallelismConfig(
         tp=tp,
         pp=pp,
@@ -239,11 +257,14 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         offload=pick(st.sampled_from(offload_ok), st.sampled_from(list(Offload))),  # type: ignore[arg-type]
         recompute=draw(st.sampled_from(list(Recompute))),
         precision=precision,
+        engine=engine,  # type: ignore[arg-type]
     )
     measured = draw(st.booleans())
+    devices = ["cuda"] if deepspeed and precision == Precision.fp16 else ["cpu", "cuda"]
     peak_here = pick(st.just(100.0), st.none())
     hw = HardwareConfig(
         name="hw",
+        device_type=pick(st.sampled_from(devices), st.sampled_from(["cpu", "cuda"])),  # type: ignore[arg-type]
         peak_tflops_bf16=peak_here if precision == Precision.bf16 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
         peak_tflops_fp16=peak_here if precision == Precision.fp16 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
         peak_tflops_fp32=peak_here if precision == Precision.fp32 else draw(st.none() | st.just(1.0)),  # type: ignore[arg-type]
@@ -385,10 +406,22 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
     elif rule == "zero_stage":
         par = {"zero_stage": draw(st.sampled_from([-1, 4, 7]))}
     elif rule == "offload_requires_zero":
+        # On DeepSpeed: the native engine would reject any offload (and stage 2) besides.
         par = draw(st.sampled_from([
             {"offload": Offload.params, "zero_stage": 0}, {"offload": Offload.params, "zero_stage": 1},
             {"offload": Offload.params, "zero_stage": 2}, {"offload": Offload.optimizer, "zero_stage": 0},
         ]))
+        par["engine"] = Engine.deepspeed
+    elif rule == "deepspeed_data_parallel_only":
+        tp, pp = draw(st.sampled_from([(1, 2), (1, 4), (2, 1), (4, 1), (2, 2), (4, 4)]))
+        par = {"engine": Engine.deepspeed, "tp": tp, "pp": pp}
+    elif rule == "deepspeed_fp16_on_cpu":
+        par = {"engine": Engine.deepspeed, "precision": Precision.fp16, "zero_stage": draw(st.integers(0, 3))}
+        hw = {"device_type": "cpu"}
+    elif rule == "native_zero_stage":
+        par = {"zero_stage": draw(st.sampled_from([2, 3]))}
+    elif rule == "native_offload":
+        par = {"offload": Offload.optimizer, "zero_stage": 1}
     elif rule == "precision_supported":
         precision = draw(st.sampled_from(list(Precision)))
         par = {"precision": precision}
@@ -536,10 +569,30 @@ def test_measured_peaks_accept_any_precision() -> None:
 
 
 def test_offload_messages() -> None:
-    v = _one(make_run(par={"offload": Offload.params, "zero_stage": 2}))
+    ds = {"engine": Engine.deepspeed}
+    v = _one(make_run(par={**ds, "offload": Offload.params, "zero_stage": 2}))
     assert "parallelism.offload=params requires ZeRO stage 3" in v.message
-    assert validate(make_run(par={"offload": Offload.params, "zero_stage": 3})) == []
-    assert validate(make_run(par={"offload": Offload.optimizer, "zero_stage": 1})) == []
+    assert validate(make_run(par={**ds, "offload": Offload.params, "zero_stage": 3})) == []
+    assert validate(make_run(par={**ds, "offload": Offload.optimizer, "zero_stage": 1})) == []
+
+
+def test_engine_rules_name_the_engine_that_can_run_it() -> None:
+    v = _one(make_run(par={"engine": Engine.deepspeed, "tp": 2}))
+    assert v.rule == "deepspeed_data_parallel_only"
+    assert "use engine=native for tp/pp, or tp=1 pp=1" in v.message.lower()
+    v = _one(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16}, hw={"device_type": "cpu"}))
+    assert v.rule == "deepspeed_fp16_on_cpu" and "bf16, fp32" in v.message
+    assert validate(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16},
+                             hw={"device_type": "cuda"})) == []
+    v = _one(make_run(par={"zero_stage": 3}))
+    assert v.rule == "native_zero_stage"
+    assert "native engine implements ZeRO-1" in v.message
+    assert "use engine=deepspeed for stages 2-3" in v.message.lower()
+    v = _one(make_run(par={"offload": Offload.optimizer, "zero_stage": 1}))
+    assert v.rule == "native_offload" and "engine=deepspeed" in v.message
+    # Everything DeepSpeed runs today: every stage, with data parallelism.
+    for zero in (0, 1, 2, 3):
+        assert validate(make_run(par={"engine": Engine.deepspeed, "zero_stage": zero}), world_size=4) == []
 
 
 def test_zero_stage_out_of_range_lists_stages() -> None:
@@ -592,7 +645,8 @@ def test_memory_violation_reports_gib_and_fixes_that_fit() -> None:
     for key, value in fixes:
         fixed = type(getattr(keep_dp, key))(value)
         changed = dataclasses.replace(run, parallelism=dataclasses.replace(keep_dp, **{key: fixed}))
-        assert "memory" not in {x.rule for x in validate(changed)}, (key, value)
+        # ... and is one the (native) engine can run: no ZeRO-2/3 advice.
+        assert not {x.rule for x in validate(changed)} & {"memory", "native_zero_stage"}, (key, value)
 
 
 def test_gpt3_on_one_gpu_has_no_single_fix() -> None:
