@@ -10,7 +10,22 @@ tasks and GPUs per node, time limit, sbatch options) and each group is submitted
 array through submitit, split at the cluster's MaxArraySize and throttled with %N. Each array
 task runs `python -m train <overrides> hydra.run.dir=<its output dir>` under srun, one srun
 task per device, with cluster.env exported (env is per config, so sweeping it never splits
-an array).
+an array). srun runs with --kill-on-bad-exit: a rank that fails ends its peers at once instead
+of leaving them stuck in a collective until the time limit.
+
+W&B group: each run of a sweep whose config leaves logger.wandb_group unset gets the sweep
+directory's name through W&B's own WANDB_RUN_GROUP (a run is a plain `python -m train`, not a
+Hydra multirun job, so it cannot find the sweep's name itself). Not as an override: the record
+keeps its overrides, which identify the config across sweeps (analysis compare), and a group
+named after each sweep would make every sweep's configs look different.
+
+Requeue (time limit, preemption): jobs are submitted with --requeue and --signal=USR1@<lead>
+(lead: REQUEUE_SIGNAL_LEAD_S, at most a quarter of the time limit; sbatch_args `signal` wins).
+A checkpointing trainer (training.save_interval > 0) saves at the next step boundary on USR1
+and exits with REQUEUE_EXIT_CODE; the array task then requeues itself (`scontrol requeue`)
+while SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record as
+result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
+`timeout` record stands and the job fails.
 
 By default the launcher returns once the arrays are queued: <sweep dir>/manifest.jsonl says
 what went where, `python -m launchers status <sweep dir>` follows progress (also after this
@@ -35,8 +50,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +94,12 @@ __all__ = [
 
 LAUNCH_FILE = ".megasweep/launch.json"
 RESULT_FILE = "result.json"  # written by train.trainer.run_training (not imported: it needs torch)
+REQUEUE_EXIT_CODE = 75
+"""The trainer's 'checkpointed on Slurm's signal, requeue me' status (train.checkpoint.REQUEUE_EXIT_CODE;
+repeated here because that module imports torch)."""
+REQUEUE_SIGNAL_LEAD_S = 120
+"""How long before the time limit Slurm sends USR1 (seconds): time for a step and a checkpoint."""
+WANDB_GROUP_ENV = "WANDB_RUN_GROUP"
 # Slurm's own default when scontrol cannot be asked.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 REFUSED_PREFIX = "sbatch refused: "
@@ -95,17 +118,78 @@ class TrainCommand:
     cwd: str
     output_dir: str
     env: tuple[tuple[str, str], ...] = ()
+    max_retries: int = 0
+    """Requeues allowed after the trainer stopped on Slurm's signal with a checkpoint."""
 
     def __call__(self) -> dict[str, Any]:
         env = {**os.environ, **dict(self.env)}
+        # Slurm's USR1 warning reaches every process of the step; its default action would kill
+        # this one (submitit's task process) while the trainer is still saving its checkpoint.
+        _ignore_in_this_process(signal.SIGUSR1)
         # Inherited stdout/stderr: the trainer's log lines land in the task's Slurm log as they come.
         proc = subprocess.run(list(self.argv), cwd=self.cwd, env=env, check=False)
         result = Path(self.output_dir) / RESULT_FILE
+        if proc.returncode == REQUEUE_EXIT_CODE:
+            self._requeue_or_give_up(os.environ, result)
         if proc.returncode != 0:
             where = f"; record: {result}" if result.exists() else " before writing result.json"
             raise RuntimeError(f"`{' '.join(self.argv)}` exited with status {proc.returncode}{where}")
         record: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {}
         return record
+
+    def _requeue_or_give_up(self, environ: Mapping[str, str], result: Path) -> None:
+        """Requeue this job while retries remain (never returns then); return to fail it otherwise."""
+        restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if restarts >= self.max_retries:
+            print(
+                f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
+                f"requeue(s) are used up ({restarts} done): the job ends here",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        job = slurm_job_id(environ)
+        if int(environ.get("SLURM_PROCID", "0")) == 0:
+            # The stopped attempt's record stays beside the next one's: `status` must not read
+            # its `timeout` as the config's outcome while the job waits to run again.
+            kept = result.with_name(f"result.attempt{restarts}.json")
+            if result.exists():
+                os.replace(result, kept)
+            try:
+                subprocess.run(
+                    ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=True
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                detail = getattr(exc, "stderr", None) or exc
+                print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
+                if kept.exists():
+                    os.replace(kept, result)
+                return
+            print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
+        # No return value, no exception: submitit would pickle either as this job's result, and a
+        # waiting launcher would take the stopped attempt's outcome for the job's.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(REQUEUE_EXIT_CODE)
+
+
+def _ignore_in_this_process(signum: signal.Signals) -> None:
+    # A Python handler, not SIG_IGN: an ignored signal stays ignored across exec, and the trainer
+    # child must get the signal's default meaning until it installs its own handler.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, lambda *_: None)
+
+
+def slurm_job_id(environ: Mapping[str, str]) -> str:
+    """This job's id as scontrol knows it: '<array>_<task>' for an array task."""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
+
+
+def signal_lead_s(time_limit_min: int) -> int:
+    """Seconds between Slurm's USR1 warning and the time limit: REQUEUE_SIGNAL_LEAD_S, but at most
+    a quarter of the limit, so a short job is not warned at its start."""
+    return max(min(REQUEUE_SIGNAL_LEAD_S, time_limit_min * 60 // 4), 1)
 
 
 @dataclass(frozen=True)
@@ -118,6 +202,10 @@ class ConfigSpec:
     """Relative to the sweep directory."""
     key: ArrayKey
     env: tuple[tuple[str, str], ...]
+    max_retries: int = 0
+    """cluster.max_retries of the config."""
+    wandb_group: str | None = None
+    """logger.wandb_group of the config; None: the sweep's name is the group."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +305,17 @@ def plan_configs(
             )
             continue
         env = tuple(sorted((str(k), str(v)) for k, v in run.cluster.env.items()))
-        specs.append(ConfigSpec(index, tuple(overrides), str(index), key, env))
+        specs.append(
+            ConfigSpec(
+                index,
+                tuple(overrides),
+                str(index),
+                key,
+                env,
+                max_retries=run.cluster.max_retries,
+                wandb_group=run.logger.wandb_group,
+            )
+        )
     return specs, skipped
 
 
@@ -242,7 +340,13 @@ def command_for(spec: ConfigSpec, settings: LaunchSettings, sweep_dir: Path) -> 
         *spec.overrides,
         run_dir_override(out),
     )
-    return TrainCommand(argv=argv, cwd=settings.cwd, output_dir=str(out), env=spec.env)
+    env = spec.env
+    # cluster.env may set the group itself; the config's own logger.wandb_group wins inside W&B anyway.
+    if spec.wandb_group is None and WANDB_GROUP_ENV not in dict(env):
+        env = (*env, (WANDB_GROUP_ENV, sweep_dir.name))
+    return TrainCommand(
+        argv=argv, cwd=settings.cwd, output_dir=str(out), env=env, max_retries=spec.max_retries
+    )
 
 
 def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, Any]:
@@ -257,11 +361,18 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
         "array_parallelism": opt.array_parallelism,
         "stderr_to_stdout": True,
         # Jobs start where the sweep was launched from, whatever the cwd of a later rerun.
+        # USR1 (not submitit's USR2) is the trainer's checkpoint-and-stop signal; --requeue lets a
+        # task requeue itself after it (see the module docstring).
         # An empty value is a flag (`hold: ''` gives `--hold`): submitit writes True that way.
         "additional_parameters": {
             "chdir": settings.cwd,
+            "requeue": True,
+            "signal": f"USR1@{signal_lead_s(shape.time_limit_min)}",
             **{k: (v if v != "" else True) for k, v in settings.sbatch_args.items()},
         },
+        # A rank that fails (or times out in a collective) ends its peers instead of leaving one
+        # that hangs to hold the nodes until the time limit; srun_args given later win.
+        "srun_args": ["--kill-on-bad-exit=1", *settings.srun_args],
     }
     optional = {
         "partition": opt.partition,
@@ -270,7 +381,6 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
         "constraint": opt.constraint,
         "mem": opt.mem_per_node_gb,
         "setup": list(opt.setup) or None,
-        "srun_args": list(settings.srun_args) or None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the shape's GPUs.
@@ -352,6 +462,8 @@ def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[
             "overrides": list(spec.overrides),
             "output_dir": spec.output_dir,
             "env": [list(kv) for kv in spec.env],
+            "max_retries": spec.max_retries,
+            "wandb_group": spec.wandb_group,
             "shape": dataclasses.asdict(spec.key.shape),
             "options": {**dataclasses.asdict(spec.key.options), "setup": list(spec.key.options.setup)},
         }
@@ -393,6 +505,8 @@ def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigS
             output_dir=c["output_dir"],
             key=ArrayKey(shape=Shape(**c["shape"]), options=SbatchOptions(**options)),
             env=tuple((k, v) for k, v in c["env"]),
+            max_retries=int(c.get("max_retries", 0)),
+            wandb_group=c.get("wandb_group"),
         )
     return settings, specs
 
