@@ -28,9 +28,14 @@ INIT_TIMEOUT_S = 30.0
 
 
 def resolve_mode(logger: LoggerConfig, environ: Mapping[str, str] | None = None) -> str:
-    """offline | online | disabled; a non-empty WANDB_MODE in the environment wins."""
+    """offline | online | disabled: WANDB_MODE in the environment may switch W&B off or between
+    online and offline, but never on where the config says `disabled` (the trainer disables it
+    on every rank but 0, and one run per job must stay one run)."""
+    configured = str(getattr(logger.wandb_mode, "value", logger.wandb_mode))
+    if configured == "disabled":
+        return "disabled"
     env = (environ if environ is not None else os.environ).get("WANDB_MODE", "").strip()
-    mode = env or str(getattr(logger.wandb_mode, "value", logger.wandb_mode))
+    mode = env or configured
     return "disabled" if mode in ("disabled", "off", "dryrun_disabled") else mode
 
 

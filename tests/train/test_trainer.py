@@ -158,7 +158,7 @@ def test_wandb_failure_never_stops_training(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(wandb, "init", broken_init)
     with pytest.warns(RuntimeWarning, match="W&B is down"):
-        record = run_training(compose_run(), output_dir=tmp_path, overrides=[])
+        record = run_training(compose_run("logger=offline"), output_dir=tmp_path, overrides=[])
     assert record["status"] == "ok" and record["iterations_run"] == 3
     assert any("wandb init failed" in w for w in record["warnings"])
 
@@ -188,6 +188,9 @@ def test_wandb_mode_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_mode(logger, {"WANDB_MODE": "offline"}) == "offline"
     assert resolve_mode(logger, {}) == "online"
     assert resolve_mode(compose_run("logger=disabled").logger, {}) == "disabled"
+    # The environment can switch W&B off, never on where the config disabled it (ranks > 0).
+    assert resolve_mode(logger, {"WANDB_MODE": "disabled"}) == "disabled"
+    assert resolve_mode(compose_run("logger=disabled").logger, {"WANDB_MODE": "offline"}) == "disabled"
 
 
 def test_wandb_helpers() -> None:
