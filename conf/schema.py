@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, Node, OmegaConf
@@ -68,6 +68,20 @@ class OptimizerImpl(str, Enum):
     torch = "torch"
 
 
+AUTO_MICRO_BATCH = "auto"
+"""The one string `parallelism.micro_batch_size` accepts: the entry points replace it by a size."""
+
+if TYPE_CHECKING:
+    # The type checker is told the resolved form on purpose: 'auto' lives only between composition
+    # and the entry points (train.validation.validate, train.planner.plan_run, the trainer's setup),
+    # which replace it by an int (train.autombs.resolve_micro_batch) before any arithmetic sees it.
+    # Code that may meet the unresolved value reads it through `requested_micro_batch`, typed int | str.
+    MicroBatchSize = int
+else:
+    # What OmegaConf enforces at composition: an int, or a string (validation accepts only 'auto').
+    MicroBatchSize = int | str
+
+
 class WandbMode(str, Enum):
     """W&B client mode; `offline` writes a local run that `wandb sync` uploads later."""
 
@@ -115,8 +129,8 @@ class ParallelismConfig:
     """Pipeline-parallel degree (stages the layers are split into)."""
     dp: int | None = None
     """Data-parallel degree (model replicas); null means world size / (tp x pp)."""
-    micro_batch_size: int = 4
-    """Samples per forward/backward on one replica (samples)."""
+    micro_batch_size: MicroBatchSize = 4
+    """Samples per forward/backward on one replica (samples), or `auto`: the largest that fits (auto)."""
     global_batch_size: int = 8
     """Samples per optimizer step over all replicas (samples)."""
     rampup_batch_size: list[int] | None = None
@@ -133,6 +147,17 @@ class ParallelismConfig:
     """Training engine (native | deepspeed)."""
     optimizer: OptimizerImpl = OptimizerImpl.auto
     """Adam implementation (auto | apex | torch_fused | torch)."""
+
+
+def requested_micro_batch(par: ParallelismConfig) -> int | str:
+    """parallelism.micro_batch_size as composed: an int, or 'auto' before the entry points resolve it."""
+    value: int | str = par.micro_batch_size
+    return value
+
+
+def is_auto_micro_batch(par: ParallelismConfig) -> bool:
+    """Whether the micro-batch size is still `auto` (not yet resolved to a size)."""
+    return requested_micro_batch(par) == AUTO_MICRO_BATCH
 
 
 @dataclass(frozen=True)
@@ -247,6 +272,8 @@ class TrainingConfig:
     """Cross-check the per-GEMM FLOPs with FlopCounterMode on one micro-batch at start (on | off)."""
     profile_steps: list[int] = field(default_factory=list)
     """Iterations to trace with the PyTorch profiler, first to last (iterations); empty traces none."""
+    deepspeed_flops_profile: bool = False
+    """engine=deepspeed: run iteration warmup_iters + 1 under DeepSpeed's flops profiler, recorded (on | off)."""
 
 
 @dataclass(frozen=True)

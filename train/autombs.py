@@ -31,7 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from conf.schema import RunConfig
+from conf.schema import AUTO_MICRO_BATCH, RunConfig, requested_micro_batch
+from train.failures import classify
 from train.memory import GIB, predicts_oom, usable_bytes
 from train.validation import estimated_memory
 
@@ -113,13 +114,42 @@ def largest_fitting_micro_batch(
     )
 
 
+def resolve_micro_batch(run: RunConfig, *, dp: int) -> tuple[RunConfig, AutoMicroBatch | None]:
+    """`run` with micro_batch_size='auto' replaced by the planner's largest fitting size, and what
+    was chosen and why; (run, None) unchanged when the size is already an int.
+
+    The entry points call this once, so every function past them sees an int. Raises ValueError
+    when the planner predicts that no valid size fits (the reason says why), or when the value
+    is a string other than 'auto'.
+    """
+    requested = requested_micro_batch(run.parallelism)
+    if not isinstance(requested, str):
+        return run, None
+    if requested != AUTO_MICRO_BATCH:
+        raise ValueError(
+            f"parallelism.micro_batch_size={requested!r} is not a size: give a positive integer or 'auto'"
+        )
+    predicted, reason = largest_fitting_micro_batch(run, dp=dp)
+    if predicted is None:
+        raise ValueError(f"parallelism.micro_batch_size=auto found no size: {reason}")
+    chosen = dataclasses.replace(run, parallelism=dataclasses.replace(run.parallelism, micro_batch_size=predicted))
+    return chosen, AutoMicroBatch(micro_batch_size=predicted, predicted=predicted, reason=reason, probe=())
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA), or a CPU allocator failure / MemoryError (train.failures)."""
+    return classify(exc) == "oom"
+
+
 def probe_micro_batch(
     step_fn: Callable[[int], object], sizes: Sequence[int]
 ) -> tuple[int | None, tuple[ProbeAttempt, ...]]:
-    """Run step_fn(size) for sizes from the largest down; the first size that does not raise
-    torch.OutOfMemoryError wins. Returns (size or None when all ran out, log of the attempts).
+    """Run step_fn(size) for sizes from the largest down; the first size that does not run out of
+    memory wins. Returns (size or None when all ran out, log of the attempts).
 
-    Any other exception propagates: only an OOM says the size is too large. After an OOM the
+    Out of memory means torch.OutOfMemoryError, or what train.failures classifies as an OOM (c10's
+    CPU allocator failure under an address-space limit, MemoryError). Any other exception
+    propagates: only an OOM says the size is too large. After an OOM the
     failed attempt's tensors are dropped and the CUDA cache is emptied, so the next (smaller)
     attempt sees the memory the failed one held.
     """
@@ -129,9 +159,11 @@ def probe_micro_batch(
     for size in sorted(set(sizes), reverse=True):
         try:
             step_fn(size)
-        except torch.OutOfMemoryError as exc:
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
             log.append(
-                ProbeAttempt(size, "oom", str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError")
+                ProbeAttempt(size, "oom", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             )
             # The traceback holds the failed step's frames (and their tensors) until it is dropped.
             del exc

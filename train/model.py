@@ -13,14 +13,16 @@ their targets by module name. The names they rely on are stable:
     lm_head                        BERT only: dense + GELU + LayerNorm, decoder bias
 
 The output layer reuses `wte.weight` (tied), as train.sizes counts it, so the parameter
-count equals train.sizes.total_params exactly. Activation recompute is a switch on the
+count equals train.sizes.total_params exactly. Both uses of the word embedding go through its
+module (`wte(tokens)` and `wte.logits(x, bias)`), the one hook vocabulary parallelism needs:
+train.parallel swaps `wte` for a module that holds a slice of the vocabulary. Activation recompute is a switch on the
 modules (`set_recompute`), not a wrapper, so that it does not rename anything.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class OutputLayer(Protocol):
+    """What the LM head needs of the word embedding (the plain one or a vocabulary slice)."""
+
+    def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+class WordEmbedding(nn.Embedding):
+    """The word embedding, which is also the (tied) output layer."""
+
+    def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [b, s, h] -> logits [b, s, vocab rows held]."""
+        return F.linear(x, self.weight, bias)
+
+
 class MaskedLMHead(nn.Module):
     """BERT's LM-head transform (dense, GELU, LayerNorm) and the decoder's own bias."""
 
@@ -121,21 +137,24 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(hidden)
         self.bias = nn.Parameter(torch.zeros(vocab))
 
-    def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(F.gelu(self.dense(x))), decoder_weight, self.bias)
+    def forward(self, x: torch.Tensor, decoder: OutputLayer) -> torch.Tensor:
+        return decoder.logits(self.norm(F.gelu(self.dense(x))), self.bias)
 
 
 class TransformerLM(nn.Module):
     """Embeddings, `num_layers` Blocks and a tied output layer; GPT and BERT differ only in the
-    attention mask and the head. forward(tokens [b, s]) returns logits [b, s, padded V]."""
+    attention mask and the head. forward(tokens [b, s]) returns logits [b, s, padded V].
+
+    `tp` only pads the vocabulary (to a multiple of make_vocab_size_divisible_by x tp, as
+    train.sizes does), so that a TP run's embedding splits evenly over its ranks."""
 
     causal: bool = True
 
-    def __init__(self, cfg: ModelConfig, *, attention: AttentionImpl = "sdpa") -> None:
+    def __init__(self, cfg: ModelConfig, *, attention: AttentionImpl = "sdpa", tp: int = 1) -> None:
         super().__init__()
         self.config = cfg
-        vocab = padded_vocab_size(cfg)
-        self.wte = nn.Embedding(vocab, cfg.hidden_size)
+        vocab = padded_vocab_size(cfg, tp)
+        self.wte = WordEmbedding(vocab, cfg.hidden_size)
         self.wpe = nn.Embedding(cfg.seq_length, cfg.hidden_size)
         self.layers = nn.ModuleDict(
             {str(i): Block(cfg, causal=self.causal, attention=attention) for i in range(cfg.num_layers)}
@@ -163,8 +182,8 @@ class TransformerLM(nn.Module):
             x = layer(x)
         x = self.norm(x)
         if self.lm_head is not None:
-            return self.lm_head(x, self.wte.weight)
-        return F.linear(x, self.wte.weight)
+            return self.lm_head(x, self.wte)
+        return self.wte.logits(x)
 
 
 class GPT(TransformerLM):
@@ -178,9 +197,9 @@ class BERT(TransformerLM):
 
     causal = False
 
-    def __init__(self, cfg: ModelConfig, *, attention: AttentionImpl = "sdpa") -> None:
-        super().__init__(cfg, attention=attention)
-        self.lm_head = MaskedLMHead(cfg.hidden_size, padded_vocab_size(cfg))
+    def __init__(self, cfg: ModelConfig, *, attention: AttentionImpl = "sdpa", tp: int = 1) -> None:
+        super().__init__(cfg, attention=attention, tp=tp)
+        self.lm_head = MaskedLMHead(cfg.hidden_size, self.wte.num_embeddings)
         nn.init.normal_(self.lm_head.dense.weight, std=_INIT_STD)
         nn.init.zeros_(self.lm_head.dense.bias)
 
@@ -191,10 +210,12 @@ def build_model(
     recompute: Recompute = Recompute.none,
     attention: AttentionImpl = "sdpa",
     device: torch.device | str | None = None,
+    tp: int = 1,
 ) -> TransformerLM:
-    """The model of `cfg.kind`, initialized from torch's current RNG state, on `device`."""
+    """The model of `cfg.kind`, initialized from torch's current RNG state, on `device`, with
+    the vocabulary padded for `tp` tensor-parallel ranks."""
     cls = GPT if cfg.kind == ModelKind.gpt else BERT
-    model = cls(cfg, attention=attention)
+    model = cls(cfg, attention=attention, tp=tp)
     set_recompute(model, recompute)
     return model.to(device) if device is not None else model
 

@@ -9,9 +9,11 @@ train.model documents (layers.N.attn.qkv, ...). Order of application, as the tra
     dp = apply_dp(stage, dp_mesh=...)                # gradient all-reduce over DP
     optimizer = apply_zero1(optimizer, dp_mesh=...)  # ZeRO-1: shard Adam states over DP
 
-Vocabulary parallelism is not done: the word embedding and the logits stay replicated on every
-TP rank (each TP rank computes the full logits and the same loss). That costs V x h memory and
-the logits GEMM on every TP rank; the layers, where the FLOPs are, are split.
+Under TP the vocabulary is split too (Megatron's vocab-parallel embedding): each TP rank holds
+padded_vocab / tp rows of the word embedding, looks up only the tokens in its range and the ranks
+sum their lookups; the tied output layer computes the logits of those rows only, and the loss
+(lm_loss_fn) is a cross-entropy whose max and sum-exp are all-reduced over TP, so the full logits
+[b, s, V] never exist on any rank. BERT's decoder bias is split with the rows it belongs to.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -36,7 +38,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from train.model import MaskedLMHead, TransformerLM
+from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
 
 BUCKET_BYTES = 25 * 2**20
 """Gradient bytes per all-reduce: large enough to amortise the per-call latency, small enough
@@ -64,7 +66,9 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
     each layer needs one all-reduce forward (after proj / fc_out) and one backward.
 
     The qkv features are laid out per head, so a column split hands each rank whole heads and
-    the attention code infers the local head count from the shard's width.
+    the attention code infers the local head count from the shard's width. The word embedding
+    (and the tied output layer with it, and BERT's decoder bias) is split by vocabulary rows:
+    use lm_loss_fn(model, tp_mesh=...) for the loss of the logit slice the model then returns.
     """
     if tp_mesh.size() == 1:
         return
@@ -78,6 +82,154 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
             if heads % tp_mesh.size():
                 raise ValueError(f"{heads} attention heads do not split over tp={tp_mesh.size()}")
     parallelize_module(model, tp_mesh, plan)
+    _split_vocabulary(model, tp_mesh=tp_mesh)
+
+
+class _SumOverTP(torch.autograd.Function):
+    """Forward: the sum of the TP ranks' partial results. Backward: the gradient unchanged, since
+    every rank goes on with the same sum and so already holds the whole gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _EnterTP(torch.autograd.Function):
+    """Forward: the replicated input unchanged. Backward: the sum of the ranks' gradients, each of
+    which covers only that rank's share of the output (its vocabulary rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The word embedding's rows [start, start + rows) of the padded vocabulary, as a Shard(0)
+    DTensor parameter named `weight` (so checkpoints, the optimizer and the gradient norm see a
+    TP-sharded tensor under the model's own name), serving as embedding and tied output layer."""
+
+    def __init__(self, weight: DTensor, *, start: int, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.start, self.rows = start, weight.to_local().shape[0]
+        self.group = group
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        mine = (tokens >= self.start) & (tokens < self.start + self.rows)
+        # Tokens of other ranks look up row 0 and are zeroed, so their gradient is zero too.
+        local = F.embedding(torch.where(mine, tokens - self.start, 0), _local(self.weight))
+        return _SumOverTP.apply(local.masked_fill(~mine.unsqueeze(-1), 0.0), self.group)
+
+    def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's slice of the logits, [b, s, rows] (a plain tensor: the pipeline schedule
+        passes it to the loss as it is)."""
+        return F.linear(
+            _EnterTP.apply(x, self.group), _local(self.weight), None if bias is None else _local(bias)
+        )
+
+    def extra_repr(self) -> str:
+        return f"rows {self.start}..{self.start + self.rows - 1}, dim {self.weight.shape[1]}"
+
+
+def _split_vocabulary(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
+    """Swap every WordEmbedding of `model` for this rank's VocabParallelEmbedding, and shard BERT's
+    decoder bias with the same rows."""
+    tp, rank, group = tp_mesh.size(), tp_mesh.get_local_rank(), tp_mesh.get_group()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, WordEmbedding):
+            vocab = module.num_embeddings
+            if vocab % tp:
+                raise ValueError(
+                    f"padded vocabulary {vocab} does not split over tp={tp}: build the model with "
+                    f"tp={tp} (it pads to a multiple of make_vocab_size_divisible_by x tp)"
+                )
+            rows = vocab // tp
+            shard = _row_shard(module.weight, rows=rows, rank=rank, tp_mesh=tp_mesh)
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            setattr(
+                parent, name.rpartition(".")[2], VocabParallelEmbedding(shard, start=rank * rows, group=group)
+            )
+        elif isinstance(module, MaskedLMHead):
+            rows = module.bias.shape[0] // tp
+            module.bias = nn.Parameter(_row_shard(module.bias, rows=rows, rank=rank, tp_mesh=tp_mesh))
+
+
+def _row_shard(full: torch.Tensor, *, rows: int, rank: int, tp_mesh: DeviceMesh) -> DTensor:
+    # Every rank built the whole model from the same seed: its slice needs no communication.
+    local = full.detach()[rank * rows : (rank + 1) * rows].clone()
+    return DTensor.from_local(local, tp_mesh, [Shard(0)], run_check=False)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of logits split by vocabulary over TP ranks: the max and the sum of
+    exponentials are all-reduced (two small [N] reductions), never the [N, V] logits."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, start: int, group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        top = logits.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - top.unsqueeze(-1)
+        mine = (labels >= start) & (labels < start + logits.shape[-1])
+        index = torch.where(mine, labels - start, 0)
+        target = shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
+        exp = shifted.exp()
+        both = torch.stack([target, exp.sum(dim=-1)])  # one all-reduce for both
+        dist.all_reduce(both, group=group)
+        target, sum_exp = both[0], both[1]
+        labelled = labels != IGNORE_INDEX
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, index, mine, labelled)
+        return (sum_exp.log() - target).masked_fill(~labelled, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        softmax, index, mine, labelled = ctx.saved_tensors
+        out = softmax.clone()
+        out.scatter_add_(-1, index.unsqueeze(-1), -mine.to(out.dtype).unsqueeze(-1))
+        out.mul_((labelled.to(out.dtype) * grad).unsqueeze(-1))
+        return out, None, None, None
+
+
+def vocab_parallel_loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, *, start: int, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """lm_loss_sum for a vocabulary slice of the logits (rows start.. of this TP rank); every TP
+    rank returns the same, whole loss."""
+    out: torch.Tensor = _VocabParallelCrossEntropy.apply(
+        logits.float().flatten(0, 1), labels.flatten(), start, group
+    )
+    return out
+
+
+def lm_loss_fn(
+    model: nn.Module, *, tp_mesh: DeviceMesh
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The summed token cross-entropy for the logits `model` (after apply_tp) returns:
+    train.model.lm_loss_sum when they are whole, the vocab-parallel one when they are a slice."""
+    wte = getattr(model, "wte", None)
+    if tp_mesh.size() == 1 or not isinstance(wte, VocabParallelEmbedding):
+        return lm_loss_sum
+    start, group = wte.start, wte.group
+
+    def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_loss_sum(logits, labels, start=start, group=group)
+
+    return loss_sum
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,8 +274,8 @@ class PipelineStageModule(nn.Module):
         assert self.norm is not None and self.wte is not None
         x = self.norm(x)
         if self.lm_head is not None:
-            return self.lm_head(x, self.wte.weight)
-        return F.linear(x, self.wte.weight)
+            return self.lm_head(x, self.wte)
+        return self.wte.logits(x)
 
     def tied_copy(self) -> torch.Tensor | None:
         """The output layer's copy of the word embedding, on a last stage that is not also first."""
@@ -346,3 +498,49 @@ def clip_grad_norm(
         for _, g in grads:
             _local(g).mul_(coef)
     return norm
+
+
+# ---------------------------------------------------------------------------------------------
+# fp16 loss scaling over every layout.
+
+
+class GlobalGradScaler(torch.amp.GradScaler):
+    """torch's dynamic loss scaler, for any layout: it unscales TP-sharded (DTensor) gradients by
+    their local shards and makes the inf/NaN decision the OR over `group` (default: the whole
+    world), so every rank skips the same steps and keeps the same loss scale.
+
+    Each TP rank and pipeline stage checks only the gradients it holds; if one rank skipped its
+    update and another did not, the model's shards would drift apart and the scales diverge
+    (Megatron all-reduces the same flag). Only the gradient walk is replaced (torch's kernel would
+    refuse DTensors beside its plain found-inf flag); scale(), step(), update() and the state dict
+    are GradScaler's own. Every rank must unscale (a collective) at every step.
+    """
+
+    def __init__(
+        self, device: str = "cuda", *, enabled: bool = True, group: dist.ProcessGroup | None = None
+    ) -> None:
+        super().__init__(device, enabled=enabled)
+        self.group = group
+
+    def _unscale_grads_(  # type: ignore[override]
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    grad = _local(param.grad)
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    by_dtype.setdefault(grad.dtype, []).append(grad)
+            for grads in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
+        return {found_inf.device: found_inf}

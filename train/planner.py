@@ -20,12 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, Recompute, RunConfig
+from conf.schema import (
+    HardwareConfig,
+    ModelConfig,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+    RunConfig,
+    requested_micro_batch,
+)
 from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from train.memory import usable_bytes
 from train.shapes import shape_report
 from train.sizes import total_params
-from train.validation import Violation, estimated_memory, validate
+from train.validation import Violation, estimated_memory, resolve_auto_micro_batch, validate
 
 GIB = 2**30
 NAN = float("nan")
@@ -49,6 +57,7 @@ class PlanRow:
     tp: int
     pp: int
     micro_batch_size: int
+    """Samples per micro-batch; for `auto`, the planner's choice (0 when no size fits: see reasons)."""
     global_batch_size: int
     params: int
     """Parameters of the whole model (train.sizes.total_params, vocabulary padded for tp)."""
@@ -104,11 +113,18 @@ def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
 
 
 def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = "") -> PlanRow:
-    """The plan of one config on world_size devices (None: dp from the config, or 1)."""
+    """The plan of one config on world_size devices (None: dp from the config, or 1).
+
+    micro_batch_size=auto is planned at the size validation resolves it to (the row shows it).
+    """
+    run = resolve_auto_micro_batch(run, world_size=world_size)
     m, par, hw = run.model, run.parallelism, run.hardware
     violations: list[Violation] = validate(run, world_size=world_size)
     rules = {v.rule for v in violations}
     dp = _layout_dp(par, world_size)
+    # An `auto` that found no size (or a bad string) leaves nothing to estimate memory or shapes for.
+    mbs = requested_micro_batch(par)
+    sized = not isinstance(mbs, str)
     # Positive sizes, a paddable vocabulary and a known precision are what every figure below needs.
     known_precision = par.precision in {p.value for p in Precision}
     sane = known_precision and not rules & {"positive", "vocab_padding"}
@@ -127,9 +143,9 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
     }
 
     mem_gib = NAN
-    if sane and not rules & {"world_size", "zero_stage"} and par.pp <= m.num_layers:
+    if sized and sane and not rules & {"world_size", "zero_stage"} and par.pp <= m.num_layers:
         mem_gib = estimated_memory(m, par, dp).total_gib
-    quant = _quant_efficiency(m, _shape_key(par), hw) if shapes_ok else NAN
+    quant = _quant_efficiency(m, _shape_key(par), hw) if shapes_ok and sized else NAN
     # The model's FLOPs need whole heads but not a valid TP split (tp only pads the vocabulary).
     flops = (NAN, NAN)
     if sane and "hidden_divisible_by_heads" not in rules:
@@ -144,7 +160,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         dp=dp,
         tp=par.tp,
         pp=par.pp,
-        micro_batch_size=par.micro_batch_size,
+        micro_batch_size=mbs if isinstance(mbs, int) else 0,
         global_batch_size=par.global_batch_size,
         params=total_params(m, par.tp if _is_pos_int(par.tp) else 1) if sane else 0,
         mem_gib=mem_gib,

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
@@ -42,13 +42,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from conf.schema import Engine, Offload, Precision, Recompute, RunConfig, WandbMode, to_plain_dict
+from conf.schema import (
+    Engine,
+    Offload,
+    Precision,
+    Recompute,
+    RunConfig,
+    WandbMode,
+    is_auto_micro_batch,
+    to_plain_dict,
+)
 from train import distributed, failures, flopcheck, flops, parallel, power, profiling, shapes
 from train.calibrate import measure_peak_tflops
 from train.checkpoint import Checkpointer, CheckpointMismatch, checkpoint_root, fingerprint
 from train.data import TokenSource, get_batch, make_source
 from train.ds_config import deepspeed_config, write_deepspeed_config
-from train.ds_engine import build_deepspeed_engine, deepspeed_train_step
+from train.ds_engine import FlopsProfile, build_deepspeed_engine, deepspeed_train_step, profile_deepspeed_step
+from train.memory import usable_bytes
 from train.metrics import (
     IterationStats,
     RunRecord,
@@ -63,7 +73,7 @@ from train.metrics import (
 )
 from train.model import IGNORE_INDEX, TransformerLM, build_model, count_params, lm_loss_sum, num_layers
 from train.optim import build_optimizer, lr_at, set_lr
-from train.validation import resolve_dp
+from train.validation import estimated_memory, resolve_dp
 from train.wandb_log import WandbLogger
 
 RESULT_FILE = "result.json"
@@ -130,6 +140,8 @@ class Progress:
     prior_losses: list[float] = field(default_factory=list)
     """Losses of the steps before this attempt's resume point, from the checkpoint: the record's
     `losses` is the whole run's, its medians and iteration times this attempt's."""
+    run: RunConfig | None = None
+    """The run as trained, once setup resolved micro_batch_size=auto; the record's config is this one."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ def run_training(
     if wandb.error:
         progress.warnings.append(wandb.error)
     record = build_record(
-        run,
+        progress.run or run,
         world=world,
         progress=progress,
         status=status,
@@ -385,6 +397,10 @@ def _summary_figures(record: dict[str, Any]) -> dict[str, Any]:
 # The loop.
 
 
+LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(logits, labels) -> summed token cross-entropy (train.model.lm_loss_sum or its vocab-parallel twin)."""
+
+
 class MicroBatchLoss:
     """The pipeline schedule's loss_fn: one micro-batch's share of the step's loss.
 
@@ -393,12 +409,13 @@ class MicroBatchLoss:
     `losses` list, not from here.
     """
 
-    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+    def __init__(self, scaler: torch.amp.GradScaler, loss_sum: LossSum = lm_loss_sum) -> None:
         self.scaler = scaler
+        self.loss_sum = loss_sum
         self.normalizer = 1
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(lm_loss_sum(logits, labels) / self.normalizer)
+        return self.scaler.scale(self.loss_sum(logits, labels) / self.normalizer)
 
 
 @dataclass(frozen=True)
@@ -415,6 +432,8 @@ class Parallel:
     loss_fn: MicroBatchLoss | None = None
     mesh: Any = None
     """The (pp, dp, tp) DeviceMesh."""
+    loss_sum: LossSum = lm_loss_sum
+    """Summed cross-entropy of the logits the model returns (vocab-parallel under TP)."""
 
 
 @dataclass(frozen=True)
@@ -442,11 +461,18 @@ def setup(run: RunConfig, *, world: World, progress: Progress) -> Setup:
     # embedding copy start exactly as the one-process model (fine at benchmark scale; a meta-device
     # build is the way for models that do not fit one device).
     torch.manual_seed(tr.seed)
-    model: nn.Module = build_model(run.model, recompute=par.recompute, device=device)
+    model: nn.Module = build_model(run.model, recompute=par.recompute, device=device, tp=world.tp)
     progress.params = count_params(model)
+    if is_auto_micro_batch(par):
+        run = choose_micro_batch(run, model, world=world, progress=progress, device=device)
+        par = run.parallelism
     if par.engine == Engine.deepspeed:
         return _setup_deepspeed(run, model, world=world, progress=progress, device=device)
-    scaler = torch.amp.GradScaler(device.type, enabled=par.precision == Precision.fp16)
+    # Its overflow decision is agreed over all ranks (parallel.GlobalGradScaler): all skip together.
+    scaler = parallel.GlobalGradScaler(device.type, enabled=par.precision == Precision.fp16)
+    # Only a last pipeline stage scales a loss, but every stage unscales its gradients (by the same
+    # scale: all stages start equal and train_step keeps their overflow decisions equal).
+    scaler.scale(torch.zeros((), device=device))
     parallel_state = Parallel()
     if launch is not None:
         model, parallel_state = parallelize(run, model, world=world, device=device, scaler=scaler)
@@ -493,9 +519,10 @@ def parallelize(
     parallel.apply_tp(stage, tp_mesh=mesh["tp"])
     dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
     tie_group = parallel.embedding_tie_group(mesh)
+    loss_sum = parallel.lm_loss_fn(stage, tp_mesh=mesh["tp"])
     schedule, loss_fn = None, None
     if world.pp > 1:
-        loss_fn = MicroBatchLoss(scaler)
+        loss_fn = MicroBatchLoss(scaler, loss_sum)
         par = run.parallelism
         schedule = parallel.build_schedule(
             stage,
@@ -505,7 +532,9 @@ def parallelize(
             loss_fn=loss_fn,
         )
     groups = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
-    return stage, Parallel(dp, groups["tp"], groups["pp"], tie_group, stage, schedule, loss_fn, mesh)
+    return stage, Parallel(
+        dp, groups["tp"], groups["pp"], tie_group, stage, schedule, loss_fn, mesh, loss_sum=loss_sum
+    )
 
 
 def _layers_held(model: nn.Module, pp_group: torch.distributed.ProcessGroup | None) -> int:
@@ -531,9 +560,11 @@ def train(
     saves every save_interval steps, and on Slurm's signal (`stop`) saves at the step boundary and
     raises TrainingPreempted.
     """
-    par, tr = run.parallelism, run.training
     s = setup(run, world=world, progress=progress)
+    run = progress.run or run  # micro_batch_size=auto is a size from here on
+    par, tr = run.parallelism, run.training
     lead = world.rank == 0
+    ds_profile_at = _deepspeed_profile_iteration(run, progress)
     if lead:
         print(_banner(run, progress), flush=True)
         print(_shape_report(run, progress), flush=True)
@@ -556,7 +587,14 @@ def train(
         set_lr(s.optimizer, lr)
         consumed = (iteration - 1) * par.global_batch_size
         batches = step_batches(run, s.source, world=world, consumed=consumed, device=s.device)
-        result = train_step(s.model, s.optimizer, s.scaler, batches, run=run, device=s.device, par=s.par)
+        if iteration == ds_profile_at:
+            figures, ds = profile_deepspeed_step(s.model, batches)
+            result = StepResult(ds.loss, ds.grad_norm, ds.loss_scale, skipped=ds.skipped)
+            progress.extra["deepspeed_flops_profile"] = deepspeed_profile_record(
+                figures, run, world=world, iteration=iteration
+            )
+        else:
+            result = train_step(s.model, s.optimizer, s.scaler, batches, run=run, device=s.device, par=s.par)
         _sync(s.device)
         elapsed = time.perf_counter() - start
         profiler.end(iteration)
@@ -588,6 +626,134 @@ def train(
         # a second one after training tightens it for the record's MFU on a shared node.
         progress.peak_tflops = max(progress.peak_tflops or 0.0, measure_peak_tflops(s.device, par.precision))
     return "ok"
+
+
+def choose_micro_batch(
+    run: RunConfig, model: nn.Module, *, world: World, progress: Progress, device: torch.device
+) -> RunConfig:
+    """micro_batch_size=auto in the job: the planner's prediction, then a measured probe, agreed by all ranks.
+
+    The probe (train.autombs.auto_micro_batch) runs one forward/backward of this rank's freshly
+    built model per size, from the prediction down, with no collective: an OOM (CUDA's, or the
+    CPU allocator's) rules a size out. With tp or pp > 1 the rank holds the whole unsplit model at
+    this point, which would make the probe far too pessimistic, so those layouts take the
+    prediction unprobed. Every rank then takes the smallest size any rank found (one MIN
+    all-reduce), the record's `micro_batch` says what was chosen and why, and the returned run
+    (also progress.run) carries the size. Raises torch.OutOfMemoryError when no size fits.
+    """
+    from train.autombs import ProbeAttempt, auto_micro_batch, largest_fitting_micro_batch
+
+    predicted: int | None
+    probed: tuple[ProbeAttempt, ...] = ()
+    if world.tp * world.pp > 1:
+        predicted, reason = largest_fitting_micro_batch(run, dp=world.dp)
+        found = predicted
+        how = "the planner's prediction, not probed (the probe needs the whole model on one rank: tp = pp = 1)"
+    else:
+        limit = probe_memory_limit(run, device, dp=world.dp)
+
+        def step(size: int) -> object:
+            return probe_step(model, run, size, device=device, limit_bytes=limit)
+
+        choice = auto_micro_batch(run, dp=world.dp, step_fn=step)
+        predicted, reason, probed, found = choice.predicted, choice.reason, choice.probe, choice.micro_batch_size
+        memory = "a simulated limit of the usable memory" if limit is not None else "the device's memory"
+        how = f"the largest size, from the planner's prediction down, whose probe step fit in {memory}"
+    agreed = torch.tensor(found or 0, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+    chosen = int(agreed)
+    if chosen != (found or 0):
+        how += f"; {chosen} is the smallest any rank found ({found} here)"
+    progress.extra["micro_batch"] = {
+        "requested": "auto",
+        "chosen": chosen or None,
+        "predicted": predicted,
+        "probed": [asdict(a) for a in probed],
+        "reason": f"{how}. Planner: {reason}",
+    }
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's cached blocks are not the run's
+        torch.cuda.reset_peak_memory_stats(device)
+    if chosen < 1:
+        raise torch.OutOfMemoryError(
+            f"parallelism.micro_batch_size=auto: no micro-batch size fits ({progress.extra['micro_batch']})"
+        )
+    if world.rank == 0:
+        print(f"micro_batch_size=auto -> {chosen} ({how})", flush=True)
+    progress.run = replace(run, parallelism=replace(run.parallelism, micro_batch_size=chosen))
+    return progress.run
+
+
+def probe_memory_limit(run: RunConfig, device: torch.device, *, dp: int) -> float | None:
+    """Bytes the probe step may allocate: None on CUDA (the device's own OOM decides); on CPU, the
+    usable hardware.memory_gib minus the weights and optimizer states the planner expects, enforced
+    by train.autombs.simulated_memory_limit (the step's own tensors, gradients included, count)."""
+    if device.type == "cuda":
+        return None
+    states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp)
+    return max(usable_bytes(run.hardware) - states.weights - states.optimizer - states.optimizer_temp, 0.0)
+
+
+def probe_step(
+    model: nn.Module, run: RunConfig, size: int, *, device: torch.device, limit_bytes: float | None
+) -> int | None:
+    """One local forward/backward of `model` on `size` synthetic samples (no collective); the peak
+    bytes the simulated limit counted (None without a limit). The gradients are dropped after."""
+    from train.autombs import simulated_memory_limit
+
+    m = run.model
+    # A private generator: the probe must not shift the run's random stream.
+    gen = torch.Generator().manual_seed(run.training.seed)
+    tokens = torch.randint(0, m.vocab_size, (size, m.seq_length), generator=gen).to(device)
+    limit = simulated_memory_limit(limit_bytes) if limit_bytes is not None else contextlib.nullcontext(None)
+    try:
+        with limit as peak:
+            with _autocast(run, device):
+                logits = model(tokens)
+            lm_loss_sum(logits, tokens).backward()
+            return None if peak is None else int(peak())
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+def _deepspeed_profile_iteration(run: RunConfig, progress: Progress) -> int | None:
+    """The iteration training.deepspeed_flops_profile profiles (warmup_iters + 1), or None."""
+    tr = run.training
+    if not tr.deepspeed_flops_profile:
+        return None
+    if run.parallelism.engine != Engine.deepspeed:
+        progress.warnings.append("training.deepspeed_flops_profile applies to engine=deepspeed only; not run")
+        return None
+    if tr.warmup_iters + 1 > tr.train_iters:
+        progress.warnings.append(
+            f"training.deepspeed_flops_profile: iteration warmup_iters + 1 = {tr.warmup_iters + 1} is past "
+            f"train_iters={tr.train_iters}; not run"
+        )
+        return None
+    return tr.warmup_iters + 1
+
+
+def deepspeed_profile_record(
+    figures: FlopsProfile, run: RunConfig, *, world: World, iteration: int
+) -> dict[str, Any]:
+    """DeepSpeed's figures beside megasweep's per-GEMM model FLOPs for the same step.
+
+    The profiler counts this rank's forwards only, so the comparable figure is 3 x forward x dp
+    (the backward as 2 forwards, all replicas); `ratio_to_model_flops` is that over the model
+    FLOPs of the iteration. Above 1 means DeepSpeed counted work Megatron's GEMM count leaves
+    out (element-wise ops, bias adds); below 1, GEMMs it does not see (README: why they disagree).
+    """
+    model_flops = flops.model_flops_per_iteration(run.model, global_batch_size=run.parallelism.global_batch_size)
+    comparable = 3 * figures.forward_flops * world.dp
+    return {
+        **asdict(figures),
+        "iteration": iteration,
+        "model_flops_per_iteration": model_flops,
+        "model_forward_flops_per_rank": model_flops / 3 / world.dp,
+        "ratio_to_model_flops": comparable / model_flops if model_flops else None,
+        "ratio_convention": "3 x forward_flops x dp / model FLOPs per iteration (train.flops)",
+    }
 
 
 def _resume(
@@ -754,7 +920,13 @@ def train_step(
         loss = torch.zeros((), device=device)
         for tokens, labels in batches:
             loss += forward_backward(
-                model, tokens, labels, normalizer=int(normalizer), run=run, scaler=scaler
+                model,
+                tokens,
+                labels,
+                normalizer=int(normalizer),
+                run=run,
+                scaler=scaler,
+                loss_sum=par.loss_sum,
             )
     # Only the last stage holds the loss (0 elsewhere); TP ranks all hold the same one.
     loss_value = float(_all_reduce_sum(_all_reduce_sum(loss.float(), par.dp.group), par.pp_group))
@@ -764,7 +936,7 @@ def train_step(
     if par.stage is not None:
         parallel.tie_embedding_grads(par.stage, group=par.tie_group)
     par.dp.sync_grads(model.parameters())
-    scaler.unscale_(optimizer)
+    scaler.unscale_(optimizer)  # in fp16, also agrees over all ranks whether any gradient overflowed
     grad_norm = parallel.clip_grad_norm(
         model.parameters(),
         max_norm=run.training.grad_clip if run.training.grad_clip > 0 else math.inf,
@@ -786,11 +958,12 @@ def forward_backward(
     normalizer: int,
     run: RunConfig,
     scaler: torch.amp.GradScaler,
+    loss_sum: LossSum = lm_loss_sum,
 ) -> torch.Tensor:
     """Forward and backward of one micro-batch; returns its (detached) share of the step's loss."""
     with _autocast(run, tokens.device):
         logits = model(tokens)
-    loss = lm_loss_sum(logits, labels) / normalizer
+    loss = loss_sum(logits, labels) / normalizer
     scaler.scale(loss).backward()
     return loss.detach()
 
@@ -874,9 +1047,6 @@ def check_layout(run: RunConfig, world: World, *, layers: int) -> None:
             raise NotImplementedError("checkpointing (training.save_interval > 0) with engine=deepspeed")
     elif par.zero_stage > 1 or par.offload != Offload.none:
         raise NotImplementedError("the native engine implements ZeRO-1 only; use engine=deepspeed for 2-3")
-    if par.precision == Precision.fp16 and world.tp * world.pp > 1:
-        # The loss scaler's inf check would have to agree over TP and PP ranks (Megatron all-reduces it).
-        raise NotImplementedError("fp16 loss scaling with tp or pp > 1 is not implemented; use bf16 or fp32")
     per_micro_step = par.micro_batch_size * world.dp
     if par.global_batch_size % per_micro_step:
         raise ValueError(

@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any
 
 from conf.schema import (
+    AUTO_MICRO_BATCH,
     Engine,
     HardwareConfig,
     ModelConfig,
@@ -33,6 +34,7 @@ from conf.schema import (
     Precision,
     Recompute,
     RunConfig,
+    requested_micro_batch,
 )
 from train.memory import MemoryEstimate, estimate_memory, predicts_oom, usable_bytes
 from train.sizes import padded_vocab_size
@@ -42,6 +44,7 @@ GIB = 2**30
 # Rule identifiers, in the order `validate` reports them.
 RULES: tuple[str, ...] = (
     "positive",
+    "micro_batch_size",
     "hidden_divisible_by_heads",
     "heads_divisible_by_tp",
     "hidden_divisible_by_tp",
@@ -59,6 +62,7 @@ RULES: tuple[str, ...] = (
     "native_zero_stage",
     "native_offload",
     "precision_supported",
+    "micro_batch_auto",
     "memory",
 )
 
@@ -226,10 +230,12 @@ def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation |
         "model.seq_length": m.seq_length,
         "parallelism.tp": p.tp,
         "parallelism.pp": p.pp,
-        "parallelism.micro_batch_size": p.micro_batch_size,
         "parallelism.global_batch_size": p.global_batch_size,
         "hardware.devices_per_node": hw.devices_per_node,
     }
+    # A string micro-batch is 'auto' (resolved by validate) or the micro_batch_size rule's business.
+    if not isinstance(requested_micro_batch(p), str):
+        values["parallelism.micro_batch_size"] = p.micro_batch_size
     # Optional fields are checked only when given: None means "derive it".
     if m.ffn_hidden_size is not None:
         values["model.ffn_hidden_size"] = m.ffn_hidden_size
@@ -656,15 +662,72 @@ def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     )
 
 
+def _check_micro_batch_string(par: ParallelismConfig) -> Violation | None:
+    value = requested_micro_batch(par)
+    if not isinstance(value, str) or value == AUTO_MICRO_BATCH:
+        return None
+    return Violation(
+        "micro_batch_size",
+        {"parallelism.micro_batch_size": value},
+        f"parallelism.micro_batch_size={value} is neither a number of samples nor auto (the only word it "
+        f"takes: the largest size predicted to fit). Use a positive integer (unquoted in YAML) or auto.",
+    )
+
+
+def _check_micro_batch_auto(run: RunConfig, dp: int) -> tuple[RunConfig, Violation | None]:
+    """(run with `auto` replaced by the planner's largest fitting size, None), or (run, why none fits)."""
+    from train.autombs import resolve_micro_batch  # it imports this module
+
+    try:
+        resolved, _ = resolve_micro_batch(run, dp=dp)
+    except ValueError as exc:
+        return run, Violation(
+            "micro_batch_auto",
+            {"parallelism.micro_batch_size": AUTO_MICRO_BATCH, "parallelism.dp": dp},
+            f"{exc} (with parallelism.dp={dp}). Give an explicit micro_batch_size, or free memory with "
+            f"a larger tp or pp, a higher zero_stage or recompute.",
+        )
+    return resolved, None
+
+
+def _auto_sane(run: RunConfig) -> bool:
+    # `auto` runs the memory rule's estimate, so it needs the shapes that rule needs.
+    m, par = run.model, run.parallelism
+    return _zero_ok(par.zero_stage) and par.pp <= m.num_layers and _vocab_ok(m) and _known_precision(par)
+
+
+def resolve_auto_micro_batch(run: RunConfig, *, world_size: int | None = None) -> RunConfig:
+    """`run` with micro_batch_size=auto replaced by the size `validate` checks it at; `run` unchanged
+    when the size is an int, or when `validate` reports why `auto` cannot be resolved."""
+    par = run.parallelism
+    if requested_micro_batch(par) != AUTO_MICRO_BATCH:
+        return run
+    positive, _ = _check_positive(run, world_size)
+    if positive is not None or not _auto_sane(run):
+        return run
+    try:
+        dp = resolve_dp(par, world_size)
+    except ValueError:
+        return run
+    return _check_micro_batch_auto(run, dp)[0]
+
+
 def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation]:
     """Every rule the run breaks, in RULES order; [] means the layout can start.
 
     world_size None means "not known yet": dp is then parallelism.dp, or 1 when that is null.
+    micro_batch_size=auto is first replaced by the planner's largest fitting size
+    (train.autombs.resolve_micro_batch), and the rules check that size; when none fits, the
+    `micro_batch_auto` rule says why and the batch and memory rules are not evaluated.
     """
-    m, par, hw = run.model, run.parallelism, run.hardware
+    m, hw = run.model, run.hardware
     out: list[Violation | None] = []
     positive, bad = _check_positive(run, world_size)
     out.append(positive)
+    out.append(_check_micro_batch_string(run.parallelism))
+    if isinstance(requested_micro_batch(run.parallelism), str):
+        bad.add("parallelism.micro_batch_size")  # until `auto` is resolved below
+    par = run.parallelism
 
     def ok(*names: str) -> bool:
         return not bad.intersection(names)
@@ -691,6 +754,12 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
                 dp = resolve_dp(par, world_size)
         else:
             dp = resolve_dp(par, None)
+    if requested_micro_batch(par) == AUTO_MICRO_BATCH and dp is not None and positive is None and _auto_sane(run):
+        run, auto = _check_micro_batch_auto(run, dp)
+        out.append(auto)
+        if auto is None:
+            par = run.parallelism
+            bad.discard("parallelism.micro_batch_size")
     batch_ok = dp is not None and ok("parallelism.micro_batch_size", "parallelism.global_batch_size")
     if batch_ok:
         assert dp is not None
@@ -710,7 +779,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     if batch_ok and positive is None and zero is None and par.pp <= m.num_layers and _vocab_ok(m) and _known_precision(par):
         assert dp is not None
         out.append(_check_memory(m, par, hw, dp))
-    return [v for v in out if v is not None]
+    # Rules are evaluated in dependency order; reports come in RULES order.
+    return sorted((v for v in out if v is not None), key=lambda v: RULES.index(v.rule))
 
 
 def _vocab_ok(m: ModelConfig) -> bool:

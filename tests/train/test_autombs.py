@@ -9,19 +9,29 @@ sizes, so the largest sizes fail and the probe must walk down to the first that 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from conf.schema import ModelConfig, ParallelismConfig, RunConfig
+from conf.schema import ModelConfig, ParallelismConfig, Precision, RunConfig
 from train.autombs import (
     auto_micro_batch,
     largest_fitting_micro_batch,
     probe_micro_batch,
+    resolve_micro_batch,
     simulated_memory_limit,
     valid_micro_batches,
 )
 from train.memory import GIB, estimate_memory, predicts_oom
+from train.planner import format_plan_table, plan_run
+from train.validation import validate
+
+from .test_distributed import REPO, worker_env
 
 TINY = ModelConfig(
     name="autombs", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=256
@@ -179,3 +189,145 @@ def test_auto_starts_at_the_prediction_and_the_probe_decides(step_fn: object) ->
     assert [(a.micro_batch_size, a.outcome) for a in result.probe] == [(8, "oom"), (4, "ok")]
     assert result.micro_batch_size == 4
     assert "micro_batch_size=8" in result.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# `auto` at the entry points: validation, the planner, the trainer.
+
+CLI_TINY = [
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_attention_heads=4",
+    "model.seq_length=32",
+    "model.vocab_size=512",
+    "model.make_vocab_size_divisible_by=64",
+    "parallelism.global_batch_size=16",
+    "parallelism.precision=fp32",
+    "training.train_iters=3",
+    "training.warmup_iters=1",
+    "hardware.peak_measured=false",
+    "hardware.peak_tflops_fp32=1.0",
+    "logger=disabled",
+]
+
+
+def _auto_run(memory_gib: float) -> RunConfig:
+    """TINY, micro_batch_size=auto, gbs 32, on a device with memory_gib usable (no reserve)."""
+    return RunConfig(
+        model=TINY,
+        parallelism=ParallelismConfig(micro_batch_size="auto", global_batch_size=32, precision=Precision.fp32),  # type: ignore[arg-type]  # the unresolved form
+        hardware=dataclasses.replace(
+            RunConfig().hardware, memory_gib=memory_gib, memory_reserve_gib=0.0, peak_tflops_fp32=1.0
+        ),
+    )
+
+
+def _between_8_and_16() -> float:
+    par = ParallelismConfig(micro_batch_size=1, global_batch_size=32, precision=Precision.fp32)
+    needs = {c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).total for c in (8, 16)}
+    return (needs[8] + needs[16]) / 2 / GIB
+
+
+def test_resolve_replaces_auto_by_the_prediction_and_keeps_an_int() -> None:
+    run = _auto_run(_between_8_and_16())
+    resolved, choice = resolve_micro_batch(run, dp=1)
+    assert resolved.parallelism.micro_batch_size == 8
+    assert choice is not None and choice.predicted == 8 and choice.probe == ()
+    assert resolved.parallelism.global_batch_size == 32  # nothing else changes
+    fixed = dataclasses.replace(run, parallelism=dataclasses.replace(run.parallelism, micro_batch_size=4))
+    assert resolve_micro_batch(fixed, dp=1) == (fixed, None)
+    with pytest.raises(ValueError, match="found no size"):
+        resolve_micro_batch(_auto_run(1e-4), dp=1)
+
+
+def test_validate_and_plan_show_the_predicted_size() -> None:
+    run = _auto_run(_between_8_and_16())
+    assert validate(run) == []
+    row = plan_run(run)
+    assert row.feasible and row.micro_batch_size == 8
+    # The memory column is that of the chosen size, which fits.
+    assert 0 < row.mem_gib <= row.mem_capacity_gib
+    table = format_plan_table([row]).splitlines()
+    header, line = table[0].split(), table[1].split()
+    assert line[header.index("MBS")] == "8"
+
+
+def test_validate_reports_why_auto_finds_no_size_and_rejects_other_words() -> None:
+    (v,) = validate(_auto_run(1e-4))
+    assert v.rule == "micro_batch_auto" and "even micro_batch_size=1" in v.message
+    row = plan_run(_auto_run(1e-4))
+    assert not row.feasible and row.micro_batch_size == 0 and row.reasons == [v.message]
+    word = dataclasses.replace(
+        _auto_run(80.0), parallelism=dataclasses.replace(_auto_run(80.0).parallelism, micro_batch_size="max")  # type: ignore[arg-type]
+    )
+    (w,) = validate(word)
+    assert w.rule == "micro_batch_size" and "parallelism.micro_batch_size=max" in w.message and "auto" in w.message
+
+
+def test_composed_auto_stays_a_string_until_resolved() -> None:
+    run = _compose("parallelism.micro_batch_size=auto")
+    assert run.parallelism.micro_batch_size == "auto"
+    assert isinstance(_compose("parallelism.micro_batch_size=8").parallelism.micro_batch_size, int)
+
+
+def test_probe_treats_the_cpu_allocators_failure_as_out_of_memory() -> None:
+    def step(mbs: int) -> None:
+        if mbs > 2:  # what c10 raises under an address-space limit (tests/train/test_failures.py)
+            raise RuntimeError(f"[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory: {mbs}")
+
+    mbs, log = probe_micro_batch(step, (1, 2, 4, 8))
+    assert mbs == 2
+    assert [(a.micro_batch_size, a.outcome) for a in log] == [(8, "oom"), (4, "oom"), (2, "ok")]
+    assert "DefaultCPUAllocator" in log[0].message
+
+
+def test_cli_auto_records_the_chosen_size(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *CLI_TINY, "parallelism.micro_batch_size=auto", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["status"] == "ok", record["message"]
+    # 16 GiB of CPU: the whole per-replica batch (gbs 16, dp 1) fits, predicted and probed.
+    assert record["micro_batch"]["requested"] == "auto"
+    assert record["micro_batch"]["chosen"] == record["micro_batch"]["predicted"] == 16
+    assert record["micro_batch"]["probed"] == [{"micro_batch_size": 16, "outcome": "ok", "message": ""}]
+    assert record["config"]["parallelism"]["micro_batch_size"] == 16
+    assert "parallelism.micro_batch_size=auto" in record["overrides"]
+    assert "micro_batch_size=auto -> 16" in proc.stdout
+
+
+def test_trainer_walks_down_under_a_memory_limit_and_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIMULATED limit (train.autombs.simulated_memory_limit, in-process): the trainer's CPU probe
+    limit is replaced by one between the measured needs of micro-batches 2 and 4."""
+    from tests.train.test_trainer import compose_run
+    from train import trainer
+    from train.model import build_model
+
+    run = compose_run(*CLI_TINY, "parallelism.micro_batch_size=auto")
+    sized = dataclasses.replace(run, parallelism=dataclasses.replace(run.parallelism, micro_batch_size=1))
+    torch.manual_seed(0)
+    model = build_model(run.model)
+    cpu = torch.device("cpu")
+    peaks = {c: trainer.probe_step(model, sized, c, device=cpu, limit_bytes=float("inf")) for c in (2, 4)}
+    assert peaks[2] is not None and peaks[4] is not None and peaks[2] < peaks[4]
+    limit = (peaks[2] + peaks[4]) / 2
+    monkeypatch.setattr(trainer, "probe_memory_limit", lambda *a, **k: limit)
+
+    record = trainer.run_training(run, output_dir=tmp_path, overrides=["parallelism.micro_batch_size=auto"])
+    assert record["status"] == "ok"
+    chosen = record["micro_batch"]
+    assert chosen["predicted"] == 16 and chosen["chosen"] == 2
+    assert [(a["micro_batch_size"], a["outcome"]) for a in chosen["probed"]] == [
+        (16, "oom"), (8, "oom"), (4, "oom"), (2, "ok"),
+    ]
+    assert "simulated memory limit" in chosen["probed"][0]["message"]
+    assert record["config"]["parallelism"]["micro_batch_size"] == 2
+    assert record["iterations_run"] == 3 and all(math.isfinite(x) for x in record["losses"])

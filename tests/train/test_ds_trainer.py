@@ -117,3 +117,25 @@ def test_deepspeed_optimizer_offload_runs(tmp_path: Path, native: list[float]) -
     assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
     written = json.loads((tmp_path / DS_CONFIG_FILE).read_text())
     assert written["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_deepspeed_flops_profile_is_recorded_beside_megasweeps_flops(tmp_path: Path) -> None:
+    """training.deepspeed_flops_profile=true: iteration warmup_iters + 1 runs under DeepSpeed's profiler.
+
+    Band 1.0-1.05 for 3 x forward x dp / model FLOPs: the profiler sees every GEMM train.flops counts
+    (2 x MACs, attention through scaled_dot_product_attention as a full s x s product) plus the
+    element-wise work Megatron's count leaves out (0.8% on this toy shape). Missing attention would
+    put it below 1 (the attention core is ~8% of this model's FLOPs), a forward-only ratio at ~0.33.
+    """
+    # dp=1: one process, no spawn (the ratio's dp factor is checked by the formula below).
+    record, _ = launch(tmp_path, "parallelism.engine=deepspeed", "parallelism.dp=1", "training.deepspeed_flops_profile=true")
+    assert record["status"] == "ok", record["message"]
+    profile = record["deepspeed_flops_profile"]
+    assert profile["iteration"] == 2  # warmup_iters=1
+    # GEMMs count 2 FLOPs per MAC; element-wise ops add FLOPs without MACs.
+    assert profile["forward_macs"] > 0 and profile["forward_flops"] >= 2 * profile["forward_macs"]
+    assert profile["model_flops_per_iteration"] == record["flops_per_iteration"]["model"]
+    ratio = profile["ratio_to_model_flops"]
+    assert ratio == pytest.approx(3 * profile["forward_flops"] * 1 / record["flops_per_iteration"]["model"])
+    assert 1.0 <= ratio <= 1.05, ratio
+    assert record["iterations_run"] == 3 and len(record["losses"]) == 3

@@ -99,12 +99,17 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     if peak is None and not hw.peak_measured:
         broken.add("precision_supported")
 
+    mbs: object = p.micro_batch_size
     ints = {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
-            "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "mbs": p.micro_batch_size, "gbs": p.global_batch_size,
+            "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "gbs": p.global_batch_size,
             "dpn": hw.devices_per_node, "ffn": m.ffn_hidden_size, "dp": p.dp, "world": world_size}
+    if not isinstance(mbs, str):
+        ints["mbs"] = mbs
     bad = {k for k, v in ints.items() if v is not None and not _pos(v)}
     if bad:
         broken.add("positive")
+    if isinstance(mbs, str) and mbs != "auto":
+        broken.add("micro_batch_size")
 
     def ok(*names: str) -> bool:  # each divisibility rule needs its own fields to be positive
         return not bad.intersection(names)
@@ -135,6 +140,19 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         dp = world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else None
         if dp is None:
             broken.add("world_size")
+    if mbs == "auto" and dp is not None and not bad and "vocab_padding" not in broken \
+            and p.zero_stage in (0, 1, 2, 3) and p.pp <= m.num_layers:
+        # The largest power of two up to 128 that splits the global batch and fits, by direct estimate.
+        fused = p.optimizer != OptimizerImpl.torch
+        fitting = [c for c in (1, 2, 4, 8, 16, 32, 64, 128) if p.global_batch_size % (c * dp) == 0
+                   and estimate_memory(m, dataclasses.replace(p, micro_batch_size=c), dp=dp,
+                                       fused_optimizer=fused).total <= usable_bytes(hw)]
+        if not fitting:
+            broken.add("micro_batch_auto")
+            return broken
+        p = dataclasses.replace(p, micro_batch_size=max(fitting))
+    if isinstance(p.micro_batch_size, str):
+        return broken  # no size to check the batch and memory rules at
     if dp is not None and ok("mbs", "gbs"):
         step = p.micro_batch_size * dp
         if p.global_batch_size % step:
@@ -428,6 +446,16 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         hw = {f"peak_tflops_{precision.value}": None}
     elif rule == "memory":
         hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
+    elif rule == "micro_batch_size":
+        par = {"micro_batch_size": draw(st.sampled_from(["big", "8", "Auto", "max"]))}
+    elif rule == "micro_batch_auto":
+        # Too little memory for even one sample, or a global batch no candidate size splits.
+        if draw(st.booleans()):
+            hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
+            par = {"micro_batch_size": "auto"}
+        else:
+            par = {"micro_batch_size": "auto", "global_batch_size": 3, "dp": 2}
+            world = 2
     else:
         raise AssertionError(rule)
     return make_run(model, par, hw), world, expected

@@ -1,0 +1,147 @@
+"""train.parallel's vocabulary parallelism in 2 gloo processes (tp = 2), against the unsharded model.
+
+Each worker builds the same seeded model, applies apply_tp and records what it holds and computes;
+the test compares that with the one-process model: each rank holds padded_vocab / 2 rows of the
+word embedding (and of BERT's decoder bias), its logits are its vocabulary slice only, and the
+vocab-parallel loss and the gradients equal the unsharded ones (rel 1e-5: fp32, only the summation
+order changes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conf.schema import ModelConfig, ModelKind
+from train.distributed import build_mesh
+from train.model import IGNORE_INDEX, build_model, count_params, lm_loss_sum
+from train.parallel import VocabParallelEmbedding, apply_tp, lm_loss_fn
+from train.sizes import padded_vocab_size, total_params
+
+TP = 2
+RTOL = 1e-5
+
+
+def tiny(kind: ModelKind, *, vocab_size: int = 500) -> ModelConfig:
+    # 500 pads to 512 (a multiple of 64 x tp): the padded rows join the softmax on both layouts.
+    return ModelConfig(
+        name="tiny",
+        kind=kind,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        ffn_hidden_size=None,
+        seq_length=16,
+        vocab_size=vocab_size,
+        make_vocab_size_divisible_by=64,
+    )
+
+
+def batch(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length), generator=gen)
+    labels = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length), generator=gen)
+    labels[:, ::3] = IGNORE_INDEX  # BERT-like unlabelled positions carry neither loss nor gradient
+    return tokens, labels
+
+
+def reference(cfg: ModelConfig) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = build_model(cfg, tp=TP)
+    tokens, labels = batch(cfg)
+    loss = lm_loss_sum(model(tokens), labels)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return {"loss": float(loss.detach()), "grads": grads}
+
+
+def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP)
+    try:
+        mesh = build_mesh("cpu", pp=1, dp=1, tp=TP)
+        results = {}
+        for kind in kinds:
+            cfg = tiny(kind)
+            torch.manual_seed(0)
+            model = build_model(cfg, tp=TP)
+            apply_tp(model, tp_mesh=mesh["tp"])
+            tokens, labels = batch(cfg)
+            logits = model(tokens)
+            loss = lm_loss_fn(model, tp_mesh=mesh["tp"])(logits, labels)
+            loss.backward()
+            wte = model.wte
+            assert isinstance(wte, VocabParallelEmbedding)
+            grads = {
+                name: p.grad.to_local().clone() if hasattr(p.grad, "to_local") else p.grad.clone()
+                for name, p in model.named_parameters()
+                if p.grad is not None
+            }
+            bias = model.lm_head.bias.to_local().shape[0] if model.lm_head is not None else None
+            results[kind.value] = {
+                "rows": wte.weight.to_local().shape[0],
+                "start": wte.start,
+                "global_rows": wte.weight.shape[0],
+                "bias_rows": bias,
+                "logits_shape": tuple(logits.shape),
+                "loss": float(loss.detach()),
+                "grads": grads,
+            }
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Both model kinds on 2 TP workers: one spawn (its start-up dominates the test's time)."""
+    tmp = tmp_path_factory.mktemp("vocab_tp")
+    out = str(tmp / "rank")
+    mp.spawn(_worker, args=(str(tmp / "init"), [ModelKind.gpt, ModelKind.bert], out), nprocs=TP, join=True)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(TP)]
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # Relative to the tensor's scale: single elements near zero differ by ~1e-7 absolute.
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
+def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: ModelKind) -> None:
+    cfg = tiny(kind)
+    vocab = padded_vocab_size(cfg, TP)
+    assert vocab == 512
+    ref = reference(cfg)
+    ranks = [r[kind.value] for r in tp_ranks]
+    rows = vocab // TP
+    for r, got in enumerate(ranks):
+        assert got["rows"] == rows and got["start"] == r * rows and got["global_rows"] == vocab
+        assert got["bias_rows"] == (rows if kind == ModelKind.bert else None)
+        assert got["logits_shape"] == (2, cfg.seq_length, rows)  # never the full vocabulary
+        assert got["loss"] == pytest.approx(ref["loss"], rel=RTOL)  # every rank the whole loss
+        sl = slice(r * rows, (r + 1) * rows)
+        # The tied embedding's gradient (lookup + output layer) is this rank's rows of the full one.
+        close(got["grads"]["wte.weight"], ref["grads"]["wte.weight"][sl])
+        if kind == ModelKind.bert:
+            close(got["grads"]["lm_head.bias"], ref["grads"]["lm_head.bias"][sl])
+        # Replicated parameters see the whole gradient on every rank (the output's input gradient
+        # was summed over TP).
+        for name in ("wpe.weight", "norm.weight", "layers.0.ln_1.weight"):
+            close(got["grads"][name], ref["grads"][name])
+    # The two slices together are the whole embedding gradient, with nothing counted twice.
+    close(torch.cat([got["grads"]["wte.weight"] for got in ranks]), ref["grads"]["wte.weight"])
+
+
+def test_model_pads_vocabulary_for_tp() -> None:
+    # 150 tokens: 192 rows on one rank (3 x 64), 256 for tp = 2 (a multiple of 64 x 2), as train.sizes
+    # and the memory model count them; the parameter count follows.
+    cfg = tiny(ModelKind.bert, vocab_size=150)
+    for tp, rows in ((1, 192), (2, 256)):
+        model = build_model(cfg, tp=tp)
+        assert model.wte.num_embeddings == rows == padded_vocab_size(cfg, tp)
+        assert model.lm_head is not None and model.lm_head.bias.shape[0] == rows
+        assert count_params(model) == total_params(cfg, tp)
