@@ -220,7 +220,7 @@ def check_layout(run: RunConfig, devices: int) -> None:
             f"devices={replica * max(1, -(-devices // replica))}."
         )
     # Raises ValueError (reported as bad input) when tp does not split the heads or the MLP evenly.
-    layer_gemms(run.model, micro_batch_size=par.micro_batch_size, tp=par.tp)
+    layer_gemms(run.model, micro_batch_size=par.mbs, tp=par.tp)
     if par.dp is not None and par.dp * replica != devices:
         raise CalcError(
             f"devices={devices} contradicts parallelism.dp={par.dp}: devices must equal dp x tp x pp = "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, Node, OmegaConf
@@ -71,15 +71,8 @@ class OptimizerImpl(str, Enum):
 AUTO_MICRO_BATCH = "auto"
 """The one string `parallelism.micro_batch_size` accepts: the entry points replace it by a size."""
 
-if TYPE_CHECKING:
-    # The type checker is told the resolved form on purpose: 'auto' lives only between composition
-    # and the entry points (train.validation.validate, train.planner.plan_run, the trainer's setup),
-    # which replace it by an int (train.autombs.resolve_micro_batch) before any arithmetic sees it.
-    # Code that may meet the unresolved value reads it through `requested_micro_batch`, typed int | str.
-    MicroBatchSize = int
-else:
-    # What OmegaConf enforces at composition: an int, or a string (validation accepts only 'auto').
-    MicroBatchSize = int | str
+# OmegaConf enforces an int or a string at composition; validation accepts only the string 'auto'.
+MicroBatchSize = int | str
 
 
 class WandbMode(str, Enum):
@@ -148,11 +141,24 @@ class ParallelismConfig:
     optimizer: OptimizerImpl = OptimizerImpl.auto
     """Adam implementation (auto | apex | torch_fused | torch)."""
 
+    @property
+    def mbs(self) -> int:
+        """micro_batch_size as a number of samples, for arithmetic.
+
+        'auto' is replaced by a size at the entry points (train.autombs.resolve_micro_batch, called by
+        validate, plan_run and the trainer); arithmetic reached before that is a bug, said loudly here.
+        """
+        if isinstance(self.micro_batch_size, str):
+            raise ValueError(
+                f"parallelism.micro_batch_size={self.micro_batch_size!r} is used before it was resolved "
+                "to a size (train.autombs.resolve_micro_batch)"
+            )
+        return self.micro_batch_size
+
 
 def requested_micro_batch(par: ParallelismConfig) -> int | str:
     """parallelism.micro_batch_size as composed: an int, or 'auto' before the entry points resolve it."""
-    value: int | str = par.micro_batch_size
-    return value
+    return par.micro_batch_size
 
 
 def is_auto_micro_batch(par: ParallelismConfig) -> bool:

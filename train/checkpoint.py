@@ -96,7 +96,7 @@ def fingerprint(run: RunConfig) -> dict[str, Any]:
     par, tr = run.parallelism, run.training
     return {
         "model": to_plain_dict(run)["model"],
-        "micro_batch_size": par.micro_batch_size,
+        "micro_batch_size": par.mbs,
         "global_batch_size": par.global_batch_size,
         "precision": str(getattr(par.precision, "value", par.precision)),
         "seed": tr.seed,

@@ -64,16 +64,16 @@ STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 def gradient_accumulation_steps(run: RunConfig, *, dp: int) -> int:
     """gbs / (mbs x dp); ValueError when the global batch does not split into whole micro-batches."""
     par = run.parallelism
-    if dp < 1 or par.micro_batch_size < 1 or par.global_batch_size < 1:
+    if dp < 1 or par.mbs < 1 or par.global_batch_size < 1:
         raise ValueError(
-            f"dp={dp}, parallelism.micro_batch_size={par.micro_batch_size} and "
+            f"dp={dp}, parallelism.micro_batch_size={par.mbs} and "
             f"parallelism.global_batch_size={par.global_batch_size} must all be >= 1"
         )
-    per_step = par.micro_batch_size * dp
+    per_step = par.mbs * dp
     if par.global_batch_size % per_step:
         raise ValueError(
             f"parallelism.global_batch_size={par.global_batch_size} is not a multiple of "
-            f"micro_batch_size x dp = {par.micro_batch_size} x {dp} = {per_step}"
+            f"micro_batch_size x dp = {par.mbs} x {dp} = {per_step}"
         )
     return par.global_batch_size // per_step
 
@@ -103,7 +103,7 @@ def deepspeed_config(run: RunConfig, *, dp: int) -> dict[str, Any]:
 
     return {
         "train_batch_size": par.global_batch_size,
-        "train_micro_batch_size_per_gpu": par.micro_batch_size,
+        "train_micro_batch_size_per_gpu": par.mbs,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": float(tr.grad_clip),
         "steps_per_print": STEPS_PER_PRINT,

@@ -103,11 +103,11 @@ def flop_check(run: RunConfig, *, device: torch.device | str = "cpu", early_stop
         model = build_model(run.model, recompute=par.recompute, attention="explicit", device=device)
         source = make_source(run.model, seed=run.training.seed, data_path=run.training.data_path)
         tokens, labels = get_batch(
-            source, run.model, indices=range(par.micro_batch_size), seed=run.training.seed, device=device
+            source, run.model, indices=range(par.mbs), seed=run.training.seed, device=device
         )
         with set_checkpoint_early_stop(early_stop):
             counted = count_step_flops(model, tokens, labels)
-    micro_batches = par.global_batch_size // par.micro_batch_size
+    micro_batches = par.global_batch_size // par.mbs
     gbs = par.global_batch_size
     return FlopCheck(
         counted_per_micro_batch=counted,

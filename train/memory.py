@@ -242,10 +242,10 @@ def estimate_memory(
     model: ModelConfig, par: ParallelismConfig, *, dp: int, fused_optimizer: bool = True
 ) -> MemoryEstimate:
     """Peak bytes per device of the worst pipeline stage (formulas in the module docstring)."""
-    _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.micro_batch_size)
+    _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
     pp = par.pp
     layers = math.ceil(model.num_layers / pp)
-    micro_batches = max(1, par.global_batch_size // (par.micro_batch_size * dp))
+    micro_batches = max(1, par.global_batch_size // (par.mbs * dp))
     if pp == 1:
         candidates = [_stage_estimate(model, par, dp, fused_optimizer, "only", layers, 1)]
     else:
@@ -334,7 +334,7 @@ def _stage_estimate(
 def _stage_activations(
     model: ModelConfig, par: ParallelismConfig, layers: int, in_flight: int, has_embedding: bool, has_head: bool
 ) -> float:
-    mbs, tp, precision = par.micro_batch_size, par.tp, par.precision
+    mbs, tp, precision = par.mbs, par.tp, par.precision
     recompute = Recompute(par.recompute)
     kept, core = _layer_terms(model, mbs, tp, precision)
     stored = layers * in_flight * layer_activation_bytes(

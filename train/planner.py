@@ -109,7 +109,7 @@ def _flops(model: ModelConfig, global_batch_size: int, recompute: Recompute, tp:
 def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
     # The per-rank GEMM shapes depend on tp, the micro-batch and the precision (alignment) only;
     # keeping just those lets every layout of a sweep that shares them share one report.
-    return ParallelismConfig(tp=par.tp, micro_batch_size=par.micro_batch_size, precision=par.precision)
+    return ParallelismConfig(tp=par.tp, micro_batch_size=par.mbs, precision=par.precision)
 
 
 def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = "") -> PlanRow:

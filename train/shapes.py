@@ -224,8 +224,8 @@ def _analyse(
 ) -> tuple[list[GemmEfficiency], list[int], float]:
     """Per-GEMM efficiencies, their repeat counts, and the FLOPs-weighted overall efficiency."""
     alignment = alignment_elements(par.precision)
-    gemms = layer_gemms(model, micro_batch_size=par.micro_batch_size, tp=par.tp)
-    gemms.append(logits_gemm(model, micro_batch_size=par.micro_batch_size, tp=par.tp))
+    gemms = layer_gemms(model, micro_batch_size=par.mbs, tp=par.tp)
+    gemms.append(logits_gemm(model, micro_batch_size=par.mbs, tp=par.tp))
     # Weight by FLOPs over the whole model so the logits (once) are not counted like a layer GEMM.
     repeats = [1 if g.name == "logits" else model.num_layers for g in gemms]
     results = [gemm_efficiency(g, num_sms=hw.num_sms, alignment=alignment) for g in gemms]
@@ -258,7 +258,7 @@ def shape_report(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig)
         hardware=hw.name,
         num_sms=hw.num_sms,
         tp=par.tp,
-        micro_batch_size=par.micro_batch_size,
+        micro_batch_size=par.mbs,
         precision=Precision(par.precision).value,
         repeats=repeats,
         advice=advice,

@@ -527,7 +527,7 @@ def parallelize(
         schedule = parallel.build_schedule(
             stage,
             pp_mesh=mesh["pp"],
-            n_microbatches=par.global_batch_size // (par.micro_batch_size * world.dp),
+            n_microbatches=par.global_batch_size // (par.mbs * world.dp),
             device=device,
             loss_fn=loss_fn,
         )
@@ -1047,7 +1047,7 @@ def check_layout(run: RunConfig, world: World, *, layers: int) -> None:
             raise NotImplementedError("checkpointing (training.save_interval > 0) with engine=deepspeed")
     elif par.zero_stage > 1 or par.offload != Offload.none:
         raise NotImplementedError("the native engine implements ZeRO-1 only; use engine=deepspeed for 2-3")
-    per_micro_step = par.micro_batch_size * world.dp
+    per_micro_step = par.mbs * world.dp
     if par.global_batch_size % per_micro_step:
         raise ValueError(
             f"global_batch_size {par.global_batch_size} is not a multiple of "
@@ -1071,7 +1071,7 @@ def micro_batch_indices(run: RunConfig, *, world: World, consumed: int) -> list[
     one replica read the same samples.
     """
     par = run.parallelism
-    mbs, dp = par.micro_batch_size, world.dp
+    mbs, dp = par.mbs, world.dp
     micro_batches = par.global_batch_size // (mbs * dp)
     rank = (world.rank // world.tp) % dp
     return [

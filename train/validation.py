@@ -399,7 +399,7 @@ def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
 
 
 def _check_global_batch(par: ParallelismConfig, dp: int) -> Violation | None:
-    mbs, gbs = par.micro_batch_size, par.global_batch_size
+    mbs, gbs = par.mbs, par.global_batch_size
     step = mbs * dp
     if gbs % step == 0:
         return None
@@ -428,11 +428,11 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
             "rampup_batch_size",
             {field: shown},
             f"{field}={shown!r} must be three non-negative integers [start, increment, ramp samples], "
-            f"e.g. [{par.micro_batch_size * dp}, {par.micro_batch_size * dp}, 1000000], or null for no ramp-up.",
+            f"e.g. [{par.mbs * dp}, {par.mbs * dp}, 1000000], or null for no ramp-up.",
         )
     start, incr, samples = (int(v) for v in ramp)
     gbs = par.global_batch_size
-    step = par.micro_batch_size * dp
+    step = par.mbs * dp
     problems: list[str] = []
     # Megatron's ramp-up: every intermediate global batch (start + k x increment) must split
     # into whole micro-batches on every replica, and the ramp must land exactly on the target.
@@ -466,11 +466,11 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
         {
             field: shown,
             "parallelism.global_batch_size": gbs,
-            "parallelism.micro_batch_size": par.micro_batch_size,
+            "parallelism.micro_batch_size": par.mbs,
             "parallelism.dp": dp,
         },
         f"{field}={shown} breaks the batch ramp-up rules for parallelism.global_batch_size={gbs}, "
-        f"parallelism.micro_batch_size={par.micro_batch_size} and parallelism.dp={dp}: "
+        f"parallelism.micro_batch_size={par.mbs} and parallelism.dp={dp}: "
         f"{', and '.join(problems)}. {suggestion}",
     )
 
@@ -622,7 +622,7 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     order = [Recompute.none, Recompute.selective, Recompute.full]
     first("recompute", order[order.index(Recompute(par.recompute)) + 1 :])
     # Divisors of the current micro-batch keep global_batch_size divisible.
-    first("micro_batch_size", [d for d in reversed(divisors(par.micro_batch_size)) if d < par.micro_batch_size])
+    first("micro_batch_size", [d for d in reversed(divisors(par.mbs)) if d < par.mbs])
     return fixes
 
 
@@ -650,14 +650,14 @@ def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
             "parallelism.dp": dp,
             "parallelism.zero_stage": par.zero_stage,
             "parallelism.recompute": recompute,
-            "parallelism.micro_batch_size": par.micro_batch_size,
+            "parallelism.micro_batch_size": par.mbs,
             "hardware.memory_gib": hw.memory_gib,
         },
         f"Predicted memory {estimate.total_gib:.2f} GiB per device (worst pipeline stage: {estimate.stage}) "
         f"exceeds the usable {usable:.2f} GiB of {hw.name} (hardware.memory_gib={hw.memory_gib} minus "
         f"hardware.memory_reserve_gib={hw.memory_reserve_gib}) with parallelism.tp={par.tp}, "
         f"parallelism.pp={par.pp}, parallelism.dp={dp}, parallelism.zero_stage={par.zero_stage}, "
-        f"parallelism.recompute={recompute}, parallelism.micro_batch_size={par.micro_batch_size}. "
+        f"parallelism.recompute={recompute}, parallelism.micro_batch_size={par.mbs}. "
         f"Larger tp or pp, a higher zero_stage, recompute or a smaller micro_batch_size reduce it. {advice}",
     )
 
