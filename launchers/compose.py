@@ -45,7 +45,8 @@ from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
-from hydra.types import HydraContext, RunMode
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -617,3 +618,18 @@ class FastValidation:
                 )
                 sys.stderr.flush()
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
+
+
+class SweepLauncher(Launcher):
+    """What megasweep's launchers share: the sweep's Hydra context, kept by setup() for launch()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function

@@ -24,12 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
-from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
 
 from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
-from launchers.compose import is_megasweep_config, sweep_composer
+from launchers.compose import SweepLauncher, is_megasweep_config, sweep_composer
 from launchers.slurm import (
     HydraJob,
     LaunchSettings,
@@ -43,7 +40,7 @@ from launchers.slurm import (
 __all__ = ["LocalLauncher"]
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher(SweepLauncher):
     """Hydra launcher running each config as a local subprocess, in order (`hydra/launcher=local`).
 
     Options (hydra.launcher.*): python (null: this interpreter), module (entry module of each run).
@@ -53,14 +50,6 @@ class LocalLauncher(Launcher):
         super().__init__()
         self.python = python
         self.module = module
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.task_function: TaskFunction | None = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None

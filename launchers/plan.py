@@ -26,11 +26,8 @@ from typing import TextIO
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
-from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
 
-from launchers.compose import FastComposer, is_megasweep_config, sweep_composer
+from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
 from train.planner import PlanRow, format_plan_table, plan_run, write_plan_csv
 
 __all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
@@ -133,7 +130,7 @@ def progress_printer(
     return report
 
 
-class PlanLauncher(Launcher):
+class PlanLauncher(SweepLauncher):
     """Hydra launcher that plans each job instead of running it (`hydra/launcher=plan`).
 
     Options (hydra.launcher.*): world_size (devices each config is planned for; null: dp
@@ -153,16 +150,8 @@ class PlanLauncher(Launcher):
         self.csv_name = csv_name
         self.table = table
         self.progress_every = progress_every
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.task_function: TaskFunction | None = None
         # Rows of every batch so far: a sweeper may launch in several batches, plan.csv has them all.
         self.rows: list[PlanRow] = []
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None

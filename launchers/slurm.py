@@ -62,13 +62,12 @@ from typing import Any
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import HydraException
-from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
 from conf.schema import RunConfig
-from launchers.compose import FastComposer, is_megasweep_config, sweep_composer
+from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
 from launchers.shapes import ArrayKey, SbatchOptions, Shape, array_key, chunk, group_by
 from train.validation import InfeasibleConfig, validate
 
@@ -621,7 +620,7 @@ def submit_hydra_jobs(
 # The Hydra launcher.
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(SweepLauncher):
     """Hydra launcher submitting one Slurm job array per resource shape (`hydra/launcher=slurm`).
 
     Options (hydra.launcher.*): wait (block until every job ends and return their results),
@@ -655,14 +654,6 @@ class SlurmLauncher(Launcher):
         self.python = python
         self.module = module
         self.job_name = job_name
-        self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.task_function: TaskFunction | None = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config = config
-        self.hydra_context = hydra_context
-        self.task_function = task_function
 
     def settings(self) -> LaunchSettings:
         assert self.config is not None
