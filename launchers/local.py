@@ -32,6 +32,7 @@ from launchers.slurm import (
     LaunchSettings,
     command_for,
     entry_args_for,
+    job_return,
     merge_entries,
     plan_configs,
     prepare_sweep_dir,
@@ -100,15 +101,7 @@ class LocalLauncher(SweepLauncher):
         returns = []
         for e in entries:
             status, value = outcomes.get(e.index, (JobStatus.COMPLETED, e.to_json()))
-            returns.append(
-                JobReturn(
-                    overrides=list(e.overrides),
-                    working_dir=str(sweep_dir / e.output_dir),
-                    task_name=task_name,
-                    status=status,
-                    _return_value=value,
-                )
-            )
+            returns.append(job_return(e, sweep_dir=sweep_dir, task_name=task_name, status=status, value=value))
         return returns
 
     def _launch_hydra_jobs(

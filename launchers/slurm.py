@@ -620,6 +620,19 @@ def submit_hydra_jobs(
 # The Hydra launcher.
 
 
+def job_return(
+    entry: ManifestEntry, *, sweep_dir: Path, task_name: str, status: JobStatus, value: Any
+) -> JobReturn:
+    """Hydra's record of one config's outcome, as the slurm and local launchers hand it back."""
+    return JobReturn(
+        overrides=list(entry.overrides),
+        working_dir=str(sweep_dir / entry.output_dir),
+        task_name=task_name,
+        status=status,
+        _return_value=value,
+    )
+
+
 class SlurmLauncher(SweepLauncher):
     """Hydra launcher submitting one Slurm job array per resource shape (`hydra/launcher=slurm`).
 
@@ -725,13 +738,5 @@ class SlurmLauncher(SweepLauncher):
                     value = job.result()
                 except Exception as exc:  # the job's failure, as Hydra launchers report it
                     status, value = JobStatus.FAILED, exc
-            returns.append(
-                JobReturn(
-                    overrides=list(e.overrides),
-                    working_dir=str(sweep_dir / e.output_dir),
-                    task_name=task_name,
-                    status=status,
-                    _return_value=value,
-                )
-            )
+            returns.append(job_return(e, sweep_dir=sweep_dir, task_name=task_name, status=status, value=value))
         return returns

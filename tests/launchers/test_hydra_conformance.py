@@ -6,7 +6,7 @@ LauncherTestSuite sweeps toy task functions in this process, the IntegrationTest
 small generated apps (`python task.py -m ...`) in subprocesses. Neither uses megasweep's
 schema, so these check the launchers' generic path: one array per sweep, the task function
 pickled to the node by submitit, launch() waiting for each JobReturn. The Slurm cases run
-on the real local cluster (slurm_cluster fixture), never a mocked sbatch.
+on the real local cluster (slurm_cluster fixture).
 
 The fixtures hydra_sweep_runner and hydra_restore_singletons come from Hydra's pytest plugin
 (hydra.extra.pytest_plugin, registered by hydra-core's pytest11 entry point).

@@ -1,4 +1,4 @@
-"""`hydra/launcher=slurm` against the real local Slurm cluster (no mocked sbatch).
+"""`hydra/launcher=slurm` against the real local Slurm cluster.
 
 Each test runs `python -m train -m ... hydra/launcher=slurm` as a user would, then checks the
 manifest, what Slurm queued (squeue/sacct), and the runs' result.json files.
