@@ -6,7 +6,13 @@ global step through it. Everything else (data, LR schedule, logging, the record)
 trainer's, so a native and a DeepSpeed run of one layout differ only in the engine.
 
 On CPU DeepSpeed needs its CPU accelerator, chosen by DS_ACCELERATOR=cpu before deepspeed is
-first imported (`import_deepspeed` does that), and the gloo backend. Its first use on a
+first imported (`import_deepspeed` does that), and the gloo backend.
+
+With tensor parallelism DeepSpeed is handed the model-parallel groups as Megatron-DeepSpeed does,
+through an `mpu` (ModelParallelUnit): the model is split by train.parallel.apply_tp_plain (plain
+tensors, since ZeRO flattens and partitions parameters and cannot take DTensors), ZeRO partitions
+and reduces over the data-parallel group only, and the gradient norm is summed over TP for the
+sharded parameters (marked tensor_model_parallel) and counted once for the replicated ones. Its first use on a
 machine builds a small shared-memory op with gcc (about 2 minutes on 2 cores, then cached in
 ~/.cache/torch_extensions); DeepSpeedCPUAdam, used by optimizer offload, is built likewise.
 
@@ -22,12 +28,13 @@ import math
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from conf.schema import ModelConfig, Offload
@@ -49,6 +56,50 @@ class DeepSpeedStepResult:
     """fp16 loss scale used by the step (1.0 outside fp16)."""
     skipped: bool
     """fp16 only: the step found inf/NaN gradients and did not update the weights."""
+
+
+@dataclass(frozen=True)
+class ModelParallelUnit:
+    """The `mpu` DeepSpeed asks for (Megatron's parallel_state interface) over this rank's groups.
+
+    "Model parallel" is tensor parallel here (engine=deepspeed runs no pipeline). DeepSpeed reduces
+    and partitions over the data-parallel group, and sums gradient norms over the model-parallel one.
+    """
+
+    tp_group: dist.ProcessGroup
+    """This rank's tensor-parallel group (ranks holding the other shards of the same replica)."""
+    dp_group: dist.ProcessGroup
+    """This rank's data-parallel group (ranks holding the same shard of other replicas)."""
+
+    def get_model_parallel_group(self) -> dist.ProcessGroup:
+        return self.tp_group
+
+    def get_model_parallel_rank(self) -> int:
+        return dist.get_rank(self.tp_group)
+
+    def get_model_parallel_world_size(self) -> int:
+        return dist.get_world_size(self.tp_group)
+
+    def get_model_parallel_src_rank(self) -> int:
+        return dist.get_global_rank(self.tp_group, 0)
+
+    # Newer Megatron names for the same groups; DeepSpeed uses both spellings in places.
+    get_tensor_model_parallel_group = get_model_parallel_group
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_src_rank = get_model_parallel_src_rank
+
+    def get_data_parallel_group(self) -> dist.ProcessGroup:
+        return self.dp_group
+
+    def get_data_parallel_rank(self) -> int:
+        return dist.get_rank(self.dp_group)
+
+    def get_data_parallel_world_size(self) -> int:
+        return dist.get_world_size(self.dp_group)
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return list(dist.get_process_group_ranks(self.dp_group))
 
 
 def import_deepspeed(device_type: str) -> ModuleType:
@@ -98,8 +149,8 @@ def build_deepspeed_engine(
 
     The optimizer is DeepSpeed's, built from ds_config["optimizer"] over train.optim's parameter
     groups (weight decay on matrices only, as the native engine), so ZeRO can partition and
-    offload it. `mpu` is Megatron's model-parallel unit (get_model_parallel_rank/group/world_size,
-    get_data_parallel_*) when TP or PP is in use; None means pure data parallelism over the world.
+    offload it. `mpu` (a ModelParallelUnit) carries the TP and DP groups when tp > 1, the model
+    already split by train.parallel.apply_tp_plain; None means pure data parallelism over the world.
     """
     device_type = next(model.parameters()).device.type
     deepspeed = import_deepspeed(device_type)
@@ -132,8 +183,11 @@ def optimizer_name(engine: Any, ds_config: dict[str, Any]) -> str:
     return f"deepspeed:{name} ZeRO-{int(zero.get('stage', 0))}{suffix}"
 
 
+LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def deepspeed_train_step(
-    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, loss_sum: LossSum = lm_loss_sum
 ) -> DeepSpeedStepResult:
     """One global step: forward/backward of every micro-batch of this rank, then the update.
 
@@ -142,6 +196,8 @@ def deepspeed_train_step(
     batch's mean token loss (as the native engine's, including BERT's uneven mask counts), each
     micro-batch's loss is its token-loss sum times gas x dp over the global batch's labelled
     tokens. engine.step() after every micro-batch updates only at the accumulation boundary.
+    `loss_sum` is the summed token loss of the logits the model returns (vocab-parallel under TP:
+    train.parallel.lm_loss_fn).
     """
     gas = int(engine.gradient_accumulation_steps())
     if len(batches) != gas:
@@ -160,13 +216,14 @@ def deepspeed_train_step(
     total = torch.zeros((), device=device)
     grad_norm: float | None = None
     for i, (tokens, labels) in enumerate(batches):
-        loss_sum = lm_loss_sum(engine(tokens), labels)
-        engine.backward(loss_sum * scale)
-        total += loss_sum.detach()
+        micro_loss = loss_sum(engine(tokens), labels)
+        engine.backward(micro_loss * scale)
+        total += micro_loss.detach()
         if i == gas - 1 and engine.zero_optimization_stage() == 0:
             # Without ZeRO, DeepSpeed reports no norm unless it clips; the reduced gradients are
             # in .grad until the step below.
-            grad_norm = _grad_norm(engine.module)
+            mpu = getattr(engine, "mpu", None)
+            grad_norm = _grad_norm(engine.module, tp_group=None if mpu is None else mpu.get_model_parallel_group())
         engine.step()
     if group is not None:
         torch.distributed.all_reduce(total, group=group)
@@ -181,11 +238,23 @@ def deepspeed_train_step(
     )
 
 
-def _grad_norm(module: nn.Module) -> float:
-    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+def _grad_norm(module: nn.Module, *, tp_group: dist.ProcessGroup | None) -> float:
+    """L2 norm of the (DP-reduced) gradients: TP shards summed over tp_group, replicas counted once."""
+    sharded, replicated = torch.zeros(()), torch.zeros(())
+    for p in module.parameters():
+        if p.grad is None:
+            continue
+        sq = p.grad.detach().float().pow(2).sum().cpu()
+        if getattr(p, "tensor_model_parallel", False):
+            sharded += sq
+        else:
+            replicated += sq
+    if tp_group is not None:
+        device = next(module.parameters()).device
+        sharded_on_device = sharded.to(device)
+        dist.all_reduce(sharded_on_device, group=tp_group)
+        sharded = sharded_on_device.cpu()
+    return float((sharded + replicated).sqrt())
 
 
 def _loss_scale(engine: Any) -> float:
@@ -219,7 +288,7 @@ class FlopsProfile:
 
 
 def profile_deepspeed_step(
-    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, loss_sum: LossSum = lm_loss_sum
 ) -> tuple[FlopsProfile, DeepSpeedStepResult]:
     """Run one global step under DeepSpeed's flops profiler; (its figures, the step's result).
 
@@ -248,7 +317,7 @@ def profile_deepspeed_step(
     start = time.perf_counter()
     profiler.start_profile()
     try:
-        result = deepspeed_train_step(engine, batches)
+        result = deepspeed_train_step(engine, batches, loss_sum=loss_sum)
         figures = FlopsProfile(
             forward_flops=int(profiler.get_total_flops()),
             forward_macs=int(profiler.get_total_macs()),

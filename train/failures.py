@@ -38,6 +38,18 @@ HANG_ENV = "MEGASWEEP_FAULT_HANG"
 """'<rank>:<iteration>': that rank sleeps before its first collective of that iteration, as a rank
 stuck in a kernel or on a dead NIC would. A test hook for training.collective_timeout_s."""
 HANG_SLEEP_S = 3600.0
+SLOW_FIRST_ATTEMPT_ENV = "MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT"
+"""'<seconds>': every iteration of a Slurm job's first attempt (SLURM_RESTART_COUNT unset or 0) sleeps
+that long, so that the attempt runs into its time limit whatever the machine's speed and the
+requeued attempt finishes at full speed. A test hook for time limits and requeue."""
+
+
+def slow_first_attempt_hook(environ: Mapping[str, str] = os.environ) -> None:
+    """Sleep SLOW_FIRST_ATTEMPT_ENV seconds when set and this is the job's first attempt (a signal
+    handler still runs during the sleep; the trainer acts on it at the step boundary)."""
+    spec = environ.get(SLOW_FIRST_ATTEMPT_ENV)
+    if spec and environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        time.sleep(float(spec))
 
 
 def classify(exc: BaseException) -> str:

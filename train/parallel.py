@@ -68,7 +68,7 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
     The qkv features are laid out per head, so a column split hands each rank whole heads and
     the attention code infers the local head count from the shard's width. The word embedding
     (and the tied output layer with it, and BERT's decoder bias) is split by vocabulary rows:
-    use lm_loss_fn(model, tp_mesh=...) for the loss of the logit slice the model then returns.
+    use lm_loss_fn(model) for the loss of the logit slice the model then returns.
     """
     if tp_mesh.size() == 1:
         return
@@ -82,7 +82,90 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
             if heads % tp_mesh.size():
                 raise ValueError(f"{heads} attention heads do not split over tp={tp_mesh.size()}")
     parallelize_module(model, tp_mesh, plan)
-    _split_vocabulary(model, tp_mesh=tp_mesh)
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+
+    def shard(full: torch.Tensor, rows: int) -> torch.Tensor:
+        # Every rank built the whole model from the same seed: its slice needs no communication.
+        local = full.detach()[rank * rows : (rank + 1) * rows].clone()
+        return DTensor.from_local(local, tp_mesh, [Shard(0)], run_check=False)
+
+    _split_vocabulary(model, tp=tp, rank=rank, group=tp_mesh.get_group(), shard=shard)
+
+
+def apply_tp_plain(model: nn.Module, *, tp_group: dist.ProcessGroup) -> None:
+    """apply_tp's split (the same layers, heads and vocabulary rows) with plain tensors and explicit
+    collectives, as Megatron's own layers do it, for an engine that flattens and partitions the
+    parameters itself and cannot take DTensors: DeepSpeed's ZeRO. Every sharded parameter is marked
+    `tensor_model_parallel = True`, the attribute DeepSpeed (given train.ds_engine's mpu) reads to sum
+    its gradient norm over TP and count replicated parameters once."""
+    tp, rank = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+    if tp == 1:
+        return
+    for name, module in list(model.named_modules()):
+        if not (name.endswith(_COLWISE + _ROWWISE) and isinstance(module, nn.Linear)):
+            continue
+        if name.endswith("attn.qkv"):
+            head_dim = getattr(model.get_submodule(name.rsplit(".", 1)[0]), "head_dim", 1)
+            heads = module.out_features // (3 * head_dim)
+            if heads % tp:
+                raise ValueError(f"{heads} attention heads do not split over tp={tp}")
+        parent_name, _, attr = name.rpartition(".")
+        layer: nn.Module = (
+            ColumnParallelLinear(module, rank=rank, tp=tp, group=tp_group)
+            if name.endswith(_COLWISE)
+            else RowParallelLinear(module, rank=rank, tp=tp, group=tp_group)
+        )
+        setattr(model.get_submodule(parent_name), attr, layer)
+
+    def shard(full: torch.Tensor, rows: int) -> torch.Tensor:
+        return full.detach()[rank * rows : (rank + 1) * rows].clone()
+
+    _split_vocabulary(model, tp=tp, rank=rank, group=tp_group, shard=shard)
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            for p in module.parameters(recurse=False):
+                p.tensor_model_parallel = True  # type: ignore[attr-defined]
+        elif isinstance(module, RowParallelLinear):
+            module.weight.tensor_model_parallel = True  # type: ignore[attr-defined]
+        elif isinstance(module, MaskedLMHead):
+            module.bias.tensor_model_parallel = True  # type: ignore[attr-defined]
+
+
+def _shard_param(full: torch.Tensor, *, dim: int, rank: int, tp: int) -> nn.Parameter:
+    size = full.shape[dim] // tp
+    return nn.Parameter(full.detach().narrow(dim, rank * size, size).clone())
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's output features of a Linear (weight rows and bias), on the replicated input."""
+
+    def __init__(self, full: nn.Linear, *, rank: int, tp: int, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        if full.out_features % tp:
+            raise ValueError(f"{full.out_features} output features do not split over tp={tp}")
+        self.weight = _shard_param(full.weight, dim=0, rank=rank, tp=tp)
+        self.bias = None if full.bias is None else _shard_param(full.bias, dim=0, rank=rank, tp=tp)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_EnterTP.apply(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """This rank's input features of a Linear (weight columns), summed over TP; the bias, replicated,
+    is added once after the sum."""
+
+    def __init__(self, full: nn.Linear, *, rank: int, tp: int, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        if full.in_features % tp:
+            raise ValueError(f"{full.in_features} input features do not split over tp={tp}")
+        self.weight = _shard_param(full.weight, dim=1, rank=rank, tp=tp)
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _SumOverTP.apply(F.linear(x, self.weight), self.group)
+        return out if self.bias is None else out + self.bias
 
 
 class _SumOverTP(torch.autograd.Function):
@@ -119,12 +202,13 @@ class _EnterTP(torch.autograd.Function):
 class VocabParallelEmbedding(nn.Module):
     """The word embedding's rows [start, start + rows) of the padded vocabulary, as a Shard(0)
     DTensor parameter named `weight` (so checkpoints, the optimizer and the gradient norm see a
-    TP-sharded tensor under the model's own name), serving as embedding and tied output layer."""
+    TP-sharded tensor under the model's own name), serving as embedding and tied output layer.
+    Under apply_tp_plain the weight is the plain tensor of those rows."""
 
-    def __init__(self, weight: DTensor, *, start: int, group: dist.ProcessGroup) -> None:
+    def __init__(self, weight: torch.Tensor, *, start: int, group: dist.ProcessGroup) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
-        self.start, self.rows = start, weight.to_local().shape[0]
+        self.start, self.rows = start, _local(weight).shape[0]
         self.group = group
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -144,10 +228,16 @@ class VocabParallelEmbedding(nn.Module):
         return f"rows {self.start}..{self.start + self.rows - 1}, dim {self.weight.shape[1]}"
 
 
-def _split_vocabulary(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
+def _split_vocabulary(
+    model: nn.Module,
+    *,
+    tp: int,
+    rank: int,
+    group: dist.ProcessGroup,
+    shard: Callable[[torch.Tensor, int], torch.Tensor],
+) -> None:
     """Swap every WordEmbedding of `model` for this rank's VocabParallelEmbedding, and shard BERT's
-    decoder bias with the same rows."""
-    tp, rank, group = tp_mesh.size(), tp_mesh.get_local_rank(), tp_mesh.get_group()
+    decoder bias with the same rows; shard(full, rows) makes this rank's tensor of `rows` rows."""
     for name, module in list(model.named_modules()):
         if isinstance(module, WordEmbedding):
             vocab = module.num_embeddings
@@ -157,20 +247,14 @@ def _split_vocabulary(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
                     f"tp={tp} (it pads to a multiple of make_vocab_size_divisible_by x tp)"
                 )
             rows = vocab // tp
-            shard = _row_shard(module.weight, rows=rows, rank=rank, tp_mesh=tp_mesh)
             parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
             setattr(
-                parent, name.rpartition(".")[2], VocabParallelEmbedding(shard, start=rank * rows, group=group)
+                parent,
+                name.rpartition(".")[2],
+                VocabParallelEmbedding(shard(module.weight, rows), start=rank * rows, group=group),
             )
         elif isinstance(module, MaskedLMHead):
-            rows = module.bias.shape[0] // tp
-            module.bias = nn.Parameter(_row_shard(module.bias, rows=rows, rank=rank, tp_mesh=tp_mesh))
-
-
-def _row_shard(full: torch.Tensor, *, rows: int, rank: int, tp_mesh: DeviceMesh) -> DTensor:
-    # Every rank built the whole model from the same seed: its slice needs no communication.
-    local = full.detach()[rank * rows : (rank + 1) * rows].clone()
-    return DTensor.from_local(local, tp_mesh, [Shard(0)], run_check=False)
+            module.bias = nn.Parameter(shard(module.bias, module.bias.shape[0] // tp))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -216,13 +300,11 @@ def vocab_parallel_loss_sum(
     return out
 
 
-def lm_loss_fn(
-    model: nn.Module, *, tp_mesh: DeviceMesh
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The summed token cross-entropy for the logits `model` (after apply_tp) returns:
-    train.model.lm_loss_sum when they are whole, the vocab-parallel one when they are a slice."""
+def lm_loss_fn(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The summed token cross-entropy for the logits `model` (after apply_tp or apply_tp_plain)
+    returns: train.model.lm_loss_sum when they are whole, the vocab-parallel one when they are a slice."""
     wte = getattr(model, "wte", None)
-    if tp_mesh.size() == 1 or not isinstance(wte, VocabParallelEmbedding):
+    if not isinstance(wte, VocabParallelEmbedding):
         return lm_loss_sum
     start, group = wte.start, wte.group
 

@@ -10,7 +10,8 @@ tensor, then data parallel); this module keeps the layout explicit: the world (d
 global-batch arithmetic and the per-rank sample indices are computed in one place. Rank 0 alone
 prints and writes the record; the other ranks train quietly.
 
-parallelism.engine=deepspeed (data parallel, ZeRO 0-3, offload) swaps only the step's machinery:
+parallelism.engine=deepspeed (ZeRO 0-3 and offload over dp, with tp on plain-tensor shards and
+DeepSpeed told the groups; no pp) swaps only the step's machinery:
 setup() wraps the same model in a DeepSpeedEngine (train.ds_engine) configured from the run
 (train.ds_config, written beside result.json) and train_step() hands it the same micro-batches;
 data, LR schedule, log line, W&B and the record stay this module's.
@@ -57,7 +58,13 @@ from train.calibrate import measure_peak_tflops
 from train.checkpoint import Checkpointer, CheckpointMismatch, checkpoint_root, fingerprint
 from train.data import TokenSource, get_batch, make_source
 from train.ds_config import deepspeed_config, write_deepspeed_config
-from train.ds_engine import FlopsProfile, build_deepspeed_engine, deepspeed_train_step, profile_deepspeed_step
+from train.ds_engine import (
+    FlopsProfile,
+    ModelParallelUnit,
+    build_deepspeed_engine,
+    deepspeed_train_step,
+    profile_deepspeed_step,
+)
 from train.memory import usable_bytes
 from train.metrics import (
     IterationStats,
@@ -500,13 +507,21 @@ def _setup_deepspeed(
     ds_cfg = deepspeed_config(run, dp=world.dp)
     if world.rank == 0 and progress.run_dir is not None:
         progress.extra["deepspeed_config"] = str(write_deepspeed_config(ds_cfg, progress.run_dir))
-    engine, progress.optimizer = build_deepspeed_engine(model, ds_config=ds_cfg)
+    parallel_state, mpu = Parallel(), None
+    if world.tp > 1:
+        # Megatron-DeepSpeed's split: our TP on plain tensors, DeepSpeed told the groups (mpu).
+        mesh = distributed.build_mesh(device.type, pp=1, dp=world.dp, tp=world.tp)
+        tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
+        parallel.apply_tp_plain(model, tp_group=tp_group)
+        mpu = ModelParallelUnit(tp_group=tp_group, dp_group=dp_group)
+        parallel_state = Parallel(tp_group=tp_group, mesh=mesh, loss_sum=parallel.lm_loss_fn(model))
+    engine, progress.optimizer = build_deepspeed_engine(model, ds_config=ds_cfg, mpu=mpu)
     # The engine's optimizer (a ZeRO wrapper from stage 1 on) exposes its inner optimizer's
     # param_groups, so train.optim.set_lr drives DeepSpeed's update as it drives torch's.
     source = make_source(run.model, seed=run.training.seed, data_path=run.training.data_path)
     progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
     disabled = torch.amp.GradScaler(device.type, enabled=False)  # DeepSpeed scales fp16 itself
-    return Setup(device, engine, engine.optimizer, disabled, source, Parallel())
+    return Setup(device, engine, engine.optimizer, disabled, source, parallel_state)
 
 
 def parallelize(
@@ -519,7 +534,7 @@ def parallelize(
     parallel.apply_tp(stage, tp_mesh=mesh["tp"])
     dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
     tie_group = parallel.embedding_tie_group(mesh)
-    loss_sum = parallel.lm_loss_fn(stage, tp_mesh=mesh["tp"])
+    loss_sum = parallel.lm_loss_fn(stage)
     schedule, loss_fn = None, None
     if world.pp > 1:
         loss_fn = MicroBatchLoss(scaler, loss_sum)
@@ -588,7 +603,7 @@ def train(
         consumed = (iteration - 1) * par.global_batch_size
         batches = step_batches(run, s.source, world=world, consumed=consumed, device=s.device)
         if iteration == ds_profile_at:
-            figures, ds = profile_deepspeed_step(s.model, batches)
+            figures, ds = profile_deepspeed_step(s.model, batches, loss_sum=s.par.loss_sum)
             result = StepResult(ds.loss, ds.grad_norm, ds.loss_scale, skipped=ds.skipped)
             progress.extra["deepspeed_flops_profile"] = deepspeed_profile_record(
                 figures, run, world=world, iteration=iteration
@@ -739,20 +754,22 @@ def deepspeed_profile_record(
 ) -> dict[str, Any]:
     """DeepSpeed's figures beside megasweep's per-GEMM model FLOPs for the same step.
 
-    The profiler counts this rank's forwards only, so the comparable figure is 3 x forward x dp
-    (the backward as 2 forwards, all replicas); `ratio_to_model_flops` is that over the model
+    The profiler counts this rank's forwards only, so the comparable figure is 3 x forward x dp x tp
+    (the backward as 2 forwards, all replicas, all TP shards: under TP a rank runs 1/tp of each
+    sharded GEMM, while the replicated element-wise work it counts whole on every rank reads tp
+    times over); `ratio_to_model_flops` is that over the model
     FLOPs of the iteration. Above 1 means DeepSpeed counted work Megatron's GEMM count leaves
     out (element-wise ops, bias adds); below 1, GEMMs it does not see (README: why they disagree).
     """
     model_flops = flops.model_flops_per_iteration(run.model, global_batch_size=run.parallelism.global_batch_size)
-    comparable = 3 * figures.forward_flops * world.dp
+    comparable = 3 * figures.forward_flops * world.dp * world.tp
     return {
         **asdict(figures),
         "iteration": iteration,
         "model_flops_per_iteration": model_flops,
-        "model_forward_flops_per_rank": model_flops / 3 / world.dp,
+        "model_forward_flops_per_rank": model_flops / 3 / world.dp / world.tp,
         "ratio_to_model_flops": comparable / model_flops if model_flops else None,
-        "ratio_convention": "3 x forward_flops x dp / model FLOPs per iteration (train.flops)",
+        "ratio_convention": "3 x forward_flops x dp x tp / model FLOPs per iteration (train.flops)",
     }
 
 
@@ -848,6 +865,7 @@ def _fault_hook(world: World, iteration: int) -> None:
         print(f"{FAULT_ENV}={spec}: rank {world.rank} exits now", file=sys.stderr, flush=True)
         os._exit(FAULT_EXIT_CODE)
     failures.hang_hook(world.rank, iteration)
+    failures.slow_first_attempt_hook()
 
 
 def _iteration_stats(
@@ -905,7 +923,7 @@ def train_step(
     """
     if run.parallelism.engine == Engine.deepspeed:
         # The engine normalizes, reduces, clips, scales (fp16) and steps; `model` is the engine.
-        ds = deepspeed_train_step(model, batches)
+        ds = deepspeed_train_step(model, batches, loss_sum=(par or Parallel()).loss_sum)
         return StepResult(ds.loss, ds.grad_norm, ds.loss_scale, skipped=ds.skipped)
     par = par or Parallel()
     optimizer.zero_grad(set_to_none=True)
@@ -1040,8 +1058,8 @@ def check_layout(run: RunConfig, world: World, *, layers: int) -> None:
     if par.rampup_batch_size:
         raise NotImplementedError("rampup_batch_size is not implemented yet")
     if par.engine == Engine.deepspeed:
-        if world.tp * world.pp > 1:
-            raise NotImplementedError("engine=deepspeed runs data parallel only: use tp=1 and pp=1")
+        if world.pp > 1:
+            raise NotImplementedError("engine=deepspeed runs no pipeline: use pp=1 (tp and dp combine with ZeRO)")
         if run.training.save_interval > 0:
             # train.checkpoint saves torch state dicts; DeepSpeed's partitioned states need its own.
             raise NotImplementedError("checkpointing (training.save_interval > 0) with engine=deepspeed")

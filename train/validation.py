@@ -57,7 +57,7 @@ RULES: tuple[str, ...] = (
     "rampup_batch_size",
     "zero_stage",
     "offload_requires_zero",
-    "deepspeed_data_parallel_only",
+    "deepspeed_no_pipeline",
     "deepspeed_fp16_on_cpu",
     "native_zero_stage",
     "native_offload",
@@ -511,14 +511,15 @@ def _check_offload(par: ParallelismConfig) -> Violation | None:
 
 
 def _check_deepspeed_layout(par: ParallelismConfig) -> Violation | None:
-    if par.engine != Engine.deepspeed or (par.tp == 1 and par.pp == 1):
+    if par.engine != Engine.deepspeed or par.pp == 1:
         return None
     return Violation(
-        "deepspeed_data_parallel_only",
-        {"parallelism.engine": "deepspeed", "parallelism.tp": par.tp, "parallelism.pp": par.pp},
-        f"parallelism.engine=deepspeed with parallelism.tp={par.tp} and parallelism.pp={par.pp}: the "
-        f"DeepSpeed engine runs data parallel only in megasweep today (no Megatron mpu or pipeline "
-        f"engine is wired to it). Use engine=native for tp/pp, or tp=1 pp=1 with engine=deepspeed.",
+        "deepspeed_no_pipeline",
+        {"parallelism.engine": "deepspeed", "parallelism.pp": par.pp},
+        f"parallelism.engine=deepspeed with parallelism.pp={par.pp}: megasweep hands DeepSpeed data and "
+        f"tensor parallelism (ZeRO over dp, Megatron's groups for tp) but no pipeline (DeepSpeed's "
+        f"PipelineEngine needs a PipelineModule, which is not wired). Use pp=1 with engine=deepspeed "
+        f"(any tp), or engine=native for pp > 1.",
     )
 
 

@@ -84,11 +84,11 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("zero_stage")
     if (p.offload == Offload.params and p.zero_stage != 3) or (p.offload == Offload.optimizer and p.zero_stage < 1):
         broken.add("offload_requires_zero")
-    # Engines: DeepSpeed is wired for data parallelism only and refuses fp16 on its CPU accelerator;
-    # the native engine has ZeRO-1 and no offload.
+    # Engines: DeepSpeed is wired for data and tensor parallelism (no pipeline) and refuses fp16 on
+    # its CPU accelerator; the native engine has ZeRO-1 and no offload.
     deepspeed = p.engine == Engine.deepspeed
-    if deepspeed and ((_pos(p.tp) and p.tp > 1) or (_pos(p.pp) and p.pp > 1)):
-        broken.add("deepspeed_data_parallel_only")
+    if deepspeed and _pos(p.pp) and p.pp > 1:
+        broken.add("deepspeed_no_pipeline")
     if deepspeed and p.precision == Precision.fp16 and hw.device_type == "cpu":
         broken.add("deepspeed_fp16_on_cpu")
     if not deepspeed and p.zero_stage in (2, 3):
@@ -430,8 +430,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             {"offload": Offload.params, "zero_stage": 2}, {"offload": Offload.optimizer, "zero_stage": 0},
         ]))
         par["engine"] = Engine.deepspeed
-    elif rule == "deepspeed_data_parallel_only":
-        tp, pp = draw(st.sampled_from([(1, 2), (1, 4), (2, 1), (4, 1), (2, 2), (4, 4)]))
+    elif rule == "deepspeed_no_pipeline":
+        tp, pp = draw(st.sampled_from([(1, 2), (1, 4), (2, 2), (4, 4)]))
         par = {"engine": Engine.deepspeed, "tp": tp, "pp": pp}
     elif rule == "deepspeed_fp16_on_cpu":
         par = {"engine": Engine.deepspeed, "precision": Precision.fp16, "zero_stage": draw(st.integers(0, 3))}
@@ -605,9 +605,10 @@ def test_offload_messages() -> None:
 
 
 def test_engine_rules_name_the_engine_that_can_run_it() -> None:
-    v = _one(make_run(par={"engine": Engine.deepspeed, "tp": 2}))
-    assert v.rule == "deepspeed_data_parallel_only"
-    assert "use engine=native for tp/pp, or tp=1 pp=1" in v.message.lower()
+    v = _one(make_run(par={"engine": Engine.deepspeed, "pp": 2}))
+    assert v.rule == "deepspeed_no_pipeline"
+    assert "Use pp=1 with engine=deepspeed (any tp), or engine=native for pp > 1" in v.message
+    assert validate(make_run(par={"engine": Engine.deepspeed, "tp": 2})) == []
     v = _one(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16}, hw={"device_type": "cpu"}))
     assert v.rule == "deepspeed_fp16_on_cpu" and "bf16, fp32" in v.message
     assert validate(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16},

@@ -1,4 +1,5 @@
-"""train.parallel's vocabulary parallelism in 2 gloo processes (tp = 2), against the unsharded model.
+"""train.parallel's vocabulary parallelism in 2 gloo processes (tp = 2), against the unsharded model,
+with DTensors (apply_tp, the native engine) and with plain tensors (apply_tp_plain, for DeepSpeed).
 
 Each worker builds the same seeded model, applies apply_tp and records what it holds and computes;
 the test compares that with the one-process model: each rank holds padded_vocab / 2 rows of the
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from conf.schema import ModelConfig, ModelKind
 from train.distributed import build_mesh
 from train.model import IGNORE_INDEX, build_model, count_params, lm_loss_sum
-from train.parallel import VocabParallelEmbedding, apply_tp, lm_loss_fn
+from train.parallel import VocabParallelEmbedding, apply_tp, apply_tp_plain, lm_loss_fn
 from train.sizes import padded_vocab_size, total_params
 
 TP = 2
@@ -66,31 +67,33 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
         mesh = build_mesh("cpu", pp=1, dp=1, tp=TP)
         results = {}
         for kind in kinds:
-            cfg = tiny(kind)
-            torch.manual_seed(0)
-            model = build_model(cfg, tp=TP)
-            apply_tp(model, tp_mesh=mesh["tp"])
-            tokens, labels = batch(cfg)
-            logits = model(tokens)
-            loss = lm_loss_fn(model, tp_mesh=mesh["tp"])(logits, labels)
-            loss.backward()
-            wte = model.wte
-            assert isinstance(wte, VocabParallelEmbedding)
-            grads = {
-                name: p.grad.to_local().clone() if hasattr(p.grad, "to_local") else p.grad.clone()
-                for name, p in model.named_parameters()
-                if p.grad is not None
-            }
-            bias = model.lm_head.bias.to_local().shape[0] if model.lm_head is not None else None
-            results[kind.value] = {
-                "rows": wte.weight.to_local().shape[0],
-                "start": wte.start,
-                "global_rows": wte.weight.shape[0],
-                "bias_rows": bias,
-                "logits_shape": tuple(logits.shape),
-                "loss": float(loss.detach()),
-                "grads": grads,
-            }
+            for plain in (False, True):
+                cfg = tiny(kind)
+                torch.manual_seed(0)
+                model = build_model(cfg, tp=TP)
+                if plain:
+                    apply_tp_plain(model, tp_group=mesh["tp"].get_group())
+                else:
+                    apply_tp(model, tp_mesh=mesh["tp"])
+                tokens, labels = batch(cfg)
+                logits = model(tokens)
+                loss = lm_loss_fn(model)(logits, labels)
+                loss.backward()
+                wte = model.wte
+                assert isinstance(wte, VocabParallelEmbedding)
+                local = [(name, p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad, p)
+                         for name, p in model.named_parameters() if p.grad is not None]
+                bias = model.lm_head.bias if model.lm_head is not None else None
+                results[(kind.value, plain)] = {
+                    "rows": wte.weight.to_local().shape[0] if not plain else wte.weight.shape[0],
+                    "start": wte.start,
+                    "global_rows": wte.weight.shape[0] if not plain else wte.weight.shape[0] * TP,
+                    "bias_rows": None if bias is None else (bias.shape[0] if plain else bias.to_local().shape[0]),
+                    "logits_shape": tuple(logits.shape),
+                    "loss": float(loss.detach()),
+                    "grads": {name: g.clone() for name, g, _ in local},
+                    "tmp": {name for name, _, p in local if getattr(p, "tensor_model_parallel", False)},
+                }
         torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -110,13 +113,14 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=RTOL, atol=RTOL * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["dtensor", "plain"])
 @pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
-def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: ModelKind) -> None:
+def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: ModelKind, plain: bool) -> None:
     cfg = tiny(kind)
     vocab = padded_vocab_size(cfg, TP)
     assert vocab == 512
     ref = reference(cfg)
-    ranks = [r[kind.value] for r in tp_ranks]
+    ranks = [r[(kind.value, plain)] for r in tp_ranks]
     rows = vocab // TP
     for r, got in enumerate(ranks):
         assert got["rows"] == rows and got["start"] == r * rows and got["global_rows"] == vocab
@@ -134,6 +138,35 @@ def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: Mod
             close(got["grads"][name], ref["grads"][name])
     # The two slices together are the whole embedding gradient, with nothing counted twice.
     close(torch.cat([got["grads"]["wte.weight"] for got in ranks]), ref["grads"]["wte.weight"])
+
+
+@pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
+def test_plain_tp_shards_layers_like_megatron(tp_ranks: list[dict[str, Any]], kind: ModelKind) -> None:
+    """apply_tp_plain: qkv/fc_in hold output rows, proj/fc_out input columns, each rank's gradient the
+    matching slice of the unsharded one; exactly the sharded tensors carry tensor_model_parallel
+    (what DeepSpeed's gradient norm sums over TP), the replicated ones (row biases, norms) do not."""
+    cfg = tiny(kind)
+    ref = reference(cfg)["grads"]
+    h = cfg.hidden_size
+    for r, got in enumerate(r[(kind.value, True)] for r in tp_ranks):
+        grads = got["grads"]
+        for name in ("qkv", "fc_in"):
+            full_name = f"layers.0.{'attn' if name == 'qkv' else 'mlp'}.{name}"
+            rows = ref[f"{full_name}.weight"].shape[0] // TP
+            close(grads[f"{full_name}.weight"], ref[f"{full_name}.weight"][r * rows : (r + 1) * rows])
+            close(grads[f"{full_name}.bias"], ref[f"{full_name}.bias"][r * rows : (r + 1) * rows])
+        for name in ("attn.proj", "mlp.fc_out"):
+            cols = ref[f"layers.0.{name}.weight"].shape[1] // TP
+            close(grads[f"layers.0.{name}.weight"], ref[f"layers.0.{name}.weight"][:, r * cols : (r + 1) * cols])
+            close(grads[f"layers.0.{name}.bias"], ref[f"layers.0.{name}.bias"])  # replicated, whole
+        assert grads["layers.0.attn.qkv.weight"].shape == (3 * h // TP, h)
+        sharded = {
+            f"layers.{i}.{m}.{t}"
+            for i in range(cfg.num_layers)
+            for m, t in [("attn.qkv", "weight"), ("attn.qkv", "bias"), ("mlp.fc_in", "weight"),
+                         ("mlp.fc_in", "bias"), ("attn.proj", "weight"), ("mlp.fc_out", "weight")]
+        } | {"wte.weight"} | ({"lm_head.bias"} if kind == ModelKind.bert else set())
+        assert got["tmp"] == sharded
 
 
 def test_model_pads_vocabulary_for_tp() -> None:
