@@ -9,7 +9,9 @@
 
 The first form reads every result.json, plan.csv row and manifest.jsonl entry of the sweeps and
 writes into OUT (default <first sweep dir>/analysis): results.csv (every field), results.md
-(the seeds' table, the recommendation, scaling, what is missing), scaling.csv and the PNG plots.
+(the seeds' table, the recommendation, scaling, the ZeRO comparison when the sweeps vary
+parallelism.engine, zero_stage or offload, what is missing), scaling.csv, zero.csv (with the
+ZeRO comparison) and the PNG plots.
 It prints the recommendation and what is still missing. The second form writes compare.md and
 compare.csv (default OUT: <after sweep>/analysis) and prints the comparison. (A sweep directory
 literally named 'compare' is given as ./compare.)
@@ -114,6 +116,8 @@ def analyse(argv: Sequence[str]) -> int:
         scaling_frame,
         scaling_markdown,
         summary_line,
+        zero_frame,
+        zero_markdown,
     )
 
     args = _analyse_parser().parse_args(argv)
@@ -127,13 +131,19 @@ def analyse(argv: Sequence[str]) -> int:
     rec_text = format_recommendations(recommend(df, constraints))
     scaling = scaling_frame(df)
     scaling_md = scaling_markdown(scaling)
+    zero = zero_frame(df)
     written = [write_results_csv(df, out / "results.csv")]
-    md = results_markdown(df, labels=sweeps.labels, recommendation=rec_text, scaling=scaling_md)
+    md = results_markdown(
+        df, labels=sweeps.labels, recommendation=rec_text, scaling=scaling_md, zero=zero_markdown(zero)
+    )
     (out / "results.md").write_text(md, encoding="utf-8")
     written.append(out / "results.md")
     if not scaling.empty:
         scaling.to_csv(out / "scaling.csv", index=False)
         written.append(out / "scaling.csv")
+    if not zero.empty:
+        zero.to_csv(out / "zero.csv", index=False)
+        written.append(out / "zero.csv")
     plots = [] if args.no_plots else write_plots(df, out)
     written += plots
     if args.wandb_log:

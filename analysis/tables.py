@@ -1,4 +1,5 @@
-"""Tables in the seeds' format: results.md (BLOOM notes, seed 001) and scaling tables (DeepSpeed, seed 004).
+"""Tables in the seeds' format: results.md (BLOOM notes, seed 001), scaling and ZeRO comparison tables
+(DeepSpeed, seed 004).
 
 Formatting conventions, as the seeds write them:
 - Mem: the measured peak per device (max over ranks and iterations) in GiB (2**30 bytes), written
@@ -28,11 +29,14 @@ OUTCOME_TEXT = {
     "nan": "NaN",
     "timeout": "timeout",
     "fail": "fail",
+    "refused": "refused",
     "skipped": "skipped",
     "pending": "pending",
     "running": "running",
 }
-_ORDER = {"ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "skipped": 6, "pending": 7, "running": 8}
+_ORDER = {
+    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "refused": 5.5, "skipped": 6, "pending": 7, "running": 8
+}
 # Overrides whose value has its own column: repeating them in Notes would be noise.
 _SHOWN_KEYS = {
     "parallelism.dp",
@@ -216,9 +220,14 @@ MEM_FOOTNOTE = (
 
 
 def results_markdown(
-    df: pd.DataFrame, *, labels: Sequence[str], recommendation: str, scaling: str | None = None
+    df: pd.DataFrame,
+    *,
+    labels: Sequence[str],
+    recommendation: str,
+    scaling: str | None = None,
+    zero: str | None = None,
 ) -> str:
-    """The whole results.md: table, recommendation, scaling (when given) and what is missing."""
+    """The whole results.md: table, recommendation, scaling and ZeRO comparison (when given), what is missing."""
     parts = [
         f"# Sweep results: {', '.join(labels)}",
         "",
@@ -235,6 +244,8 @@ def results_markdown(
     ]
     if scaling:
         parts += ["## Scaling", "", scaling.rstrip(), ""]
+    if zero:
+        parts += ["## ZeRO comparison", "", zero.rstrip(), ""]
     parts += ["## Missing", "", missing_markdown(df), ""]
     return "\n".join(parts)
 
@@ -318,6 +329,138 @@ def scaling_markdown(frame: pd.DataFrame) -> str | None:
     return markdown_table(wide, left=(wide.columns[0],)) + "\n\n" + note
 
 
+# ---------------------------------------------------------------------------------------------
+# ZeRO comparison (seed 004's first tables: one row per engine setting, nodes*devices across)
+
+_RAN = ("ok", "oom", "nan", "timeout", "fail")
+_ZERO_SETTINGS = ("engine", "zero_stage", "offload")
+_ENGINE_RANK = {"native": 0, "deepspeed": 1}
+_OFFLOAD_RANK = {"none": 0, "optimizer": 1, "params": 2}
+# Shown only when they vary: the rows are per engine setting, yet a bf16 and an fp32 run (or two
+# hardware kinds) must not meet in one cell, where only the faster would survive.
+_ZERO_EXTRA_FIELDS = (
+    ("hardware", "{}"),
+    ("config.parallelism.precision", "{}"),
+    ("config.parallelism.recompute", "recompute={}"),
+)
+ZERO_COLUMNS = (
+    "variant", "model", "tp", "pp", "engine", "zero_stage", "offload", "scale", "nodes", "devices",
+    "outcome", "samples_per_s", "tflops", "sec_per_iter", "mem_gib", "run_dir",
+)
+ZERO_FOOTNOTE = (
+    "Cells: samples/sec and model TFLOP/s per device of the fastest run of each cell; failed runs show "
+    "their outcome. Rows without 'with' are the native engine (the baseline); 'native zero1' is "
+    "megasweep's own sharded optimizer (parallelism.engine=native), not DeepSpeed's ZeRO-1; "
+    "+offload(optimizer) / +offload(params) is what DeepSpeed moves to host memory."
+)
+
+
+def _override_values(overrides: pd.Series, key: str) -> pd.Series:
+    """The value a run's overrides give `key` (the last one wins, as in Hydra), NaN when none does."""
+
+    def value(o: object) -> object:
+        found: object = math.nan
+        if isinstance(o, list | tuple):
+            for item in o:
+                name, sep, v = str(item).partition("=")
+                if sep and name.lstrip("+~") == key:
+                    found = v
+        return found
+
+    return overrides.map(value)
+
+
+def _zero_setting(runs: pd.DataFrame, name: str) -> pd.Series:
+    """parallelism.<name> of each run as text: the record's config, else its explicit override
+    (a job Slurm ended before it wrote a record), else '' (unknown)."""
+    column = f"config.parallelism.{name}"
+    values = runs[column] if column in runs.columns else pd.Series(math.nan, index=runs.index, dtype=object)
+    if "overrides" in runs.columns:
+        values = values.where(values.map(_text) != "", _override_values(runs["overrides"], f"parallelism.{name}"))
+    return values.map(_text)
+
+
+def _engine_label(engine: pd.Series, zero: pd.Series, offload: pd.Series) -> pd.Series:
+    """'' for the native baseline, ' with native zero1', ' with deepspeed zero3+offload(optimizer)'."""
+    offloaded = ("+offload(" + offload + ")").where(offload != "none", "")
+    baseline = (engine == "native") & (zero == "0") & (offloaded == "")
+    return (" with " + engine + " zero" + zero + offloaded).where(~baseline, "")
+
+
+def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (ZeRO variant, nodes*devices) of the runs, when the sweep varies engine, ZeRO or offload.
+
+    A variant is (model, tp, pp, engine, zero_stage, offload), labelled as seed 004 labels its
+    rows ('tiny (mp=1) with deepspeed zero3+offload(optimizer)'; pp appears when some run has
+    pp > 1; hardware, precision and recompute when they vary). Empty when no run ran or every
+    run has the same engine, stage and offload: then there is nothing to compare. Runs whose
+    engine setting is unknown (no record, no override naming it) are left out. Cells with
+    several runs (e.g. different batch sizes) keep the fastest; rows come in the seed's order,
+    per model the baseline first, then by engine, stage, offload and model parallelism.
+    """
+    runs = df[df["outcome"].isin(_RAN)].copy()
+    if runs.empty:
+        return pd.DataFrame(columns=list(ZERO_COLUMNS))
+    for name in _ZERO_SETTINGS:
+        runs[name] = _zero_setting(runs, name)
+    runs = runs[(runs["engine"] != "") & (runs["zero_stage"] != "") & (runs["offload"] != "")]
+    if runs[list(_ZERO_SETTINGS)].drop_duplicates().shape[0] < 2:
+        return pd.DataFrame(columns=list(ZERO_COLUMNS))
+    tp, pp = runs["tp"].map(_text), runs["pp"].map(_text)
+    pp_text = (" pp=" + pp) if (runs["pp"].fillna(1) != 1).any() else ""
+    label = runs["model"].astype(str) + " (mp=" + tp + pp_text + ")"
+    label = label + _engine_label(runs["engine"], runs["zero_stage"], runs["offload"])
+    for name, fmt in _ZERO_EXTRA_FIELDS:
+        if name in runs.columns and runs[name].map(_text).nunique() > 1:
+            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
+    runs["variant"] = label
+    runs["scale"] = runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text)
+    runs["_ok"] = (runs["outcome"] == "ok") & runs["samples_per_s"].notna()
+    runs["_engine"] = runs["engine"].map(_ENGINE_RANK).fillna(len(_ENGINE_RANK))
+    runs["_zero"] = pd.to_numeric(runs["zero_stage"], errors="coerce")
+    runs["_offload"] = runs["offload"].map(_OFFLOAD_RANK).fillna(len(_OFFLOAD_RANK))
+    order = ["model", "_engine", "_zero", "_offload", "pp", "tp", "variant", "devices", "nodes", "_ok",
+             "samples_per_s"]
+    runs = runs.sort_values(order, ascending=[True] * 9 + [False, False], kind="mergesort", na_position="last")
+    cells = runs.drop_duplicates(["variant", "scale"], keep="first")[list(ZERO_COLUMNS)]
+    # Counts as integers in zero.csv ('2', not '2.0'); NaN stays empty.
+    cells = cells.astype({c: "Int64" for c in ("tp", "pp", "nodes", "devices")})
+    return cells.reset_index(drop=True)
+
+
+def _seed_figure(v: float) -> str:
+    """Two decimals as seed 004 writes its cells ('349.86', '0.72'); below 0.01 three significant
+    figures instead ('2.82e-05'): a tiny model on a CPU does ~1e-5 TFLOP/s, which two decimals would
+    print as a zero that reads as 'not measured'."""
+    return f"{v:.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.2e}"
+
+
+def _zero_cell(row: pd.Series) -> str:
+    if row["outcome"] != "ok" or _missing(row["samples_per_s"]):
+        return OUTCOME_TEXT.get(str(row["outcome"]), str(row["outcome"]))
+    cell = f"{_seed_figure(float(row['samples_per_s']))} samples/sec"
+    if not _missing(row["tflops"]):
+        # Two spaces between the figures, as seed 004 writes its cells.
+        cell += f"  {_seed_figure(float(row['tflops']))} tflops/dev"
+    return cell
+
+
+def zero_markdown(frame: pd.DataFrame) -> str | None:
+    """Seed 004's ZeRO table from zero_frame: variants down, nodes*devices across, even for one scale.
+
+    None when the frame is empty (the sweep does not vary engine, zero_stage or offload).
+    """
+    if frame.empty:
+        return None
+    frame = frame.assign(cell=frame.apply(_zero_cell, axis=1))
+    rows = frame["variant"].drop_duplicates().tolist()
+    scales = frame.drop_duplicates("scale").sort_values(["devices", "nodes"], kind="mergesort")["scale"].tolist()
+    wide = frame.pivot(index="variant", columns="scale", values="cell").reindex(index=rows, columns=scales)
+    wide = wide.fillna("").reset_index().rename(columns={"variant": "model \\ nodes*devices"})
+    wide.columns = [str(c) for c in wide.columns]
+    return markdown_table(wide, left=(wide.columns[0],)) + "\n\n" + ZERO_FOOTNOTE
+
+
 def pflops_aggregate(tflops_per_device: pd.Series | float, devices: pd.Series | float) -> pd.Series | float:
     """Aggregate PetaFLOP/s as the BLOOM notes write it: TFLOPs per device x devices / 1024."""
     return tflops_per_device * devices / 1024
@@ -327,6 +470,8 @@ __all__ = [
     "MEM_FOOTNOTE",
     "OUTCOME_TEXT",
     "SEED_COLUMNS",
+    "ZERO_COLUMNS",
+    "ZERO_FOOTNOTE",
     "format_mem",
     "format_mfu",
     "format_sec",
@@ -342,4 +487,6 @@ __all__ = [
     "sort_results",
     "summary_line",
     "varying_overrides",
+    "zero_frame",
+    "zero_markdown",
 ]

@@ -135,8 +135,16 @@ def init_process_group(launch: LaunchEnv, *, device_type: str, timeout_s: float)
 
     if dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", launch.master_addr)
-    os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+    # torchrun's variables, also under srun: libraries that join the group read them (DeepSpeed
+    # refuses to start without LOCAL_RANK).
+    for key, value in (
+        ("MASTER_ADDR", launch.master_addr),
+        ("MASTER_PORT", launch.master_port),
+        ("RANK", launch.rank),
+        ("WORLD_SIZE", launch.world_size),
+        ("LOCAL_RANK", launch.local_rank),
+    ):
+        os.environ.setdefault(key, str(value))
     dist.init_process_group(
         backend="nccl" if device_type == "cuda" else "gloo",
         init_method=f"tcp://{launch.master_addr}:{launch.master_port}",

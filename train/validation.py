@@ -34,6 +34,7 @@ from conf.schema import (
     Precision,
     Recompute,
     RunConfig,
+    TrainingConfig,
     requested_micro_batch,
 )
 from train.memory import MemoryEstimate, estimate_memory, predicts_oom, usable_bytes
@@ -58,6 +59,7 @@ RULES: tuple[str, ...] = (
     "zero_stage",
     "offload_requires_zero",
     "deepspeed_no_pipeline",
+    "deepspeed_checkpoint",
     "deepspeed_fp16_on_cpu",
     "native_zero_stage",
     "native_offload",
@@ -523,6 +525,19 @@ def _check_deepspeed_layout(par: ParallelismConfig) -> Violation | None:
     )
 
 
+def _check_deepspeed_checkpoint(par: ParallelismConfig, training: TrainingConfig) -> Violation | None:
+    if par.engine != Engine.deepspeed or training.save_interval <= 0:
+        return None
+    return Violation(
+        "deepspeed_checkpoint",
+        {"parallelism.engine": "deepspeed", "training.save_interval": training.save_interval},
+        f"parallelism.engine=deepspeed with training.save_interval={training.save_interval}: megasweep "
+        f"saves torch state dicts, not DeepSpeed's partitioned ZeRO states, so a DeepSpeed run cannot "
+        f"checkpoint (nor resume after a requeue). Use training.save_interval=0 with engine=deepspeed, "
+        f"or engine=native to checkpoint.",
+    )
+
+
 def _check_deepspeed_fp16(par: ParallelismConfig, hw: HardwareConfig) -> Violation | None:
     if par.engine != Engine.deepspeed or par.precision != Precision.fp16 or hw.device_type != "cpu":
         return None
@@ -772,6 +787,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         out.append(_check_offload(par))
     if tp_ok and ok("parallelism.pp"):
         out.append(_check_deepspeed_layout(par))
+    out.append(_check_deepspeed_checkpoint(par, run.training))
     out.append(_check_deepspeed_fp16(par, hw))
     out += [_check_native_zero(par), _check_native_offload(par)]
     out.append(_check_precision(par, hw))

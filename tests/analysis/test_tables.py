@@ -1,9 +1,11 @@
-"""results.md against the golden file, cell formats as the seeds write them, and seed-004 scaling tables."""
+"""results.md against the golden file, cell formats as the seeds write them, and seed-004 scaling and
+ZeRO comparison tables."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -20,8 +22,10 @@ from analysis.tables import (
     scaling_frame,
     scaling_markdown,
     sort_results,
+    zero_frame,
+    zero_markdown,
 )
-from tests.analysis.golden.build import EXPECTED_MD, build_sweep, fixture
+from tests.analysis.golden.build import EXPECTED_MD, GOLDEN, build_sweep, fixture
 
 
 def _markdown(sweep: Path) -> str:
@@ -32,6 +36,7 @@ def _markdown(sweep: Path) -> str:
         labels=loaded.labels,
         recommendation=format_recommendations(recommend(df)),
         scaling=scaling_markdown(scaling_frame(df)),
+        zero=zero_markdown(zero_frame(df)),
     )
 
 
@@ -129,3 +134,170 @@ def test_scaling_efficiency_against_smallest_run(tmp_path: Path) -> None:
 def test_no_scaling_table_for_one_scale(tmp_path: Path) -> None:
     df = _scaling_sweep(tmp_path)
     assert scaling_markdown(scaling_frame(df[df["nodes"] == 4])) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO comparison (seed 004's "Number of samples trained per second" tables)
+
+GBS = 8192
+ZERO_MD = GOLDEN / "zero.md"
+
+
+def _zero_run(name: str, nodes: int, tp: int, engine: str = "native", zero: int = 0, offload: str = "none",
+              sps: float | None = None, tflops: float | None = None, status: str = "ok",
+              mbs: int = 4) -> dict[str, Any]:
+    devices = 8 * nodes
+    layout = {"dp": devices // tp, "tp": tp, "pp": 1, "mbs": mbs, "gbs": GBS,
+              "engine": engine, "zero_stage": zero, "offload": offload}
+    run = {"name": name, "nodes": nodes, "layout": layout, "params": 345_000_000, "status": status}
+    if status == "ok":
+        assert sps is not None
+        run.update(sec_per_iter=GBS / sps, tflops=tflops, mem_gib=30.0)
+    else:
+        run["message"] = {"oom": "OutOfMemoryError", "nan": "loss became NaN", "timeout": "TrainingTimeout"}.get(
+            status, "RuntimeError: boom")
+    return run
+
+
+def _zero_sweep(tmp_path: Path) -> pd.DataFrame:
+    return load_sweeps([zero_sweep_dir(tmp_path / "zero")], queue=None).table
+
+
+def zero_sweep_dir(root: Path) -> Path:
+    """A sweep of seed 004's figures (megatron bert 345m on 1*8 and 4*8) plus the rows megasweep adds.
+
+    Seed rows: (mp=1), (mp=2), (mp=1/2) with deepspeed zero3, (mp=1) with deepspeed zero3+offload.
+    Added: native ZeRO-1 (megasweep's own), a params offload that timed out, failures of every kind,
+    and a second run of one cell (a smaller micro-batch, slower) that the table must not show.
+    """
+    data = copy.deepcopy(fixture())
+    data["model"] = {"name": "bert_345m", "kind": "bert", "num_layers": 24, "hidden_size": 1024,
+                     "num_attention_heads": 16, "seq_length": 512, "vocab_size": 30522}
+    data["runs"] = [
+        _zero_run("ds3_mp1_n1", 1, 1, "deepspeed", 3, sps=349.86, tflops=0.72),
+        _zero_run("ds3_mp1_n4", 4, 1, "deepspeed", 3, sps=1001.94, tflops=0.52),
+        _zero_run("ds3_mp2_n1", 1, 2, "deepspeed", 3, sps=188.90, tflops=0.39),
+        _zero_run("ds3_mp2_n4", 4, 2, "deepspeed", 3, sps=373.29, tflops=0.22),
+        _zero_run("ds3off_mp1_n1", 1, 1, "deepspeed", 3, offload="optimizer", sps=318.70, tflops=0.59),
+        _zero_run("ds3off_mp1_n4", 4, 1, "deepspeed", 3, offload="optimizer", status="oom"),
+        _zero_run("ds3par_mp1_n1", 1, 1, "deepspeed", 3, offload="params", status="timeout"),
+        _zero_run("ds1_mp1_n1", 1, 1, engine="deepspeed", zero=1, status="nan"),
+        _zero_run("native_mp1_n1", 1, 1, sps=1658.93, tflops=2.94),
+        _zero_run("native_mp1_n4", 4, 1, sps=6558.31, tflops=2.91),
+        _zero_run("native_mp1_n4_mbs2", 4, 1, sps=6000.00, tflops=2.66, mbs=2),
+        _zero_run("native_mp2_n1", 1, 2, sps=895.04, tflops=1.60),
+        _zero_run("native_mp2_n4", 4, 2, status="error"),
+        _zero_run("z1_mp1_n1", 1, 1, zero=1, sps=1702.55, tflops=3.02),
+    ]
+    return build_sweep(root, data)
+
+
+def test_zero_table_against_the_golden_file(tmp_path: Path) -> None:
+    md = zero_markdown(zero_frame(_zero_sweep(tmp_path)))
+    assert md is not None
+    assert md + "\n" == ZERO_MD.read_text()
+
+
+def test_zero_rows_are_labelled_and_ordered_as_the_seed(tmp_path: Path) -> None:
+    frame = zero_frame(_zero_sweep(tmp_path))
+    # Baseline first, then native ZeRO-1, then DeepSpeed by stage and offload; mp within each.
+    assert frame["variant"].drop_duplicates().tolist() == [
+        "bert_345m (mp=1)",
+        "bert_345m (mp=2)",
+        "bert_345m (mp=1) with native zero1",
+        "bert_345m (mp=1) with deepspeed zero1",
+        "bert_345m (mp=1) with deepspeed zero3",
+        "bert_345m (mp=2) with deepspeed zero3",
+        "bert_345m (mp=1) with deepspeed zero3+offload(optimizer)",
+        "bert_345m (mp=1) with deepspeed zero3+offload(params)",
+    ]
+    assert frame["scale"].unique().tolist() == ["1*8", "4*8"]
+    # One row per (variant, scale) that ran: 14 runs, one cell held two of them.
+    assert len(frame) == 13 and not frame.duplicated(["variant", "scale"]).any()
+
+
+def test_zero_cell_keeps_the_fastest_run(tmp_path: Path) -> None:
+    frame = zero_frame(_zero_sweep(tmp_path)).set_index(["variant", "scale"])
+    cell = frame.loc[("bert_345m (mp=1)", "4*8")]
+    assert cell["samples_per_s"] == pytest.approx(6558.31) and cell["tflops"] == pytest.approx(2.91)
+
+
+def test_zero_failures_show_their_outcome(tmp_path: Path) -> None:
+    md = zero_markdown(zero_frame(_zero_sweep(tmp_path)))
+    assert md is not None
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in md.splitlines()[2:] if line.startswith("|")}
+    assert rows["bert_345m (mp=1) with deepspeed zero3+offload(optimizer)"] == [
+        "318.70 samples/sec  0.59 tflops/dev", "OOM"]
+    assert rows["bert_345m (mp=1) with deepspeed zero3+offload(params)"] == ["timeout", ""]
+    assert rows["bert_345m (mp=1) with deepspeed zero1"] == ["NaN", ""]
+    assert rows["bert_345m (mp=2)"] == ["895.04 samples/sec  1.60 tflops/dev", "fail"]
+
+
+def test_zero_table_renders_for_one_scale(tmp_path: Path) -> None:
+    df = _zero_sweep(tmp_path)
+    md = zero_markdown(zero_frame(df[df["nodes"] == 1]))
+    assert md is not None
+    header = md.splitlines()[0]
+    assert "1*8" in header and "4*8" not in header
+    # scaling_markdown, by contrast, has nothing to say about one scale.
+    assert scaling_markdown(scaling_frame(df[df["nodes"] == 1])) is None
+
+
+def test_no_zero_table_when_nothing_varies(tmp_path: Path) -> None:
+    # The golden BLOOM sweep: every run native ZeRO-1, no offload.
+    golden = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    assert zero_frame(golden).empty and zero_markdown(zero_frame(golden)) is None
+    # (test_golden_results_md renders it as the CLI does: results.md has no ZeRO section.)
+    # One DeepSpeed setting only (layouts and scales vary, the engine does not): nothing to compare.
+    df = _zero_sweep(tmp_path)
+    ds3 = df[(df["config.parallelism.engine"] == "deepspeed") & (df["config.parallelism.zero_stage"] == 3)
+             & (df["config.parallelism.offload"] == "none")]
+    assert len(ds3) == 4 and zero_frame(ds3).empty
+
+
+def test_zero_table_when_only_offload_varies(tmp_path: Path) -> None:
+    df = _zero_sweep(tmp_path)
+    ds3_mp1 = df[(df["config.parallelism.engine"] == "deepspeed") & (df["config.parallelism.zero_stage"] == 3)
+                 & (df["tp"] == 1)]
+    assert zero_frame(ds3_mp1)["variant"].drop_duplicates().tolist() == [
+        "bert_345m (mp=1) with deepspeed zero3",
+        "bert_345m (mp=1) with deepspeed zero3+offload(optimizer)",
+        "bert_345m (mp=1) with deepspeed zero3+offload(params)",
+    ]
+
+
+def test_zero_section_in_results_md(tmp_path: Path) -> None:
+    df = _zero_sweep(tmp_path)
+    zero = zero_markdown(zero_frame(df))
+    md = results_markdown(df, labels=["zero"], recommendation="-", zero=zero)
+    assert zero is not None and f"## ZeRO comparison\n\n{zero}\n\n## Missing" in md
+
+
+def test_zero_cells_of_a_cpu_run_stay_numbers() -> None:
+    # A tiny model on CPU: 2.8e-05 TFLOP/s per device would print as 0.00 with the seed's two decimals.
+    frame = pd.DataFrame({
+        "variant": ["tiny (mp=1)", "tiny (mp=1) with deepspeed zero1"], "scale": ["1*2", "1*2"],
+        "nodes": [1, 1], "devices": [2, 2], "outcome": ["ok", "ok"],
+        "samples_per_s": [2.107, 74.8154], "tflops": [2.8166e-05, 0.0010002],
+    })
+    md = zero_markdown(frame)
+    assert md is not None
+    assert "2.11 samples/sec  2.82e-05 tflops/dev" in md and "74.82 samples/sec  1.00e-03 tflops/dev" in md
+
+
+def test_zero_setting_of_a_run_without_record_comes_from_its_overrides(tmp_path: Path) -> None:
+    # A job Slurm ended before it wrote result.json: no config columns, its overrides name the engine.
+    df = _zero_sweep(tmp_path)
+    lost = df.iloc[[0]].copy()
+    for c in ("config.parallelism.engine", "config.parallelism.zero_stage", "config.parallelism.offload"):
+        lost[c] = float("nan")
+    lost["overrides"] = [["parallelism.engine=deepspeed", "parallelism.zero_stage=2",
+                          "parallelism.offload=optimizer"]]
+    lost["outcome"], lost["samples_per_s"] = "oom", float("nan")
+    frame = zero_frame(pd.concat([df, lost], ignore_index=True))
+    row = frame[frame["variant"] == "bert_345m (mp=1) with deepspeed zero2+offload(optimizer)"]
+    assert row["outcome"].tolist() == ["oom"]
+    # Without any trace of its engine setting the run cannot be placed: it is left out.
+    lost["overrides"] = [[]]
+    assert len(zero_frame(pd.concat([df, lost], ignore_index=True))) == len(zero_frame(df))

@@ -19,6 +19,7 @@ from train.distributed import (
     SLURM_PORT_BASE,
     SLURM_PORT_SPAN,
     first_host,
+    free_port,
     launch_from_env,
     slurm_master_port,
     spawn_local,
@@ -85,6 +86,26 @@ def test_srun_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert launch.master_addr == "gpu007"
     assert launch.master_port == SLURM_PORT_BASE + 4242
     assert launch_from_env({**env, "MASTER_PORT": "999"}).master_port == 999  # type: ignore[union-attr]
+
+
+def test_joining_an_srun_world_exports_torchruns_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under srun only SLURM_* are set; DeepSpeed (and other libraries) read torchrun's names.
+    import torch.distributed as dist
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    port = free_port()
+    launch = distributed.LaunchEnv(
+        rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=port, launcher="slurm"
+    )
+    distributed.init_process_group(launch, device_type="cpu", timeout_s=30)
+    try:
+        assert dist.get_world_size() == 1
+        assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")} == {
+            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": str(port)
+        }
+    finally:
+        distributed.destroy_process_group()
 
 
 def test_first_host_parser() -> None:

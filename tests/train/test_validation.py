@@ -23,6 +23,7 @@ from conf.schema import (
     Precision,
     Recompute,
     RunConfig,
+    TrainingConfig,
 )
 from train.memory import estimate_memory, usable_bytes
 from train.validation import RULES, InfeasibleConfig, Violation, divisors, resolve_dp, validate
@@ -43,11 +44,14 @@ BASE_HW = HardwareConfig(
 )
 
 
-def make_run(model: dict | None = None, par: dict | None = None, hw: dict | None = None) -> RunConfig:
+def make_run(
+    model: dict | None = None, par: dict | None = None, hw: dict | None = None, training: dict | None = None
+) -> RunConfig:
     return RunConfig(
         model=dataclasses.replace(BASE_MODEL, **(model or {})),
         parallelism=dataclasses.replace(BASE_PAR, **(par or {})),
         hardware=dataclasses.replace(BASE_HW, **(hw or {})),
+        training=TrainingConfig(**(training or {})),
     )
 
 
@@ -89,6 +93,8 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     deepspeed = p.engine == Engine.deepspeed
     if deepspeed and _pos(p.pp) and p.pp > 1:
         broken.add("deepspeed_no_pipeline")
+    if deepspeed and run.training.save_interval > 0:
+        broken.add("deepspeed_checkpoint")
     if deepspeed and p.precision == Precision.fp16 and hw.device_type == "cpu":
         broken.add("deepspeed_fp16_on_cpu")
     if not deepspeed and p.zero_stage in (2, 3):
@@ -339,6 +345,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
     model: dict = {}
     par: dict = {}
     hw: dict = {}
+    training: dict = {}
     world: int | None = None
     expected = {rule}
     if rule == "positive":
@@ -433,6 +440,9 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
     elif rule == "deepspeed_no_pipeline":
         tp, pp = draw(st.sampled_from([(1, 2), (1, 4), (2, 2), (4, 4)]))
         par = {"engine": Engine.deepspeed, "tp": tp, "pp": pp}
+    elif rule == "deepspeed_checkpoint":
+        par = {"engine": Engine.deepspeed, "zero_stage": draw(st.integers(0, 3))}
+        training = {"save_interval": draw(st.integers(1, 1000))}
     elif rule == "deepspeed_fp16_on_cpu":
         par = {"engine": Engine.deepspeed, "precision": Precision.fp16, "zero_stage": draw(st.integers(0, 3))}
         hw = {"device_type": "cpu"}
@@ -458,7 +468,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             world = 2
     else:
         raise AssertionError(rule)
-    return make_run(model, par, hw), world, expected
+    return make_run(model, par, hw, training), world, expected
 
 
 def _render(value: object) -> str:
@@ -609,6 +619,9 @@ def test_engine_rules_name_the_engine_that_can_run_it() -> None:
     assert v.rule == "deepspeed_no_pipeline"
     assert "Use pp=1 with engine=deepspeed (any tp), or engine=native for pp > 1" in v.message
     assert validate(make_run(par={"engine": Engine.deepspeed, "tp": 2})) == []
+    v = _one(make_run(par={"engine": Engine.deepspeed}, training={"save_interval": 50}))
+    assert v.rule == "deepspeed_checkpoint" and "Use training.save_interval=0 with engine=deepspeed" in v.message
+    assert validate(make_run(training={"save_interval": 50})) == []  # the native engine checkpoints
     v = _one(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16}, hw={"device_type": "cpu"}))
     assert v.rule == "deepspeed_fp16_on_cpu" and "bf16, fp32" in v.message
     assert validate(make_run(par={"engine": Engine.deepspeed, "precision": Precision.fp16},

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from analysis.manifest import ManifestEntry, write_manifest
-from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Recompute, RunConfig, to_plain_dict
+from conf.schema import (
+    Engine,
+    HardwareConfig,
+    ModelConfig,
+    Offload,
+    ParallelismConfig,
+    Recompute,
+    RunConfig,
+    to_plain_dict,
+)
 from train.metrics import RunRecord, write_json_atomic
 from train.planner import PlanRow, write_plan_csv
 
@@ -29,6 +38,7 @@ def run_config(model: dict[str, Any], hardware: dict[str, Any], layout: dict[str
     par = ParallelismConfig(
         tp=layout["tp"], pp=layout["pp"], dp=layout["dp"], micro_batch_size=layout["mbs"],
         global_batch_size=layout["gbs"], zero_stage=layout.get("zero_stage", 1), recompute=Recompute.full,
+        engine=Engine(layout.get("engine", "native")), offload=Offload(layout.get("offload", "none")),
     )
     return RunConfig(model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware))
 

@@ -1,0 +1,170 @@
+"""`python -m analysis` (analysis/__main__.py): the ZeRO comparison it writes, from fixture records and
+from a real sweep over parallelism.engine, zero_stage and offload on the local Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main
+from analysis.manifest import read_manifest
+from tests.analysis.golden.build import build_sweep
+from tests.analysis.test_tables import zero_sweep_dir
+from tests.launchers.test_slurm_launcher import REPO
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+ZERO_SECTION = "## ZeRO comparison"
+
+
+def zero_section(results_md: str) -> list[list[str]]:
+    """The ZeRO comparison table of results.md as rows of cells: the header, then one row per variant."""
+    assert ZERO_SECTION + "\n\n|" in results_md, results_md
+    table = []
+    for line in results_md.split(ZERO_SECTION + "\n\n", 1)[1].splitlines():
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return [table[0], *table[2:]]  # without the alignment rule
+
+
+def test_cli_writes_the_zero_section_and_zero_csv(tmp_path: Path) -> None:
+    sweep = zero_sweep_dir(tmp_path / "zero")
+    assert main([str(sweep), "--no-queue", "--no-plots"]) == 0
+    out = sweep / "analysis"
+    md = (out / "results.md").read_text()
+    rows = zero_section(md)
+    assert rows[0] == ["model \\ nodes*devices", "1*8", "4*8"]
+    # After Scaling, before Missing, as results_markdown orders them.
+    assert md.index("## Scaling") < md.index(ZERO_SECTION) < md.index("## Missing")
+    csv = pd.read_csv(out / "zero.csv")
+    assert csv["variant"].drop_duplicates().tolist() == [r[0] for r in rows[1:]]
+    ds3 = csv[(csv["variant"] == "bert_345m (mp=1) with deepspeed zero3") & (csv["scale"] == "4*8")].iloc[0]
+    assert (ds3["engine"], ds3["zero_stage"], ds3["offload"], ds3["nodes"], ds3["devices"]) == (
+        "deepspeed", 3, "none", 4, 32)
+    assert ds3["samples_per_s"] == pytest.approx(1001.94) and ds3["tflops"] == pytest.approx(0.52)
+
+
+def test_cli_writes_no_zero_table_when_the_sweep_does_not_vary_the_engine(tmp_path: Path) -> None:
+    # The golden BLOOM sweep: one engine setting (native ZeRO-1) throughout.
+    sweep = build_sweep(tmp_path / "bloom_sweep")
+    assert main([str(sweep), "--no-queue", "--no-plots"]) == 0
+    out = sweep / "analysis"
+    assert ZERO_SECTION not in (out / "results.md").read_text()
+    assert (out / "scaling.csv").exists() and not (out / "zero.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on the local Slurm cluster
+
+
+# The smallest model every engine setting can shard over dp=2 (test_e2e_sweep's SMALL), one measured
+# iteration after one warm-up (a first DeepSpeed step carries its lazy set-up: no figure to compare),
+# a stated CPU peak (a calibration per rank would cost seconds each), no W&B (the analysis reads
+# result.json), and one thread per rank: twelve ranks share the cluster's oversubscribed cores.
+TINY = (
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.num_attention_heads=4",
+    "model.seq_length=32",
+    "model.vocab_size=512",
+    "training.train_iters=2",
+    "training.warmup_iters=1",
+    "parallelism.micro_batch_size=1",
+    "parallelism.global_batch_size=2",
+    "parallelism.precision=fp32",
+    "hardware=cpu",
+    "hardware.devices_per_node=2",
+    "hardware.peak_measured=false",
+    "hardware.peak_tflops_fp32=1.0",
+    "logger=disabled",
+    "+cluster.env.OMP_NUM_THREADS=1",
+)
+# parallelism/<name>.yaml: (engine, zero_stage, offload) -> the row the ZeRO table gives it. The native
+# engine refuses stages 2-3 and offload (train/validation.py), hence one native row: the baseline.
+VARIANTS = {
+    "native": (("native", 0, "none"), "tiny (mp=1)"),
+    "ds_zero0": (("deepspeed", 0, "none"), "tiny (mp=1) with deepspeed zero0"),
+    "ds_zero1": (("deepspeed", 1, "none"), "tiny (mp=1) with deepspeed zero1"),
+    "ds_zero2": (("deepspeed", 2, "none"), "tiny (mp=1) with deepspeed zero2"),
+    "ds_zero3": (("deepspeed", 3, "none"), "tiny (mp=1) with deepspeed zero3"),
+    "ds_zero3_offload": (("deepspeed", 3, "optimizer"), "tiny (mp=1) with deepspeed zero3+offload(optimizer)"),
+}
+SWEEP_TIMEOUT_S = 300  # a fresh machine also compiles DeepSpeed's CPU Adam (offload) once
+CELL = re.compile(r"^(\d+\.\d\d) samples/sec  (\d+\.\d\d|\d\.\d\de-\d\d) tflops/dev$")
+
+
+def write_variants(config_dir: Path) -> None:
+    """One parallelism/<name>.yaml per variant, dp=2 over the `single` option, as a user would write them."""
+    group = config_dir / "parallelism"
+    group.mkdir(parents=True)
+    for name, ((engine, zero, offload), _) in VARIANTS.items():
+        (group / f"{name}.yaml").write_text(
+            f"defaults:\n  - single\n  - _self_\n\ndp: 2\nengine: {engine}\nzero_stage: {zero}\noffload: {offload}\n",
+            encoding="utf-8",
+        )
+
+
+def test_zero_sweep_on_slurm_renders_the_zero_comparison(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    config_dir, sweep_dir, out = tmp_path / "conf", tmp_path / "zero-sweep", tmp_path / "analysis"
+    write_variants(config_dir)
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_RUN_GROUP")}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "train", "-m", f"--config-dir={config_dir}", *TINY,
+            f"parallelism={','.join(VARIANTS)}", f"hydra.sweep.dir={sweep_dir}",
+            "hydra/launcher=slurm", "hydra.launcher.wait=true",
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{len(VARIANTS)} configs: {len(VARIANTS)} submitted" in proc.stdout, proc.stdout
+
+    # wait=true: every job has ended, so every record is there; each really ran its engine setting.
+    for entry in read_manifest(sweep_dir):
+        record = json.loads((sweep_dir / entry.output_dir / "result.json").read_text())
+        name = next(o.split("=", 1)[1] for o in entry.overrides if o.startswith("parallelism="))
+        (engine, zero, offload), _ = VARIANTS[name]
+        assert record["status"] == "ok", (name, record.get("message"))
+        assert record["world"] == {"world_size": 2, "dp": 2, "tp": 1, "pp": 1}, name
+        par = record["config"]["parallelism"]
+        assert (par["engine"], par["zero_stage"], par["offload"]) == (engine, zero, offload), name
+        assert record["optimizer"].startswith("deepspeed:" if engine == "deepspeed" else "torch."), record["optimizer"]
+
+    analysed = subprocess.run(
+        [sys.executable, "-m", "analysis", str(sweep_dir), "-o", str(out), "--no-plots"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert analysed.returncode == 0, analysed.stdout + analysed.stderr
+    assert "zero.csv" in analysed.stdout, analysed.stdout
+    rows = zero_section((out / "results.md").read_text(encoding="utf-8"))
+    # One row per variant in the seed's order (baseline, then DeepSpeed by stage, offload last),
+    # one column: every job was one node of two devices.
+    assert rows[0] == ["model \\ nodes*devices", "1*2"], rows
+    assert [r[0] for r in rows[1:]] == [label for _, label in VARIANTS.values()], rows
+    cells = {}
+    for label, cell in rows[1:]:
+        match = CELL.match(cell)
+        assert match, (label, cell)
+        assert float(match[1]) > 0 and float(match[2]) > 0, (label, cell)
+        cells[label] = (match[1], match[2])
+
+    csv = pd.read_csv(out / "zero.csv")
+    assert csv["variant"].tolist() == list(cells)
+    assert (csv["scale"] == "1*2").all() and (csv["outcome"] == "ok").all()
+    for row in csv.itertuples():
+        (engine, zero, offload), _ = next(v for v in VARIANTS.values() if v[1] == row.variant)
+        assert (row.engine, row.zero_stage, row.offload, row.tp, row.pp) == (engine, zero, offload, 1, 1)
+        # The markdown's cell is the CSV's figures, rounded as the table writes them.
+        samples, tflops = cells[str(row.variant)]
+        assert samples == f"{row.samples_per_s:.2f}"
+        assert tflops == (f"{row.tflops:.2f}" if row.tflops >= 0.01 else f"{row.tflops:.2e}")
