@@ -1,19 +1,35 @@
 """The sweep manifest: <sweep dir>/manifest.jsonl, one JSON object per config per line.
 
-The Slurm launcher writes one entry per config it was given (submitted, or skipped by the
-planner with its reason); the analysis reads it to know which configs are still missing a
-result.json. Both sides use this module so that the format has one definition.
+The launchers (and `python -m launchers sbatch`) write one entry per config they were given;
+`python -m launchers status` and the analysis read it to know which configs are still missing
+a result.json. Both sides use this module so that the format has one definition.
 
     {"index": 3, "overrides": ["parallelism.tp=2"], "output_dir": "3", "status": "submitted",
      "reason": null, "job_id": "1234_3", "shape": {"nodes": 2, "tasks_per_node": 2}}
+
+An entry's status is one of ENTRY_STATUSES:
+
+    submitted   a job was queued for it (job_id says which; null for the local launcher)
+    exported    written into an array script by `python -m launchers sbatch`, for the user to
+                submit: no job id is known when the manifest is written. Each array task records
+                its own job id in <sweep dir>/.megasweep/jobs/<index> when it starts, and
+                resolve_exported() puts it into the entry for the readers.
+    refused     sbatch refused its job (unknown partition, bad gres): reason holds Slurm's words
+    skipped     infeasible, never submitted: reason holds the validator's paragraph
+
+Manifests written before `refused` existed stored a refused sbatch as `skipped` with a reason
+starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
+them as the failures they are.
 
 Torch-free and pandas-free: the launcher imports it on login nodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -22,7 +38,12 @@ from typing import Any
 from train.metrics import write_text_atomic
 
 MANIFEST_FILE = "manifest.jsonl"
-ENTRY_STATUSES = ("submitted", "skipped")
+ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped")
+REFUSED_PREFIX = "sbatch refused: "
+"""How the reason of a `refused` entry starts (and how old manifests marked one, as `skipped`)."""
+EXPORTED_JOBS_DIR = ".megasweep/jobs"
+"""Where an exported script's array tasks record their job ids (one file per config index)."""
+_JOB_ID = re.compile(r"\d+(_\d+)?")
 
 
 class ManifestError(ValueError):
@@ -40,11 +61,11 @@ class ManifestEntry:
     output_dir: str
     """The run's output directory, relative to the sweep directory (POSIX separators)."""
     status: str
-    """'submitted' (a job was queued) or 'skipped' (infeasible; see reason)."""
+    """One of ENTRY_STATUSES (see the module docstring)."""
     reason: str | None = None
-    """Why the config was skipped; None when submitted."""
+    """Why the config was skipped or refused; where it was exported to; None when submitted."""
     job_id: str | None = None
-    """Slurm job id of the run, e.g. '1234_5' for array task 5 of job 1234."""
+    """Slurm job id of the run, e.g. '1234_5' for array task 5 of job 1234; None when none is known."""
     shape: Mapping[str, int] = field(default_factory=dict)
     """Slurm shape of the job, e.g. {'nodes': 2, 'tasks_per_node': 2}."""
 
@@ -98,6 +119,9 @@ class ManifestEntry:
         reason, job_id, shape = obj.get("reason"), obj.get("job_id"), obj.get("shape") or {}
         if reason is not None and not isinstance(reason, str):
             raise ManifestError(f"reason must be a string or null, got {reason!r}")
+        status = obj["status"]
+        if status == "skipped" and reason is not None and reason.startswith(REFUSED_PREFIX):
+            status = "refused"  # written before `refused` existed (see the module docstring)
         if job_id is not None and not isinstance(job_id, str | int):
             raise ManifestError(f"job_id must be a string or null, got {job_id!r}")
         if not isinstance(shape, Mapping):
@@ -106,7 +130,7 @@ class ManifestEntry:
             index=obj["index"],
             overrides=tuple(overrides),
             output_dir=obj["output_dir"],
-            status=obj["status"],
+            status=status,
             reason=reason,
             job_id=None if job_id is None else str(job_id),
             shape=shape,
@@ -152,6 +176,31 @@ def read_manifest(path: str | Path) -> list[ManifestEntry]:
     return entries
 
 
+def recorded_job_id(sweep_dir: str | Path, index: int) -> str | None:
+    """The job id an exported script's array task recorded for config `index`, or None (not started)."""
+    try:
+        text = (Path(sweep_dir) / EXPORTED_JOBS_DIR / str(index)).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+    # Anything else is not what the script writes: better unknown than a wrong job's state.
+    return text if _JOB_ID.fullmatch(text) else None
+
+
+def resolve_exported(entries: Iterable[ManifestEntry], sweep_dir: str | Path) -> list[ManifestEntry]:
+    """Entries with each `exported` one's job id filled in from what its array task recorded.
+
+    The status stays `exported` (the job was submitted by hand, not by megasweep); an entry
+    whose task has not started yet keeps job_id None.
+    """
+    out = []
+    for e in entries:
+        if e.status == "exported" and e.job_id is None:
+            job = recorded_job_id(sweep_dir, e.index)
+            e = dataclasses.replace(e, job_id=job) if job is not None else e
+        out.append(e)
+    return out
+
+
 def write_manifest(entries: Iterable[ManifestEntry], path: str | Path) -> Path:
     """Write the whole manifest atomically (a reader sees the old file or the new one)."""
     path = Path(path)
@@ -173,12 +222,16 @@ def append_manifest(entries: Iterable[ManifestEntry], path: str | Path) -> Path:
 
 __all__ = [
     "ENTRY_STATUSES",
+    "EXPORTED_JOBS_DIR",
     "MANIFEST_FILE",
+    "REFUSED_PREFIX",
     "ManifestEntry",
     "ManifestError",
     "append_manifest",
     "manifest_path",
     "normalize_dir",
     "read_manifest",
+    "recorded_job_id",
+    "resolve_exported",
     "write_manifest",
 ]

@@ -7,8 +7,11 @@ config becomes one row whose `outcome` is one of OUTCOMES:
 
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
                                   without writing one
+    refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
     skipped                       infeasible in plan.csv or skipped in the manifest (reason says why)
-    pending, running              submitted (manifest) or planned (plan.csv, no manifest), no result yet
+    pending, running              submitted or exported (manifest), or planned (plan.csv, no
+                                  manifest), no result yet; an exported config's job id is the one
+                                  its array task recorded (analysis.manifest.resolve_exported)
 
 Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
 and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
@@ -32,7 +35,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.manifest import MANIFEST_FILE, ManifestEntry, ManifestError, normalize_dir, read_manifest
+from analysis.manifest import (
+    MANIFEST_FILE,
+    ManifestEntry,
+    ManifestError,
+    normalize_dir,
+    read_manifest,
+    resolve_exported,
+)
 from conf.schema import (
     Engine,
     ModelConfig,
@@ -51,8 +61,8 @@ RESULT_FILE = "result.json"
 PLAN_FILE = "plan.csv"
 GIB = 2**30
 
-OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "skipped", "pending", "running")
-FAILED = ("oom", "nan", "timeout", "fail", "skipped")
+OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running")
+FAILED = ("oom", "nan", "timeout", "fail", "refused", "skipped")
 MISSING = ("pending", "running")
 
 # The record's status -> outcome; anything unknown is a failure of some kind.
@@ -431,8 +441,10 @@ def _merge_manifest(results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence
         return found.drop(columns=["source", "outcome", "reason", "overrides"])
 
     skipped = man[man["m_status"] == "skipped"]
-    pending = man[(man["m_status"] == "submitted") & ~man["m_dir"].isin(done)]
-    for rows, outcome in ((skipped, "skipped"), (pending, "pending")):
+    # A result.json in a refused config's directory is an older run's: that row already stands.
+    refused = man[(man["m_status"] == "refused") & ~man["m_dir"].isin(done)]
+    pending = man[man["m_status"].isin(("submitted", "exported")) & ~man["m_dir"].isin(done)]
+    for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (pending, "pending")):
         if rows.empty:
             continue
         frame = pd.concat([rows.reset_index(drop=True), _plan_values(rows["m_key"]).reset_index(drop=True)], axis=1)
@@ -442,7 +454,7 @@ def _merge_manifest(results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence
         frame["config_key"] = frame["m_key"]
         frame["overrides"] = frame["m_overrides"]
         frame["run_dir"] = frame["m_dir"]
-        frame["nodes"] = frame["m_nodes"].fillna(_col(frame, "nodes"))
+        frame["nodes"] = pd.to_numeric(frame["m_nodes"], errors="coerce").astype(float).fillna(_num(frame, "nodes"))
         parts.append(frame.drop(columns=[c for c in frame.columns if c.startswith("m_")]))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -490,7 +502,7 @@ def load_sweep_dir(
     man_path = sweep_dir / MANIFEST_FILE
     if man_path.is_file():
         try:
-            entries = read_manifest(man_path)
+            entries = resolve_exported(read_manifest(man_path), sweep_dir)
         except (OSError, ManifestError) as exc:
             raise AnalysisError(f"bad manifest: {exc}") from None
         df = _merge_manifest(results, plan, entries)
@@ -509,7 +521,8 @@ def load_sweep_dir(
         if name not in df.columns:
             df[name] = "" if name in ("run_dir", "reason", "date", "job_id", "queue_state", "model") else np.nan
     for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware"):
-        df[name] = df[name].fillna("").astype(str)
+        # An all-missing column reads as float64, which refuses a "" fill: go through object.
+        df[name] = df[name].astype(object).where(df[name].notna(), "").astype(str)
     df["layout_key"] = _join_str(df, _LAYOUT_FIELDS)
     return _apply_queue(df, queue, warnings)
 

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rerun = sub.add_parser("rerun", help="resubmit configs of a sweep")
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
-        "--failed", action="store_true", required=True, help="the failed and timed-out configs (required)"
+        "--failed", action="store_true", required=True, help="the failed, timed-out and Slurm-refused configs (required)"
     )
     sbatch = sub.add_parser(
         "sbatch",
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("rerun: no failed configs")
         return 0
     for e in entries:
-        what = f"job {e.job_id}" if e.status == "submitted" else f"skipped: {e.reason}"
+        what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
         print(f"rerun: config {e.index}: {what}")
     return 0
 

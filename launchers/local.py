@@ -4,7 +4,8 @@
 
 Configs are composed and validated exactly as `hydra/launcher=slurm` does (infeasible ones
 become `skipped` manifest entries), then each runs as `python -m train <overrides>
-hydra.run.dir=<sweep dir>/<index>` in a subprocess, with cluster.env exported; the trainer
+hydra.run.dir=<sweep dir>/<subdir>` in a subprocess (hydra.sweep.subdir resolved per config as
+the Slurm launcher does: the index by default), with cluster.env exported; the trainer
 starts the processes a multi-device layout needs itself. The manifest (job_id null) and the
 result.json files are those of a Slurm sweep, so `python -m launchers status` and the
 analysis read both alike. A failed config does not stop the sweep; the launcher reports
@@ -30,12 +31,14 @@ from launchers.compose import SweepLauncher, is_megasweep_config, sweep_composer
 from launchers.slurm import (
     HydraJob,
     LaunchSettings,
+    check_output_dirs,
     command_for,
     entry_args_for,
     job_return,
     merge_entries,
     plan_configs,
     prepare_sweep_dir,
+    subdir_namer,
 )
 
 __all__ = ["LocalLauncher"]
@@ -67,7 +70,9 @@ class LocalLauncher(SweepLauncher):
             max_array_size=1,  # unused: nothing is submitted
             entry_args=entry_args_for(self.config),
         )
-        specs, skipped = plan_configs(composer, job_overrides, initial_job_idx)
+        specs, skipped = plan_configs(
+            composer, job_overrides, initial_job_idx, subdir=subdir_namer(self.config, composer)
+        )
         queued = [
             ManifestEntry(
                 index=s.index,
@@ -82,7 +87,9 @@ class LocalLauncher(SweepLauncher):
         # Written before the first run, so that `status` follows the sweep while it runs.
         path = manifest_path(sweep_dir)
         old = read_manifest(path) if initial_job_idx and path.exists() else []
-        write_manifest(merge_entries(old, entries), path)
+        merged = merge_entries(old, entries)
+        check_output_dirs(merged)
+        write_manifest(merged, path)
         print(
             f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
             flush=True,

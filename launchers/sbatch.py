@@ -11,14 +11,36 @@ grouped by resource shape (launchers/shapes.py), and each group becomes one arra
 <name>.sbatch (or <name>-<k>.sbatch, one per shape or per MaxArraySize-sized piece) with:
 
 - a header saying how it was generated, and the #SBATCH lines of the shape and of the
-  cluster config (partition, account, qos, gres, time, %N throttle, ...);
-- the cluster's setup lines, and `export` lines for the cluster.env all its tasks share;
+  cluster config (partition, account, qos, gres, time, %N throttle, ...), plus --requeue and
+  --signal=USR1@<lead> as the launcher submits its arrays (launchers.slurm.signal_lead_s;
+  a --sbatch-arg requeue/signal replaces them);
+- the cluster's setup lines, and `export` lines for the environment all its tasks share:
+  cluster.env, and WANDB_RUN_GROUP=<sweep dir name> for configs whose logger.wandb_group is
+  unset, so that W&B groups the runs under the sweep's name as for a launcher-run sweep
+  (launchers.slurm.run_env);
 - a few lines of bash that read the task's row of <name>.tasks.tsv beside it (tab-separated:
-  array task id, config index, count of env entries, KEY=VALUE env entries of this config
-  alone, overrides) and run `srun python -m train <overrides> hydra.run.dir=<sweep dir>/<index>`.
+  array task id, config index, output dir (relative to the sweep dir), cluster.max_retries,
+  count of env entries, KEY=VALUE env entries of this config alone, overrides), record the
+  task's job id in <sweep dir>/.megasweep/jobs/<config index>, and run
+  `srun --kill-on-bad-exit=1 python -m launchers.slurm --output-dir <sweep dir>/<index>
+  --max-retries N -- python -m train <overrides> hydra.run.dir=<sweep dir>/<index>`.
+  launchers.slurm's wrapper is the launcher's own in-job wrapper (TrainCommand): a trainer
+  that checkpointed on USR1 exits with REQUEUE_EXIT_CODE, and the task requeues itself
+  (`scontrol requeue <array job>_<task>`) while SLURM_RESTART_COUNT < max_retries.
 
 So a script needs nothing but bash, awk and the installed megasweep on the nodes. Results land
 where a launcher-run sweep puts them (<sweep dir>/<config index>/result.json).
+
+Export also writes what `python -m launchers status|rerun` and `python -m analysis` read:
+<sweep dir>/manifest.jsonl, with every feasible config `exported` (no job id: nothing is
+queued yet; the reason names its script and array task) and every infeasible one `skipped`,
+and <sweep dir>/.megasweep/launch.json (what `rerun --failed` needs to resubmit a config
+through the launcher). The job ids come from the array tasks themselves: each records its id
+when it starts, and status and the analysis read it (analysis.manifest.resolve_exported). That
+needs no lookup by job name (names are not unique, and sacct forgets scripts): until a task
+starts, its config reads `pending`, which is all this side can know about a job submitted by
+hand. Exporting again to the same sweep directory rewrites the manifest and forgets the job
+ids recorded for its configs.
 
 Torch-free, like everything the launchers import.
 """
@@ -36,9 +58,19 @@ from pathlib import Path
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
 
+from analysis.manifest import EXPORTED_JOBS_DIR, ManifestEntry, manifest_path, write_manifest
 from launchers.compose import FastComposer, parse_override
 from launchers.shapes import ArrayKey, chunk, group_by
-from launchers.slurm import ConfigSpec, plan_configs, read_max_array_size, run_dir_override
+from launchers.slurm import (
+    ConfigSpec,
+    LaunchSettings,
+    plan_configs,
+    read_max_array_size,
+    run_dir_override,
+    run_env,
+    save_launch_file,
+    signal_lead_s,
+)
 
 __all__ = [
     "DEFAULT_OUT_DIR",
@@ -87,6 +119,8 @@ class Export:
     skipped: list[SkippedConfig]
     skipped_file: Path | None
     sweep_dir: Path
+    manifest: Path
+    """<sweep dir>/manifest.jsonl: the exported and the skipped configs."""
 
 
 def default_config_dir() -> Path:
@@ -115,10 +149,12 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 
 def task_row(task_id: int, spec: ConfigSpec, shared_env: Mapping[str, str], sweep_dir: Path) -> str:
     """One line of the task table (see the module docstring for its columns)."""
-    own_env = [f"{k}={v}" for k, v in spec.env if shared_env.get(k) != v]
+    own_env = [f"{k}={v}" for k, v in run_env(spec, sweep_dir) if shared_env.get(k) != v]
     fields = [
         str(task_id),
         str(spec.index),
+        spec.output_dir,
+        str(spec.max_retries),
         str(len(own_env)),
         *own_env,
         *spec.overrides,
@@ -164,9 +200,13 @@ def render_script(
         f"# Job array of {count} configs of one resource shape: {shape.nodes} node(s) x "
         f"{shape.tasks_per_node} task(s), {shape.gpus_per_node} GPU(s) per node, {shape.time_limit_min} min.",
         f"# Configs (sweep indices) {shown}; array task i runs row i of {tasks.name}:",
-        "#   task id, config index, count of env entries, KEY=VALUE env entries, overrides (tab-separated).",
+        "#   task id, config index, output dir, max retries, count of env entries, KEY=VALUE env entries,",
+        "#   overrides (tab-separated).",
         f"# Submit with: sbatch {shlex.quote(str(script))}",
         f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir}/.slurm/",
+        f"# Progress: python -m launchers status {shlex.quote(str(sweep_dir))}",
+        "# A run stopped by Slurm's USR1 warning checkpoints and its task requeues itself, up to the",
+        "# config's cluster.max_retries times, as in a launcher-run sweep.",
         _sbatch_line("job-name", name),
         _sbatch_line("array", f"0-{count - 1}%{throttle}"),
         _sbatch_line("nodes", shape.nodes),
@@ -191,28 +231,39 @@ def render_script(
         _sbatch_line("output", sweep_dir / ".slurm" / "%A_%a.out"),
         _sbatch_line("chdir", cwd),
     ]
+    # As the launcher submits (launchers.slurm.executor_parameters); the user's own options win.
+    robust = {"requeue": "", "signal": f"USR1@{signal_lead_s(shape.time_limit_min)}"}
+    lines += [_sbatch_line(k, v or None) for k, v in robust.items() if k not in sbatch_args]
     lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
     lines += ["", "set -euo pipefail"]
     if opt.setup:
         lines += ["", "# cluster.setup", *opt.setup]
     if shared_env:
-        lines += ["", "# cluster.env of every config in this array"]
+        lines += ["", "# Environment of every config in this array (cluster.env, W&B group of the sweep)"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in shared_env.items()]
-    srun = shlex.join(["srun", "--unbuffered", *srun_args])
+    # A rank that fails ends its peers at once, as in the launcher's jobs; srun_args given later win.
+    srun = shlex.join(["srun", "--unbuffered", "--kill-on-bad-exit=1", *srun_args])
     entry = shlex.join(["-m", module, *entry_args])
     lines += [
         "",
         f"TASKS={shlex.quote(str(tasks))}",
+        f"SWEEP_DIR={shlex.quote(str(sweep_dir))}",
         f'PYTHON="${{MEGASWEEP_PYTHON:-{python}}}"',
         'task="${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a job array}"',
         "line=$(awk -F'\\t' -v id=\"$task\" '$1 == id { print; exit }' \"$TASKS\")",
         'if [[ -z "$line" ]]; then echo "megasweep: no row for array task $task in $TASKS" >&2; exit 1; fi',
         "IFS=$'\\t' read -r -a fields <<< \"$line\"",
-        'n_env="${fields[2]}"',
-        'for kv in "${fields[@]:3:n_env}"; do export "$kv"; done',
-        'args=("${fields[@]:3+n_env}")',
-        'echo "megasweep: array task $task runs config ${fields[1]}: ${args[*]}"',
-        f'{srun} "$PYTHON" {entry} "${{args[@]}}"',
+        'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
+        'for kv in "${fields[@]:5:n_env}"; do export "$kv"; done',
+        'args=("${fields[@]:5+n_env}")',
+        "# This task's job id, for `python -m launchers status` and the analysis (see the manifest).",
+        f'jobs="$SWEEP_DIR/{EXPORTED_JOBS_DIR}"',
+        'mkdir -p "$jobs"',
+        'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.$config.$$"',
+        'mv -f "$jobs/.$config.$$" "$jobs/$config"',
+        'echo "megasweep: array task $task runs config $config: ${args[*]}"',
+        f'{srun} "$PYTHON" -m launchers.slurm --output-dir "$SWEEP_DIR/$out" --max-retries "$retries" -- \\',
+        f'    "$PYTHON" {entry} "${{args[@]}}"',
         "",
     ]
     return "\n".join(lines)
@@ -260,9 +311,10 @@ def export_sweep(
     # Slurm opens --output itself and does not create its directory.
     (sweep_dir / ".slurm").mkdir(parents=True, exist_ok=True)
     scripts = []
+    exported: list[ManifestEntry] = []
     for number, (key, piece) in enumerate(pieces, start=1):
         stem = name if len(pieces) == 1 else f"{name}-{number}"
-        envs = [dict(s.env) for s in piece]
+        envs = [dict(run_env(s, sweep_dir)) for s in piece]
         shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
         tasks = out_dir / f"{stem}.tasks.tsv"
         tasks.write_text("".join(task_row(i, s, shared, sweep_dir) + "\n" for i, s in enumerate(piece)))
@@ -289,6 +341,17 @@ def export_sweep(
         )
         script.chmod(0o755)
         scripts.append(ExportedScript(script=script, tasks=tasks, key=key, configs=configs))
+        exported += [
+            ManifestEntry(
+                index=s.index,
+                overrides=s.overrides,
+                output_dir=s.output_dir,
+                status="exported",
+                reason=f"exported to {script}, array task {task}",
+                shape=key.shape.as_dict(),
+            )
+            for task, s in enumerate(piece)
+        ]
 
     skipped_file = None
     if skipped:
@@ -296,7 +359,26 @@ def export_sweep(
         rows = ["index\treason\toverrides"]
         rows += [f"{s.index}\t{' '.join(s.reason.split())}\t{' '.join(s.overrides)}" for s in skipped]
         skipped_file.write_text("\n".join(rows) + "\n")
-    return Export(scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir)
+
+    entries = sorted([*exported, *skipped_entries], key=lambda e: e.index)
+    for e in entries:
+        # A job id an earlier export's task recorded would pass for this config's.
+        (sweep_dir / EXPORTED_JOBS_DIR / str(e.index)).unlink(missing_ok=True)
+    settings = LaunchSettings(
+        python=python or sys.executable,
+        module=module,
+        cwd=str(cwd),
+        job_name=name,
+        max_array_size=size,
+        entry_args=tuple(entry_args),
+        sbatch_args=dict(sbatch_args or {}),
+        srun_args=tuple(srun_args),
+    )
+    save_launch_file(sweep_dir, settings, specs)
+    manifest = write_manifest(entries, manifest_path(sweep_dir))
+    return Export(
+        scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir, manifest=manifest
+    )
 
 
 def format_export(export: Export) -> str:
@@ -318,4 +400,5 @@ def format_export(export: Export) -> str:
         lines.append(f"  ... and {len(export.skipped) - SHOWN_SKIPPED} more skipped")
     if export.skipped_file is not None:
         lines.append(f"  skipped configs listed in {export.skipped_file}")
+    lines.append(f"  manifest: {export.manifest}; progress: python -m launchers status {export.sweep_dir}")
     return "\n".join(lines)

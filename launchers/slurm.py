@@ -25,13 +25,24 @@ A checkpointing trainer (training.save_interval > 0) saves at the next step boun
 and exits with REQUEUE_EXIT_CODE; the array task then requeues itself (`scontrol requeue`)
 while SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record as
 result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
-`timeout` record stands and the job fails.
+`timeout` record stands and the job fails. TrainCommand is that in-job wrapper; the array
+scripts of `python -m launchers sbatch` run the same one as `python -m launchers.slurm
+--output-dir DIR --max-retries N -- <trainer command>` (see main()).
+
+Output directories: config i goes to <sweep dir>/<hydra.sweep.subdir>, resolved per config as
+Hydra would (default ${hydra.job.num}: the config's index). A subdir other than the default is
+resolved by composing each config in full (tens of milliseconds each) with hydra.job.num and
+hydra.job.override_dirname set, so it may use those and the config's own values; hydra.job.id
+is refused (it is only known once the job runs). The resolved directories must be relative,
+distinct, and not hidden (the analysis skips hidden directories).
 
 By default the launcher returns once the arrays are queued: <sweep dir>/manifest.jsonl says
 what went where, `python -m launchers status <sweep dir>` follows progress (also after this
 process has gone), and `python -m launchers rerun <sweep dir> --failed` resubmits failures.
+The manifest is rewritten (atomically) after each array is queued, so a launcher killed
+between two arrays leaves one that lists exactly what was queued (and the infeasible configs).
 An sbatch that Slurm refuses (unknown partition, bad gres) marks that group's configs
-`skipped` with Slurm's own message; the other groups still go ahead.
+`refused` with Slurm's own message; the other groups still go ahead.
 
 A sweep of any other Hydra app (a config not composed on megasweep's schema) is run the way
 hydra-submitit-launcher runs it: one job array, one task per job, each task composing its
@@ -54,39 +65,56 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.config_loader_impl import get_overrides_dirname
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
-from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
+from analysis.manifest import (
+    REFUSED_PREFIX,
+    ManifestEntry,
+    manifest_path,
+    normalize_dir,
+    read_manifest,
+    write_manifest,
+)
 from conf.schema import RunConfig
-from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
+from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, parse_override, sweep_composer
 from launchers.shapes import ArrayKey, SbatchOptions, Shape, array_key, chunk, group_by
 from train.validation import InfeasibleConfig, validate
 
 __all__ = [
     "DEFAULT_MAX_ARRAY_SIZE",
     "LAUNCH_FILE",
+    "REFUSED_PREFIX",
+    "REQUEUE_EXIT_CODE",
     "ConfigSpec",
     "HydraJob",
     "LaunchSettings",
     "SlurmLauncher",
     "Submission",
+    "SubdirNamer",
     "TrainCommand",
+    "check_output_dirs",
     "load_launch_file",
+    "main",
     "merge_entries",
     "entry_args_for",
     "plan_config",
     "plan_configs",
     "read_max_array_size",
+    "run_env",
     "save_launch_file",
+    "signal_lead_s",
+    "subdir_namer",
     "submit_configs",
     "submit_hydra_jobs",
 ]
@@ -101,7 +129,8 @@ REQUEUE_SIGNAL_LEAD_S = 120
 WANDB_GROUP_ENV = "WANDB_RUN_GROUP"
 # Slurm's own default when scontrol cannot be asked.
 DEFAULT_MAX_ARRAY_SIZE = 1001
-REFUSED_PREFIX = "sbatch refused: "
+DEFAULT_SUBDIR = "${hydra.job.num}"
+"""Hydra's hydra.sweep.subdir: the config's index, which needs no composition to name."""
 
 
 @dataclass(frozen=True)
@@ -121,20 +150,31 @@ class TrainCommand:
     """Requeues allowed after the trainer stopped on Slurm's signal with a checkpoint."""
 
     def __call__(self) -> dict[str, Any]:
+        code = self.run()
+        result = Path(self.output_dir) / RESULT_FILE
+        if code != 0:
+            raise RuntimeError(self.failure(code))
+        record: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {}
+        return record
+
+    def run(self) -> int:
+        """Run the trainer and return its exit status; on REQUEUE_EXIT_CODE, requeue this job while
+        retries remain (and then never return)."""
         env = {**os.environ, **dict(self.env)}
         # Slurm's USR1 warning reaches every process of the step; its default action would kill
-        # this one (submitit's task process) while the trainer is still saving its checkpoint.
+        # this one (the task's wrapper process) while the trainer is still saving its checkpoint.
         _ignore_in_this_process(signal.SIGUSR1)
         # Inherited stdout/stderr: the trainer's log lines land in the task's Slurm log as they come.
         proc = subprocess.run(list(self.argv), cwd=self.cwd, env=env, check=False)
-        result = Path(self.output_dir) / RESULT_FILE
         if proc.returncode == REQUEUE_EXIT_CODE:
-            self._requeue_or_give_up(os.environ, result)
-        if proc.returncode != 0:
-            where = f"; record: {result}" if result.exists() else " before writing result.json"
-            raise RuntimeError(f"`{' '.join(self.argv)}` exited with status {proc.returncode}{where}")
-        record: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {}
-        return record
+            self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
+        return proc.returncode
+
+    def failure(self, code: int) -> str:
+        """The message of a trainer that exited with status `code`."""
+        result = Path(self.output_dir) / RESULT_FILE
+        where = f"; record: {result}" if result.exists() else " before writing result.json"
+        return f"`{' '.join(self.argv)}` exited with status {code}{where}"
 
     def _requeue_or_give_up(self, environ: Mapping[str, str], result: Path) -> None:
         """Requeue this job while retries remain (never returns then); return to fail it otherwise."""
@@ -280,24 +320,27 @@ def plan_configs(
     initial_job_idx: int,
     *,
     array_parallelism: int | None = None,
+    subdir: SubdirNamer | None = None,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
 
-    Config i's output directory is `<initial_job_idx + i>` in the sweep directory, as Hydra's
-    default hydra.sweep.subdir (${hydra.job.num}) would name it.
+    Config i's output directory is `subdir(initial_job_idx + i, overrides)` (see subdir_namer);
+    without `subdir`, `<initial_job_idx + i>`, as Hydra's default hydra.sweep.subdir
+    (${hydra.job.num}) names it.
     """
     specs: list[ConfigSpec] = []
     skipped: list[ManifestEntry] = []
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         run = composer.run_config(overrides)
+        output_dir = str(index) if subdir is None else subdir(index, overrides)
         key, reason = plan_config(run, array_parallelism=array_parallelism)
         if key is None:
             skipped.append(
                 ManifestEntry(
                     index=index,
                     overrides=tuple(overrides),
-                    output_dir=str(index),
+                    output_dir=output_dir,
                     status="skipped",
                     reason=reason,
                 )
@@ -308,14 +351,92 @@ def plan_configs(
             ConfigSpec(
                 index,
                 tuple(overrides),
-                str(index),
+                output_dir,
                 key,
                 env,
                 max_retries=run.cluster.max_retries,
                 wandb_group=run.logger.wandb_group,
             )
         )
+    if subdir is not None:
+        check_output_dirs([*specs, *skipped])
     return specs, skipped
+
+
+SubdirNamer = Callable[[int, Sequence[str]], str]
+"""(config index, overrides) -> the config's output directory, relative to the sweep directory."""
+
+
+def subdir_namer(config: DictConfig, composer: FastComposer) -> SubdirNamer | None:
+    """hydra.sweep.subdir of a sweep as a function of each config; None for Hydra's default (the index).
+
+    Resolved as Hydra resolves it in a job (see the module docstring); an error names the field,
+    its value, the config and what it may use.
+    """
+    sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+    template = sweep.get("subdir") if isinstance(sweep, dict) else None
+    if template is None or str(template) == DEFAULT_SUBDIR:
+        return None
+    template = str(template)
+
+    def name(index: int, overrides: Sequence[str]) -> str:
+        cfg = composer.compose(overrides)
+        naming = cfg.hydra.job.config.override_dirname
+        task = [o for o in (parse_override(text) for text in overrides) if not o.is_hydra_override()]
+        try:
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.job.num = index
+                cfg.hydra.job.override_dirname = get_overrides_dirname(
+                    overrides=task,
+                    exclude_keys=list(naming.exclude_keys),
+                    item_sep=naming.item_sep,
+                    kv_sep=naming.kv_sep,
+                )
+                cfg.hydra.sweep.subdir = template
+            value = str(cfg.hydra.sweep.subdir)
+        except OmegaConfBaseException as exc:
+            # Compact: Hydra prints the message alone, as for a composition error, not a traceback.
+            raise CompactHydraException(
+                f"hydra.sweep.subdir={template!r} does not resolve for config {index} "
+                f"({' '.join(overrides) or 'no overrides'}): {str(exc).splitlines()[0]}. "
+                "The launcher names each output directory before the job is queued, from "
+                "hydra.job.num, hydra.job.override_dirname and "
+                "the config's own values (hydra.job.id is only known once the job runs); or leave "
+                f"hydra.sweep.subdir at its default {DEFAULT_SUBDIR}."
+            ) from None
+        return _checked_subdir(template, index, value)
+
+    return name
+
+
+def _checked_subdir(template: str, index: int, value: str) -> str:
+    where = f"hydra.sweep.subdir={template!r} gives {value!r} for config {index}"
+    path = normalize_dir(value)
+    parts = path.split("/")
+    if not value.strip() or path == "." or Path(value).is_absolute() or ".." in parts:
+        raise CompactHydraException(
+            f"{where}: an output directory must be a relative path below hydra.sweep.dir "
+            "(not empty, not absolute, no '..')"
+        )
+    if any(p.startswith(".") for p in parts):
+        raise CompactHydraException(
+            f"{where}: a directory starting with '.' is hidden from the analysis (and .megasweep, "
+            ".submitit, .slurm are the launcher's own); name it without a leading dot"
+        )
+    return path
+
+
+def check_output_dirs(configs: Sequence[ConfigSpec | ManifestEntry]) -> None:
+    """Raise HydraException when two configs would write the same output directory."""
+    seen: dict[str, int] = {}
+    for c in configs:
+        other = seen.setdefault(c.output_dir, c.index)
+        if other != c.index:
+            raise CompactHydraException(
+                f"hydra.sweep.subdir gives configs {other} and {c.index} the same output directory "
+                f"{c.output_dir!r}: their results would overwrite each other. Put something that "
+                "differs between them in it, e.g. ${hydra.job.num} or ${hydra.job.override_dirname}"
+            )
 
 
 def entry_args_for(config: DictConfig) -> tuple[str, ...]:
@@ -339,13 +460,22 @@ def command_for(spec: ConfigSpec, settings: LaunchSettings, sweep_dir: Path) -> 
         *spec.overrides,
         run_dir_override(out),
     )
+    return TrainCommand(
+        argv=argv,
+        cwd=settings.cwd,
+        output_dir=str(out),
+        env=run_env(spec, sweep_dir),
+        max_retries=spec.max_retries,
+    )
+
+
+def run_env(spec: ConfigSpec, sweep_dir: Path) -> tuple[tuple[str, str], ...]:
+    """What a config's run gets in its environment: cluster.env, and the sweep's W&B group."""
     env = spec.env
     # cluster.env may set the group itself; the config's own logger.wandb_group wins inside W&B anyway.
     if spec.wandb_group is None and WANDB_GROUP_ENV not in dict(env):
         env = (*env, (WANDB_GROUP_ENV, sweep_dir.name))
-    return TrainCommand(
-        argv=argv, cwd=settings.cwd, output_dir=str(out), env=env, max_retries=spec.max_retries
-    )
+    return env
 
 
 def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, Any]:
@@ -390,8 +520,18 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
     return params
 
 
-def submit_configs(sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings) -> Submission:
-    """Queue one array per ArrayKey (split at max_array_size); refused groups become skipped entries."""
+def submit_configs(
+    sweep_dir: Path,
+    specs: Sequence[ConfigSpec],
+    settings: LaunchSettings,
+    *,
+    on_queued: Callable[[list[ManifestEntry]], object] | None = None,
+) -> Submission:
+    """Queue one array per ArrayKey (split at max_array_size); refused groups become `refused` entries.
+
+    `on_queued(entries so far)` is called after each sbatch (queued or refused): the caller
+    writes the manifest there, so that it never lags what Slurm holds by more than one array.
+    """
     import submitit  # not at module level: Hydra's plugin scan imports this module
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
@@ -407,12 +547,14 @@ def submit_configs(sweep_dir: Path, specs: Sequence[ConfigSpec], settings: Launc
                 queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])
             except (FailedJobError, FailedSubmissionError) as exc:
                 reason = REFUSED_PREFIX + _slurm_message(str(exc))
-                entries.extend(_entry(s, "skipped", reason=reason) for s in piece)
-                continue
-            arrays.append(str(queued[0].job_id).split("_")[0])
-            for spec, job in zip(piece, queued, strict=True):
-                jobs[spec.index] = job
-                entries.append(_entry(spec, "submitted", job_id=str(job.job_id)))
+                entries.extend(_entry(s, "refused", reason=reason) for s in piece)
+            else:
+                arrays.append(str(queued[0].job_id).split("_")[0])
+                for spec, job in zip(piece, queued, strict=True):
+                    jobs[spec.index] = job
+                    entries.append(_entry(spec, "submitted", job_id=str(job.job_id)))
+            if on_queued is not None:
+                on_queued(sorted(entries, key=lambda e: e.index))
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
 
@@ -699,20 +841,33 @@ class SlurmLauncher(SweepLauncher):
         settings = self.settings()
 
         specs, skipped = plan_configs(
-            composer, job_overrides, initial_job_idx, array_parallelism=self.array_parallelism
+            composer,
+            job_overrides,
+            initial_job_idx,
+            array_parallelism=self.array_parallelism,
+            subdir=subdir_namer(self.config, composer),
         )
-        save_launch_file(sweep_dir, settings, specs)
-        submission = submit_configs(sweep_dir, specs, settings)
-        entries = sorted([*skipped, *submission.entries], key=lambda e: e.index)
         path = manifest_path(sweep_dir)
         old = read_manifest(path) if initial_job_idx and path.exists() else []
+        # Hydra's sweeper may launch a sweep in batches: a later batch must not reuse a directory.
+        check_output_dirs(merge_entries(old, [*skipped, *(_entry(s, "submitted") for s in specs)]))
+        save_launch_file(sweep_dir, settings, specs)
+        known = merge_entries(old, skipped)
+        submission = submit_configs(
+            sweep_dir,
+            specs,
+            settings,
+            on_queued=lambda queued: write_manifest(merge_entries(known, queued), path),
+        )
+        entries = sorted([*skipped, *submission.entries], key=lambda e: e.index)
+        # Also when nothing was submitted (every config infeasible): the manifest says so.
         write_manifest(merge_entries(old, entries), path)
         self._report(entries, submission, path)
         return self._returns(entries, submission, sweep_dir)
 
     def _report(self, entries: Sequence[ManifestEntry], submission: Submission, path: Path) -> None:
         submitted = sum(1 for e in entries if e.status == "submitted")
-        refused = [e for e in entries if e.reason and e.reason.startswith(REFUSED_PREFIX)]
+        refused = [e for e in entries if e.status == "refused"]
         infeasible = len(entries) - submitted - len(refused)
         arrays = ", ".join(submission.arrays) or "none"
         print(
@@ -735,8 +890,50 @@ class SlurmLauncher(SweepLauncher):
             job = submission.jobs.get(e.index)
             if self.wait and job is not None:
                 try:
-                    value = job.result()
+                    # results(): one value per task (a multi-device job has several; submitit's
+                    # result() refuses those). Task 0 is rank 0, which writes the record.
+                    value = job.results()[0]
                 except Exception as exc:  # the job's failure, as Hydra launchers report it
                     status, value = JobStatus.FAILED, exc
             returns.append(job_return(e, sweep_dir=sweep_dir, task_name=task_name, status=status, value=value))
         return returns
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-job wrapper as a command, for the array scripts of `python -m launchers sbatch`.
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m launchers.slurm --output-dir DIR --max-retries N -- <trainer command>`.
+
+    Runs one srun task of an exported array script exactly as TrainCommand runs one of the
+    launcher's: the trainer as a child, USR1 left to it, and on REQUEUE_EXIT_CODE the job
+    requeued while SLURM_RESTART_COUNT < N (the stopped attempt's record kept aside). Exits
+    with the trainer's status (after printing why, when it is not 0).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m launchers.slurm",
+        description="Run one array task's trainer; requeue the job when it stops on Slurm's signal.",
+    )
+    parser.add_argument("--output-dir", required=True, help="the run's directory (where result.json goes)")
+    parser.add_argument("--max-retries", type=int, required=True, help="cluster.max_retries (requeues)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer's command line")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no trainer command: give it after `--`")
+    if args.max_retries < 0:
+        parser.error(f"--max-retries={args.max_retries}: must be 0 or more (requeues allowed)")
+    task = TrainCommand(
+        argv=tuple(command), cwd=os.getcwd(), output_dir=args.output_dir, max_retries=args.max_retries
+    )
+    code = task.run()
+    if code != 0:
+        print(f"slurm: {task.failure(code)}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

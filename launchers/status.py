@@ -4,10 +4,22 @@
     python -m launchers rerun <sweep dir> --failed
 
 The state of each config comes from what outlives the submitting process: the manifest
-(what was submitted or skipped, under which job id), each run's result.json (written by the
-trainer whatever happens), and Slurm (squeue for live jobs, sacct for ended ones). A
-result.json wins over Slurm: it says what the run itself saw. A job that ended without one
-(killed by the time limit, out of host memory, cancelled) is failed by its Slurm state.
+(what was submitted, exported, refused or skipped, under which job id), each run's result.json
+(written by the trainer whatever happens), and Slurm (squeue for live jobs, sacct for ended
+ones). A result.json wins over Slurm: it says what the run itself saw. A job that ended without
+one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state.
+
+A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
+A config of an exported array script (`python -m launchers sbatch`, submitted by hand) has no
+job id in the manifest; its array task records one when it starts (analysis.manifest.
+resolve_exported), and until then the config is `pending` (queued or not yet submitted: this
+side cannot tell which).
+
+`rerun --failed` resubmits the `failed` and the `refused` configs: a refused sbatch is a
+config that did not run, and rerunning it after fixing the cause (a partition back up, a
+quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
+again and is left alone. Exported configs are resubmitted by the launcher (submitit), with the
+settings the export saved in <sweep dir>/.megasweep/launch.json.
 
 Torch-free.
 """
@@ -22,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
+from analysis.manifest import ManifestEntry, manifest_path, read_manifest, resolve_exported, write_manifest
 from launchers.slurm import RESULT_FILE, load_launch_file, merge_entries, submit_configs
 
 __all__ = [
+    "RERUN_STATES",
     "STATES",
     "ConfigStatus",
     "classify",
@@ -36,7 +49,9 @@ __all__ = [
     "sweep_status",
 ]
 
-STATES = ("pending", "running", "done", "failed", "skipped")
+STATES = ("pending", "running", "done", "failed", "refused", "skipped")
+RERUN_STATES = frozenset({"failed", "refused"})
+"""States `rerun --failed` resubmits (see the module docstring)."""
 # Slurm states of a job that ended without success (sacct's names; 'CANCELLED by 0' is cut to its first word).
 FAILED_SLURM_STATES = frozenset(
     {"FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
@@ -67,12 +82,16 @@ def classify(
     """(state, detail) of one config from its manifest entry, result.json and Slurm state."""
     if entry.status == "skipped":
         return "skipped", entry.reason or ""
+    if entry.status == "refused":
+        return "refused", entry.reason or ""
     if record is not None:
         status = record.get("status")
         if status == "ok":
             return "done", ""
         return "failed", f"result.json status {status}: {record.get('message') or 'no message'}"
     if slurm_state is None:
+        if entry.status == "exported" and entry.job_id is None:
+            return "pending", f"no job started yet ({entry.reason or 'exported'})"
         return "pending", ""
     base = slurm_state.split()[0] if slurm_state.split() else ""
     if base in FAILED_SLURM_STATES:
@@ -143,7 +162,7 @@ def sweep_status(
 ) -> list[ConfigStatus]:
     """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given)."""
     sweep_dir = Path(sweep_dir)
-    entries = read_manifest(manifest_path(sweep_dir))
+    entries = resolve_exported(read_manifest(manifest_path(sweep_dir)), sweep_dir)
     if slurm_states is None:
         slurm_states = query_slurm_states(e.job_id for e in entries if e.job_id)
     out = []
@@ -167,7 +186,8 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     lines = [line.rstrip() for line in lines]
     counts = {state: sum(1 for s in statuses if s.state == state) for state in STATES}
     total = len(statuses) - counts["skipped"]
-    finished = counts["done"] + counts["failed"]
+    # A refused config will not run unless rerun: it is as finished as a failed one.
+    finished = counts["done"] + counts["failed"] + counts["refused"]
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
     lines.append(
@@ -182,14 +202,16 @@ def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
 
 
 def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
-    """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result).
+    """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result)
+    and the refused ones (sbatch refused them; see the module docstring).
 
     Their old result.json is kept beside as result.<old job id>.json, so that `status` does
-    not read it as the new run's; finished (ok) results are not touched. Returns the new
-    manifest entries of the resubmitted configs (a config Slurm now refuses comes back skipped).
+    not read it as the new run's; finished (ok) results are not touched. The manifest is
+    rewritten after each array is queued. Returns the new manifest entries of the resubmitted
+    configs (a config Slurm refuses again comes back `refused`).
     """
     sweep_dir = Path(sweep_dir).resolve()
-    failed = [s for s in sweep_status(sweep_dir) if s.state == "failed"]
+    failed = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES]
     if not failed:
         return []
     settings, specs = load_launch_file(sweep_dir)
@@ -202,7 +224,13 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
             old.rename(old.with_name(f"result.{s.job_id or 'previous'}.json"))
-    submission = submit_configs(sweep_dir, [specs[s.index] for s in failed], settings)
     path = manifest_path(sweep_dir)
-    write_manifest(merge_entries(read_manifest(path), submission.entries), path)
+    before = read_manifest(path)
+    submission = submit_configs(
+        sweep_dir,
+        [specs[s.index] for s in failed],
+        settings,
+        on_queued=lambda queued: write_manifest(merge_entries(before, queued), path),
+    )
+    write_manifest(merge_entries(before, submission.entries), path)
     return submission.entries

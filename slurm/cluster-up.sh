@@ -261,7 +261,7 @@ write_configs() {
         "CLUSTER_NAME=$CLUSTER_NAME" "CTLD_PORT=$PORT_BASE" "NUM_NODES=$NUM_NODES" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$(node_list_expr)" "PARTITION=$PARTITION" \
         "OVERSUBSCRIBE=$OVERSUBSCRIBE" "MIN_JOB_AGE=10" "KILL_WAIT=5" "MAX_ARRAY_SIZE=$MAX_ARRAY_SIZE" \
-        "MAX_JOB_COUNT=10000" && SLURM_CONF_CHANGED=1
+        "MAX_JOB_COUNT=10000" "CRED_EXPIRE=15" && SLURM_CONF_CHANGED=1
     chmod 644 "$SLURM_CONF_FILE"
     render "$MS_HERE/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" "${common[@]}" \
         "DB_PORT=$DB_PORT" "DB_PASS=$(<"$ETC/db.pass")" && DBD_CONF_CHANGED=1

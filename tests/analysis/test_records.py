@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.manifest import ManifestEntry, ManifestError, append_manifest, read_manifest, write_manifest
+from analysis.manifest import EXPORTED_JOBS_DIR, ManifestEntry, write_manifest
 from analysis.records import AnalysisError, load_sweeps, outcome_counts, slurm_queue_states
+from analysis.tables import results_table, summary_line
 from tests.analysis.golden.build import build_sweep, fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,49 +109,42 @@ def test_two_sweeps_in_one_table(tmp_path: Path) -> None:
     assert loaded.table.groupby("sweep").size().to_dict() == {"a": 11, "b": 11}
 
 
+def test_refused_and_exported_configs_from_the_manifest(tmp_path: Path) -> None:
+    sweep = tmp_path / "handmade"
+    message = "sbatch refused: sbatch: error: invalid partition specified: nosuch"
+    entries = [
+        ManifestEntry(0, ("cluster.partition=nosuch",), "0", "refused", message, None, {"nodes": 1}),
+        ManifestEntry(1, ("training.lr=1",), "1", "exported", "exported to a.sbatch, array task 0"),
+        ManifestEntry(2, ("training.lr=2",), "2", "exported", "exported to a.sbatch, array task 1"),
+    ]
+    # Config 2's array task has started and recorded its job id; config 1's has not.
+    (sweep / EXPORTED_JOBS_DIR).mkdir(parents=True)
+    write_manifest(entries, sweep / "manifest.jsonl")
+    (sweep / EXPORTED_JOBS_DIR / "2").write_text("77_1\n")
+    asked: list[list[str]] = []
+
+    def queue(ids: Sequence[str]) -> dict[str, str]:
+        asked.append(list(ids))
+        return {"77_1": "RUNNING"}
+
+    df = load_sweeps([sweep], queue=queue).table.set_index("manifest_index")
+    assert asked == [["77_1"]]
+    assert df.loc[0, "outcome"] == "refused" and df.loc[0, "reason"] == message
+    assert (df.loc[1, "outcome"], df.loc[1, "job_id"]) == ("pending", "")
+    assert (df.loc[2, "outcome"], df.loc[2, "job_id"]) == ("running", "77_1")
+    assert summary_line(df) == "3 configs: 1 refused, 1 pending, 1 running"
+    # In the seeds' table a refused config reads 'refused' where the memory goes, Slurm's words in Notes.
+    (row,) = results_table(df).to_dict("records")
+    assert row["Mem"] == "refused" and row["Sec/it"] == ""
+    assert "invalid partition specified: nosuch" in row["Notes"]
+
+
 def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
     with pytest.raises(AnalysisError, match="does not exist"):
         load_sweeps([tmp_path / "nope"], queue=None)
     (tmp_path / "empty").mkdir()
     with pytest.raises(AnalysisError, match="nothing to analyse"):
         load_sweeps([tmp_path / "empty"], queue=None)
-
-
-# ---------------------------------------------------------------------------------------------
-# Manifest
-
-
-def test_manifest_round_trip_and_partial_last_line(tmp_path: Path) -> None:
-    entries = [
-        ManifestEntry(0, ("parallelism.tp=2",), "./runs//0/", "submitted", None, "1234_0", {"nodes": 2, "tasks_per_node": 2}),
-        ManifestEntry(1, ("parallelism.tp=3",), "runs/1", "skipped", "heads not divisible by tp", None, {}),
-    ]
-    path = write_manifest(entries, tmp_path / "manifest.jsonl")
-    back = read_manifest(tmp_path)
-    assert back == entries and back[0].output_dir == "runs/0" and back[0].nodes == 2
-    assert json.loads(path.read_text().splitlines()[0])["overrides"] == ["parallelism.tp=2"]
-    append_manifest([ManifestEntry(2, (), "runs/2", "submitted", job_id="1234_2")], path)
-    with path.open("a") as f:
-        f.write('{"index": 3, "overr')  # the launcher is mid-write
-    assert [e.index for e in read_manifest(path)] == [0, 1, 2]
-
-
-@pytest.mark.parametrize(
-    ("line", "match"),
-    [
-        ('{"index": 0, "overrides": [], "output_dir": "a", "status": "done"}', "status"),
-        ('{"index": -1, "overrides": [], "output_dir": "a", "status": "submitted"}', "index"),
-        ('{"overrides": [], "output_dir": "a", "status": "submitted"}', "missing key"),
-        ('{"index": 0, "overrides": [], "output_dir": "/abs", "status": "submitted"}', "relative"),
-        ("not json", "not JSON"),
-    ],
-)
-def test_manifest_bad_lines_name_the_line(tmp_path: Path, line: str, match: str) -> None:
-    path = tmp_path / "manifest.jsonl"
-    path.write_text(line + "\n" + '{"index": 1, "overrides": [], "output_dir": "b", "status": "submitted"}\n')
-    with pytest.raises(ManifestError, match=match) as info:
-        read_manifest(path)
-    assert ":1:" in str(info.value)
 
 
 # ---------------------------------------------------------------------------------------------

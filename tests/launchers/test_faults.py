@@ -4,7 +4,8 @@
 - a rank that hangs ends its job at training.collective_timeout_s, with a `timeout` record;
 - killing the submitting process loses no result (the jobs and the manifest outlive it);
 - a run stopped by Slurm's USR1 warning checkpoints, requeues itself (at most cluster.max_retries
-  times) and resumes from its checkpoint without repeating a step.
+  times) and resumes from its checkpoint without repeating a step: the warning sent by hand (as a
+  preemption would) and sent by Slurm itself before a real one-minute time limit.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from analysis.manifest import ManifestEntry, manifest_path, read_manifest
 from launchers import slurm as slurm_launcher
 from tests.launchers.test_slurm_launcher import REPO, array_of, result, sacct, sweep, wait_until
 from train.distributed import slurm_master_port
+from train.failures import SLOW_FIRST_ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -175,10 +177,57 @@ def test_requeue_constant_matches_the_trainer() -> None:
     assert slurm_launcher.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
 
 
+# A real time limit: Slurm's shortest (one minute). Its USR1 comes 15 s ahead as asked, give or take
+# slurmctld's 30 s check period; the first attempt sleeps 2 s per iteration, so 40 iterations cannot
+# end before the warning, and the requeued attempt runs at full speed (train.failures hook).
+TIME_LIMIT_ITERS = 40
+SLOW_FIRST_ATTEMPT_S = 2
+
+
 def test_stopped_run_requeues_and_resumes_from_its_checkpoint(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
-    sweep_dir = tmp_path / "requeue"
+    """Slurm's USR1 warning sent by hand (as a preemption would), and by Slurm before a real time
+    limit; both sweeps run at once, the time-limited one submitted first since it takes a minute."""
+    limit_dir = tmp_path / "time-limit"
+    sweep(
+        limit_dir,
+        *QUICK,
+        f"training.train_iters={TIME_LIMIT_ITERS}",
+        f"training.save_interval={10 * TIME_LIMIT_ITERS}",
+        "cluster.time_limit_min=1",
+        "cluster.max_retries=1",
+        f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}={SLOW_FIRST_ATTEMPT_S}",
+    )
+    (limited,) = read_manifest(limit_dir)
+    try:
+        _signal_sent_by_hand_requeues_once(tmp_path / "requeue")
+        _time_limit_requeues_and_completes(limit_dir, limited)
+    finally:
+        subprocess.run(["scancel", str(limited.job_id)], check=False, timeout=30)
+
+
+def _time_limit_requeues_and_completes(sweep_dir: Path, entry: ManifestEntry) -> None:
+    submission = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --time=1" in submission and "#SBATCH --signal=USR1@15" in submission
+    done = wait_for_records(sweep_dir, [entry], ok=True)[0]
+    first = json.loads((sweep_dir / entry.output_dir / "result.attempt0.json").read_text())
+    assert first["status"] == "timeout" and "requeue" in first["message"]
+    stopped_at = first["iterations_run"]
+    # Stopped by the warning, well before the end it could not reach in one minute.
+    assert 1 <= stopped_at < TIME_LIMIT_ITERS
+    assert done["resumed_from_step"] == stopped_at
+    assert done["iterations_run"] == TIME_LIMIT_ITERS - stopped_at
+    assert len(done["losses"]) == TIME_LIMIT_ITERS and done["losses"][:stopped_at] == first["losses"]
+    job = str(entry.job_id)
+    wait_until(
+        "sacct to show the time-limited job requeued once, then completed",
+        lambda: _states([job]) == {job: ["REQUEUED", "COMPLETED"]},
+        timeout=60,
+    )
+
+
+def _signal_sent_by_hand_requeues_once(sweep_dir: Path) -> None:
     iters = 100
     # One array of two configs: one requeue allowed, none allowed. Each checkpoints only when
     # told to stop (save_interval beyond the end).
@@ -205,9 +254,9 @@ def test_stopped_run_requeues_and_resumes_from_its_checkpoint(
     for job in jobs:
         subprocess.run(["scancel", "--signal=USR1", job], check=True, timeout=30)
     try:
-        # Slurm holds a requeued job for its credential lifetime (AuthInfo cred_expire, 120 s by
-        # default): the node that ran it refuses the revoked credential until then. Release it at
-        # once to another node, which also shows the checkpoint does not depend on the node.
+        # Slurm holds a requeued job for its credential lifetime (AuthInfo cred_expire: 15 s on the
+        # local cluster, 120 s by default). Release it at once to another node, which also shows
+        # that the checkpoint does not depend on the node.
         wait_until("the requeued job to be pending", lambda: _pending(jobs[0]), timeout=FAULT_TIMEOUT_S)
         first_node = json.loads((sweep_dir / retried.output_dir / "result.attempt0.json").read_text())["env"][
             "SLURM_JOB_NODELIST"

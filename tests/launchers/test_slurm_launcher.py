@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+from hydra.errors import HydraException
+from omegaconf import open_dict, read_write
+
 from analysis.manifest import ManifestEntry, read_manifest
+from launchers.compose import FastComposer
+from launchers.sbatch import default_config_dir
+from launchers.slurm import (
+    REQUEUE_EXIT_CODE,
+    LaunchSettings,
+    SubdirNamer,
+    plan_configs,
+    subdir_namer,
+    submit_configs,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -154,19 +169,140 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
     sweep_dir = tmp_path / "sweep"
-    proc = sweep(sweep_dir, f"cluster.partition=nosuch,{slurm_cluster.partition}", "hydra.launcher.wait=true")
+    proc = sweep(
+        sweep_dir,
+        f"cluster.partition=nosuch,{slurm_cluster.partition}",
+        "hydra.launcher.wait=true",
+        # Not the default (the index): each config's directory is named from its own config.
+        "hydra.sweep.subdir=part_${cluster.partition}",
+    )
     assert "1 refused by sbatch" in proc.stdout
 
     refused, ran = read_manifest(sweep_dir)
-    assert refused.status == "skipped" and refused.job_id is None
+    assert (refused.output_dir, ran.output_dir) == ("part_nosuch", f"part_{slurm_cluster.partition}")
+    assert refused.status == "refused" and refused.job_id is None
     # Slurm's own words, as sbatch printed them.
     assert refused.reason is not None and "sbatch refused" in refused.reason
     assert "invalid partition" in refused.reason.lower(), refused.reason
     assert "nosuch" in proc.stderr
     assert ran.status == "submitted"
-    # wait=true: the sweep returned only after the job ended, so its result is already there.
+    # wait=true: the sweep returned only after the job ended, so its result is already there,
+    # in the directory hydra.sweep.subdir named.
     record = result(sweep_dir, ran)
     assert record is not None and record["status"] == "ok"
+    dirs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert dirs == [f"part_{slurm_cluster.partition}"]
+
+
+def test_sweep_subdir_is_resolved_per_config_and_checked(tmp_path: Path) -> None:
+    composer = FastComposer.from_config_dir(default_config_dir())
+    master = composer.compose([])
+
+    def namer(template: str) -> SubdirNamer:
+        with read_write(master.hydra), open_dict(master.hydra):
+            master.hydra.sweep.subdir = template
+        named = subdir_namer(master, composer)
+        assert named is not None
+        return named
+
+    with read_write(master.hydra), open_dict(master.hydra):
+        master.hydra.sweep.subdir = "${hydra.job.num}"
+    assert subdir_namer(master, composer) is None  # Hydra's default: the index, no composition
+
+    jobs = [["training.lr=0.1", "parallelism.tp=1"], ["training.lr=0.2", "parallelism.tp=1"]]
+    template = "run${hydra.job.num}/${hydra.job.override_dirname}"
+    specs, skipped = plan_configs(composer, jobs, 4, subdir=namer(template))
+    assert not skipped
+    assert [s.output_dir for s in specs] == [
+        "run4/parallelism.tp=1,training.lr=0.1",
+        "run5/parallelism.tp=1,training.lr=0.2",
+    ]
+    assert [s.output_dir for s in plan_configs(composer, jobs, 0, subdir=namer("lr_${training.lr}"))[0]] == [
+        "lr_0.1",
+        "lr_0.2",
+    ]
+    cases = {
+        "x_${hydra.job.id}": "hydra.job.id is only known once the job runs",
+        "same": "configs 0 and 1 the same output directory 'same'",
+        "/abs/${hydra.job.num}": "relative path",
+        "../${hydra.job.num}": "relative path",
+        ".${hydra.job.num}": "hidden",
+    }
+    for template, message in cases.items():
+        with pytest.raises(HydraException, match=re.escape(message)) as info:
+            plan_configs(composer, jobs, 0, subdir=namer(template))
+        assert "hydra.sweep.subdir" in str(info.value)
+
+
+def test_manifest_entries_are_handed_over_after_each_array(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    composer = FastComposer.from_config_dir(default_config_dir())
+    # Two time limits: two arrays, and a third config that sbatch refuses.
+    jobs = [
+        [*TINY, "cluster.time_limit_min=5"],
+        [*TINY, "cluster.time_limit_min=10"],
+        [*TINY, "cluster.partition=nosuch"],
+    ]
+    specs, skipped = plan_configs(composer, jobs, 0)
+    assert not skipped
+    settings = LaunchSettings(
+        python=sys.executable,
+        module="train",
+        cwd=str(REPO),
+        job_name="handover",
+        max_array_size=1001,
+        sbatch_args={"hold": ""},  # nothing runs: only the hand-over is checked
+    )
+    snapshots: list[list[tuple[int, str]]] = []
+    submission = submit_configs(
+        tmp_path,
+        specs,
+        settings,
+        on_queued=lambda done: snapshots.append([(e.index, e.status) for e in done]),
+    )
+    try:
+        # After each sbatch, what it queued (or refused) is there to write down: a launcher killed
+        # before the next one leaves a manifest of exactly what Slurm holds.
+        assert snapshots == [
+            [(0, "submitted")],
+            [(0, "submitted"), (1, "submitted")],
+            [(0, "submitted"), (1, "submitted"), (2, "refused")],
+        ]
+        assert [e.status for e in submission.entries] == ["submitted", "submitted", "refused"]
+    finally:
+        subprocess.run(["scancel", *submission.arrays], timeout=30, check=False)
+
+
+def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # What an exported script's srun task runs: `python -m launchers.slurm ... -- <trainer>`.
+    record = tmp_path / "result.json"
+    stop = [sys.executable, "-c", f"import sys; sys.exit({REQUEUE_EXIT_CODE})"]
+
+    def wrapper(max_retries: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        args = ["--output-dir", str(tmp_path), "--max-retries", str(max_retries), "--", *stop]
+        return subprocess.run(
+            [sys.executable, "-m", "launchers.slurm", *args],
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    record.write_text('{"status": "timeout"}')
+    # Retries used up: the stopped run's status stands, its record too.
+    given_up = wrapper(1, {"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "1"})
+    assert given_up.returncode == REQUEUE_EXIT_CODE
+    assert "max_retries=1 requeue(s) are used up (1 done)" in given_up.stderr
+    assert record.exists() and not (tmp_path / "result.attempt1.json").exists()
+    # A retry left, but Slurm does not know the job: the record is put back, the task fails.
+    unknown = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "0"})
+    assert unknown.returncode == REQUEUE_EXIT_CODE
+    assert "scontrol requeue 999999999 failed" in unknown.stderr
+    assert record.exists() and not (tmp_path / "result.attempt0.json").exists()
 
 
 def test_wait_reports_a_failing_job_as_a_failed_sweep(

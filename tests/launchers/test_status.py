@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.manifest import ManifestEntry, read_manifest, write_manifest
+from analysis.manifest import EXPORTED_JOBS_DIR, ManifestEntry, read_manifest, write_manifest
 from launchers.status import ConfigStatus, classify, expand_job_ids, format_status, sweep_status
 from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_for_results, wait_until
 
@@ -34,6 +35,17 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
         index=1, overrides=(), output_dir="1", status="skipped", reason="tp=3 does not divide"
     )
     assert classify(skipped, None, None) == ("skipped", "tp=3 does not divide")
+    refused = ManifestEntry(
+        index=2, overrides=(), output_dir="2", status="refused", reason="sbatch refused: invalid partition"
+    )
+    assert classify(refused, None, None) == ("refused", "sbatch refused: invalid partition")
+    exported = ManifestEntry(
+        index=3, overrides=(), output_dir="3", status="exported", reason="exported to a.sbatch, array task 3"
+    )
+    # No job has recorded itself: queued or never submitted, this side cannot tell.
+    state, detail = classify(exported, None, None)
+    assert state == "pending" and "no job started yet" in detail and "a.sbatch, array task 3" in detail
+    assert classify(exported, {"status": "ok"}, None) == ("done", "")
 
 
 def test_expand_job_ids_spells_out_pending_array_ranges() -> None:
@@ -49,14 +61,18 @@ def test_format_status_shows_varying_overrides_counts_and_bar() -> None:
         ConfigStatus(1, ("m=x", "lr=2"), "failed", "7_1", "FAILED", "result.json status error: boom"),
         ConfigStatus(2, ("m=x", "lr=3"), "running", "7_2", "RUNNING", ""),
         ConfigStatus(3, ("m=x", "lr=4"), "skipped", None, None, "infeasible"),
+        ConfigStatus(4, ("m=x", "lr=5"), "refused", None, None, "sbatch refused: invalid partition"),
     ]
     text = format_status(statuses, width=12)
     lines = text.splitlines()
     assert lines[0].split() == ["index", "state", "job", "overrides", "detail"]
     assert lines[2].split()[:4] == ["1", "failed", "7_1", "lr=2"] and "boom" in lines[2]
     assert "m=x" not in text  # the same in every config: not worth a column
-    # 2 of the 3 submitted configs have finished: 8 of 12 characters.
-    assert lines[-1] == "[########....] 2/3 finished: 0 pending, 1 running, 1 done, 1 failed, 1 skipped"
+    assert lines[5].split()[:3] == ["4", "refused", "-"] and "invalid partition" in lines[5]
+    # 3 of the 4 configs that were not skipped have finished (refused ones will not run): 9 of 12.
+    assert lines[-1] == (
+        "[#########...] 3/4 finished: 0 pending, 1 running, 1 done, 1 failed, 1 refused, 1 skipped"
+    )
 
 
 def test_status_reads_result_files_without_slurm(tmp_path: Path) -> None:
@@ -69,6 +85,20 @@ def test_status_reads_result_files_without_slurm(tmp_path: Path) -> None:
     (tmp_path / "0" / "result.json").write_text('{"status": "ok"}')
     states = sweep_status(tmp_path, slurm_states={"5_1": "OUT_OF_MEMORY"})
     assert [(s.index, s.state) for s in states] == [(0, "done"), (1, "failed")]
+
+
+def test_status_of_exported_configs_uses_the_job_ids_their_tasks_recorded(tmp_path: Path) -> None:
+    entries = [
+        ManifestEntry(index=i, overrides=(f"a={i}",), output_dir=str(i), status="exported", reason="exported")
+        for i in range(3)
+    ]
+    write_manifest(entries, tmp_path / "manifest.jsonl")
+    jobs = tmp_path / EXPORTED_JOBS_DIR
+    jobs.mkdir(parents=True)
+    (jobs / "1").write_text("8_1\n")
+    (jobs / "2").write_text("8_2\n")
+    states = sweep_status(tmp_path, slurm_states={"8_1": "RUNNING", "8_2": "TIMEOUT"})
+    assert [(s.state, s.job_id) for s in states] == [("pending", None), ("running", "8_1"), ("failed", "8_2")]
 
 
 def status_table(sweep_dir: Path) -> str:
@@ -123,3 +153,36 @@ def test_status_and_rerun_failed_against_slurm(slurm_cluster: SlurmClusterInfo, 
     assert (sweep_dir / "1" / "result.json").read_bytes() == done_before
     wait_until("status to show both done", lambda: "2 done, 0 failed" in status_table(sweep_dir), 30)
     assert result(sweep_dir, second[0]) is not None
+
+
+def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Held, so that nothing runs: only what is queued (and refused) matters here.
+    sweep(sweep_dir, "cluster.partition=nosuch", "+hydra.launcher.sbatch_args.hold=''")
+    (first,) = read_manifest(sweep_dir)
+    assert first.status == "refused" and first.reason is not None and "nosuch" in first.reason
+    table = status_table(sweep_dir)
+    assert "1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 refused" in table, table
+
+    # The cause goes away (here: the launch record names a partition that exists, as if the
+    # site had created it); the config was never run, so `rerun --failed` submits it.
+    launch = sweep_dir / ".megasweep" / "launch.json"
+    data = json.loads(launch.read_text())
+    data["configs"]["0"]["options"]["partition"] = slurm_cluster.partition
+    launch.write_text(json.dumps(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (second,) = read_manifest(sweep_dir)
+    try:
+        assert proc.stdout.startswith("rerun: config 0: job "), proc.stdout
+        assert second.status == "submitted" and second.job_id is not None
+        assert second.overrides == first.overrides and second.output_dir == first.output_dir
+    finally:
+        if second.job_id is not None:
+            subprocess.run(["scancel", second.job_id.split("_")[0]], timeout=30, check=False)

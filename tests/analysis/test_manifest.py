@@ -1,0 +1,102 @@
+"""The sweep manifest: round trip, statuses, old refused entries, exported configs' job ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.manifest import (
+    ENTRY_STATUSES,
+    EXPORTED_JOBS_DIR,
+    ManifestEntry,
+    ManifestError,
+    append_manifest,
+    read_manifest,
+    recorded_job_id,
+    resolve_exported,
+    write_manifest,
+)
+
+
+def test_manifest_round_trip_and_partial_last_line(tmp_path: Path) -> None:
+    entries = [
+        ManifestEntry(
+            0, ("parallelism.tp=2",), "./runs//0/", "submitted", None, "1234_0", {"nodes": 2, "tasks_per_node": 2}
+        ),
+        ManifestEntry(1, ("parallelism.tp=3",), "runs/1", "skipped", "heads not divisible by tp"),
+        ManifestEntry(2, ("cluster.partition=x",), "runs/2", "refused", "sbatch refused: invalid partition"),
+        ManifestEntry(3, ("training.lr=1",), "runs/3", "exported", "exported to a.sbatch, array task 0"),
+    ]
+    path = write_manifest(entries, tmp_path / "manifest.jsonl")
+    back = read_manifest(tmp_path)
+    assert back == entries and back[0].output_dir == "runs/0" and back[0].nodes == 2
+    assert [e.status for e in back] == ["submitted", "skipped", "refused", "exported"]
+    assert json.loads(path.read_text().splitlines()[0])["overrides"] == ["parallelism.tp=2"]
+    append_manifest([ManifestEntry(4, (), "runs/4", "submitted", job_id="1234_4")], path)
+    with path.open("a") as f:
+        f.write('{"index": 5, "overr')  # the launcher is mid-write
+    assert [e.index for e in read_manifest(path)] == [0, 1, 2, 3, 4]
+
+
+def test_old_refused_entries_read_as_refused(tmp_path: Path) -> None:
+    # Before `refused` existed, a refused sbatch was written `skipped` with this reason.
+    lines = [
+        {"index": 0, "overrides": [], "output_dir": "0", "status": "skipped",
+         "reason": "sbatch refused: sbatch: error: invalid partition specified: nosuch"},
+        {"index": 1, "overrides": [], "output_dir": "1", "status": "skipped", "reason": "tp=3 does not divide"},
+    ]
+    path = tmp_path / "manifest.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    refused, skipped = read_manifest(path)
+    assert refused.status == "refused" and refused.reason is not None and "nosuch" in refused.reason
+    assert skipped.status == "skipped"
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"index": 0, "overrides": [], "output_dir": "a", "status": "done"}', "status"),
+        ('{"index": -1, "overrides": [], "output_dir": "a", "status": "submitted"}', "index"),
+        ('{"overrides": [], "output_dir": "a", "status": "submitted"}', "missing key"),
+        ('{"index": 0, "overrides": [], "output_dir": "/abs", "status": "submitted"}', "relative"),
+        ("not json", "not JSON"),
+    ],
+)
+def test_manifest_bad_lines_name_the_line(tmp_path: Path, line: str, match: str) -> None:
+    path = tmp_path / "manifest.jsonl"
+    path.write_text(line + "\n" + '{"index": 1, "overrides": [], "output_dir": "b", "status": "submitted"}\n')
+    with pytest.raises(ManifestError, match=match) as info:
+        read_manifest(path)
+    assert ":1:" in str(info.value)
+
+
+def test_unknown_status_lists_the_valid_ones() -> None:
+    with pytest.raises(ManifestError) as info:
+        ManifestEntry(0, (), "0", "queued")
+    assert "'queued'" in str(info.value) and all(s in str(info.value) for s in ENTRY_STATUSES)
+
+
+def test_exported_entries_take_the_job_id_their_task_recorded(tmp_path: Path) -> None:
+    entries = [
+        ManifestEntry(0, (), "0", "exported", "exported to a.sbatch, array task 0"),
+        ManifestEntry(1, (), "1", "exported", "exported to a.sbatch, array task 1"),
+        ManifestEntry(2, (), "2", "exported", "exported to a.sbatch, array task 2"),
+        ManifestEntry(3, (), "3", "submitted", job_id="9_3"),
+    ]
+    jobs = tmp_path / EXPORTED_JOBS_DIR
+    jobs.mkdir(parents=True)
+    (jobs / "0").write_text("41_0\n")
+    (jobs / "2").write_text("not a job id\n")  # not what a task writes: unknown, not trusted
+    (jobs / "3").write_text("41_3\n")  # a submitted entry's own job id wins
+    assert recorded_job_id(tmp_path, 0) == "41_0" and recorded_job_id(tmp_path, 1) is None
+    resolved = resolve_exported(entries, tmp_path)
+    assert [(e.status, e.job_id) for e in resolved] == [
+        ("exported", "41_0"),
+        ("exported", None),
+        ("exported", None),
+        ("submitted", "9_3"),
+    ]
+    # Nothing recorded at all (no .megasweep directory): every exported entry stays without a job.
+    assert resolve_exported(entries[:1], tmp_path / "elsewhere") == entries[:1]
