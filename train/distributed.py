@@ -154,6 +154,20 @@ def init_process_group(launch: LaunchEnv, *, device_type: str, timeout_s: float)
     )
 
 
+def cpu_threads(environ: Mapping[str, str]) -> int | None:
+    """torch's intra-op thread count for this process: the CPUs Slurm gave the task
+    (SLURM_CPUS_PER_TASK), unless OMP_NUM_THREADS says otherwise; None leaves torch's default.
+
+    torch otherwise starts one thread per core of the node whatever the allocation, so the tasks
+    of a node (and the jobs sharing it) oversubscribe its cores."""
+    if environ.get("OMP_NUM_THREADS") or not environ.get("SLURM_CPUS_PER_TASK"):
+        return None
+    try:
+        return max(1, int(environ["SLURM_CPUS_PER_TASK"]))
+    except ValueError:
+        return None
+
+
 def build_mesh(device_type: str, *, pp: int, dp: int, tp: int) -> DeviceMesh:
     """Megatron's rank order: TP fastest (neighbouring ranks, one node), then DP, then PP."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -219,6 +233,10 @@ def spawn_local(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
         }
+        # As torchrun does: workers sharing a machine each default to one intra-op thread, not one
+        # per core each (oversubscribed, they spin against each other); an explicit setting wins.
+        if world_size > 1:
+            worker_env.setdefault("OMP_NUM_THREADS", "1")
         procs.append(subprocess.Popen(list(argv), env=worker_env, cwd=cwd, preexec_fn=_die_with_parent))
     # One waiter thread per worker records exit order: a worker that dies makes its peers fail
     # a few milliseconds later, and only the first one is the cause worth reporting.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -37,6 +36,9 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import Schedule1F1B
 
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
 
@@ -384,6 +386,10 @@ def build_schedule(
             f"{n_microbatches} micro-batches per step cannot fill {pp_mesh.size()} pipeline stages; "
             "raise global_batch_size or lower micro_batch_size"
         )
+    # Imported here: torch.distributed.pipelining pulls in torch._dynamo, about a second of start-up
+    # that every process without a pipeline (most of a sweep's runs, every test worker) would pay.
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
     stage = PipelineStage(
         stage_module, stage_module.stage, stage_module.num_stages, device, group=pp_mesh.get_group()
     )

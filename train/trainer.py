@@ -462,6 +462,8 @@ def setup(run: RunConfig, *, world: World, progress: Progress) -> Setup:
     par, tr = run.parallelism, run.training
     device = setup_device(run, progress)
     launch = distributed.launch_from_env(os.environ)
+    if (threads := distributed.cpu_threads(os.environ)) is not None:
+        torch.set_num_threads(threads)
     if launch is not None:
         distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
     # Every rank builds the whole model from the same seed, so TP shards and the last stage's

@@ -93,7 +93,11 @@ def test_joining_an_srun_world_exports_torchruns_variables(monkeypatch: pytest.M
     import torch.distributed as dist
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        # set, then delete: monkeypatch then removes what init_process_group exports at teardown
+        # (a bare delenv of an absent key records nothing, and the variables would leak into the
+        # processes later tests start).
+        monkeypatch.setenv(key, "unset")
+        monkeypatch.delenv(key)
     port = free_port()
     launch = distributed.LaunchEnv(
         rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=port, launcher="slurm"
@@ -106,6 +110,14 @@ def test_joining_an_srun_world_exports_torchruns_variables(monkeypatch: pytest.M
         }
     finally:
         distributed.destroy_process_group()
+
+
+def test_cpu_threads_follow_the_slurm_allocation() -> None:
+    assert distributed.cpu_threads({"SLURM_CPUS_PER_TASK": "10"}) == 10
+    # An explicit OMP_NUM_THREADS (the user's, or torchrun's) wins; outside Slurm torch decides.
+    assert distributed.cpu_threads({"SLURM_CPUS_PER_TASK": "10", "OMP_NUM_THREADS": "4"}) is None
+    assert distributed.cpu_threads({}) is None
+    assert distributed.cpu_threads({"SLURM_CPUS_PER_TASK": "x"}) is None
 
 
 def test_first_host_parser() -> None:
@@ -145,6 +157,11 @@ def test_spawn_local_success() -> None:
     assert spawn_local([sys.executable, "-c", script], world_size=2, env=worker_env()).returncode == 0
     failed = spawn_local([sys.executable, "-c", script], world_size=3, env=worker_env())
     assert (failed.failed_rank, failed.returncode) == (2, 1)
+    # One intra-op thread per worker by default (as torchrun), the caller's setting otherwise.
+    threads = "import os, sys; sys.exit(0 if os.environ['OMP_NUM_THREADS'] == sys.argv[1] else 1)"
+    env = {k: v for k, v in worker_env().items() if k != "OMP_NUM_THREADS"}
+    assert spawn_local([sys.executable, "-c", threads, "1"], world_size=2, env=env).returncode == 0
+    assert spawn_local([sys.executable, "-c", threads, "3"], world_size=2, env={**env, "OMP_NUM_THREADS": "3"}).returncode == 0
 
 
 def test_free_port_is_bindable() -> None:

@@ -1,5 +1,6 @@
-"""parallelism.engine=deepspeed through the real entry point: `python -m train` spawns 2 gloo
-workers on CPU, DeepSpeed trains, and the record matches the native one-process run's losses.
+"""parallelism.engine=deepspeed through the real entry point: `python -m train` spawns the gloo
+workers on CPU (dp=2 x tp=2), DeepSpeed trains, and the record matches the native one-process run's
+losses. ZeRO stages 0-3 at dp=2 are compared in-process in tests/train/test_ds_engine.py.
 
 fp32, same seed and samples, 3 steps with a warm-up that changes the learning rate every step
 (so set_lr on DeepSpeed's ZeRO optimizers is exercised). Tolerance rel 1e-4, as in
@@ -91,33 +92,6 @@ def native(native_run: tuple[list[float], list[float]]) -> list[float]:
     return native_run[0]
 
 
-# ZeRO-3 and optimizer offload run with tp=2 below; tests/train/test_ds_engine.py covers stages 0-3
-# in-process. One stage here keeps the entry point's spawn path covered without paying for more.
-@pytest.mark.parametrize("zero_stage", [1])
-def test_deepspeed_zero_matches_native_one_process(tmp_path: Path, native: list[float], zero_stage: int) -> None:
-    overrides = (*DS, f"parallelism.zero_stage={zero_stage}")
-    record, stdout = launch(tmp_path, *overrides)
-    assert record["status"] == "ok", record["message"]
-    assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
-    assert record["world"] == {"world_size": 2, "dp": 2, "tp": 1, "pp": 1}
-    assert record["optimizer"] == f"deepspeed:torch.AdamW ZeRO-{zero_stage}"
-    assert record["versions"]["deepspeed"]
-    assert len(record["max_mem_gib_per_rank"]) == 2
-    # The native log line, once per iteration (rank 0 alone prints).
-    lines = [line for line in stdout.splitlines() if line.startswith(" iteration ")]
-    assert len(lines) == 3 and "lm loss:" in lines[-1] and "grad norm:" in lines[-1]
-
-    # The config DeepSpeed was given lies beside result.json and is the run's, field by field.
-    path = tmp_path / DS_CONFIG_FILE
-    assert record["deepspeed_config"] == str(path)
-    written = json.loads(path.read_text())
-    expected = deepspeed_config(compose_run(*TINY, *overrides), dp=2)
-    assert written.keys() == expected.keys()
-    for key in expected:
-        assert written[key] == expected[key], key
-    assert written["zero_optimization"]["stage"] == zero_stage
-
-
 @pytest.mark.parametrize(("zero_stage", "offload"), [(3, "none"), (2, "optimizer")])
 def test_deepspeed_zero_with_tp2_matches_native_one_process(
     tmp_path: Path, native_run: tuple[list[float], list[float]], zero_stage: int, offload: str
@@ -131,14 +105,27 @@ def test_deepspeed_zero_with_tp2_matches_native_one_process(
     """
     losses, norms = native_run
     assert norms[0] > 1.0  # the premise above: step 1 is clipped
-    record, stdout = launch(
-        tmp_path, *DS, "parallelism.tp=2", f"parallelism.zero_stage={zero_stage}", f"parallelism.offload={offload}"
-    )
+    overrides = (*DS, "parallelism.tp=2", f"parallelism.zero_stage={zero_stage}", f"parallelism.offload={offload}")
+    record, stdout = launch(tmp_path, *overrides)
     assert record["status"] == "ok", record["message"]
     assert record["world"] == {"world_size": 4, "dp": 2, "tp": 2, "pp": 1}
     assert record["losses"] == pytest.approx(losses, rel=LOSS_RTOL)
     assert grad_norms(stdout) == pytest.approx(norms, abs=1.5e-3)
-    written = json.loads((tmp_path / DS_CONFIG_FILE).read_text())
+    assert record["versions"]["deepspeed"]
+    assert len(record["max_mem_gib_per_rank"]) == 4
+    # The native log line, once per iteration (rank 0 alone prints).
+    lines = [line for line in stdout.splitlines() if line.startswith(" iteration ")]
+    assert len(lines) == 3 and "lm loss:" in lines[-1] and "grad norm:" in lines[-1]
+
+    # The config DeepSpeed was given lies beside result.json and is the run's, field by field.
+    path = tmp_path / DS_CONFIG_FILE
+    assert record["deepspeed_config"] == str(path)
+    written = json.loads(path.read_text())
+    expected = deepspeed_config(compose_run(*TINY, *overrides), dp=2)
+    assert written.keys() == expected.keys()
+    for key in expected:
+        assert written[key] == expected[key], key
+    assert written["zero_optimization"]["stage"] == zero_stage
     # DeepSpeed counts the batch over the data-parallel group only: 8 = 2 (mbs) x 2 (gas) x 2 (dp).
     assert written["train_batch_size"] == 8 and written["gradient_accumulation_steps"] == 2
     if offload == "optimizer":
@@ -148,6 +135,20 @@ def test_deepspeed_zero_with_tp2_matches_native_one_process(
         assert written["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     else:
         assert record["optimizer"] == f"deepspeed:torch.AdamW ZeRO-{zero_stage}"
+
+
+def test_deepspeed_zero3_parameter_offload_matches_native(tmp_path: Path, native: list[float]) -> None:
+    # One process (no spawn): ZeRO-3 keeps the parameters on the host between uses and steps them
+    # with DeepSpeedCPUAdam; the losses are still the native ones.
+    record, _ = launch(
+        tmp_path, "parallelism.engine=deepspeed", "parallelism.dp=1", "parallelism.zero_stage=3",
+        "parallelism.offload=params",
+    )
+    assert record["status"] == "ok", record["message"]
+    assert record["optimizer"] == "deepspeed:deepspeed.DeepSpeedCPUAdam ZeRO-3 offload params"
+    assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
+    zero = json.loads((tmp_path / DS_CONFIG_FILE).read_text())["zero_optimization"]
+    assert zero["offload_param"]["device"] == "cpu" and zero["offload_optimizer"]["device"] == "cpu"
 
 
 def test_lr_schedule_moves_losses_beyond_the_tolerance(tmp_path: Path, native: list[float]) -> None:
