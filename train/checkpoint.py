@@ -41,14 +41,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from conf.schema import RunConfig, to_plain_dict
 from train.metrics import write_json_atomic
@@ -133,7 +132,7 @@ class Checkpointer:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self.dir = self.root / layout_key(**self.layout)
-        self.mode = "async" if self.use_async and hasattr(dcp, "async_save") else "sync"
+        self.mode = "async" if self.use_async and hasattr(_dcp(), "async_save") else "sync"
         self._distributed = dist.is_available() and dist.is_initialized()
         if not self._distributed:
             # DCP warns at every one-process save that it 'assumes' no_dist, which we pass on purpose;
@@ -180,6 +179,7 @@ class Checkpointer:
                     "torch": torch.__version__,
                 },
             )
+        dcp = _dcp()
         state = self._state_dict(model, optimizer)
         self._modes[step] = "sync" if blocking else self.mode
         if self.mode == "async" and not blocking:
@@ -263,7 +263,9 @@ class Checkpointer:
         _init_optimizer_state(_stateful(optimizer))
         state = self._state_dict(model, optimizer)
         with _single_process_quiet():
-            dcp.load(state, checkpoint_id=path, process_group=self._group, no_dist=not self._distributed)
+            _dcp().load(state, checkpoint_id=path, process_group=self._group, no_dist=not self._distributed)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
         set_model_state_dict(model, state["model"])
         _set_rng_state(state[f"rng.rank{self.rank}"])
         if meta["scaler"]:
@@ -276,6 +278,8 @@ class Checkpointer:
         )
 
     def _state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         return {
             "model": get_model_state_dict(model),
             "optim": optimizer_state(model, optimizer),
@@ -285,6 +289,14 @@ class Checkpointer:
 
 # ---------------------------------------------------------------------------------------------
 # Optimizer states by parameter name.
+
+
+def _dcp() -> ModuleType:
+    # Imported on first use: torch.distributed.checkpoint (with DTensor) is over a second of
+    # start-up that a run without checkpoints (most benchmark runs) need not pay.
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
 def _stateful(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

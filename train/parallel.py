@@ -19,6 +19,7 @@ sum their lookups; the tied output layer computes the logits of those rows only,
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,13 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    parallelize_module,
-)
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining import Schedule1F1B
@@ -50,9 +44,17 @@ _COLWISE = ("attn.qkv", "mlp.fc_in")
 _ROWWISE = ("attn.proj", "mlp.fc_out")
 
 
+def _is_dtensor(t: object) -> bool:
+    # torch.distributed.tensor (and .pipelining) cost about a second of start-up each, which every
+    # process without TP or checkpoints would pay: they are imported where they are used, and no
+    # DTensor can exist before its module is imported, so an unimported module answers "no".
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank stores (a DTensor's shard, a plain tensor itself)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if _is_dtensor(t) else t  # type: ignore[attr-defined]
 
 
 def _group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
@@ -74,6 +76,14 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
     """
     if tp_mesh.size() == 1:
         return
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
     plan: dict[str, ParallelStyle] = {}
     for name, module in model.named_modules():
         if name.endswith(_COLWISE + _ROWWISE) and isinstance(module, nn.Linear):
@@ -540,8 +550,8 @@ def separate_dtensor_groups(optimizer: torch.optim.Optimizer) -> None:
     """
     groups: list[dict[str, Any]] = []
     for group in optimizer.param_groups:
-        sharded = [p for p in group["params"] if isinstance(p, DTensor)]
-        plain = [p for p in group["params"] if not isinstance(p, DTensor)]
+        sharded = [p for p in group["params"] if _is_dtensor(p)]
+        plain = [p for p in group["params"] if not _is_dtensor(p)]
         groups.extend({**group, "params": params} for params in (sharded, plain) if params)
     optimizer.param_groups[:] = groups
 
@@ -571,7 +581,7 @@ def clip_grad_norm(
         if p is exclude:
             continue
         sq = _local(g).float().pow(2).sum()
-        if isinstance(g, DTensor) and any(pl.is_shard() for pl in g.placements):
+        if _is_dtensor(g) and any(pl.is_shard() for pl in g.placements):  # type: ignore[attr-defined]
             sharded += sq
         else:
             replicated += sq

@@ -230,13 +230,16 @@ def _time_limit_requeues_and_completes(sweep_dir: Path, entry: ManifestEntry) ->
 def _signal_sent_by_hand_requeues_once(sweep_dir: Path) -> None:
     iters = 100
     # One array of two configs: one requeue allowed, none allowed. Each checkpoints only when
-    # told to stop (save_interval beyond the end).
+    # told to stop (save_interval beyond the end). The first attempts take 0.5 s per iteration,
+    # so that the signal (sent after iteration 2) finds them running: at full speed this model
+    # does 100 iterations in about a second.
     sweep(
         sweep_dir,
         *QUICK,
         f"training.train_iters={iters}",
         f"training.save_interval={10 * iters}",
         "cluster.max_retries=1,0",
+        f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5",
     )
     retried, given_up = entries = read_manifest(sweep_dir)
     jobs = [str(e.job_id) for e in entries]
