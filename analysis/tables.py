@@ -269,6 +269,25 @@ def _text(v: object) -> str:
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
+def _with_varying(runs: pd.DataFrame, label: pd.Series, fields: Sequence[tuple[str, str]]) -> pd.Series:
+    """`label` plus each (name, format) of `fields` whose value differs between the runs: what else
+    tells two rows of a table apart."""
+    for name, fmt in fields:
+        if name in runs.columns and runs[name].map(_text).nunique() > 1:
+            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
+    return label
+
+
+def _cells_of(runs: pd.DataFrame, variant: pd.Series) -> pd.DataFrame:
+    """The runs with their row (`variant`), column (`scale`: nodes*devices per node) and whether they
+    have a throughput to show (`_ok`), as the scaling and ZeRO tables place them."""
+    return runs.assign(
+        variant=variant,
+        scale=runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text),
+        _ok=(runs["outcome"] == "ok") & runs["samples_per_s"].notna(),
+    )
+
+
 def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, scale): throughput, TFLOPs, aggregate PFLOPs and parallel efficiency.
 
@@ -277,17 +296,12 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     Efficiency = per-device throughput relative to the variant's smallest successful run
     (1.0 = perfect scaling). Cells with several runs (e.g. different GBS) keep the fastest.
     """
-    runs = df[df["outcome"].isin(("ok", "oom", "nan", "timeout", "fail"))].copy()
+    runs = df[df["outcome"].isin(_RAN)].copy()
     if runs.empty:
         return pd.DataFrame()
     label = runs["model"].astype(str) + " (tp=" + runs["tp"].map(_text) + " pp=" + runs["pp"].map(_text)
     label = label + " mbs=" + runs["mbs"].map(_text) + ")"
-    for name, fmt in _VARIANT_FIELDS:
-        if name in runs.columns and runs[name].map(_text).nunique() > 1:
-            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
-    runs["variant"] = label
-    runs["scale"] = runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text)
-    runs["_ok"] = (runs["outcome"] == "ok") & runs["samples_per_s"].notna()
+    runs = _cells_of(runs, _with_varying(runs, label, _VARIANT_FIELDS))
     runs = runs.sort_values(["variant", "devices", "_ok", "samples_per_s"], ascending=[True, True, False, False],
                             kind="mergesort")
     cells = runs.drop_duplicates(["variant", "devices"], keep="first").copy()
@@ -410,12 +424,7 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     pp_text = (" pp=" + pp) if (runs["pp"].fillna(1) != 1).any() else ""
     label = runs["model"].astype(str) + " (mp=" + tp + pp_text + ")"
     label = label + _engine_label(runs["engine"], runs["zero_stage"], runs["offload"])
-    for name, fmt in _ZERO_EXTRA_FIELDS:
-        if name in runs.columns and runs[name].map(_text).nunique() > 1:
-            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
-    runs["variant"] = label
-    runs["scale"] = runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text)
-    runs["_ok"] = (runs["outcome"] == "ok") & runs["samples_per_s"].notna()
+    runs = _cells_of(runs, _with_varying(runs, label, _ZERO_EXTRA_FIELDS))
     runs["_engine"] = runs["engine"].map(_ENGINE_RANK).fillna(len(_ENGINE_RANK))
     runs["_zero"] = pd.to_numeric(runs["zero_stage"], errors="coerce")
     runs["_offload"] = runs["offload"].map(_OFFLOAD_RANK).fillna(len(_OFFLOAD_RANK))
