@@ -24,7 +24,8 @@ import pytest
 
 from analysis.manifest import ManifestEntry, manifest_path, read_manifest
 from launchers import slurm as slurm_launcher
-from tests.launchers.test_slurm_launcher import REPO, array_of, result, sacct, sweep, wait_until
+from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, result, sacct, sweep, wait_until
+from tests.launchers.test_status import status_table
 from train.distributed import slurm_master_port
 from train.failures import SLOW_FIRST_ATTEMPT_ENV
 
@@ -38,18 +39,6 @@ QUICK = (
     "parallelism.precision=fp32",
 )
 FAULT_TIMEOUT_S = 180
-
-
-def status_table(sweep_dir: Path) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "launchers", "status", str(sweep_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
 
 
 def wait_for_records(
@@ -135,16 +124,7 @@ def test_killing_the_submitting_process_loses_no_result(
         "-m",
         "train",
         "-m",
-        "training.train_iters=3",
-        "training.warmup_iters=1",
-        "logger=disabled",
-        "model.num_layers=1",
-        "model.hidden_size=64",
-        "model.num_attention_heads=2",
-        "model.seq_length=32",
-        "model.vocab_size=512",
-        "parallelism.micro_batch_size=1",
-        "parallelism.global_batch_size=2",
+        *TINY,
         *QUICK,
         "training.lr=1e-4,2e-4,3e-4",
         # The launcher would wait for the jobs: it is killed while it does.

@@ -9,10 +9,7 @@ sizes, so the largest sizes fail and the probe must walk down to the first that 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +28,7 @@ from train.memory import GIB, estimate_memory, predicts_oom
 from train.planner import format_plan_table, plan_run
 from train.validation import validate
 
-from .test_distributed import REPO, worker_env
+from .test_distributed import run_train
 
 TINY = ModelConfig(
     name="autombs", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=256
@@ -282,16 +279,7 @@ def test_probe_treats_the_cpu_allocators_failure_as_out_of_memory() -> None:
 
 
 def test_cli_auto_records_the_chosen_size(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", *CLI_TINY, "parallelism.micro_batch_size=auto", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "result.json").read_text())
+    proc, record = run_train(tmp_path, *CLI_TINY, "parallelism.micro_batch_size=auto")
     assert record["status"] == "ok", record["message"]
     # 16 GiB of CPU: the whole per-replica batch (gbs 16, dp 1) fits, predicted and probed.
     assert record["micro_batch"]["requested"] == "auto"

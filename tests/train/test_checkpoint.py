@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from train.checkpoint import (
     read_latest,
 )
 
-from .test_distributed import REPO, TINY, worker_env
+from .test_distributed import TINY, run_train, worker_env
 
 STEPS = 6
 STOP_AT = 3
@@ -47,16 +46,7 @@ def launch(
     out: Path, *overrides: str, signal_at: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = worker_env(**({"MEGASWEEP_FAULT_SIGNAL": signal_at} if signal_at else {}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", *RUN, *CKPT, *overrides, f"hydra.run.dir={out}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    record: dict[str, Any] = json.loads((out / "result.json").read_text())
-    return proc, record
+    return run_train(out, *RUN, *CKPT, *overrides, env=env, check=False)
 
 
 def iterations_logged(stdout: str) -> list[int]:

@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +55,25 @@ def worker_env(**extra: str) -> dict[str, str]:
         and not k.startswith("SLURM_")
     }
     return {**env, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", **extra}
+
+
+def run_train(
+    out: Path, *overrides: str, env: Mapping[str, str] | None = None, check: bool = True
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`python -m train <overrides> hydra.run.dir=<out>` as a user runs it (worker_env unless `env`
+    is given): the finished process and its result.json. check=True first asserts it exited 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *overrides, f"hydra.run.dir={out}"],
+        cwd=REPO,
+        env=dict(env) if env is not None else worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    record: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return proc, record
 
 
 def test_lone_process_has_no_launch() -> None:

@@ -15,17 +15,15 @@ import contextlib
 import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from train.ds_config import DS_CONFIG_FILE, deepspeed_config
-from train.trainer import RESULT_FILE, run_training
+from train.trainer import run_training
 
-from .test_distributed import REPO, worker_env
+from .test_distributed import run_train
 from .test_trainer import compose_run
 
 pytest.importorskip("deepspeed")
@@ -56,16 +54,7 @@ DS = ["parallelism.engine=deepspeed", "parallelism.dp=2"]
 
 
 def launch(out: Path, *overrides: str) -> tuple[dict[str, Any], str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", *TINY, *overrides, f"hydra.run.dir={out}"],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record: dict[str, Any] = json.loads((out / RESULT_FILE).read_text())
+    proc, record = run_train(out, *TINY, *overrides)
     return record, proc.stdout
 
 

@@ -8,9 +8,6 @@ fp32, 3 optimizer steps. Tolerance rel 1e-5: the layouts only change the fp32 su
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +17,14 @@ from train import trainer
 from train.parallel import _buckets, partition_params, stage_layers
 from train.trainer import run_training
 
-from .test_distributed import REPO, TINY, worker_env
+from .test_distributed import TINY, run_train
 from .test_trainer import compose_run
 
 RTOL = 1e-5
 
 
 def launch(tmp_path: Path, name: str, *overrides: str) -> dict[str, Any]:
-    out = tmp_path / name
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", *TINY, *overrides, f"hydra.run.dir={out}"],
-        cwd=REPO,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record: dict[str, Any] = json.loads((out / "result.json").read_text())
+    proc, record = run_train(tmp_path / name, *TINY, *overrides)
     # Rank 0 alone prints: one line per iteration, not one per rank.
     assert sum(line.startswith(" iteration ") for line in proc.stdout.splitlines()) == 3
     return record
