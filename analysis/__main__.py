@@ -74,7 +74,8 @@ def _analyse_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace) -> tuple[Sweeps, Path]:
     """The sweeps to analyse and the default output directory, from whichever source was named."""
-    from analysis.records import AnalysisError, load_sweeps, slurm_queue_states
+    from analysis.records import AnalysisError, load_sweeps
+    from launchers.queue import read_states
 
     sources = sum(bool(x) for x in (args.sweeps, args.wandb, args.wandb_offline))
     if sources != 1:
@@ -92,7 +93,7 @@ def _load(args: argparse.Namespace) -> tuple[Sweeps, Path]:
 
         first = args.wandb_offline[0]
         return offline_sweeps(args.wandb_offline, group=args.group), (first if first.is_dir() else first.parent) / "analysis"
-    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else slurm_queue_states)
+    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else read_states)
     return sweeps, args.sweeps[0] / "analysis"
 
 
@@ -173,10 +174,11 @@ def analyse(argv: Sequence[str]) -> int:
 
 def compare(argv: Sequence[str]) -> int:
     from analysis.compare import compare_sweeps, format_comparison
-    from analysis.records import load_sweeps, slurm_queue_states, sweep_labels
+    from analysis.records import load_sweeps, sweep_labels
+    from launchers.queue import read_states
 
     args = _compare_parser().parse_args(argv)
-    queue = None if args.no_queue else slurm_queue_states
+    queue = None if args.no_queue else read_states
     before, after = load_sweeps([args.before], queue=queue), load_sweeps([args.after], queue=queue)
     for w in before.warnings + after.warnings:
         print(f"warning: {w}", file=sys.stderr)

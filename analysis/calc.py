@@ -11,7 +11,7 @@ devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm) and
 output=text|json (default text). One iteration is one optimizer step over
 parallelism.global_batch_size samples (batch ramp-up is ignored).
 
-Conventions (see train.flops for the arithmetic):
+Conventions (see train.planner.flops for the arithmetic):
 - gemm: megasweep's per-GEMM count. TFLOPs are model FLOPs (no recomputation); HFU adds the
   recomputed forwards of parallelism.recompute.
 - megatron_eq3: Narayanan et al. Eq. 3 as Megatron-DeepSpeed prints it. TFLOPs include the
@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf  # registers the schema in Hydra's ConfigStore
 from conf.schema import Recompute, RunConfig, to_run_config
-from train.flops import (
+from train.planner.flops import (
     ImpossibleUtilization,
     achieved_tflops,
     hardware_flops_per_iteration,
@@ -50,7 +50,7 @@ from train.flops import (
     peak_tflops,
     utilization,
 )
-from train.sizes import total_params
+from train.planner.sizes import total_params
 
 CONVENTIONS = ("gemm", "megatron_eq3", "mpt")
 OUTPUTS = ("text", "json")
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ValueError as exc:
-        # train.flops rejects shapes it cannot split (e.g. heads not divisible by tp).
+        # train.planner.flops rejects shapes it cannot split (e.g. heads not divisible by tp).
         print(f"error: the configuration cannot be counted: {exc}. {OVERRIDE_HINT}", file=sys.stderr)
         return EXIT_USAGE
     print(to_json(result) if args.output == "json" else format_text(result))

@@ -2,7 +2,7 @@
 
 - tflops_mfu.png: TFLOPs per device and MFU of each successful layout (the fastest MAX_BARS).
 - sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work.
-- memory_measured_vs_predicted.png: measured peak memory per device against train.memory's
+- memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line: whether the planner's memory model can be trusted.
 
 Every figure has the same fixed size (FIGSIZE at DPI), so that tests and reports can rely on it.
@@ -119,7 +119,7 @@ def plot_memory(df: pd.DataFrame, path: Path) -> Path:
             ax.axhline(cap, color="tab:green", alpha=0.4, linestyle=":")
         ax.set_xlim(0, top)
         ax.set_ylim(0, max(top, float(caps.max()) * 1.05 if len(caps) else top))
-        ax.set_xlabel("predicted peak per device, train.memory (GiB)")
+        ax.set_xlabel("predicted peak per device, train.planner.memory (GiB)")
         ax.set_ylabel("measured peak per device (GiB)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

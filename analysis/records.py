@@ -1,8 +1,8 @@
 """Load one or more sweeps into one pandas table: results, skipped configs and missing runs.
 
-A sweep directory holds a result.json per finished run (anywhere below it; train.metrics.RunRecord),
-optionally the dry run's plan.csv (train.planner; its infeasible rows were never run) and the
-launcher's manifest.jsonl (analysis.manifest; which configs were submitted, which skipped). Every
+A sweep directory holds a result.json per finished run (anywhere below it; train.contract.RunRecord),
+optionally the dry run's plan.csv (train.contract.PlanRow; its infeasible rows were never run) and the
+launcher's manifest.jsonl (train.contract; which configs were submitted, which skipped). Every
 config becomes one row whose `outcome` is one of OUTCOMES:
 
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
@@ -11,7 +11,7 @@ config becomes one row whose `outcome` is one of OUTCOMES:
     skipped                       infeasible in plan.csv or skipped in the manifest (reason says why)
     pending, running              submitted or exported (manifest), or planned (plan.csv, no
                                   manifest), no result yet; an exported config's job id is the one
-                                  its array task recorded (analysis.manifest.resolve_exported)
+                                  its array task recorded (train.contract.resolve_exported)
 
 Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
 and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
@@ -25,8 +25,6 @@ import functools
 import json
 import math
 import os
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +33,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.manifest import (
-    MANIFEST_FILE,
-    ManifestEntry,
-    ManifestError,
-    normalize_dir,
-    read_manifest,
-    resolve_exported,
-)
 from conf.schema import (
     Engine,
     ModelConfig,
@@ -53,12 +43,21 @@ from conf.schema import (
     Precision,
     Recompute,
 )
-from train.memory import estimate_memory
-from train.planner import read_plan_csv
-from train.sizes import total_params
+from launchers.queue import ended_outcome, is_live, is_running, read_states
+from train.contract import (
+    MANIFEST_FILE,
+    PLAN_FILE,
+    RESULT_FILE,
+    ManifestEntry,
+    ManifestError,
+    normalize_dir,
+    read_manifest,
+    read_plan_csv,
+    resolve_exported,
+)
+from train.planner.memory import estimated_memory
+from train.planner.sizes import total_params
 
-RESULT_FILE = "result.json"
-PLAN_FILE = "plan.csv"
 GIB = 2**30
 
 OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running")
@@ -86,14 +85,14 @@ CORE_COLUMNS: tuple[str, ...] = (
     "mbs",
     "gbs",
     "seq_length",
-    "size_params",  # parameters of the model (the record's count, else train.sizes)
+    "size_params",  # parameters of the model (the record's count, else train.planner.sizes)
     "sec_per_iter",
     "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
     "mfu",
     "pflops",  # aggregate PetaFLOP/s = tflops x devices / 1024, as the BLOOM notes write it
     "samples_per_s",
     "mem_gib",  # measured peak per device, max over ranks and iterations (GiB)
-    "mem_pred_gib",  # train.memory.estimate_memory of the config (GiB, worst pipeline stage)
+    "mem_pred_gib",  # train.planner.memory.estimate_memory of the config (GiB, worst pipeline stage)
     "mem_capacity_gib",  # usable memory per device: capacity less the reserve (GiB)
     "date",  # MM-DD the run started, as the seeds' Notes write it
     "job_id",
@@ -149,56 +148,6 @@ def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
         record["run_dir"] = normalize_dir(rel)
         records.append(record)
     return records
-
-
-# ---------------------------------------------------------------------------------------------
-# Slurm queue
-
-
-_LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-_RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING"}
-# A job Slurm ended without a result.json: what the seeds would write for it.
-_ENDED_OUTCOME = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
-
-
-def slurm_queue_states(job_ids: Sequence[str], *, timeout_s: float = 15.0) -> dict[str, str]:
-    """Slurm's state of each job id (squeue for live jobs, then sacct); {} where the tools are absent.
-
-    The analysis must work on a laptop holding a copy of the sweep, so any failure of the
-    tools (absent, no controller, timeout) means 'unknown', never an error.
-    """
-    ids = sorted({str(j) for j in job_ids if j})
-    if not ids:
-        return {}
-    states: dict[str, str] = {}
-    bases = sorted({j.split("_")[0] for j in ids})
-    if shutil.which("squeue"):
-        # -r: one line per array task, so that '1234_5' appears as itself, not in '1234_[5-9]'.
-        out = _run_tool(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(bases)], timeout_s)
-        states.update(_parse_states(out))
-    rest = [j for j in ids if j not in states]
-    if rest and shutil.which("sacct"):
-        out = _run_tool(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(rest)], timeout_s)
-        states.update({k: v for k, v in _parse_states(out).items() if k not in states})
-    return {j: states[j] for j in ids if j in states}
-
-
-def _run_tool(cmd: list[str], timeout_s: float) -> str:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-def _parse_states(text: str) -> dict[str, str]:
-    states = {}
-    for line in text.splitlines():
-        job, sep, state = line.strip().partition("|")
-        if sep and job:
-            # sacct writes 'CANCELLED by 123': the first word is the state.
-            states[job.strip()] = state.split()[0] if state.split() else ""
-    return states
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +236,7 @@ def _predict(model_items: tuple[tuple[str, Any], ...], par_items: tuple[tuple[st
     try:
         model = _build(ModelConfig, dict(model_items))
         par = _build(ParallelismConfig, dict(par_items))
-        return estimate_memory(model, par, dp=dp).total_gib
+        return estimated_memory(model, par, dp).total_gib
     except (TypeError, ValueError, ZeroDivisionError):
         return math.nan
 
@@ -460,6 +409,7 @@ def _merge_manifest(results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence
 
 
 def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str]) -> pd.DataFrame:
+    """Missing runs' outcomes from Slurm's queue: running, still pending, or ended without a record."""
     missing = df["outcome"].isin(MISSING) & (df["job_id"].fillna("") != "")
     if not missing.any():
         return df
@@ -473,9 +423,9 @@ def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str
         return df
     state = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "").where(missing, "")
     df["queue_state"] = state.where(state != "", df["queue_state"])
-    ended = missing & (state != "") & ~state.isin(_LIVE_STATES)
-    df.loc[missing & state.isin(_RUNNING_STATES), "outcome"] = "running"
-    df.loc[ended, "outcome"] = state[ended].map(_ENDED_OUTCOME).fillna("fail")
+    ended = missing & (state != "") & ~state.map(is_live)
+    df.loc[missing & state.map(is_running), "outcome"] = "running"
+    df.loc[ended, "outcome"] = state[ended].map(ended_outcome)
     df.loc[ended, "reason"] = "no result.json; Slurm state " + state[ended]
     return df
 
@@ -527,7 +477,7 @@ def load_sweep_dir(
     return _apply_queue(df, queue, warnings)
 
 
-def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = slurm_queue_states) -> Sweeps:
+def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = read_states) -> Sweeps:
     """One table of every config of the given sweeps; AnalysisError for a missing or empty sweep."""
     if not sweep_dirs:
         raise AnalysisError("no sweep directory given")
@@ -581,7 +531,6 @@ __all__ = [
     "load_sweeps",
     "outcome_counts",
     "overrides_key",
-    "slurm_queue_states",
     "sweep_labels",
     "write_results_csv",
 ]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.records import outcome_counts
-from train.planner import format_params
+from train.planner.plan import format_params
 
 SEED_COLUMNS = ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "TFLOPs", "MFU", "Notes")
 OUTCOME_TEXT = {

@@ -19,7 +19,7 @@ load_sweeps), so that a sweep whose files are gone can still be analysed. The ru
 
 What a W&B run cannot give back, because the trainer does not put it there (yet): the overrides
 (so config_key is empty), the failure message, the model's counted parameters (the analysis then
-falls back to train.sizes), the per-rank peak memory, the Slurm environment (nodes then come from
+falls back to train.planner.sizes), the per-rank peak memory, the Slurm environment (nodes then come from
 devices / devices_per_node). wandb is imported inside the functions: the analysis stays usable
 (and fast to start) without it.
 """
@@ -44,7 +44,7 @@ import pandas as pd
 
 from analysis.records import CORE_COLUMNS, RESULT_FILE, AnalysisError, Sweeps, load_sweeps
 from conf.schema import RunConfig
-from train.metrics import RunRecord
+from train.contract import RunRecord
 
 ANALYSIS_JOB_TYPE = "analysis"
 """job_type of the run log_analysis writes; such runs are never read back as training runs."""

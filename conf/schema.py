@@ -145,13 +145,13 @@ class ParallelismConfig:
     def mbs(self) -> int:
         """micro_batch_size as a number of samples, for arithmetic.
 
-        'auto' is replaced by a size at the entry points (train.autombs.resolve_micro_batch, called by
+        'auto' is replaced by a size at the entry points (train.planner.micro_batch.resolve_micro_batch, called by
         validate, plan_run and the trainer); arithmetic reached before that is a bug, said loudly here.
         """
         if isinstance(self.micro_batch_size, str):
             raise ValueError(
                 f"parallelism.micro_batch_size={self.micro_batch_size!r} is used before it was resolved "
-                "to a size (train.autombs.resolve_micro_batch)"
+                "to a size (train.planner.micro_batch.resolve_micro_batch)"
             )
         return self.micro_batch_size
 

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.manifest import ManifestError
 from launchers.status import format_status, rerun_failed, sweep_status
+from train.contract import ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,10 @@ which costs tens of milliseconds but is always right.
 
 Errors are Hydra's ConfigCompositionException with a message naming the override, so
 Hydra prints them as one paragraph, without a traceback.
+
+Also here, because every megasweep launcher shares them with Hydra: `SweepLauncher` (the Hydra
+context a launcher keeps), `HydraJob` (a job of any other Hydra app, run as Hydra runs it) and
+`job_return` (Hydra's record of one config's outcome).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import os
 import sys
 import time
 import typing
@@ -44,6 +49,8 @@ from hydra import version
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, RunMode, TaskFunction
@@ -51,6 +58,7 @@ from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from conf.schema import RunConfig, to_run_config
+from train.contract import ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -633,3 +641,65 @@ class SweepLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs of any Hydra app, and Hydra's record of a job: shared by the slurm and local launchers.
+
+
+@dataclass(frozen=True, eq=False)
+class HydraJob:
+    """The task function of a Hydra app, run on one job's overrides as Hydra's launchers run it.
+
+    Picklable: submitit ships it to the node with cloudpickle, which carries a task function
+    defined in __main__ or in a closure by value. `singletons` is Hydra's global state at
+    submission (ConfigStore, registered resolvers), which a fresh interpreter lacks.
+    """
+
+    hydra_context: HydraContext
+    config: DictConfig
+    """The sweep's master config (each job's config is composed from it on the node)."""
+    task_function: TaskFunction
+    singletons: Any = None
+
+    def __call__(self, overrides: Sequence[str], job_num: int, job_id: str | None = None) -> JobReturn:
+        if self.singletons is not None:
+            Singleton.set_state(self.singletons)
+        setup_globals()
+        if job_id is None:
+            import submitit
+
+            job_id = str(submitit.JobEnvironment().job_id)
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config.hydra.job):
+            config.hydra.job.id = job_id
+            config.hydra.job.num = job_num
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+
+
+def prepare_sweep_dir(config: DictConfig) -> Path:
+    """hydra.sweep.dir, created (with hydra.sweep.mode when the config sets one)."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if OmegaConf.select(config, "hydra.sweep.mode", default=None) is not None:
+        os.chmod(sweep_dir, mode=int(str(config.hydra.sweep.mode), 8))
+    return sweep_dir
+
+
+def job_return(
+    entry: ManifestEntry, *, sweep_dir: Path, task_name: str, status: JobStatus, value: Any
+) -> JobReturn:
+    """Hydra's record of one config's outcome, as the slurm and local launchers hand it back."""
+    return JobReturn(
+        overrides=list(entry.overrides),
+        working_dir=str(sweep_dir / entry.output_dir),
+        task_name=task_name,
+        status=status,
+        _return_value=value,
+    )

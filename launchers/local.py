@@ -26,20 +26,24 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 
-from analysis.manifest import ManifestEntry, manifest_path, read_manifest, write_manifest
-from launchers.compose import SweepLauncher, is_megasweep_config, sweep_composer
-from launchers.slurm import (
+from launchers.compose import (
     HydraJob,
+    SweepLauncher,
+    is_megasweep_config,
+    job_return,
+    prepare_sweep_dir,
+    sweep_composer,
+)
+from launchers.submit import (
     LaunchSettings,
     check_output_dirs,
     command_for,
     entry_args_for,
-    job_return,
     merge_entries,
     plan_configs,
-    prepare_sweep_dir,
     subdir_namer,
 )
+from train.contract import ManifestEntry, manifest_path, read_manifest, write_manifest
 
 __all__ = ["LocalLauncher"]
 
@@ -79,7 +83,7 @@ class LocalLauncher(SweepLauncher):
                 overrides=s.overrides,
                 output_dir=s.output_dir,
                 status="submitted",
-                shape=s.key.shape.as_dict(),
+                shape=s.key.allocation.as_dict(),
             )
             for s in specs
         ]

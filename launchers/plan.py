@@ -28,7 +28,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 
 from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
-from train.planner import PlanRow, format_plan_table, plan_run, write_plan_csv
+from train.contract import PLAN_FILE, PlanRow, write_plan_csv
+from train.planner.plan import format_plan_table, plan_run
 
 __all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
 
@@ -141,7 +142,7 @@ class PlanLauncher(SweepLauncher):
     def __init__(
         self,
         world_size: int | None = None,
-        csv_name: str = "plan.csv",
+        csv_name: str = PLAN_FILE,
         table: bool = True,
         progress_every: int = 2000,
     ) -> None:

@@ -11,7 +11,7 @@ one (killed by the time limit, out of host memory, cancelled) is failed by its S
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of an exported array script (`python -m launchers sbatch`, submitted by hand) has no
-job id in the manifest; its array task records one when it starts (analysis.manifest.
+job id in the manifest; its array task records one when it starts (train.contract.
 resolve_exported), and until then the config is `pending` (queued or not yet submitted: this
 side cannot tell which).
 
@@ -26,39 +26,29 @@ Torch-free.
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.manifest import ManifestEntry, manifest_path, read_manifest, resolve_exported, write_manifest
-from launchers.slurm import RESULT_FILE, load_launch_file, merge_entries, submit_configs
+from launchers.queue import base_state, is_live, is_running, read_states
+from launchers.submit import load_launch_file, merge_entries, submit_configs
+from train.contract import (
+    RESULT_FILE,
+    ManifestEntry,
+    manifest_path,
+    previous_result_name,
+    read_manifest,
+    read_record,
+    resolve_exported,
+    write_manifest,
+)
 
-__all__ = [
-    "RERUN_STATES",
-    "STATES",
-    "ConfigStatus",
-    "classify",
-    "expand_job_ids",
-    "format_status",
-    "query_slurm_states",
-    "rerun_failed",
-    "sweep_status",
-]
+__all__ = ["RERUN_STATES", "STATES", "ConfigStatus", "classify", "format_status", "rerun_failed", "sweep_status"]
 
 STATES = ("pending", "running", "done", "failed", "refused", "skipped")
 RERUN_STATES = frozenset({"failed", "refused"})
 """States `rerun --failed` resubmits (see the module docstring)."""
-# Slurm states of a job that ended without success (sacct's names; 'CANCELLED by 0' is cut to its first word).
-FAILED_SLURM_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-)
-RUNNING_SLURM_STATES = frozenset(
-    {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SUSPENDED", "SIGNALING"}
-)
 
 
 @dataclass(frozen=True)
@@ -93,68 +83,18 @@ def classify(
         if entry.status == "exported" and entry.job_id is None:
             return "pending", f"no job started yet ({entry.reason or 'exported'})"
         return "pending", ""
-    base = slurm_state.split()[0] if slurm_state.split() else ""
-    if base in FAILED_SLURM_STATES:
-        return "failed", f"Slurm state {base}, no result.json"
-    if base == "COMPLETED":
+    if is_running(slurm_state):
+        return "running", ""
+    if is_live(slurm_state):
+        return "pending", base_state(slurm_state)
+    if base_state(slurm_state) == "COMPLETED":
         # The trainer writes result.json before it exits: a job that completed without one ran something else.
         return "failed", "job completed without writing result.json"
-    if base in RUNNING_SLURM_STATES:
-        return "running", ""
-    return "pending", base
-
-
-_ARRAY_RANGE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
-
-
-def expand_job_ids(job_id: str) -> list[str]:
-    """'12_[0-2,5%2]' -> ['12_0', '12_1', '12_2', '12_5']; any other id unchanged (squeue/sacct spell pending arrays so)."""
-    match = _ARRAY_RANGE.match(job_id)
-    if not match:
-        return [job_id]
-    array, ranges = match.groups()
-    ids: list[str] = []
-    for part in ranges.split(","):
-        first, _, last = part.partition("-")
-        ids.extend(f"{array}_{i}" for i in range(int(first), int(last or first) + 1))
-    return ids
-
-
-def _run(args: Sequence[str]) -> str | None:
-    try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def query_slurm_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """State of each job (or array task) id: sacct's record, overridden by squeue for live jobs."""
-    arrays = sorted({j.split("_")[0] for j in job_ids})
-    if not arrays:
-        return {}
-    states: dict[str, str] = {}
-    joined = ",".join(arrays)
-    # sacct lists a requeued job once per run, oldest first: the last line is the current one.
-    for out, sep in (
-        (_run(["sacct", "-X", "-n", "-P", "-j", joined, "--format=JobID,State"]), "|"),
-        (_run(["squeue", "-h", "-r", "-j", joined, "-o", "%i|%T"]), "|"),
-    ):
-        for line in (out or "").splitlines():
-            jid, _, state = line.strip().partition(sep)
-            if jid and state:
-                for one in expand_job_ids(jid):
-                    states[one] = state.strip()
-    return states
+    return "failed", f"Slurm state {base_state(slurm_state)}, no result.json"
 
 
 def _record(sweep_dir: Path, entry: ManifestEntry) -> dict[str, Any] | None:
-    path = sweep_dir / entry.output_dir / RESULT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_record(sweep_dir / entry.output_dir / RESULT_FILE)
 
 
 def sweep_status(
@@ -164,7 +104,7 @@ def sweep_status(
     sweep_dir = Path(sweep_dir)
     entries = resolve_exported(read_manifest(manifest_path(sweep_dir)), sweep_dir)
     if slurm_states is None:
-        slurm_states = query_slurm_states(e.job_id for e in entries if e.job_id)
+        slurm_states = read_states(e.job_id for e in entries if e.job_id)
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
@@ -223,7 +163,7 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
-            old.rename(old.with_name(f"result.{s.job_id or 'previous'}.json"))
+            old.rename(old.with_name(previous_result_name(s.job_id)))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     submission = submit_configs(

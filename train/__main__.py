@@ -1,11 +1,14 @@
 """`python -m train`: one training run; with `-m`, a sweep handed to a Hydra launcher.
 
-A layout of more than one device started without a launcher (no torchrun, no multi-task srun)
-starts its dp x tp x pp worker processes here, each a `python -m train` of the same overrides
-writing into the same run directory, and waits for them (train.distributed.spawn_local).
+The Hydra config is converted to the frozen RunConfig here, once; nothing below this entry point
+sees Hydra or OmegaConf objects. Then the rules (train.planner.rules) judge the layout on the
+world it will run on, before any worker starts: the launcher's world (torchrun, srun), or the
+dp x tp x pp workers this process is about to start. A refusal is the dry run's paragraph, rule
+names included, on stderr, with exit status train.contract.EXIT_USAGE.
 
-The Hydra config is converted to the frozen RunConfig here, once; nothing below this
-entry point sees Hydra or OmegaConf objects.
+A layout of more than one device started without a launcher forks its dp x tp x pp workers here
+(train.distributed.fork_local), each training with torchrun's variables into the same run
+directory, and waits for them.
 """
 
 from __future__ import annotations
@@ -24,70 +27,83 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf  # noqa: F401  (registers the schema in Hydra's ConfigStore)
 from conf.schema import RunConfig, to_run_config
+from train.contract import EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE
 from train.distributed import launch_from_env
-from train.validation import InfeasibleConfig, resolve_dp, validate
+from train.planner.layout import Layout, LayoutError
+from train.planner.rules import InfeasibleConfig, advise, validate
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         run = to_run_config(cfg)
     except OmegaConfBaseException as bad_override:
         # e.g. `+model.foo=1`: Hydra adds the key, the typed schema rejects it here.
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if multirun:
             raise
         print(f"error: {bad_override}", file=sys.stderr)
-        sys.exit(2)
-    violations = validate(run, world_size=None)
+        sys.exit(EXIT_USAGE)
+    launch = launch_from_env(os.environ)
+    world_size = launch.world_size if launch is not None else _spawned_world(run)
+    violations = validate(run, world_size=world_size)
     if violations:
         infeasible = InfeasibleConfig(violations)
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if multirun:
             # In a sweep the launcher records this as a `skipped` row; the sweep goes on.
             raise infeasible
         # A single run: one clear paragraph and a usage-error exit status, not a traceback.
         print(f"error: {infeasible}", file=sys.stderr)
-        sys.exit(2)
-    par = run.parallelism
-    world_size = resolve_dp(par, None) * par.tp * par.pp
-    if world_size > 1 and launch_from_env(os.environ) is None:
-        return spawn_workers(run, world_size=world_size, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+        sys.exit(EXIT_USAGE)
+    if launch is None or launch.rank == 0:
+        for note in advise(run):
+            print(f"warning: {note}", file=sys.stderr)
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    if world_size is not None and world_size > 1 and launch is None:
+        return spawn_workers(run, world_size=world_size, output_dir=output_dir, overrides=overrides, multirun=multirun)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
-    from train.checkpoint import REQUEUE_EXIT_CODE
     from train.trainer import TrainingPreempted, run_training
 
     try:
-        return run_training(
-            run,
-            output_dir=Path(hydra_cfg.runtime.output_dir),
-            overrides=list(hydra_cfg.overrides.task),
-        )
+        return run_training(run, output_dir=output_dir, overrides=overrides)
     except TrainingPreempted as preempted:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if multirun:
             raise
         # Checkpointed and stopped on Slurm's signal: a status the launcher requeues on.
         print(f"preempted: {preempted}", file=sys.stderr)
-        sys.exit(REQUEUE_EXIT_CODE)
+        sys.exit(EXIT_REQUEUE)
 
 
-def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[str, Any]:
+def _spawned_world(run: RunConfig) -> int | None:
+    """dp x tp x pp: the workers this process starts (dp null means 1); None for degrees the rules
+    will reject anyway."""
+    try:
+        return Layout.of(run.parallelism).world_size
+    except LayoutError:
+        return None
+
+
+def spawn_workers(
+    run: RunConfig, *, world_size: int, output_dir: Path, overrides: list[str], multirun: bool
+) -> dict[str, Any]:
     """Run the job as `world_size` local workers; rank 0 writes the record. When a worker fails,
     the record says `error` and names it, whatever state the ended survivors left behind."""
-    from train.distributed import spawn_local
+    from train.distributed import fork_local
+    from train.trainer import TrainingPreempted, record_worker_failure, run_training
 
-    hydra_cfg = HydraConfig.get()
-    output_dir = Path(hydra_cfg.runtime.output_dir)
-    overrides = list(hydra_cfg.overrides.task)
-    # The parent already saved .hydra/ in the run directory; the workers only add to it.
-    argv = [
-        sys.executable,
-        "-m",
-        "train",
-        *overrides,
-        f"hydra.run.dir={output_dir}",
-        "hydra.output_subdir=null",
-    ]
-    result = spawn_local(argv, world_size=world_size, cwd=Path(__file__).resolve().parents[1])
+    _preload(run)
+
+    def worker() -> int:
+        try:
+            run_training(run, output_dir=output_dir, overrides=overrides)
+        except TrainingPreempted as preempted:
+            print(f"preempted: {preempted}", file=sys.stderr, flush=True)
+            return EXIT_REQUEUE
+        return 0
+
+    result = fork_local(worker, world_size=world_size)
     if result.returncode != 0 and _preempted(result.failed_code, output_dir):
         # The workers checkpointed and stopped together on Slurm's signal; rank 0's `timeout`
         # record stands, and the exit status asks for a requeue.
@@ -97,8 +113,6 @@ def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[st
         print(message, file=sys.stderr)
         sys.exit(result.returncode)
     if result.returncode != 0:
-        from train.trainer import record_worker_failure
-
         record_worker_failure(
             run,
             output_dir=output_dir,
@@ -111,17 +125,27 @@ def spawn_workers(run: RunConfig, *, world_size: int, multirun: bool) -> dict[st
             raise RuntimeError(message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(result.returncode)
-    record: dict[str, Any] = json.loads((output_dir / "result.json").read_text())
+    record: dict[str, Any] = json.loads((output_dir / RESULT_FILE).read_text())
     return record
 
 
-def _preempted(code: int | None, output_dir: Path) -> bool:
-    from train.checkpoint import REQUEUE_EXIT_CODE
+def _preload(run: RunConfig) -> None:
+    """Import, once in the parent, what every forked worker would otherwise import on its own:
+    DTensor for TP, the pipeline schedules (and torch._dynamo with them) for PP, DCP to checkpoint."""
+    par = run.parallelism
+    if par.tp > 1:
+        import torch.distributed.tensor.parallel  # noqa: F401
+    if par.pp > 1:
+        import torch.distributed.pipelining  # noqa: F401
+    if run.training.save_interval > 0:
+        import torch.distributed.checkpoint  # noqa: F401
 
-    if code != REQUEUE_EXIT_CODE:
+
+def _preempted(code: int | None, output_dir: Path) -> bool:
+    if code != EXIT_REQUEUE:
         return False
     try:
-        return bool(json.loads((output_dir / "result.json").read_text()).get("status") == "timeout")
+        return bool(json.loads((output_dir / RESULT_FILE).read_text()).get("status") == "timeout")
     except (OSError, ValueError):
         return False
 

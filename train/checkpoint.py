@@ -50,16 +50,13 @@ import torch.distributed as dist
 from torch import nn
 
 from conf.schema import RunConfig, to_plain_dict
-from train.metrics import write_json_atomic
+from train.contract import write_json_atomic
 from train.parallel import ZeroOneOptimizer
 
 LATEST = "latest"
 META = "meta.json"
 KEEP = 2
 """Complete checkpoints kept per layout: the newest, and one more in case the newest turns out bad."""
-REQUEUE_EXIT_CODE = 75
-"""Exit status of a run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL
-(sysexits.h, 'try again later'). The launcher requeues on it; the next attempt resumes."""
 
 
 class CheckpointMismatch(ValueError):

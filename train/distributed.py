@@ -5,8 +5,9 @@ Three ways a run gets its processes:
 - torchrun (or anything that sets RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT);
 - srun, one task per device: SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, the master being the
   first host of the allocation and the port derived from the job id;
-- `python -m train parallelism.tp=2 ...` on one machine: `spawn_local` starts the world's worker
-  processes itself (one `python -m train` each, with torchrun's variables) and supervises them.
+- `python -m train parallelism.tp=2 ...` on one machine: `fork_local` forks the world's worker
+  processes itself (with torchrun's variables) and supervises them; `spawn_local` does the same
+  for any command line.
 
 This module does not import torch at module level: `launch_from_env` and `spawn_local` run in
 the parent of a local spawn, which never trains.
@@ -24,7 +25,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -204,6 +206,65 @@ def free_port() -> int:
         return port
 
 
+class _Forked:
+    """A forked worker with the slice of subprocess.Popen's interface `_supervise` uses.
+
+    Its exit status is reaped under a lock: the supervisor polls while a waiter thread waits, and
+    a pid can be reaped only once."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere (cannot happen under the lock)
+                    return self.returncode
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_Worker = subprocess.Popen[bytes] | _Forked
+
+
+def _worker_env(base: Mapping[str, str], *, rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = {
+        **base,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    # As torchrun does: workers sharing a machine each default to one intra-op thread, not one
+    # per core each (oversubscribed, they spin against each other); an explicit setting wins.
+    if world_size > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def spawn_local(
     argv: Sequence[str],
     *,
@@ -222,22 +283,75 @@ def spawn_local(
     """
     base = dict(os.environ if env is None else env)
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[_Worker] = [
+        subprocess.Popen(
+            list(argv),
+            env=_worker_env(base, rank=rank, world_size=world_size, port=port),
+            cwd=cwd,
+            preexec_fn=_die_with_parent,
+        )
+        for rank in range(world_size)
+    ]
+    return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
+
+
+def fork_local(
+    worker: Callable[[], int],
+    *,
+    world_size: int,
+    poll_s: float = 0.2,
+    grace_s: float = KILL_GRACE_S,
+) -> SpawnResult:
+    """spawn_local's supervision for `world_size` forks of this process, each returning worker()'s
+    exit status (1 after an uncaught exception, whose traceback it prints).
+
+    Why fork: the parent has already imported torch and the trainer, composed and checked the
+    config; a forked worker starts with all of it, where a fresh `python -m train` pays several
+    seconds of imports each (8 workers: most of a short run). The parent must not have touched
+    CUDA or run a parallel CPU kernel before (it never does: it only plans and imports).
+    """
+    port = free_port()
+    base = dict(os.environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    procs: list[_Worker] = []
     for rank in range(world_size):
-        worker_env = {
-            **base,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        # As torchrun does: workers sharing a machine each default to one intra-op thread, not one
-        # per core each (oversubscribed, they spin against each other); an explicit setting wins.
-        if world_size > 1:
-            worker_env.setdefault("OMP_NUM_THREADS", "1")
-        procs.append(subprocess.Popen(list(argv), env=worker_env, cwd=cwd, preexec_fn=_die_with_parent))
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os._exit(_run_forked(worker, _worker_env(base, rank=rank, world_size=world_size, port=port)))
+        procs.append(_Forked(pid))
+    return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
+
+
+def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
+    code = 1
+    try:
+        _die_with_parent()
+        # The parent's handlers forward signals to workers; a worker gets the defaults back (the
+        # trainer installs its own).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        torch = sys.modules.get("torch")
+        if torch is not None and env.get("OMP_NUM_THREADS"):
+            # OpenMP read the parent's environment when torch was imported; say it again here.
+            torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
+        code = worker()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    return code
+
+
+def _supervise(procs: Sequence[_Worker], *, poll_s: float, grace_s: float) -> SpawnResult:
+    world_size = len(procs)
     # One waiter thread per worker records exit order: a worker that dies makes its peers fail
     # a few milliseconds later, and only the first one is the cause worth reporting.
     exits: list[int] = []
@@ -282,7 +396,7 @@ def spawn_local(
     )
 
 
-def _end_all(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float) -> None:
+def _end_all(procs: Sequence[_Worker], *, grace_s: float) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ Mapping (RunConfig field -> DeepSpeed key):
     parallelism.offload=optimizer     zero_optimization.offload_optimizer.device = cpu
                                       (DeepSpeed then steps with its DeepSpeedCPUAdam)
     parallelism.offload=params        the above + zero_optimization.offload_param.device = cpu
-                                      (ZeRO-3 only, as train.validation requires)
+                                      (ZeRO-3 only, as train.planner.rules requires)
     parallelism.precision             bf16.enabled / fp16.enabled (fp16 with dynamic loss
                                       scaling: loss_scale 0); fp32 enables neither
     parallelism.recompute             not DeepSpeed's: train.model.set_recompute for both engines;
@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from conf.schema import Offload, Precision, RunConfig
-from train.metrics import write_json_atomic
-
-DS_CONFIG_FILE = "deepspeed_config.json"
-"""Written beside result.json in the run directory."""
+from train.contract import DS_CONFIG_FILE, write_json_atomic
 
 # train.optim's AdamW constants; repeated (not imported) because train.optim imports torch.
 # tests/train/test_ds_config.py checks that they stay equal.
@@ -175,7 +172,7 @@ def _activation_checkpointing() -> dict[str, Any]:
     FLOPs compare like for like. DeepSpeed's section configures only its own
     deepspeed.checkpointing.checkpoint, which megasweep's model does not call; its options
     (partitioning checkpoints over TP ranks, keeping them on the CPU, one contiguous buffer)
-    would change memory in ways train.memory does not model, so they are written explicitly
+    would change memory in ways train.planner.memory does not model, so they are written explicitly
     off and the record says plainly that DeepSpeed added nothing on top.
     """
     return {

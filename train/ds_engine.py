@@ -28,7 +28,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -38,24 +38,11 @@ import torch.distributed as dist
 from torch import nn
 
 from conf.schema import ModelConfig, Offload
-from train.memory import layer_params_per_rank
-from train.model import IGNORE_INDEX, lm_loss_sum
+from train.engine import StepResult
+from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
 from train.optim import param_groups
-from train.sizes import padded_vocab_size, total_params
-
-
-@dataclass(frozen=True)
-class DeepSpeedStepResult:
-    """One global step through the engine; the fields of trainer.StepResult, same meanings."""
-
-    loss: float
-    """Mean token loss of the whole global batch (all DP ranks)."""
-    grad_norm: float
-    """Global L2 norm of the gradients before clipping."""
-    loss_scale: float
-    """fp16 loss scale used by the step (1.0 outside fp16)."""
-    skipped: bool
-    """fp16 only: the step found inf/NaN gradients and did not update the weights."""
+from train.planner.memory import layer_params_per_rank
+from train.planner.sizes import padded_vocab_size, total_params
 
 
 @dataclass(frozen=True)
@@ -183,12 +170,10 @@ def optimizer_name(engine: Any, ds_config: dict[str, Any]) -> str:
     return f"deepspeed:{name} ZeRO-{int(zero.get('stage', 0))}{suffix}"
 
 
-LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 def deepspeed_train_step(
     engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, loss_sum: LossSum = lm_loss_sum
-) -> DeepSpeedStepResult:
+) -> StepResult:
     """One global step: forward/backward of every micro-batch of this rank, then the update.
 
     engine.backward divides each micro-batch's loss by gradient_accumulation_steps and the
@@ -216,6 +201,9 @@ def deepspeed_train_step(
     total = torch.zeros((), device=device)
     grad_norm: float | None = None
     for i, (tokens, labels) in enumerate(batches):
+        # Said outright rather than left to DeepSpeed's micro-step counter: a batch ramp-up changes
+        # the accumulation steps between steps, and the counter's boundaries would drift.
+        engine.set_gradient_accumulation_boundary(i == gas - 1)
         micro_loss = loss_sum(engine(tokens), labels)
         engine.backward(micro_loss * scale)
         total += micro_loss.detach()
@@ -230,7 +218,7 @@ def deepspeed_train_step(
     if grad_norm is None:
         reported = engine.get_global_grad_norm()
         grad_norm = math.nan if reported is None else float(reported)
-    return DeepSpeedStepResult(
+    return StepResult(
         loss=float(total) / float(labelled),
         grad_norm=grad_norm,
         loss_scale=loss_scale,
@@ -289,12 +277,12 @@ class FlopsProfile:
 
 def profile_deepspeed_step(
     engine: Any, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *, loss_sum: LossSum = lm_loss_sum
-) -> tuple[FlopsProfile, DeepSpeedStepResult]:
+) -> tuple[FlopsProfile, StepResult]:
     """Run one global step under DeepSpeed's flops profiler; (its figures, the step's result).
 
-    Why its FLOPs are not train.flops' model FLOPs (the record keeps both, labelled):
+    Why its FLOPs are not train.planner.flops' model FLOPs (the record keeps both, labelled):
 
-    * It counts the FORWARD only. Megatron's per-iteration figure (train.flops) is forward +
+    * It counts the FORWARD only. Megatron's per-iteration figure (train.planner.flops) is forward +
       2 x forward for the backward (+ recomputed forwards for HFU). The profiler's printed
       per-step figure multiplies by 2 + recompute_fwd_factor only in its report, which this
       function does not use: multiply `forward_flops` by 3 to compare with model FLOPs.
@@ -331,7 +319,7 @@ def profile_deepspeed_step(
 
 
 # ---------------------------------------------------------------------------------------------
-# DeepSpeed's ZeRO memory estimators, next to train.memory's model states.
+# DeepSpeed's ZeRO memory estimators, next to train.planner.memory's model states.
 
 
 @dataclass(frozen=True)
@@ -347,7 +335,7 @@ class ModelStatesEstimate:
 
 
 def largest_module_params(model: ModelConfig) -> int:
-    """The largest single module train.memory gathers (a layer or the word embedding; pp=tp=1)."""
+    """The largest single module train.planner.memory gathers (a layer or the word embedding; pp=tp=1)."""
     return max(layer_params_per_rank(model), padded_vocab_size(model) * model.hidden_size)
 
 
@@ -357,7 +345,7 @@ def deepspeed_model_states_estimate(
     """DeepSpeed's estimate_zero{2,3}_model_states_mem_needs for `model` on dp devices (tp = pp = 1).
 
     Stage 1 uses the stage-2 estimator (DeepSpeed has none for 1). How DeepSpeed counts, per
-    parameter on one GPU, next to train.memory (Ψ params, N = dp):
+    parameter on one GPU, next to train.planner.memory (Ψ params, N = dp):
 
         stage 2, no offload:  2 + 18/N  (16-bit params; 16-bit + fp32 grads, fp32 params, moments
                               all sharded). Ours: 2 + 18/N as well (2 + (2 + 16)/N), plus one
@@ -373,7 +361,7 @@ def deepspeed_model_states_estimate(
 
     So the two agree exactly up to (a) our reduce bucket, (b) 2/N at stage 3 without offload, and
     (c) under offload, the 16-bit gradient shard (2/N) that DeepSpeed moves to the host with the
-    optimizer step and train.memory keeps on the device. (c) makes train.memory up to ~4.6x
+    optimizer step and train.planner.memory keeps on the device. (c) makes train.planner.memory up to ~4.6x
     DeepSpeed's figure for offloaded ZeRO-3 (bloom_176b, dp 8: 61 vs 13 GiB of model states);
     tests/train/test_ds_engine.py asserts the decomposition exactly and the ratio in stated bands.
 

@@ -1,4 +1,4 @@
-"""What a failed run's exception means for its record: oom, timeout or error; plus the hang test hook.
+"""What a failed run's exception means for its record: oom, timeout or error.
 
 torch raises torch.OutOfMemoryError only for CUDA (and MPS). A CPU run that exhausts its memory (or a
 Slurm job's memory limit, or an address-space rlimit) fails inside c10's DefaultCPUAllocator with a
@@ -12,11 +12,6 @@ so it also works on exceptions that crossed a process boundary as text.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-import time
-from collections.abc import Mapping
 
 OOM_MESSAGES = (
     "DefaultCPUAllocator: can't allocate memory",
@@ -34,24 +29,6 @@ TIMEOUT_MESSAGES = (
     "Socket Timeout",
 )
 
-HANG_ENV = "MEGASWEEP_FAULT_HANG"
-"""'<rank>:<iteration>': that rank sleeps before its first collective of that iteration, as a rank
-stuck in a kernel or on a dead NIC would. A test hook for training.collective_timeout_s."""
-HANG_SLEEP_S = 3600.0
-SLOW_FIRST_ATTEMPT_ENV = "MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT"
-"""'<seconds>': every iteration of a Slurm job's first attempt (SLURM_RESTART_COUNT unset or 0) sleeps
-that long, so that the attempt runs into its time limit whatever the machine's speed and the
-requeued attempt finishes at full speed. A test hook for time limits and requeue."""
-
-
-def slow_first_attempt_hook(environ: Mapping[str, str] = os.environ) -> None:
-    """Sleep SLOW_FIRST_ATTEMPT_ENV seconds when set and this is the job's first attempt (a signal
-    handler still runs during the sleep; the trainer acts on it at the step boundary)."""
-    spec = environ.get(SLOW_FIRST_ATTEMPT_ENV)
-    if spec and environ.get("SLURM_RESTART_COUNT", "0") == "0":
-        time.sleep(float(spec))
-
-
 def classify(exc: BaseException) -> str:
     """'oom', 'timeout' or 'error' for an exception that ended training (TrainingTimeout is 'timeout'
     by the trainer's own handler). Chained causes count: a collective wrapper may re-raise an OOM."""
@@ -67,12 +44,3 @@ def classify(exc: BaseException) -> str:
             return "timeout"
         current = current.__cause__ or current.__context__
     return "error"
-
-
-def hang_hook(rank: int, iteration: int, environ: Mapping[str, str] = os.environ) -> None:
-    """Sleep (interruptibly: the trainer's SIGTERM handler still fires) when HANG_ENV names this rank
-    and iteration."""
-    spec = environ.get(HANG_ENV)
-    if spec and spec == f"{rank}:{iteration}":
-        print(f"{HANG_ENV}={spec}: rank {rank} hangs now", file=sys.stderr, flush=True)
-        time.sleep(HANG_SLEEP_S)

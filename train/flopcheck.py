@@ -1,6 +1,6 @@
-"""Cross-check of train.flops against the FLOPs PyTorch itself counts for one training step.
+"""Cross-check of train.planner.flops against the FLOPs PyTorch itself counts for one training step.
 
-train.flops is arithmetic on a list of GEMM shapes; a wrong shape there (a missing head GEMM, a
+train.planner.flops is arithmetic on a list of GEMM shapes; a wrong shape there (a missing head GEMM, a
 forgotten backward) would silently skew every MFU figure. This module runs one micro-batch's
 forward and backward of the run's model under torch.utils.flop_counter.FlopCounterMode and scales
 it to the optimizer step (x micro-batches of the whole global batch).
@@ -12,7 +12,7 @@ Two details make the comparison meaningful:
 - torch's non-reentrant checkpoint stops recomputing as soon as every saved tensor the backward
   needs is back ("early stop", its default, which the trainer uses). The last GEMM of each
   checkpointed region (mlp_out for `full`, attention-over-values for `selective`) is then never
-  re-run, so the device executes fewer FLOPs than train.flops.hardware_flops_per_iteration
+  re-run, so the device executes fewer FLOPs than train.planner.flops.hardware_flops_per_iteration
   (Megatron's convention: the whole region is re-run) says. `early_stop=False` re-runs the whole
   region and matches that convention; `skipped_recompute_flops` quantifies the difference.
 
@@ -31,9 +31,9 @@ from torch.utils.checkpoint import set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
 from conf.schema import Recompute, RunConfig
-from train import flops
 from train.data import get_batch, make_source
 from train.model import build_model, lm_loss_sum
+from train.planner import flops
 
 TOLERANCE = 0.01
 """Relative disagreement above which the trainer adds a warning to the record."""
@@ -54,13 +54,13 @@ class FlopCheck:
     model_flops_per_iteration: float
     hardware_flops_per_iteration: float
     skipped_recompute_flops: float
-    """Recompute FLOPs train.flops counts that an early-stopping checkpoint does not run (0 without)."""
+    """Recompute FLOPs train.planner.flops counts that an early-stopping checkpoint does not run (0 without)."""
     recompute: str
     checkpoint_early_stop: bool
 
     @property
     def expected(self) -> float:
-        """What train.flops predicts this step executes, given how the checkpoint recomputes."""
+        """What train.planner.flops predicts this step executes, given how the checkpoint recomputes."""
         skipped = self.skipped_recompute_flops if self.checkpoint_early_stop else 0.0
         return self.hardware_flops_per_iteration - skipped
 
@@ -127,6 +127,6 @@ def format_flop_check(check: FlopCheck) -> str:
     """One log line."""
     return (
         f"FLOPs check ({check.recompute} recompute): counted {check.counted_per_iteration:.4g} per iteration "
-        f"vs. train.flops {check.expected:.4g} ({check.relative_error:+.2%}); model FLOPs "
+        f"vs. train.planner.flops {check.expected:.4g} ({check.relative_error:+.2%}); model FLOPs "
         f"{check.model_flops_per_iteration:.4g}, hardware {check.hardware_flops_per_iteration:.4g}"
     )

@@ -1,25 +1,15 @@
-"""Torch-free bookkeeping of a run: Megatron log lines, medians, the result record, secret scrubbing.
+"""Torch-free bookkeeping of a run: Megatron log lines, medians, secret scrubbing.
 
-Everything here is plain Python so that the launcher and the analysis can parse, write
-and check records on machines without torch. The trainer fills `IterationStats` once per
-iteration and `RunRecord` once per run; `write_json_atomic` is the only way records reach disk,
-so a reader never sees a half-written result.json.
+The trainer fills `IterationStats` once per iteration and summarises them with `summarize`;
+the record they go into (train.contract.RunRecord) is scrubbed of credentials here first.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import statistics
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
-STATUSES = ("ok", "oom", "nan", "error", "timeout")
-"""Every value a record's `status` can take."""
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 """A name containing any of these (case-insensitive) holds a credential: its value is never recorded."""
@@ -122,14 +112,22 @@ def summarize(
     seq_length: int,
     devices: int,
     flops_per_iteration: Mapping[str, float],
+    full_batch_size: int | None = None,
 ) -> Medians:
     """Medians of the iterations after warm-up, and the throughputs derived from them.
 
-    Throughputs come from the median time per iteration (not the median of per-iteration
-    throughputs) so that every figure of the record describes the same representative step.
+    With `full_batch_size`, only iterations that ran that global batch count (a batch ramp-up's
+    smaller steps are not the configuration being measured; flops_per_iteration is the full
+    batch's). Throughputs come from the median time per iteration (not the median of
+    per-iteration throughputs) so that every figure of the record describes the same
+    representative step.
     """
-    kept = iterations[max(warmup, 0) :]
-    sec = median_after_warmup([it.elapsed_s for it in iterations], warmup)
+    kept = [
+        it
+        for it in iterations[max(warmup, 0) :]
+        if full_batch_size is None or it.global_batch_size == full_batch_size
+    ]
+    sec = median_after_warmup([it.elapsed_s for it in kept], 0)
     if sec is None or sec <= 0 or not kept:
         return Medians(len(kept), None, None, None, None, None, None)
     gbs = kept[-1].global_batch_size
@@ -148,104 +146,6 @@ def summarize(
         tflops_per_device_hardware=tflops("hardware"),
         tflops_per_device_megatron_eq3=tflops("megatron_eq3"),
     )
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """Everything result.json holds about one run (one record per run, whatever its outcome)."""
-
-    status: str
-    """ok | oom | nan | error | timeout."""
-    message: str | None
-    config: dict[str, Any]
-    """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""
-    overrides: list[str]
-    world: dict[str, int]
-    """world_size, dp, tp, pp."""
-    hardware: str
-    device: str | None
-    """What the run actually ran on (GPU product name, or 'cpu')."""
-    versions: dict[str, str | None]
-    git_commit: str | None
-    params: int | None
-    """Parameters of the model as built (counted once; tied weights once)."""
-    optimizer: str | None
-    """The Adam implementation that ran (e.g. 'torch.AdamW(fused)')."""
-    precision: str
-    flops_per_iteration: dict[str, float]
-    """model (per-GEMM, MFU), hardware (with recompute, HFU), megatron_eq3 (Megatron-LM Eq. 3)."""
-    flops_conventions: dict[str, str]
-    """What each flops_per_iteration entry counts, in words."""
-    iterations_run: int
-    warmup_iters: int
-    measured_iterations: int
-    skipped_iterations: int
-    final_loss: float | None
-    sec_per_iter: float | None
-    samples_per_s: float | None
-    tokens_per_s_per_device: float | None
-    tflops_per_device: float | None
-    tflops_per_device_hardware: float | None
-    tflops_per_device_megatron_eq3: float | None
-    mfu: float | None
-    hfu: float | None
-    max_mem_gib: float | None
-    max_mem_gib_per_rank: list[float]
-    max_mem_source: str | None
-    peak_tflops: float | None
-    peak_source: str | None
-    """'datasheet' (hardware config) or 'measured' (matmul calibration at run time); None if unknown."""
-    losses: list[float | None] = field(default_factory=list)
-    """lm loss of every iteration run (equal losses across layouts of one model are a correctness check)."""
-    iteration_times_s: list[float] = field(default_factory=list)
-    """Elapsed seconds of every iteration run, warm-up included."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
-    warnings: list[str] = field(default_factory=list)
-    started_at: str | None = None
-    wall_s: float | None = None
-    schema_version: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; non-finite floats become None (JSON has no NaN)."""
-        return _finite(asdict(self))
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON so that `path` holds either the old content or the whole new one, never a part."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` atomically: a reader sees the old file or the new one.
-
-    The temporary file lives in the same directory, so os.replace is a rename on one file
-    system (atomic on POSIX); fsync first so that a crash after the rename cannot leave an
-    empty file behind the new name.
-    """
-    path = Path(path)
-    # A unique sibling opened with "x" (not mkstemp, whose 0600 would survive the rename):
-    # the file gets the ordinary umask permissions, so other users of the sweep can read it.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def is_secret_name(name: str) -> bool:

@@ -12,8 +12,8 @@ their targets by module name. The names they rely on are stable:
     norm                           final LayerNorm
     lm_head                        BERT only: dense + GELU + LayerNorm, decoder bias
 
-The output layer reuses `wte.weight` (tied), as train.sizes counts it, so the parameter
-count equals train.sizes.total_params exactly. Both uses of the word embedding go through its
+The output layer reuses `wte.weight` (tied), as train.planner.sizes counts it, so the parameter
+count equals train.planner.sizes.total_params exactly. Both uses of the word embedding go through its
 module (`wte(tokens)` and `wte.logits(x, bias)`), the one hook vocabulary parallelism needs:
 train.parallel swaps `wte` for a module that holds a slice of the vocabulary. Activation recompute is a switch on the
 modules (`set_recompute`), not a wrapper, so that it does not rename anything.
@@ -22,6 +22,7 @@ modules (`set_recompute`), not a wrapper, so that it does not rename anything.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
@@ -30,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from conf.schema import ModelConfig, ModelKind, Recompute
-from train.sizes import padded_vocab_size
+from train.planner.sizes import padded_vocab_size
 
 AttentionImpl = Literal["sdpa", "explicit"]
 """sdpa: F.scaled_dot_product_attention. explicit: matmul + softmax + matmul, which
@@ -146,7 +147,7 @@ class TransformerLM(nn.Module):
     attention mask and the head. forward(tokens [b, s]) returns logits [b, s, padded V].
 
     `tp` only pads the vocabulary (to a multiple of make_vocab_size_divisible_by x tp, as
-    train.sizes does), so that a TP run's embedding splits evenly over its ranks."""
+    train.planner.sizes does), so that a TP run's embedding splits evenly over its ranks."""
 
     causal: bool = True
 
@@ -193,7 +194,7 @@ class GPT(TransformerLM):
 
 
 class BERT(TransformerLM):
-    """Bidirectional encoder with a masked-LM head (no pooler, no token types: as train.sizes counts)."""
+    """Bidirectional encoder with a masked-LM head (no pooler, no token types: as train.planner.sizes counts)."""
 
     causal = False
 
@@ -242,6 +243,10 @@ def count_params(model: nn.Module) -> int:
 def num_layers(model: TransformerLM) -> int:
     """Blocks this model (or pipeline stage) holds."""
     return len(model.layers)
+
+
+LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(logits, labels) -> summed token cross-entropy (lm_loss_sum, or train.parallel's vocab-parallel twin)."""
 
 
 def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 
 if TYPE_CHECKING:
-    from torch.distributed.pipelining import Schedule1F1B
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
 
@@ -388,22 +388,24 @@ def build_schedule(
     n_microbatches: int,
     device: torch.device,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> Schedule1F1B:
-    """1F1B over the step's micro-batches. `loss_fn` already divides by the step's token count,
-    so the schedule must not also divide the gradients by the number of micro-batches."""
-    if n_microbatches < pp_mesh.size():
-        raise ValueError(
-            f"{n_microbatches} micro-batches per step cannot fill {pp_mesh.size()} pipeline stages; "
-            "raise global_batch_size or lower micro_batch_size"
-        )
+) -> Schedule1F1B | ScheduleGPipe:
+    """The pipeline schedule of a step of `n_microbatches`: 1F1B, as Megatron runs it. `loss_fn`
+    already divides by the step's token count, so the schedule must not also divide the gradients
+    by the number of micro-batches.
+
+    With fewer micro-batches than stages, Megatron's 1F1B degenerates into all forwards, then all
+    backwards (its warm-up, min(stages - stage - 1, m) forwards, covers every micro-batch), which
+    is GPipe: torch's Schedule1F1B refuses that case, so ScheduleGPipe runs it. The gradients are
+    the same; every stage then holds all m micro-batches' activations (train.planner.memory)."""
     # Imported here: torch.distributed.pipelining pulls in torch._dynamo, about a second of start-up
     # that every process without a pipeline (most of a sweep's runs, every test worker) would pay.
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stage = PipelineStage(
         stage_module, stage_module.stage, stage_module.num_stages, device, group=pp_mesh.get_group()
     )
-    return Schedule1F1B(stage, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    kind = Schedule1F1B if n_microbatches >= pp_mesh.size() else ScheduleGPipe
+    return kind(stage, n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
 def embedding_tie_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:

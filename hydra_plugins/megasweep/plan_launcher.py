@@ -9,6 +9,7 @@ from hydra.core.config_store import ConfigStore
 # The module, not the class: Hydra's scanner registers every plugin class it finds in this
 # module's namespace, and only the subclass below may be registered from here.
 from launchers import plan as _plan
+from train.contract import PLAN_FILE
 
 
 # Not frozen: Hydra merges `hydra.launcher.*` overrides into this node.
@@ -19,7 +20,7 @@ class PlanLauncherConf:
     _target_: str = "hydra_plugins.megasweep.plan_launcher.PlanLauncher"
     world_size: int | None = None
     """Devices each config is planned for; null: dp from the config, or 1 (devices)."""
-    csv_name: str = "plan.csv"
+    csv_name: str = PLAN_FILE
     """File the rows are written to, in hydra.sweep.dir."""
     table: bool = True
     """Print one row per config to stdout."""

@@ -12,7 +12,7 @@ import pytest
 
 from analysis.calc import main
 from conf.schema import ModelConfig, Recompute
-from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration
 
 REPO = Path(__file__).resolve().parents[2]
 

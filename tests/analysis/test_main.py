@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
-from analysis.manifest import read_manifest
 from tests.analysis.golden.build import build_sweep
 from tests.analysis.test_tables import zero_sweep_dir
 from tests.launchers.test_slurm_launcher import REPO
+from train.contract import read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo

@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.manifest import EXPORTED_JOBS_DIR, ManifestEntry, write_manifest
-from analysis.records import AnalysisError, load_sweeps, outcome_counts, slurm_queue_states
+from analysis.records import AnalysisError, load_sweeps, outcome_counts
 from analysis.tables import results_table, summary_line
 from tests.analysis.golden.build import build_sweep, fixture
+from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,11 +87,6 @@ def test_queue_states_mark_running_and_ended_jobs(sweep: Path) -> None:
     # A job Slurm ended without result.json is a failure of the kind Slurm names, not 'pending' forever.
     assert df.loc["runs/2", "outcome"] == "oom" and "OUT_OF_MEMORY" in df.loc["runs/2", "reason"]
     assert df.loc["runs/10", "outcome"] == "pending" and df.loc["runs/10", "queue_state"] == ""
-
-
-def test_absent_slurm_tools_mean_unknown_not_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert slurm_queue_states(["1234_5"]) == {}
 
 
 def test_corrupt_record_is_a_warning(sweep: Path) -> None:
@@ -195,7 +190,7 @@ def test_analysis_imports_without_torch() -> None:
         "import sys\n"
         "sys.modules['torch'] = None  # any import of torch now raises\n"
         "import analysis, analysis.records, analysis.tables, analysis.recommend, analysis.plots, "
-        "analysis.compare, analysis.manifest, analysis.__main__\n"
+        "analysis.compare, train.contract, analysis.__main__\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

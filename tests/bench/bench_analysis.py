@@ -24,7 +24,7 @@ PENDING = 100
 
 def _template() -> dict:
     from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, RunConfig, to_plain_dict
-    from train.metrics import RunRecord
+    from train.contract import RunRecord
 
     run = RunConfig(
         model=ModelConfig(name="gpt_1.3b", num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048),
@@ -46,7 +46,7 @@ def _template() -> dict:
 
 
 def write_sweep(root: Path) -> None:
-    from analysis.manifest import ManifestEntry, write_manifest
+    from train.contract import ManifestEntry, write_manifest
 
     template = _template()
     layouts = [(tp, pp, mbs, nodes) for tp in (1, 2, 4, 8) for pp in (1, 2, 4) for mbs in (1, 2, 4, 8)

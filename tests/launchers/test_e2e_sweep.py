@@ -16,9 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.manifest import read_manifest
 from analysis.wandb_io import read_offline_runs
 from tests.launchers.test_slurm_launcher import REPO, array_of, result, sacct, wait_until
+from train.contract import read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo

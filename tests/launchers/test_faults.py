@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from analysis.manifest import ManifestEntry, manifest_path, read_manifest
-from launchers import slurm as slurm_launcher
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, result, sacct, sweep, wait_until
 from tests.launchers.test_status import status_table
+from train.contract import ManifestEntry, manifest_path, read_manifest
 from train.distributed import slurm_master_port
-from train.failures import SLOW_FIRST_ATTEMPT_ENV
+from train.preemption import SLOW_FIRST_ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -152,14 +151,16 @@ def test_killing_the_submitting_process_loses_no_result(
 
 
 def test_requeue_constant_matches_the_trainer() -> None:
-    from train.checkpoint import REQUEUE_EXIT_CODE
+    # One definition (train.contract) for the trainer that exits with it and the wrapper that requeues on it.
+    from launchers import job
+    from train import contract
 
-    assert slurm_launcher.REQUEUE_EXIT_CODE == REQUEUE_EXIT_CODE
+    assert job.EXIT_REQUEUE is contract.EXIT_REQUEUE == 75
 
 
 # A real time limit: Slurm's shortest (one minute). Its USR1 comes 15 s ahead as asked, give or take
 # slurmctld's 30 s check period; the first attempt sleeps 2 s per iteration, so 40 iterations cannot
-# end before the warning, and the requeued attempt runs at full speed (train.failures hook).
+# end before the warning, and the requeued attempt runs at full speed (train.preemption hook).
 TIME_LIMIT_ITERS = 40
 SLOW_FIRST_ATTEMPT_S = 2
 

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analysis.manifest import read_manifest
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
+from train.contract import read_manifest
 
 
 def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:

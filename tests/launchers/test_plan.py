@@ -12,7 +12,8 @@ from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
 from launchers.plan import plan_sweep
-from train.planner import PlanRow, plan_run
+from train.contract import PlanRow
+from train.planner.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_MAIN = REPO / "train" / "__main__.py"

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hydra.errors import HydraException
 
-from analysis.manifest import read_manifest
 from launchers.sbatch import expand_sweep, export_sweep
-from launchers.slurm import load_launch_file
+from launchers.submit import load_launch_file
 from tests.launchers.test_slurm_launcher import TINY, wait_until
+from train.contract import read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -70,7 +70,7 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         "#SBATCH --time=20",
         f"#SBATCH --partition={slurm_cluster.partition}",
         # As robust as the launcher's jobs: requeued after a checkpoint on USR1, 2 minutes before
-        # the 20-minute limit (launchers.slurm.signal_lead_s).
+        # the 20-minute limit (launchers.submit.signal_lead_s).
         "#SBATCH --requeue",
         "#SBATCH --signal=USR1@120",
         # Shared by every config: exported once in the script, not per row.
@@ -80,7 +80,7 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
     ):
         assert line in text.splitlines(), line
     assert "srun --unbuffered --kill-on-bad-exit=1 " in text
-    assert '-m launchers.slurm --output-dir "$SWEEP_DIR/$out" --max-retries "$retries" --' in text
+    assert '-m launchers.job --output-dir "$SWEEP_DIR/$out" --max-retries "$retries" --' in text
     # Task id, config index, output dir, cluster.max_retries, no env of its own.
     assert [r[:5] for r in rows(tasks)] == [[str(i), str(i), str(i), "2", "0"] for i in range(3)]
 

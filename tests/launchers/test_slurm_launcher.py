@@ -20,17 +20,16 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import open_dict, read_write
 
-from analysis.manifest import ManifestEntry, read_manifest
 from launchers.compose import FastComposer
 from launchers.sbatch import default_config_dir
-from launchers.slurm import (
-    REQUEUE_EXIT_CODE,
+from launchers.submit import (
     LaunchSettings,
     SubdirNamer,
     plan_configs,
     subdir_namer,
     submit_configs,
 )
+from train.contract import EXIT_REQUEUE, ManifestEntry, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -277,14 +276,14 @@ def test_manifest_entries_are_handed_over_after_each_array(
 def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
-    # What an exported script's srun task runs: `python -m launchers.slurm ... -- <trainer>`.
+    # What an exported script's srun task runs: `python -m launchers.job ... -- <trainer>`.
     record = tmp_path / "result.json"
-    stop = [sys.executable, "-c", f"import sys; sys.exit({REQUEUE_EXIT_CODE})"]
+    stop = [sys.executable, "-c", f"import sys; sys.exit({EXIT_REQUEUE})"]
 
     def wrapper(max_retries: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         args = ["--output-dir", str(tmp_path), "--max-retries", str(max_retries), "--", *stop]
         return subprocess.run(
-            [sys.executable, "-m", "launchers.slurm", *args],
+            [sys.executable, "-m", "launchers.job", *args],
             cwd=REPO,
             env={**os.environ, **env},
             capture_output=True,
@@ -295,12 +294,12 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     record.write_text('{"status": "timeout"}')
     # Retries used up: the stopped run's status stands, its record too.
     given_up = wrapper(1, {"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "1"})
-    assert given_up.returncode == REQUEUE_EXIT_CODE
+    assert given_up.returncode == EXIT_REQUEUE
     assert "max_retries=1 requeue(s) are used up (1 done)" in given_up.stderr
     assert record.exists() and not (tmp_path / "result.attempt1.json").exists()
     # A retry left, but Slurm does not know the job: the record is put back, the task fails.
     unknown = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "0"})
-    assert unknown.returncode == REQUEUE_EXIT_CODE
+    assert unknown.returncode == EXIT_REQUEUE
     assert "scontrol requeue 999999999 failed" in unknown.stderr
     assert record.exists() and not (tmp_path / "result.attempt0.json").exists()
 
@@ -344,7 +343,7 @@ def test_groups_larger_than_max_array_size_are_split(slurm_cluster: SlurmCluster
 
 def test_launcher_modules_import_without_torch() -> None:
     code = (
-        "import sys; import launchers.slurm, launchers.shapes, hydra_plugins.megasweep.slurm_launcher; "
+        "import sys; import launchers.slurm, launchers.allocation, launchers.submit, launchers.job, launchers.queue, hydra_plugins.megasweep.slurm_launcher; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, env={**os.environ})

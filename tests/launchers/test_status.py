@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.manifest import EXPORTED_JOBS_DIR, ManifestEntry, read_manifest, write_manifest
-from launchers.status import ConfigStatus, classify, expand_job_ids, format_status, sweep_status
+from launchers.status import ConfigStatus, classify, format_status, sweep_status
 from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_for_results, wait_until
+from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, read_manifest, write_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -46,13 +46,6 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     state, detail = classify(exported, None, None)
     assert state == "pending" and "no job started yet" in detail and "a.sbatch, array task 3" in detail
     assert classify(exported, {"status": "ok"}, None) == ("done", "")
-
-
-def test_expand_job_ids_spells_out_pending_array_ranges() -> None:
-    assert expand_job_ids("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
-    assert expand_job_ids("12_[4]") == ["12_4"]
-    assert expand_job_ids("12_3") == ["12_3"]
-    assert expand_job_ids("99") == ["99"]
 
 
 def test_format_status_shows_varying_overrides_counts_and_bar() -> None:

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,12 @@ TINY = [
     "hardware.peak_measured=false",
     "hardware.peak_tflops_fp32=1.0",
 ]
+
+
+def with_overrides(base: Sequence[str], *new: str) -> list[str]:
+    """`base` with the keys `new` sets replaced by its values (Hydra refuses one key twice)."""
+    keys = {o.split("=", 1)[0] for o in new}
+    return [*(o for o in base if o.split("=", 1)[0] not in keys), *new]
 
 
 def worker_env(**extra: str) -> dict[str, str]:

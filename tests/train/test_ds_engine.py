@@ -1,5 +1,5 @@
 """DeepSpeed engine: ZeRO 0-3 (and optimizer offload) reach plain torch's losses; the flops
-profiler's figures; DeepSpeed's ZeRO memory estimators next to train.memory.
+profiler's figures; DeepSpeed's ZeRO memory estimators next to train.planner.memory.
 
 All DeepSpeed training runs share one pair of gloo worker processes (DeepSpeed's import and
 engine set-up cost seconds each), started once per module by the `runs` fixture. The first run
@@ -194,8 +194,8 @@ def test_optimizer_names(runs: list[dict[str, Any]]) -> None:
 
 
 def test_flops_profiler_figures(runs: list[dict[str, Any]]) -> None:
-    from train.flops import model_flops_per_iteration
     from train.model import build_model, count_params
+    from train.planner.flops import model_flops_per_iteration
 
     profile = runs[0]["profile"]
     assert profile["params"] == count_params(build_model(MODEL))
@@ -211,7 +211,7 @@ def test_flops_profiler_figures(runs: list[dict[str, Any]]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# DeepSpeed's ZeRO memory estimators against train.memory (no processes needed).
+# DeepSpeed's ZeRO memory estimators against train.planner.memory (no processes needed).
 
 
 def _model(name: str) -> ModelConfig:
@@ -237,7 +237,7 @@ def test_model_states_against_deepspeed_estimate(
     gradients on the device (2/N) where DeepSpeed counts none. Asserted exactly, then as a band.
     """
     from train.ds_engine import deepspeed_model_states_estimate
-    from train.memory import estimate_memory
+    from train.planner.memory import estimate_memory
 
     model = _model(name)
     ds = deepspeed_model_states_estimate(model, zero_stage=zero_stage, dp=dp, offload=offload)
@@ -259,7 +259,7 @@ def test_model_states_against_deepspeed_estimate(
     #   optimizer offload (stage 2):     1.03-1.21  (ours keeps the 2/N 16-bit gradient shard)
     #   params offload (stage 3):        1.6-4.6    (both are a few largest-module working sets,
     #       so the 2/N gradient shard ours keeps dominates: DeepSpeed moves reduced gradient
-    #       partitions to the host under offload, train.memory does not; see the report)
+    #       partitions to the host under offload, train.planner.memory does not; see the report)
     low, high = {(2, "none"): (1.0, 1.35), (3, "none"): (1.0, 1.35), (2, "optimizer"): (1.0, 1.25)}.get(
         (zero_stage, offload.value), (1.5, 5.0)
     )

@@ -153,7 +153,7 @@ def test_lr_schedule_moves_losses_beyond_the_tolerance(tmp_path: Path, native: l
 def test_deepspeed_flops_profile_is_recorded_beside_megasweeps_flops(tmp_path: Path) -> None:
     """training.deepspeed_flops_profile=true: iteration warmup_iters + 1 runs under DeepSpeed's profiler.
 
-    Band 1.0-1.05 for 3 x forward x dp / model FLOPs: the profiler sees every GEMM train.flops counts
+    Band 1.0-1.05 for 3 x forward x dp / model FLOPs: the profiler sees every GEMM train.planner.flops counts
     (2 x MACs, attention through scaled_dot_product_attention as a full s x s product) plus the
     element-wise work Megatron's count leaves out (0.8% on this toy shape). Missing attention would
     put it below 1 (the attention core is ~8% of this model's FLOPs), a forward-only ratio at ~0.33.

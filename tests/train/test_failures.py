@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from train.failures import HANG_ENV, classify, hang_hook
+from train.failures import classify
+from train.preemption import HANG_ENV, hang_hook
 from train.trainer import TrainingTimeout
 
 from .test_distributed import REPO, worker_env
@@ -137,6 +138,7 @@ def test_cpu_allocator_failure_is_oom(tmp_path: Path) -> None:
         "parallelism.micro_batch_size=32",
         "parallelism.global_batch_size=32",
         "training.train_iters=2",
+        "training.warmup_iters=1",
         limit_as=ADDRESS_SPACE_LIMIT,
     )
     assert proc.returncode != 0

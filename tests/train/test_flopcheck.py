@@ -1,4 +1,4 @@
-"""train.flopcheck: FlopCounterMode on the real model agrees with train.flops' per-GEMM count."""
+"""train.flopcheck: FlopCounterMode on the real model agrees with train.planner.flops' per-GEMM count."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_counted_equals_model_flops_without_recompute(kind: str) -> None:
     check = flop_check(compose_run(*SHAPES, f"model.kind={kind}"))
     assert check.micro_batches == 3
     assert check.counted_per_iteration == check.counted_per_micro_batch * 3
-    # Every GEMM of train.flops, forward x1 + backward x2, and nothing else the counter sees.
+    # Every GEMM of train.planner.flops, forward x1 + backward x2, and nothing else the counter sees.
     assert check.counted_per_iteration == pytest.approx(check.model_flops_per_iteration, rel=0.01)
     assert check.hardware_flops_per_iteration == check.model_flops_per_iteration
     assert abs(check.relative_error) < 0.01
@@ -39,7 +39,7 @@ def test_counted_equals_model_flops_without_recompute(kind: str) -> None:
 def test_full_recompute_matches_hardware_flops(kind: str) -> None:
     run = compose_run(*SHAPES, f"model.kind={kind}", "parallelism.recompute=full")
     whole = flop_check(run, early_stop=False)
-    # Re-running every layer forward, as Megatron does: train.flops' hardware FLOPs.
+    # Re-running every layer forward, as Megatron does: train.planner.flops' hardware FLOPs.
     assert whole.counted_per_iteration == pytest.approx(whole.hardware_flops_per_iteration, rel=0.01)
     assert whole.counted_per_iteration > 1.2 * whole.model_flops_per_iteration
     # torch's default early stop skips each layer's mlp_out re-run; the check accounts for it and
@@ -81,7 +81,7 @@ def test_format() -> None:
 def test_shape_report_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The other start-of-run diagnostic: train.shapes' table for the run's GEMMs, and the advisor's
+    # The other start-of-run diagnostic: train.planner.shapes' table for the run's GEMMs, and the advisor's
     # hidden sizes in the record when the shapes are off (hidden_size=32 is not a multiple of 128).
     monkeypatch.setenv("WANDB_MODE", "disabled")
     record = run_training(compose_run(), output_dir=tmp_path, overrides=[])

@@ -1,16 +1,13 @@
-"""train.metrics: Megatron log lines, medians, atomic records, credential scrubbing."""
+"""train.metrics: Megatron log lines, medians, credential scrubbing."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from train import metrics
 from train.metrics import (
     IterationStats,
     allowlisted_env,
@@ -21,7 +18,6 @@ from train.metrics import (
     scrub_overrides,
     secret_values,
     summarize,
-    write_json_atomic,
 )
 
 # A line Megatron-DeepSpeed printed for BLOOM (seed 001, "bf16 - 1 node, 1 replica", 20B model).
@@ -125,49 +121,6 @@ def test_summarize_derives_throughput_from_median_time() -> None:
     assert m.tflops_per_device_megatron_eq3 is None
     empty = summarize(its[:2], warmup=2, seq_length=256, devices=1, flops_per_iteration={"model": 1.0})
     assert empty.sec_per_iter is None and empty.measured_iterations == 0
-
-
-def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
-    path = tmp_path / "result.json"
-    write_json_atomic(path, {"status": "ok", "x": [1, 2]})
-    write_json_atomic(path, {"status": "nan"})
-    assert json.loads(path.read_text()) == {"status": "nan"}
-    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
-    mode = path.stat().st_mode & 0o777
-    umask = os.umask(0)
-    os.umask(umask)
-    assert mode == 0o666 & ~umask  # readable by the sweep's other users, not mkstemp's 0600
-
-
-def test_atomic_write_leaves_no_partial_file_on_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "result.json"
-    write_json_atomic(path, {"status": "ok"})
-
-    def crash(src: object, dst: object) -> None:
-        raise OSError("disk gone")
-
-    monkeypatch.setattr(metrics.os, "replace", crash)
-    with pytest.raises(OSError, match="disk gone"):
-        write_json_atomic(path, {"status": "error", "big": "x" * 100_000})
-    assert json.loads(path.read_text()) == {"status": "ok"}  # the old record, whole
-    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left behind
-
-
-def test_atomic_write_rejects_nan_without_touching_file(tmp_path: Path) -> None:
-    path = tmp_path / "result.json"
-    with pytest.raises(ValueError):
-        write_json_atomic(path, {"loss": float("nan")})
-    assert not path.exists()
-
-
-def test_record_to_dict_turns_non_finite_into_null() -> None:
-    assert metrics._finite({"a": float("nan"), "b": [float("inf"), 1.0], "c": "x"}) == {
-        "a": None,
-        "b": [None, 1.0],
-        "c": "x",
-    }
 
 
 def test_env_allowlist_and_scrubbing() -> None:

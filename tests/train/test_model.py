@@ -1,4 +1,4 @@
-"""train.model: sizes match train.sizes, masks, recompute and attention paths agree."""
+"""train.model: sizes match train.planner.sizes, masks, recompute and attention paths agree."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from train.model import (
     lm_loss_sum,
     num_layers,
 )
-from train.sizes import padded_vocab_size, total_params
+from train.planner.sizes import padded_vocab_size, total_params
 
 TINY = ModelConfig(
     name="t",

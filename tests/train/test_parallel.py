@@ -1,9 +1,13 @@
 """train.parallel: DP, ZeRO-1, TP and PP on CPU gloo workers give the one-process losses.
 
 Every layout is started through the real entry point (`python -m train ...` in a subprocess,
-which spawns its workers) and compared on result.json's `losses`: same seed, same samples,
+which forks its workers) and compared on result.json's `losses`: same seed, same samples,
 fp32, 3 optimizer steps. Tolerance rel 1e-5: the layouts only change the fp32 summation order
 (reductions across ranks, split matmuls), which moved the losses by < 1e-7 relative here.
+
+A pipeline with fewer micro-batches per step than stages runs too (all forwards, then all
+backwards, as Megatron's 1F1B does then), and so does a batch ramp-up, whose growing batch
+changes the micro-batch count, and with it the pipeline schedule, from step to step.
 """
 
 from __future__ import annotations
@@ -13,18 +17,17 @@ from typing import Any
 
 import pytest
 
-from train import trainer
 from train.parallel import _buckets, partition_params, stage_layers
 from train.trainer import run_training
 
-from .test_distributed import TINY, run_train
+from .test_distributed import TINY, run_train, with_overrides
 from .test_trainer import compose_run
 
 RTOL = 1e-5
 
 
 def launch(tmp_path: Path, name: str, *overrides: str) -> dict[str, Any]:
-    proc, record = run_train(tmp_path / name, *TINY, *overrides)
+    proc, record = run_train(tmp_path / name, *with_overrides(TINY, *overrides))
     # Rank 0 alone prints: one line per iteration, not one per rank.
     assert sum(line.startswith(" iteration ") for line in proc.stdout.splitlines()) == 3
     return record
@@ -60,19 +63,6 @@ def test_buckets_respect_size_and_dtype() -> None:
     assert [len(b) for b in _buckets(ts, limit=80)] == [2, 1, 1]
 
 
-def test_tp_and_pp_ranks_of_a_replica_read_the_same_samples() -> None:
-    run = compose_run(*TINY)  # gbs 8, mbs 2
-
-    # world 8 = pp2 x dp2 x tp2; rank = (pp * dp + d) * tp + t.
-    def indices(rank: int) -> list[list[int]]:
-        world = trainer.World(world_size=8, rank=rank, dp=2, tp=2, pp=2)
-        return [list(r) for r in trainer.micro_batch_indices(run, world=world, consumed=0)]
-
-    assert indices(0) == indices(1) == indices(4) == indices(5)  # dp 0: TP pair, both stages
-    assert indices(2) == indices(3) == indices(6) == indices(7)  # dp 1
-    assert sorted(i for r in (0, 2) for mb in indices(r) for i in mb) == list(range(8))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "overrides"),
@@ -84,6 +74,8 @@ def test_tp_and_pp_ranks_of_a_replica_read_the_same_samples() -> None:
             "dp2_tp2_pp2_zero1",
             ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.zero_stage=1"),
         ),
+        # One micro-batch per replica and step (gbs 8 = mbs 4 x dp 2) on two stages.
+        ("dp2_tp2_pp2_one_micro_batch", ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.micro_batch_size=4")),
     ],
 )
 def test_layout_matches_one_process(
@@ -97,3 +89,32 @@ def test_layout_matches_one_process(
     assert len(record["max_mem_gib_per_rank"]) == world["world_size"]  # gathered from every rank
     if "zero_stage=1" in " ".join(overrides):
         assert record["optimizer"].endswith("+ZeRO-1")
+
+
+# gbs 8 reached from 2, +2 per increment over 12 samples: batches 2, 2, 4, 6, 8, 8, 8.
+RAMP = ("parallelism.rampup_batch_size=[2,2,12]", "parallelism.micro_batch_size=1", "training.train_iters=7")
+
+
+@pytest.mark.slow
+def test_rampup_grows_the_batch_and_matches_one_process(tmp_path: Path) -> None:
+    alone = run_training(compose_run(*with_overrides(TINY, *RAMP)), output_dir=tmp_path / "one", overrides=[])
+    assert alone["global_batch_sizes"] == [2, 2, 4, 6, 8, 8, 8]
+    # dp 2 x pp 2: the steps run 1, 1, 2, 3, 4, 4, 4 micro-batches on two stages.
+    proc, record = run_train(tmp_path / "layout", *with_overrides(TINY, *RAMP, "parallelism.dp=2", "parallelism.pp=2"))
+    assert record["status"] == "ok" and record["full_batch_reached"]
+    assert record["losses"] == pytest.approx(alone["losses"], rel=RTOL)
+    logged = [int(line.split("global batch size:")[1].split("|")[0]) for line in proc.stdout.splitlines()
+              if line.startswith(" iteration ")]
+    assert logged == [2, 2, 4, 6, 8, 8, 8]
+    # The medians are the full batch's: steps 5-7 (all after the one warm-up iteration).
+    assert record["measured_iterations"] == 3
+    assert record["samples_per_s"] == pytest.approx(8 / record["sec_per_iter"])
+
+
+def test_rampup_that_never_reaches_the_full_batch_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = compose_run(*with_overrides(TINY, *RAMP, "training.train_iters=3"))
+    record = run_training(run, output_dir=tmp_path, overrides=[])
+    assert record["status"] == "ok" and record["global_batch_sizes"] == [2, 2, 4]
+    assert not record["full_batch_reached"] and record["sec_per_iter"] is None and record["mfu"] is None
+    assert any("never reached global_batch_size=8" in w for w in record["warnings"])

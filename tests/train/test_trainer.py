@@ -19,11 +19,13 @@ from hydra import compose, initialize_config_dir
 
 import conf  # noqa: F401  (registers the schema)
 from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
-from train import trainer
+from train import loop, trainer
 from train.calibrate import measure_peak_tflops
 from train.data import MASK_PROBABILITY, MemmapTokens, SyntheticTokens, get_batch, make_source
 from train.model import IGNORE_INDEX, build_model
 from train.optim import TORCH_FOREACH, TORCH_FUSED, build_optimizer, lr_at
+from train.planner.layout import Rank
+from train.planner.rules import InfeasibleConfig
 from train.trainer import TrainingDiverged, TrainingTimeout, run_training
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +41,12 @@ SMALL = [
     "training.train_iters=3",
     "training.warmup_iters=1",
     "logger=disabled",
-    # Two calibrations per run add up over a test file; the offline run below keeps them.
+    # Two calibrations per run add up over a test file; the offline run below keeps them. Datasheet
+    # peaks instead (placeholders far above what 2 cores reach): the rules refuse a run with no peak.
     "hardware.peak_measured=false",
+    "hardware.peak_tflops_fp32=10.0",
+    "hardware.peak_tflops_bf16=10.0",
+    "hardware.peak_tflops_fp16=10.0",
 ]
 RECORD_FIELDS = {
     "status",
@@ -311,18 +317,6 @@ def test_global_batch_must_split_into_micro_batches(tmp_path: Path) -> None:
         run_training(run, output_dir=tmp_path, overrides=[])
 
 
-def test_micro_batches_cover_the_global_batch_once() -> None:
-    run = compose_run("parallelism.micro_batch_size=2", "parallelism.global_batch_size=8")
-    ranges = trainer.micro_batch_indices(run, world=trainer.World(), consumed=16)
-    assert [list(r) for r in ranges] == [[16, 17], [18, 19], [20, 21], [22, 23]]
-    # Two DP ranks interleave micro-batches and together cover the same 8 samples.
-    two = [
-        trainer.micro_batch_indices(run, world=trainer.World(world_size=2, rank=r, dp=2), consumed=0)
-        for r in (0, 1)
-    ]
-    assert sorted(i for rank in two for r in rank for i in r) == list(range(8))
-
-
 @pytest.mark.slow
 def test_cli_subprocess(tmp_path: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "offline"}
@@ -434,10 +428,15 @@ def test_calibration_is_positive_and_plausible() -> None:
     assert 0 < peak < 100  # a few CPU cores: far below any GPU
 
 
-def test_unknown_peak_means_no_mfu(tmp_path: Path) -> None:
-    record = run_training(compose_run(), output_dir=tmp_path, overrides=[])
-    assert record["peak_tflops"] is None and record["peak_source"] is None
-    assert record["mfu"] is None and record["hfu"] is None and record["tflops_per_device"] > 0
+def test_unknown_peak_is_refused_before_training_with_a_record(tmp_path: Path) -> None:
+    # What `python -m train` and the dry run refuse (rule precision_supported), run_training refuses
+    # too: with no peak, no MFU could be given. Before, it trained and left MFU out.
+    run = compose_run("hardware.peak_tflops_fp32=null")
+    with pytest.raises(InfeasibleConfig, match=r"\[precision_supported\]"):
+        run_training(run, output_dir=tmp_path, overrides=[])
+    record = read_record(tmp_path)
+    assert record["status"] == "error" and "[precision_supported]" in record["message"]
+    assert record["peak_tflops"] is None and record["mfu"] is None and record["iterations_run"] == 0
 
 
 def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
@@ -448,11 +447,12 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
     # 2^40 overflows fp16 activation gradients (max 65504) for sure.
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
     cpu = torch.device("cpu")
-    batches = trainer.step_batches(
-        run, make_source(run.model, seed=0, data_path=None), world=trainer.World(), consumed=0, device=cpu
+    batches = loop.step_batches(
+        run, make_source(run.model, seed=0, data_path=None), rank=Rank(), consumed=0,
+        global_batch_size=run.parallelism.global_batch_size, device=cpu,
     )
     before = [p.detach().clone() for p in model.parameters()]
-    result = trainer.train_step(model, optimizer, scaler, batches, run=run, device=cpu)
+    result = loop.train_step(model, optimizer, scaler, batches, run=run, device=cpu)
     assert result.skipped and result.loss_scale == 2.0**40 and np.isfinite(result.loss)
     assert scaler.get_scale() == 2.0**39
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no update

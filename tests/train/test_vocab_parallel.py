@@ -21,7 +21,7 @@ from conf.schema import ModelConfig, ModelKind
 from train.distributed import build_mesh
 from train.model import IGNORE_INDEX, build_model, count_params, lm_loss_sum
 from train.parallel import VocabParallelEmbedding, apply_tp, apply_tp_plain, lm_loss_fn
-from train.sizes import padded_vocab_size, total_params
+from train.planner.sizes import padded_vocab_size, total_params
 
 TP = 2
 RTOL = 1e-5
@@ -170,7 +170,7 @@ def test_plain_tp_shards_layers_like_megatron(tp_ranks: list[dict[str, Any]], ki
 
 
 def test_model_pads_vocabulary_for_tp() -> None:
-    # 150 tokens: 192 rows on one rank (3 x 64), 256 for tp = 2 (a multiple of 64 x 2), as train.sizes
+    # 150 tokens: 192 rows on one rank (3 x 64), 256 for tp = 2 (a multiple of 64 x 2), as train.planner.sizes
     # and the memory model count them; the parameter count follows.
     cfg = tiny(ModelKind.bert, vocab_size=150)
     for tp, rows in ((1, 192), (2, 256)):

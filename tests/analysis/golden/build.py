@@ -2,7 +2,7 @@
 RunRecord format, plus plan.csv and manifest.jsonl, the way the trainer and launchers write them.
 
 Each fixture run gives its layout and outcome; everything else a RunRecord holds is derived
-here (config via conf.schema.to_plain_dict, FLOPs via train.flops) so that records are complete.
+here (config via conf.schema.to_plain_dict, FLOPs via train.planner.flops) so that records are complete.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analysis.manifest import ManifestEntry, write_manifest
 from conf.schema import (
     Engine,
     HardwareConfig,
@@ -22,8 +21,14 @@ from conf.schema import (
     RunConfig,
     to_plain_dict,
 )
-from train.metrics import RunRecord, write_json_atomic
-from train.planner import PlanRow, write_plan_csv
+from train.contract import (
+    ManifestEntry,
+    PlanRow,
+    RunRecord,
+    write_json_atomic,
+    write_manifest,
+    write_plan_csv,
+)
 
 GOLDEN = Path(__file__).resolve().parent
 FIXTURE = GOLDEN / "sweep.json"

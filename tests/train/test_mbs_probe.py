@@ -1,7 +1,7 @@
-"""micro_batch_size=auto: the planner's prediction, and the probe under a SIMULATED memory limit.
+"""micro_batch_size=auto, the job's half: the probe under a SIMULATED memory limit, and the trainer.
 
 There is no device memory to exhaust on a CPU, so the probe tests run the real tiny model's
-forward/backward inside train.autombs.simulated_memory_limit, which counts the step's live
+forward/backward inside train.mbs_probe.simulated_memory_limit, which counts the step's live
 tensors and raises torch.OutOfMemoryError past a cap: the cap is set between the needs of two
 sizes, so the largest sizes fail and the probe must walk down to the first that fits.
 """
@@ -15,18 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conf.schema import ModelConfig, ParallelismConfig, Precision, RunConfig
-from train.autombs import (
-    auto_micro_batch,
-    largest_fitting_micro_batch,
-    probe_micro_batch,
-    resolve_micro_batch,
-    simulated_memory_limit,
-    valid_micro_batches,
-)
-from train.memory import GIB, estimate_memory, predicts_oom
-from train.planner import format_plan_table, plan_run
-from train.validation import validate
+from conf.schema import ModelConfig, ParallelismConfig, RunConfig
+from train.mbs_probe import auto_micro_batch, probe_micro_batch, simulated_memory_limit
+from train.planner.memory import GIB, estimate_memory
 
 from .test_distributed import run_train
 
@@ -34,78 +25,6 @@ TINY = ModelConfig(
     name="autombs", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=256
 )
 SIZES = (1, 2, 4, 8, 16)
-
-
-def _compose(*overrides: str) -> RunConfig:
-    from tests.train.test_ds_config import compose_run
-
-    return compose_run(*overrides)
-
-
-# ---------------------------------------------------------------------------------------------
-# Planner half (torch-free arithmetic).
-
-
-@pytest.mark.parametrize(
-    ("overrides", "dp"),
-    [
-        (
-            [
-                "model=gpt_13b",
-                "hardware=a100_80gb",
-                "parallelism.global_batch_size=256",
-                "parallelism.zero_stage=3",
-                "parallelism.precision=bf16",
-                "parallelism.recompute=selective",
-            ],
-            16,
-        ),
-        (["model=gpt_6.7b", "hardware=a100_80gb", "parallelism=megatron_3d", "parallelism.tp=4"], 2),
-        (
-            [
-                "model=gpt_13b",
-                "hardware=a100_80gb",
-                "parallelism=megatron_3d",
-                "parallelism.recompute=full",
-                "parallelism.global_batch_size=256",
-            ],
-            1,
-        ),
-    ],
-)
-def test_planner_picks_the_largest_size_predicted_to_fit(overrides: list[str], dp: int) -> None:
-    run = _compose(*overrides)
-    mbs, reason = largest_fitting_micro_batch(run, dp=dp)
-
-    def fits(c: int) -> bool:
-        par = dataclasses.replace(run.parallelism, micro_batch_size=c)
-        return not predicts_oom(estimate_memory(run.model, par, dp=dp), run.hardware)
-
-    valid = valid_micro_batches(run, dp=dp)
-    expected = max((c for c in valid if fits(c)), default=None)
-    assert mbs == expected
-    assert mbs is not None, "these layouts were chosen so that some size fits"
-    # The limit is binding: the next valid size would not fit (else the case tests nothing).
-    larger = [c for c in valid if c > mbs]
-    assert larger and not fits(larger[0])
-    assert (
-        f"micro_batch_size={mbs}" in reason and "GiB" in reason and f"micro_batch_size={larger[0]}" in reason
-    )
-
-
-def test_planner_reports_none_when_nothing_fits() -> None:
-    run = _compose("model=bloom_176b", "hardware=a100_40gb", "parallelism.global_batch_size=8")
-    mbs, reason = largest_fitting_micro_batch(run, dp=1)
-    assert mbs is None
-    assert "micro_batch_size=1" in reason and "a100_40gb" in reason
-
-
-def test_planner_only_considers_sizes_that_split_the_global_batch() -> None:
-    run = _compose("parallelism.global_batch_size=12")
-    assert valid_micro_batches(run, dp=2) == [1, 2]
-    assert valid_micro_batches(run, dp=2, candidates=(3, 6, 5)) == [3, 6]
-    mbs, reason = largest_fitting_micro_batch(run, dp=4, candidates=(2, 4))
-    assert mbs is None and "divides" in reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,63 +127,16 @@ CLI_TINY = [
 ]
 
 
-def _auto_run(memory_gib: float) -> RunConfig:
-    """TINY, micro_batch_size=auto, gbs 32, on a device with memory_gib usable (no reserve)."""
-    return RunConfig(
-        model=TINY,
-        parallelism=ParallelismConfig(micro_batch_size="auto", global_batch_size=32, precision=Precision.fp32),  # type: ignore[arg-type]  # the unresolved form
-        hardware=dataclasses.replace(
-            RunConfig().hardware, memory_gib=memory_gib, memory_reserve_gib=0.0, peak_tflops_fp32=1.0
-        ),
-    )
 
 
-def _between_8_and_16() -> float:
-    par = ParallelismConfig(micro_batch_size=1, global_batch_size=32, precision=Precision.fp32)
-    needs = {c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).total for c in (8, 16)}
-    return (needs[8] + needs[16]) / 2 / GIB
 
 
-def test_resolve_replaces_auto_by_the_prediction_and_keeps_an_int() -> None:
-    run = _auto_run(_between_8_and_16())
-    resolved, choice = resolve_micro_batch(run, dp=1)
-    assert resolved.parallelism.micro_batch_size == 8
-    assert choice is not None and choice.predicted == 8 and choice.probe == ()
-    assert resolved.parallelism.global_batch_size == 32  # nothing else changes
-    fixed = dataclasses.replace(run, parallelism=dataclasses.replace(run.parallelism, micro_batch_size=4))
-    assert resolve_micro_batch(fixed, dp=1) == (fixed, None)
-    with pytest.raises(ValueError, match="found no size"):
-        resolve_micro_batch(_auto_run(1e-4), dp=1)
 
 
-def test_validate_and_plan_show_the_predicted_size() -> None:
-    run = _auto_run(_between_8_and_16())
-    assert validate(run) == []
-    row = plan_run(run)
-    assert row.feasible and row.micro_batch_size == 8
-    # The memory column is that of the chosen size, which fits.
-    assert 0 < row.mem_gib <= row.mem_capacity_gib
-    table = format_plan_table([row]).splitlines()
-    header, line = table[0].split(), table[1].split()
-    assert line[header.index("MBS")] == "8"
 
 
-def test_validate_reports_why_auto_finds_no_size_and_rejects_other_words() -> None:
-    (v,) = validate(_auto_run(1e-4))
-    assert v.rule == "micro_batch_auto" and "even micro_batch_size=1" in v.message
-    row = plan_run(_auto_run(1e-4))
-    assert not row.feasible and row.micro_batch_size == 0 and row.reasons == [v.message]
-    word = dataclasses.replace(
-        _auto_run(80.0), parallelism=dataclasses.replace(_auto_run(80.0).parallelism, micro_batch_size="max")  # type: ignore[arg-type]
-    )
-    (w,) = validate(word)
-    assert w.rule == "micro_batch_size" and "parallelism.micro_batch_size=max" in w.message and "auto" in w.message
 
 
-def test_composed_auto_stays_a_string_until_resolved() -> None:
-    run = _compose("parallelism.micro_batch_size=auto")
-    assert run.parallelism.micro_batch_size == "auto"
-    assert isinstance(_compose("parallelism.micro_batch_size=8").parallelism.micro_batch_size, int)
 
 
 def test_probe_treats_the_cpu_allocators_failure_as_out_of_memory() -> None:
@@ -293,10 +165,10 @@ def test_cli_auto_records_the_chosen_size(tmp_path: Path) -> None:
 def test_trainer_walks_down_under_a_memory_limit_and_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIMULATED limit (train.autombs.simulated_memory_limit, in-process): the trainer's CPU probe
+    """SIMULATED limit (train.mbs_probe.simulated_memory_limit, in-process): the trainer's CPU probe
     limit is replaced by one between the measured needs of micro-batches 2 and 4."""
     from tests.train.test_trainer import compose_run
-    from train import trainer
+    from train import setup, trainer
     from train.model import build_model
 
     run = compose_run(*CLI_TINY, "parallelism.micro_batch_size=auto")
@@ -304,10 +176,10 @@ def test_trainer_walks_down_under_a_memory_limit_and_completes(
     torch.manual_seed(0)
     model = build_model(run.model)
     cpu = torch.device("cpu")
-    peaks = {c: trainer.probe_step(model, sized, c, device=cpu, limit_bytes=float("inf")) for c in (2, 4)}
+    peaks = {c: setup.probe_step(model, sized, c, device=cpu, limit_bytes=float("inf")) for c in (2, 4)}
     assert peaks[2] is not None and peaks[4] is not None and peaks[2] < peaks[4]
     limit = (peaks[2] + peaks[4]) / 2
-    monkeypatch.setattr(trainer, "probe_memory_limit", lambda *a, **k: limit)
+    monkeypatch.setattr(setup, "probe_memory_limit", lambda *a, **k: limit)
 
     record = trainer.run_training(run, output_dir=tmp_path, overrides=["parallelism.micro_batch_size=auto"])
     assert record["status"] == "ok"

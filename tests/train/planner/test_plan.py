@@ -13,22 +13,15 @@ from pathlib import Path
 import pytest
 
 from conf.schema import Recompute, RunConfig
-from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
-from train.memory import estimate_memory
-from train.planner import (
-    CSV_COLUMNS,
-    PlanRow,
-    format_params,
-    format_plan_table,
-    plan_run,
-    read_plan_csv,
-    write_plan_csv,
-)
-from train.shapes import shape_report
-from train.sizes import total_params
-from train.validation import validate
+from train.contract import PLAN_COLUMNS, PlanRow, read_plan_csv, write_plan_csv
+from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.planner.memory import estimate_memory
+from train.planner.plan import format_params, format_plan_table, plan_run
+from train.planner.rules import validate
+from train.planner.shapes import shape_report
+from train.planner.sizes import total_params
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def compose_run(*overrides: str) -> RunConfig:
@@ -76,7 +69,7 @@ def test_gpt3_175b_on_one_a100_is_infeasible_for_memory() -> None:
     run = compose_run("model=gpt3_175b", "hardware=a100_80gb", "parallelism=megatron_3d", "parallelism.tp=1")
     row = plan_run(run, world_size=1)
     assert not row.feasible
-    assert len(row.reasons) == 1 and row.reasons[0].startswith("Predicted memory")
+    assert len(row.reasons) == 1 and row.reasons[0].startswith("[memory] Predicted memory")
     assert row.mem_gib > row.mem_capacity_gib == pytest.approx(79.15 - 1.0)
     # 175B parameters at 20 bytes each (seed 000) are ~3.3 TB before activations.
     assert row.mem_gib > 175e9 * 16 / 2**30
@@ -95,7 +88,7 @@ def test_bloom_181b_fits_with_enough_pipeline_stages() -> None:
     assert row.mem_gib < row.mem_capacity_gib
     too_few = plan_run(bloom_181b(pp=1), world_size=48 * 8)  # dp = 48: the ramp-up (32 % 48) breaks too
     assert not too_few.feasible
-    assert any(r.startswith("Predicted memory") for r in too_few.reasons)
+    assert any(r.startswith("[memory] Predicted memory") for r in too_few.reasons)
     assert too_few.mem_gib > too_few.mem_capacity_gib
 
 
@@ -153,12 +146,12 @@ def test_csv_round_trip(tmp_path: Path) -> None:
     path = write_plan_csv(rows, tmp_path / "plan.csv")
     with path.open(newline="") as f:
         records = list(csv.DictReader(f))
-    assert tuple(records[0]) == CSV_COLUMNS == tuple(f.name for f in dataclasses.fields(PlanRow))
+    assert tuple(records[0]) == PLAN_COLUMNS == tuple(f.name for f in dataclasses.fields(PlanRow))
     assert records[2]["reasons"] == "; ".join(rows[2].reasons)
     assert records[0]["overrides"] == "model=tiny"
     back = read_plan_csv(path)
     for original, restored in zip(rows, back, strict=True):
-        for name in CSV_COLUMNS:
+        for name in PLAN_COLUMNS:
             a, b = getattr(original, name), getattr(restored, name)
             if isinstance(a, float) and math.isnan(a):
                 assert math.isnan(b), name

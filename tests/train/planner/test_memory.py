@@ -1,4 +1,4 @@
-"""train.memory: every component by hand, ZeRO against the paper's formula, BLOOM's measured memory (seed 001)."""
+"""train.planner.memory: every component by hand, ZeRO against the paper's formula, BLOOM's measured memory (seed 001)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from conf.schema import (
     Precision,
     Recompute,
 )
-from train.memory import (
+from train.planner.memory import (
     GIB,
     MemoryEstimate,
     estimate_memory,
@@ -29,9 +29,9 @@ from train.memory import (
     state_bytes_per_param,
     usable_bytes,
 )
-from train.sizes import layer_params, total_params
+from train.planner.sizes import layer_params, total_params
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # h=64, f=4h=256, 4 heads, s=32; V=1000 is already a multiple of 8, so the padded vocabulary
 # is 1000 at tp=1 (and 1008 at tp=2, a multiple of 16).
@@ -403,5 +403,5 @@ def test_bloom_181b_oom_rows() -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = "import sys, train.memory; assert 'torch' not in sys.modules, 'train.memory imported torch'"
+    code = "import sys, train.planner.memory; assert 'torch' not in sys.modules, 'train.planner.memory imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -1,4 +1,4 @@
-"""Resource shapes and array grouping (launchers/shapes.py): pure arithmetic, no Slurm."""
+"""Slurm allocations and array grouping (launchers/allocation.py): pure arithmetic, no Slurm."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from conf.schema import ClusterConfig, HardwareConfig, ParallelismConfig, RunConfig
-from launchers.shapes import Shape, array_key, chunk, group_by, run_shape
+from launchers.allocation import Allocation, allocation_of, array_key, chunk, group_by
 
 
 def run(
@@ -27,22 +27,22 @@ def run(
 
 
 def test_small_runs_take_part_of_one_node() -> None:
-    assert run_shape(run()) == Shape(nodes=1, tasks_per_node=1, gpus_per_node=1, time_limit_min=60)
-    assert run_shape(run(tp=2)) == Shape(1, 2, 2, 60)
+    assert allocation_of(run()) == Allocation(nodes=1, tasks_per_node=1, gpus_per_node=1, time_limit_min=60)
+    assert allocation_of(run(tp=2)) == Allocation(1, 2, 2, 60)
     # dp null counts as 1 in a sweep: tp x pp devices.
-    assert run_shape(run(tp=2, pp=2)).tasks == 4
+    assert allocation_of(run(tp=2, pp=2)).tasks == 4
 
 
 def test_large_runs_fill_whole_nodes() -> None:
-    shape = run_shape(run(tp=8, pp=2, dp=2))
+    shape = allocation_of(run(tp=8, pp=2, dp=2))
     assert (shape.nodes, shape.tasks_per_node, shape.gpus_per_node) == (4, 8, 8)
     assert shape.tasks == 32
     with pytest.raises(ValueError, match="whole nodes"):
-        run_shape(run(tp=4, pp=3, per_node=8))
+        allocation_of(run(tp=4, pp=3, per_node=8))
 
 
 def test_cpu_runs_ask_for_no_gpus() -> None:
-    assert run_shape(run(tp=2, device="cpu")).gpus_per_node == 0
+    assert allocation_of(run(tp=2, device="cpu")).gpus_per_node == 0
 
 
 def test_array_key_splits_on_allocation_and_sbatch_options_only() -> None:

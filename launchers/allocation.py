@@ -1,4 +1,4 @@
-"""Resource shape of a run, and grouping of a sweep's configs into one job array per shape.
+"""The Slurm allocation of a run, and grouping of a sweep's configs into one job array per allocation.
 
 Slurm gives every task of a job array the same allocation, so configs can share an array
 only when they ask for the same nodes, tasks, GPUs, time and sbatch options. A sweep over
@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from conf.schema import RunConfig
+from train.planner.layout import Layout
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
-__all__ = ["ArrayKey", "Shape", "SbatchOptions", "array_key", "chunk", "group_by", "run_shape"]
+__all__ = ["Allocation", "ArrayKey", "SbatchOptions", "allocation_of", "array_key", "chunk", "group_by"]
 
 
 @dataclass(frozen=True)
-class Shape:
-    """What one run asks Slurm for: the allocation that every rank of it needs."""
+class Allocation:
+    """What one run asks Slurm for: the nodes, tasks and GPUs that every rank of it needs."""
 
     nodes: int
     """Nodes (nodes)."""
@@ -43,7 +44,7 @@ class Shape:
         return self.nodes * self.tasks_per_node
 
     def as_dict(self) -> dict[str, int]:
-        """JSON-ready dict, as stored in the manifest's `shape`."""
+        """JSON-ready dict, as stored in the manifest entry's `shape`."""
         return {
             "nodes": self.nodes,
             "tasks_per_node": self.tasks_per_node,
@@ -52,34 +53,21 @@ class Shape:
         }
 
 
-def run_shape(run: RunConfig) -> Shape:
+def allocation_of(run: RunConfig) -> Allocation:
     """The allocation of one run: dp x tp x pp devices (dp null counts as 1 in a sweep).
 
-    Devices fill whole nodes of hardware.devices_per_node; a run smaller than a node gets
-    one partial node, so a tp=2 config does not hold an 8-GPU node's other six GPUs.
-    Raises ValueError for a world that does not split into whole nodes (validation
-    reports those configs first, so the launcher never sees them).
+    Devices fill whole nodes of hardware.devices_per_node; a run smaller than a node gets one
+    partial node, so a tp=2 config does not hold an 8-GPU node's other six GPUs. Raises
+    ValueError for a world that does not fill whole nodes: the rules reject those configs
+    first (`whole_nodes`), so a launcher never asks.
     """
-    par, hw = run.parallelism, run.hardware
-    dp = 1 if par.dp is None else par.dp
-    devices = dp * par.tp * par.pp
-    per_node = hw.devices_per_node
-    if devices < 1 or per_node < 1:
-        raise ValueError(f"no allocation for {devices} devices at {per_node} devices per node")
-    if devices <= per_node:
-        nodes, tasks_per_node = 1, devices
-    else:
-        if devices % per_node:
-            raise ValueError(
-                f"dp x tp x pp = {devices} devices do not fill whole nodes of "
-                f"hardware.devices_per_node={per_node}"
-            )
-        nodes, tasks_per_node = devices // per_node, per_node
-    gpus = tasks_per_node if hw.device_type == "cuda" else 0
-    return Shape(
+    hw = run.hardware
+    layout = Layout.of(run.parallelism)
+    nodes, tasks_per_node = layout.placement(hw.devices_per_node)
+    return Allocation(
         nodes=nodes,
         tasks_per_node=tasks_per_node,
-        gpus_per_node=gpus,
+        gpus_per_node=tasks_per_node if hw.device_type == "cuda" else 0,
         time_limit_min=run.cluster.time_limit_min,
     )
 
@@ -104,7 +92,7 @@ class SbatchOptions:
 class ArrayKey:
     """Configs with equal keys can be one job array."""
 
-    shape: Shape
+    allocation: Allocation
     options: SbatchOptions
 
 
@@ -122,7 +110,7 @@ def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayK
         array_parallelism=array_parallelism if array_parallelism is not None else c.array_parallelism,
         setup=tuple(c.setup),
     )
-    return ArrayKey(shape=run_shape(run), options=options)
+    return ArrayKey(allocation=allocation_of(run), options=options)
 
 
 def group_by(items: Iterable[tuple[K, T]]) -> dict[K, list[T]]:

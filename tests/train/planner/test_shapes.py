@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import conf  # noqa: F401  (registers the schema before composing)
 from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, RunConfig, to_run_config
-from train.flops import Gemm
-from train.shapes import (
+from train.planner.flops import Gemm
+from train.planner.shapes import (
     MAIN_GEMMS,
     SMALLER_TILE_MARGIN,
     TILE_SHAPES,
@@ -30,9 +30,9 @@ from train.shapes import (
     tile_efficiency,
     wave_efficiency,
 )
-from train.sizes import total_params
+from train.planner.sizes import total_params
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONF_DIR = str(REPO / "conf")
 A100_SMS = 108
 
@@ -251,7 +251,7 @@ def test_advisor_lists_13824_for_14400_and_scores_it_higher(bloom_runs: dict[str
     assert any("whole waves on 108 SMs" in reason for reason in by_size[13824].reasons)
     # 96 heads divide 13824 with head dim 144 = 18 x 8, so the head count is kept.
     assert by_size[13824].num_attention_heads == 96
-    # Parameter change against the 200B model, from train.sizes at the same TP.
+    # Parameter change against the 200B model, from train.planner.sizes at the same TP.
     smaller = replace(run.model, hidden_size=13824)
     expected = 100 * (total_params(smaller, 8) / total_params(run.model, 8) - 1)
     assert by_size[13824].params_delta_pct == pytest.approx(expected)
@@ -381,7 +381,7 @@ def test_format_shape_report_table(bloom_runs: dict[str, RunConfig]) -> None:
 
 
 def test_shapes_module_does_not_import_torch() -> None:
-    code = "import sys, train.shapes; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, train.planner.shapes; sys.exit(1 if 'torch' in sys.modules else 0)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )

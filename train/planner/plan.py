@@ -1,8 +1,8 @@
 """One row per config: feasibility, size, memory, GEMM shape efficiency and FLOPs, before any run.
 
-`plan_run` combines the arithmetic modules (sizes, validation, memory, shapes, flops) into a
-`PlanRow`; `format_plan_table` prints rows for the console and `write_plan_csv` stores them
-for the analysis. A sweep of thousands of layouts is planned in seconds: the expensive
+`plan_run` combines the arithmetic modules (sizes, rules, memory, shapes, flops) into a
+`PlanRow` (train.contract, which also writes plan.csv for the analysis); `format_plan_table`
+prints rows for the console. A sweep of thousands of layouts is planned in seconds: the expensive
 parts (memory estimate, per-GEMM shape report) are memoised on their frozen arguments, and
 layouts of one sweep share most of them.
 
@@ -11,14 +11,9 @@ Torch-free: the launcher plans on login nodes.
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import functools
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 from conf.schema import (
     HardwareConfig,
@@ -29,68 +24,19 @@ from conf.schema import (
     RunConfig,
     requested_micro_batch,
 )
-from train.flops import hardware_flops_per_iteration, model_flops_per_iteration
-from train.memory import usable_bytes
-from train.shapes import shape_report
-from train.sizes import total_params
-from train.validation import Violation, estimated_memory, resolve_auto_micro_batch, validate
+from train.contract import REASON_SEPARATOR, PlanRow
+from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.planner.layout import shown_dp
+from train.planner.memory import estimated_memory, usable_bytes
+from train.planner.rules import Violation, advise, resolve_auto_micro_batch, validate
+from train.planner.shapes import shape_report
+from train.planner.sizes import total_params
 
 GIB = 2**30
 NAN = float("nan")
 
-# Separator of the reasons in one CSV cell; validation messages never contain it.
-REASON_SEPARATOR = "; "
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """The plan of one config. Quantities that cannot be computed for an infeasible config are NaN."""
-
-    feasible: bool
-    reasons: list[str]
-    """Violation messages, in validation's order; empty when feasible."""
-    model: str
-    hardware: str
-    nodes: int
-    devices: int
-    dp: int
-    tp: int
-    pp: int
-    micro_batch_size: int
-    """Samples per micro-batch; for `auto`, the planner's choice (0 when no size fits: see reasons)."""
-    global_batch_size: int
-    params: int
-    """Parameters of the whole model (train.sizes.total_params, vocabulary padded for tp)."""
-    mem_gib: float
-    """Predicted peak memory per device, worst pipeline stage (GiB)."""
-    mem_capacity_gib: float
-    """Usable memory per device: capacity minus the reserve (GiB)."""
-    quant_efficiency: float
-    """FLOPs-weighted tile x wave efficiency of the GEMMs on one rank (0-1)."""
-    model_flops_per_iter: float
-    """Model FLOPs of one iteration, all devices (no recomputation)."""
-    hardware_flops_per_iter: float
-    """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
-    overrides: str = ""
-    """Free label, e.g. the Hydra overrides that produced the config."""
-
-
-# The CSV columns are the dataclass fields, in order.
-CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRow))
-
-
 def _is_pos_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _layout_dp(par: ParallelismConfig, world_size: int | None) -> int:
-    """dp for the row even when validation rejected it: the explicit one, else what fits (at least 1)."""
-    if _is_pos_int(par.dp):
-        assert par.dp is not None
-        return par.dp
-    if world_size is None or not (_is_pos_int(par.tp) and _is_pos_int(par.pp)):
-        return 1
-    return max(1, world_size // (par.tp * par.pp))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -121,7 +67,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
     m, par, hw = run.model, run.parallelism, run.hardware
     violations: list[Violation] = validate(run, world_size=world_size)
     rules = {v.rule for v in violations}
-    dp = _layout_dp(par, world_size)
+    dp = shown_dp(par, world_size)
     # An `auto` that found no size (or a bad string) leaves nothing to estimate memory or shapes for.
     mbs = requested_micro_batch(par)
     sized = not isinstance(mbs, str)
@@ -152,7 +98,8 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         flops = _flops(m, par.global_batch_size, Recompute(par.recompute), par.tp)
     return PlanRow(
         feasible=not violations,
-        reasons=[v.message for v in violations],
+        reasons=[str(v) for v in violations],
+        warnings=[str(a) for a in advise(run)] if not violations else [],
         model=m.name,
         hardware=hw.name,
         nodes=math.ceil(devices / per_node),
@@ -223,7 +170,7 @@ def _table_cells(row: PlanRow) -> list[str]:
         f"{_num(row.mem_gib, '.1f')} / {row.mem_capacity_gib:.1f}",
         _num(100 * row.quant_efficiency, ".1f"),
         _num(row.model_flops_per_iter / 1e15, ".3g"),
-        REASON_SEPARATOR.join(row.reasons),
+        REASON_SEPARATOR.join(row.reasons or row.warnings),
     ]
 
 
@@ -239,58 +186,4 @@ def format_plan_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------
-# CSV
-
-
-def _csv_value(row: PlanRow, name: str) -> object:
-    value = getattr(row, name)
-    if name == "reasons":
-        return REASON_SEPARATOR.join(value)
-    # repr keeps every bit of a float, so a round trip is exact.
-    return repr(value) if isinstance(value, float) else value
-
-
-def write_plan_csv(rows: Iterable[PlanRow], path: str | Path) -> Path:
-    """Write rows to path as CSV, one column per PlanRow field (reasons joined by '; ')."""
-    out = Path(path)
-    with out.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for row in rows:
-            writer.writerow([_csv_value(row, name) for name in CSV_COLUMNS])
-    return out
-
-
-plan_rows_to_csv = write_plan_csv  # the contract's name for the same function
-
-
-def _parse(name: str, text: str) -> Any:
-    kind = PlanRow.__dataclass_fields__[name].type
-    if name == "reasons":
-        return text.split(REASON_SEPARATOR) if text else []
-    if kind == "bool":
-        return text == "True"
-    if kind == "int":
-        return int(text)
-    if kind == "float":
-        return float(text)
-    return text
-
-
-def read_plan_csv(path: str | Path) -> list[PlanRow]:
-    """Rows written by `write_plan_csv`, as PlanRows again."""
-    with Path(path).open(newline="", encoding="utf-8") as f:
-        return [PlanRow(**{k: _parse(k, v) for k, v in record.items()}) for record in csv.DictReader(f)]
-
-
-__all__ = [
-    "CSV_COLUMNS",
-    "PlanRow",
-    "format_params",
-    "format_plan_table",
-    "plan_rows_to_csv",
-    "plan_run",
-    "read_plan_csv",
-    "write_plan_csv",
-]
+__all__ = ["format_params", "format_plan_table", "plan_run"]

@@ -1,4 +1,4 @@
-"""train.flops: hand-counted GEMMs, Eq. 3 against BLOOM's logs, MosaicML's formula against MPT's tables."""
+"""train.planner.flops: hand-counted GEMMs, Eq. 3 against BLOOM's logs, MosaicML's formula against MPT's tables."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from conf.schema import HardwareConfig, ModelConfig, ModelKind, Precision, Recompute
-from train.flops import (
+from train.planner.flops import (
     Gemm,
     ImpossibleUtilization,
     achieved_tflops,
@@ -29,9 +29,9 @@ from train.flops import (
     peak_tflops,
     utilization,
 )
-from train.sizes import padded_vocab_size
+from train.planner.sizes import padded_vocab_size
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # h=64, s=32, 4 heads of 16, f=4h=256; V=1100 pads to 1152 (multiple of 128) at tp=1 and to
 # 1280 (multiple of 256) at tp=2.
@@ -403,5 +403,5 @@ def test_achieved_tflops_and_utilization() -> None:
 
 
 def test_flops_module_does_not_import_torch() -> None:
-    code = "import sys, train.flops; sys.exit('torch' in sys.modules)"
+    code = "import sys, train.planner.flops; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

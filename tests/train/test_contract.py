@@ -1,13 +1,16 @@
-"""The sweep manifest: round trip, statuses, old refused entries, exported configs' job ids."""
+"""train.contract: atomic writes, the record, the sweep manifest (round trip, statuses, old refused
+entries, exported configs' job ids)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from analysis.manifest import (
+from train import contract
+from train.contract import (
     ENTRY_STATUSES,
     EXPORTED_JOBS_DIR,
     ManifestEntry,
@@ -16,6 +19,7 @@ from analysis.manifest import (
     read_manifest,
     recorded_job_id,
     resolve_exported,
+    write_json_atomic,
     write_manifest,
 )
 
@@ -100,3 +104,46 @@ def test_exported_entries_take_the_job_id_their_task_recorded(tmp_path: Path) ->
     ]
     # Nothing recorded at all (no .megasweep directory): every exported entry stays without a job.
     assert resolve_exported(entries[:1], tmp_path / "elsewhere") == entries[:1]
+
+
+def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    write_json_atomic(path, {"status": "ok", "x": [1, 2]})
+    write_json_atomic(path, {"status": "nan"})
+    assert json.loads(path.read_text()) == {"status": "nan"}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+    mode = path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # readable by the sweep's other users, not mkstemp's 0600
+
+
+def test_atomic_write_leaves_no_partial_file_on_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "result.json"
+    write_json_atomic(path, {"status": "ok"})
+
+    def crash(src: object, dst: object) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(contract.os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        write_json_atomic(path, {"status": "error", "big": "x" * 100_000})
+    assert json.loads(path.read_text()) == {"status": "ok"}  # the old record, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left behind
+
+
+def test_atomic_write_rejects_nan_without_touching_file(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    with pytest.raises(ValueError):
+        write_json_atomic(path, {"loss": float("nan")})
+    assert not path.exists()
+
+
+def test_record_to_dict_turns_non_finite_into_null() -> None:
+    assert contract._finite({"a": float("nan"), "b": [float("inf"), 1.0], "c": "x"}) == {
+        "a": None,
+        "b": [None, 1.0],
+        "c": "x",
+    }

@@ -25,10 +25,11 @@ from conf.schema import (
     RunConfig,
     TrainingConfig,
 )
-from train.memory import estimate_memory, usable_bytes
-from train.validation import RULES, InfeasibleConfig, Violation, divisors, resolve_dp, validate
+from train.planner.layout import Layout
+from train.planner.memory import estimate_memory, usable_bytes
+from train.planner.rules import RULES, InfeasibleConfig, Violation, advise, divisors, validate
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PER_RULE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -66,7 +67,7 @@ def compose_run(*overrides: str) -> RunConfig:
 
 
 # --------------------------------------------------------------------------------------
-# The reference: every rule in plain arithmetic, independent of train.validation.
+# The reference: every rule in plain arithmetic, independent of train.planner.rules.
 
 
 def _pos(v: object) -> bool:
@@ -75,8 +76,14 @@ def _pos(v: object) -> bool:
 
 def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     """Every rule the run breaks, by direct arithmetic (no cascade suppression)."""
-    m, p, hw = run.model, run.parallelism, run.hardware
+    m, p, hw, tr = run.model, run.parallelism, run.hardware, run.training
     broken: set[str] = set()
+    # A run takes steps, logs every log_interval of them, and measures at least one after its warm-up.
+    steps_ok = _pos(tr.train_iters) and _pos(tr.log_interval)
+    if not steps_ok:
+        broken.add("train_iters")
+    if tr.warmup_iters < 0 or tr.lr_warmup_iters < 0 or (steps_ok and tr.warmup_iters >= tr.train_iters):
+        broken.add("warmup_iters")
     # Rules on fields that positivity does not cover hold or break whatever the sizes are.
     if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)):
         broken.add("vocab_padding")
@@ -131,8 +138,6 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("ffn_divisible_by_tp")
     if ok("layers", "pp") and m.num_layers % p.pp:
         broken.add("layers_divisible_by_pp")
-    if ok("tp", "dpn") and (p.tp > hw.devices_per_node or hw.devices_per_node % p.tp):
-        broken.add("tp_within_node")
     dp: int | None = None
     if not ok("tp", "pp", "dp", "world"):
         pass  # no dp to speak of
@@ -146,6 +151,10 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         dp = world_size // (p.tp * p.pp) if world_size % (p.tp * p.pp) == 0 else None
         if dp is None:
             broken.add("world_size")
+    # A run larger than one node fills whole nodes.
+    devices = None if dp is None else dp * p.tp * p.pp
+    if devices is not None and ok("dpn") and devices > hw.devices_per_node and devices % hw.devices_per_node:
+        broken.add("whole_nodes")
     if mbs == "auto" and dp is not None and not bad and "vocab_padding" not in broken \
             and p.zero_stage in (0, 1, 2, 3) and p.pp <= m.num_layers:
         # The largest power of two up to 128 that splits the global batch and fits, by direct estimate.
@@ -393,11 +402,21 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         pp = draw(st.integers(2, 8))
         model = {"num_layers": pp * draw(st.integers(0, 3)) + draw(st.integers(1, pp - 1))}
         par = {"pp": pp}
-    elif rule == "tp_within_node":
-        tp = draw(st.sampled_from([2, 4, 8]))
-        model = draw(tp_split_model(tp))
-        par = {"tp": tp}
-        hw = {"devices_per_node": draw(st.integers(1, 16).filter(lambda d: d % tp != 0))}
+    elif rule == "whole_nodes":
+        # More devices than a node holds, not a multiple of it (tp and pp kept at 1: only dp grows).
+        dpn = draw(st.sampled_from([2, 4, 8]))
+        dp = draw(st.integers(dpn + 1, 4 * dpn).filter(lambda d: d % dpn != 0))
+        par = {"dp": dp, "global_batch_size": dp}
+        hw = {"devices_per_node": dpn}
+    elif rule == "train_iters":
+        training = draw(st.sampled_from([{"train_iters": 0}, {"train_iters": -3}, {"log_interval": 0}]))
+    elif rule == "warmup_iters":
+        iters = draw(st.integers(1, 20))
+        training = draw(st.sampled_from([
+            {"train_iters": iters, "warmup_iters": iters + draw(st.integers(0, 5))},
+            {"warmup_iters": -1},
+            {"lr_warmup_iters": -2},
+        ]))
     elif rule == "world_size":
         if draw(st.booleans()):  # dp derived: the world is not a multiple of tp x pp
             pp = draw(st.sampled_from([2, 4]))
@@ -582,11 +601,15 @@ def test_global_batch_not_multiple_of_dp_says_no_micro_batch_works() -> None:
     assert all(g % 4 == 0 for g in _listed(v.message, "Valid global_batch_size near 10"))
 
 
-def test_tp_outside_a_node_lists_tp_within_the_node() -> None:
-    v = _one(make_run({"num_attention_heads": 16, "hidden_size": 256}, {"tp": 16}))
-    assert v.rule == "tp_within_node"
+def test_tp_outside_a_node_runs_with_a_note_listing_tp_within_the_node() -> None:
+    # Clusters of one-device nodes only have TP over the network: it is allowed, with a warning.
+    run = make_run({"num_attention_heads": 16, "hidden_size": 256}, {"tp": 16, "global_batch_size": 1})
+    assert validate(run) == []
+    (v,) = advise(run)
+    assert v.rule == "tp_across_nodes"
     assert "parallelism.tp=16 exceeds hardware.devices_per_node=8" in v.message
-    assert _listed(v.message, "Valid tp for this model on toy") == [1, 2, 4, 8]
+    assert _listed(v.message, "tp that keeps every group on one node on toy") == [1, 2, 4, 8]
+    assert advise(make_run(par={"tp": 2})) == []
 
 
 def test_bf16_on_v100_is_rejected_with_fp16_and_fp32() -> None:
@@ -705,7 +728,7 @@ def test_shipped_default_layouts_are_valid() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# InfeasibleConfig and resolve_dp
+# InfeasibleConfig and dp
 
 
 def test_infeasible_config_is_one_paragraph_with_every_violation() -> None:
@@ -725,14 +748,14 @@ def test_infeasible_config_is_one_paragraph_with_every_violation() -> None:
 
 
 def test_resolve_dp() -> None:
-    assert resolve_dp(ParallelismConfig(tp=2, pp=4), None) == 1
-    assert resolve_dp(ParallelismConfig(tp=2, pp=4), 64) == 8
-    assert resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), None) == 3
-    assert resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), 24) == 3
+    assert Layout.of(ParallelismConfig(tp=2, pp=4), None).dp == 1
+    assert Layout.of(ParallelismConfig(tp=2, pp=4), 64).dp == 8
+    assert Layout.of(ParallelismConfig(tp=2, pp=4, dp=3), None).dp == 3
+    assert Layout.of(ParallelismConfig(tp=2, pp=4, dp=3), 24).dp == 3
     with pytest.raises(ValueError, match="multiple of tp x pp"):
-        resolve_dp(ParallelismConfig(tp=2, pp=4), 12)
+        Layout.of(ParallelismConfig(tp=2, pp=4), 12)
     with pytest.raises(ValueError, match="does not equal"):
-        resolve_dp(ParallelismConfig(tp=2, pp=4, dp=3), 16)
+        Layout.of(ParallelismConfig(tp=2, pp=4, dp=3), 16)
 
 
 def test_divisors() -> None:

@@ -39,8 +39,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision
-from train.flops import Gemm, layer_gemms, logits_gemm
-from train.sizes import total_params
+from train.planner.flops import Gemm, layer_gemms, logits_gemm
+from train.planner.sizes import total_params
 
 TILE_SHAPES: tuple[tuple[int, int], ...] = (
     (256, 128),
@@ -246,7 +246,7 @@ def shape_report(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig)
     any other dimension) off the tensor-core alignment, each GEMM whose quantization wastes GEMM_WARN_LOSS
     of the model's FLOPs or more, and an unknown SM count. When any of these concerns the shapes, the
     advisor runs: its suggestions are in `advice`, and each shape warning ends with the short form.
-    Raises ValueError (from train.flops) when tp does not split the heads or the MLP evenly.
+    Raises ValueError (from train.planner.flops) when tp does not split the heads or the MLP evenly.
     """
     results, repeats, overall = _analyse(model, par, hw)
     warnings, advice = _warnings(model, par, hw, results, repeats)

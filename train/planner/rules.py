@@ -1,11 +1,17 @@
-"""Feasibility rules of a run's layout, checked before any device is touched.
+"""Feasibility rules of a run's layout: the one place that judges whether a config can run.
 
 `validate` returns one `Violation` per broken rule, in a stable order, each with a message
 that names the fields and values involved, says why the rule exists, and lists values that
-would work. The trainer refuses to start on a non-empty list, the launcher turns it into a
-`skipped` row, and the planner prints the messages as the row's reasons; so the messages are
-written for the person who will edit the config, and never contain "; " (the planner's CSV
-joins reasons with it).
+would work. Every entry point asks it, and only it: `python -m train` (with the real world
+size, before any worker starts), the dry run (`hydra/launcher=plan`), the Slurm and local
+launchers (before anything is submitted) and `python -m launchers sbatch`. All of them show a
+violation as `[rule] message`, so a config refused in one place is refused, with the same
+words, in every other; the trainer keeps only true runtime invariants of its own. The
+messages are written for the person who will edit the config, and never contain "; " (the
+planner's CSV joins reasons with it).
+
+`advise` returns `Advisory` notes for layouts that run but are probably not what the user
+wants (a TP group spanning nodes): the dry run prints them, the trainer records them.
 
 Rules that need a value another rule rejected (a zero tp, a dp that the world size cannot
 give) are not evaluated: one mistake yields one message, not a cascade.
@@ -16,7 +22,6 @@ Torch-free: the launcher runs this on login nodes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,7 +34,6 @@ from conf.schema import (
     HardwareConfig,
     ModelConfig,
     Offload,
-    OptimizerImpl,
     ParallelismConfig,
     Precision,
     Recompute,
@@ -37,14 +41,18 @@ from conf.schema import (
     TrainingConfig,
     requested_micro_batch,
 )
-from train.memory import MemoryEstimate, estimate_memory, predicts_oom, usable_bytes
-from train.sizes import padded_vocab_size
+from train.planner.layout import Layout, LayoutError
+from train.planner.memory import estimated_memory, predicts_oom, usable_bytes
+from train.planner.micro_batch import resolve_micro_batch
+from train.planner.sizes import padded_vocab_size
 
 GIB = 2**30
 
 # Rule identifiers, in the order `validate` reports them.
 RULES: tuple[str, ...] = (
     "positive",
+    "train_iters",
+    "warmup_iters",
     "micro_batch_size",
     "hidden_divisible_by_heads",
     "heads_divisible_by_tp",
@@ -52,8 +60,8 @@ RULES: tuple[str, ...] = (
     "ffn_divisible_by_tp",
     "vocab_padding",
     "layers_divisible_by_pp",
-    "tp_within_node",
     "world_size",
+    "whole_nodes",
     "global_batch_divisible",
     "rampup_batch_size",
     "zero_stage",
@@ -72,6 +80,10 @@ RULES: tuple[str, ...] = (
 _MAX_ALTERNATIVES = 12
 
 
+# Advisory identifiers (a layout that runs, with a caveat), in the order `advise` reports them.
+ADVISORIES: tuple[str, ...] = ("tp_across_nodes", "ignored_option")
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken rule: its identifier, the offending fields with their values, and advice."""
@@ -79,6 +91,21 @@ class Violation:
     rule: str
     fields: dict[str, object]
     message: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
+
+
+@dataclass(frozen=True)
+class Advisory:
+    """A layout that runs but costs something the user may not intend: identifier, fields, why."""
+
+    rule: str
+    fields: dict[str, object]
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
 
 
 class InfeasibleConfig(ValueError):
@@ -93,8 +120,8 @@ class InfeasibleConfig(ValueError):
         if n == 0:
             return "infeasible config (no violation recorded)"
         if n == 1:
-            return f"infeasible config: {self.violations[0].message}"
-        listed = " ".join(f"({i}) {v.message}" for i, v in enumerate(self.violations, start=1))
+            return f"infeasible config: {self.violations[0]}"
+        listed = " ".join(f"({i}) {v}" for i, v in enumerate(self.violations, start=1))
         return f"infeasible config, {n} problems: {listed}"
 
     def __str__(self) -> str:
@@ -161,62 +188,6 @@ def valid_tp(model: ModelConfig) -> list[int]:
 def valid_pp(model: ModelConfig) -> list[int]:
     """Pipeline degrees that give every stage the same whole number of layers."""
     return divisors(model.num_layers)
-
-
-def resolve_dp(par: ParallelismConfig, world_size: int | None) -> int:
-    """The data-parallel degree of this layout on world_size devices.
-
-    An explicit `par.dp` wins (it must then agree with world_size); without it dp is
-    world_size / (tp x pp), and 1 when the world size is not known yet. Raises ValueError
-    when no whole dp fits; `validate` reports the same problem as a Violation.
-    """
-    if not (_is_pos_int(par.tp) and _is_pos_int(par.pp)):
-        raise ValueError(f"parallelism.tp={par.tp} and parallelism.pp={par.pp} must be positive integers")
-    model_parallel = par.tp * par.pp
-    if world_size is None:
-        if par.dp is None:
-            return 1
-        if not _is_pos_int(par.dp):
-            raise ValueError(f"parallelism.dp={par.dp} must be a positive integer")
-        return par.dp
-    if not _is_pos_int(world_size):
-        raise ValueError(f"world_size={world_size} must be a positive integer")
-    if par.dp is not None:
-        if par.dp * model_parallel != world_size:
-            raise ValueError(
-                f"world_size={world_size} does not equal parallelism.dp x tp x pp = "
-                f"{par.dp} x {par.tp} x {par.pp} = {par.dp * model_parallel}"
-            )
-        return par.dp
-    if world_size % model_parallel:
-        raise ValueError(
-            f"world_size={world_size} is not a multiple of tp x pp = {par.tp} x {par.pp} = {model_parallel}"
-        )
-    return world_size // model_parallel
-
-
-# --------------------------------------------------------------------------------------
-# Memory, cached: a sweep plans thousands of layouts that share (model, parallelism, dp).
-
-
-def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
-    # The ramp-up list makes the dataclass unhashable, and memory does not depend on it.
-    return par if par.rampup_batch_size is None else dataclasses.replace(par, rampup_batch_size=None)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
-    # Only plain torch.optim.Adam (foreach) materialises whole-shard temporaries; `auto` picks a fused one.
-    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch
-    return estimate_memory(model, par, dp=dp, fused_optimizer=fused)
-
-
-def estimated_memory(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
-    """`train.memory.estimate_memory` for this layout, memoised on its (frozen) arguments.
-
-    The optimizer implementation decides `fused_optimizer`: only `torch` (foreach Adam) is unfused.
-    """
-    return _estimate_cached(model, _cache_key(par), dp)
 
 
 # --------------------------------------------------------------------------------------
@@ -351,7 +322,7 @@ def _check_layers_pp(m: ModelConfig, pp: int) -> Violation | None:
     )
 
 
-def _check_tp_node(m: ModelConfig, hw: HardwareConfig, tp: int) -> Violation | None:
+def _advise_tp_nodes(m: ModelConfig, hw: HardwareConfig, tp: int) -> Advisory | None:
     dpn = hw.devices_per_node
     # A TP group is tp consecutive ranks; it stays on one node only if tp divides the node.
     if dpn % tp == 0:
@@ -362,14 +333,52 @@ def _check_tp_node(m: ModelConfig, hw: HardwareConfig, tp: int) -> Violation | N
     else:
         why = (
             f"parallelism.tp={tp} does not divide hardware.devices_per_node={dpn} of {hw.name}, so some "
-            f"TP groups would straddle two nodes"
+            f"TP groups straddle two nodes"
         )
-    return Violation(
-        "tp_within_node",
+    # Allowed: clusters of one-device nodes (CPU clusters, some GPU sites) only have TP over the
+    # network. It is slow where nodes have fast local links, hence the note.
+    return Advisory(
+        "tp_across_nodes",
         {"parallelism.tp": tp, "hardware.devices_per_node": dpn},
-        f"{why} (TP all-reduces run inside every layer and must stay on the node's fast links). "
-        f"Valid tp for this model on {hw.name}: {_fmt(fits)}.",
+        f"{why}: its all-reduces, two per layer and micro-batch each way, cross the network instead "
+        f"of the node's own links. It runs; tp that keeps every group on one node on {hw.name}: "
+        f"{_fmt(fits)}.",
     )
+
+
+def _check_training(tr: TrainingConfig) -> list[Violation]:
+    out: list[Violation] = []
+    steps: dict[str, object] = {"training.train_iters": tr.train_iters, "training.log_interval": tr.log_interval}
+    bad = {k: v for k, v in steps.items() if not _is_pos_int(v)}
+    if bad:
+        listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        out.append(
+            Violation(
+                "train_iters",
+                bad,
+                f"{listed}: a run takes at least one optimizer step and logs every log_interval of them. "
+                f"Use training.train_iters and training.log_interval of 1 or more (e.g. train_iters=10).",
+            )
+        )
+    warm: dict[str, object] = {"training.warmup_iters": tr.warmup_iters, "training.lr_warmup_iters": tr.lr_warmup_iters}
+    negative = {k: v for k, v in warm.items() if not _is_nonneg_int(v)}
+    if negative:
+        listed = ", ".join(f"{k}={v!r}" for k, v in negative.items())
+        out.append(
+            Violation("warmup_iters", negative, f"{listed}: a warm-up is 0 or more iterations. Use 0 for none.")
+        )
+    elif not bad and tr.warmup_iters >= tr.train_iters:
+        out.append(
+            Violation(
+                "warmup_iters",
+                {"training.warmup_iters": tr.warmup_iters, "training.train_iters": tr.train_iters},
+                f"training.warmup_iters={tr.warmup_iters} is not below training.train_iters={tr.train_iters}: "
+                f"the warm-up iterations are left out of sec/it, TFLOPs and MFU, so no iteration would be "
+                f"measured. Use warmup_iters at most {tr.train_iters - 1}, or train_iters at least "
+                f"{tr.warmup_iters + 1}.",
+            )
+        )
+    return out
 
 
 def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
@@ -397,6 +406,27 @@ def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
         {"world_size": world_size, "parallelism.tp": tp, "parallelism.pp": pp},
         f"world_size={world_size} is not a multiple of parallelism.tp={tp} x parallelism.pp={pp} = {mp}, so "
         f"no whole data-parallel degree fits. {fix}",
+    )
+
+
+def _check_whole_nodes(layout: Layout, hw: HardwareConfig) -> Violation | None:
+    dpn = hw.devices_per_node
+    if layout.fills_whole_nodes(dpn):
+        return None
+    mp = layout.model_parallel
+    fitting = [d for d in range(1, 4 * (layout.dp + dpn) + 1) if Layout(d, layout.tp, layout.pp).fills_whole_nodes(dpn)]
+    return Violation(
+        "whole_nodes",
+        {
+            "parallelism.dp": layout.dp,
+            "parallelism.tp": layout.tp,
+            "parallelism.pp": layout.pp,
+            "hardware.devices_per_node": dpn,
+        },
+        f"parallelism.dp={layout.dp} x parallelism.tp={layout.tp} x parallelism.pp={layout.pp} = "
+        f"{layout.world_size} devices do not fill whole nodes of hardware.devices_per_node={dpn} of "
+        f"{hw.name} (a job gets the same number of devices on every node, and a run larger than one node "
+        f"needs all of each). Valid dp with tp x pp = {mp}: {_fmt(_nearest(fitting, layout.dp, 6))}.",
     )
 
 
@@ -692,8 +722,6 @@ def _check_micro_batch_string(par: ParallelismConfig) -> Violation | None:
 
 def _check_micro_batch_auto(run: RunConfig, dp: int) -> tuple[RunConfig, Violation | None]:
     """(run with `auto` replaced by the planner's largest fitting size, None), or (run, why none fits)."""
-    from train.autombs import resolve_micro_batch  # it imports this module
-
     try:
         resolved, _ = resolve_micro_batch(run, dp=dp)
     except ValueError as exc:
@@ -722,8 +750,8 @@ def resolve_auto_micro_batch(run: RunConfig, *, world_size: int | None = None) -
     if positive is not None or not _auto_sane(run):
         return run
     try:
-        dp = resolve_dp(par, world_size)
-    except ValueError:
+        dp = Layout.of(par, world_size).dp
+    except LayoutError:
         return run
     return _check_micro_batch_auto(run, dp)[0]
 
@@ -733,7 +761,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
 
     world_size None means "not known yet": dp is then parallelism.dp, or 1 when that is null.
     micro_batch_size=auto is first replaced by the planner's largest fitting size
-    (train.autombs.resolve_micro_batch), and the rules check that size; when none fits, the
+    (train.planner.micro_batch.resolve_micro_batch), and the rules check that size; when none fits, the
     `micro_batch_auto` rule says why and the batch and memory rules are not evaluated.
     """
     m, hw = run.model, run.hardware
@@ -757,8 +785,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     out.append(_check_vocab(m, par.tp if tp_ok else None))
     if ok("model.num_layers", "parallelism.pp"):
         out.append(_check_layers_pp(m, par.pp))
-    if model_ok and tp_ok and ok("hardware.devices_per_node"):
-        out.append(_check_tp_node(m, hw, par.tp))
+    out += _check_training(run.training)
 
     # dp is known when the world size (if any) agrees with the layout.
     dp: int | None = None
@@ -767,9 +794,11 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
             world = _check_world(par, world_size)
             out.append(world)
             if world is None:
-                dp = resolve_dp(par, world_size)
+                dp = Layout.of(par, world_size).dp
         else:
-            dp = resolve_dp(par, None)
+            dp = Layout.of(par, None).dp
+        if dp is not None and ok("hardware.devices_per_node"):
+            out.append(_check_whole_nodes(Layout(dp, par.tp, par.pp), hw))
     if requested_micro_batch(par) == AUTO_MICRO_BATCH and dp is not None and positive is None and _auto_sane(run):
         run, auto = _check_micro_batch_auto(run, dp)
         out.append(auto)
@@ -798,6 +827,25 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         out.append(_check_memory(m, par, hw, dp))
     # Rules are evaluated in dependency order; reports come in RULES order.
     return sorted((v for v in out if v is not None), key=lambda v: RULES.index(v.rule))
+
+
+def advise(run: RunConfig) -> list[Advisory]:
+    """Notes on a layout that runs (validate found nothing) but has a cost the user may not intend."""
+    m, par, hw = run.model, run.parallelism, run.hardware
+    notes: list[Advisory | None] = []
+    if _is_pos_int(par.tp) and _is_pos_int(hw.devices_per_node):
+        notes.append(_advise_tp_nodes(m, hw, par.tp))
+    if run.training.deepspeed_flops_profile and par.engine != Engine.deepspeed:
+        notes.append(
+            Advisory(
+                "ignored_option",
+                {"training.deepspeed_flops_profile": True, "parallelism.engine": Engine(par.engine).value},
+                "training.deepspeed_flops_profile=true applies to engine=deepspeed only; it is ignored with "
+                f"parallelism.engine={Engine(par.engine).value}. training.flop_check=true cross-checks the "
+                "FLOPs with torch's FlopCounterMode on any engine.",
+            )
+        )
+    return [n for n in notes if n is not None]
 
 
 def _vocab_ok(m: ModelConfig) -> bool:

@@ -105,6 +105,8 @@ weight-decayed matrices) is nearly all of them. Seed 001 measured the same 200B 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -113,11 +115,12 @@ from conf.schema import (
     ModelConfig,
     ModelKind,
     Offload,
+    OptimizerImpl,
     ParallelismConfig,
     Precision,
     Recompute,
 )
-from train.sizes import padded_vocab_size
+from train.planner.sizes import padded_vocab_size
 
 GIB = 2**30
 
@@ -394,3 +397,26 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+# A sweep plans thousands of layouts that share (model, parallelism, dp): memoise.
+
+
+def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
+    # The ramp-up list makes the dataclass unhashable, and memory does not depend on it.
+    return par if par.rampup_batch_size is None else dataclasses.replace(par, rampup_batch_size=None)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
+    # Only plain torch.optim.Adam (foreach) materialises whole-shard temporaries; `auto` picks a fused one.
+    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch
+    return estimate_memory(model, par, dp=dp, fused_optimizer=fused)
+
+
+def estimated_memory(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
+    """`estimate_memory` for this layout, memoised on its (frozen) arguments.
+
+    The optimizer implementation decides `fused_optimizer`: only `torch` (foreach Adam) is unfused.
+    """
+    return _estimate_cached(model, _cache_key(par), dp)

@@ -10,7 +10,7 @@
    - causal attention is NOT halved: the kernels megasweep runs compute the full s x s
      score matrix and mask it, and Megatron's Eq. 3 counts it full too, so halving would
      make our numbers incomparable; bidirectional (BERT) attention is full s x s anyway;
-   - the logits use the PADDED vocabulary (`train.sizes.padded_vocab_size`), because the
+   - the logits use the PADDED vocabulary (`train.planner.sizes.padded_vocab_size`), because the
      padded rows are real rows of the GEMM the device executes;
    - LayerNorm, softmax, GeLU, dropout, residual adds, the embedding lookup and the
      optimizer are not GEMMs and are not counted (they are well under 1% at scale);
@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from conf.schema import HardwareConfig, ModelConfig, ModelKind, Precision, Recompute
-from train.sizes import padded_vocab_size
+from conf.schema import HardwareConfig, ModelConfig, ModelKind, ParallelismConfig, Precision, Recompute
+from train.planner.sizes import padded_vocab_size
 
 # A multiply-accumulate is a multiply and an add.
 FLOPS_PER_MAC = 2
@@ -337,3 +337,27 @@ def utilization(tflops_per_device: float, peak: float | None) -> float | None:
     if ratio > 1.0:
         raise ImpossibleUtilization(tflops_per_device, peak)
     return ratio
+
+
+FLOPS_CONVENTIONS = {
+    "model": "per-GEMM count, forward + 2x backward, no recompute (train.planner.flops); MFU and the log's TFLOPs",
+    "hardware": "model FLOPs plus the recomputed forwards (train.planner.flops); basis of HFU",
+    "megatron_eq3": "Narayanan et al. 2021 Eq. 3, as Megatron-DeepSpeed prints TFLOPs (compare to its logs)",
+}
+"""What each entry of `iteration_flops` counts, in words (a record keeps this beside the figures)."""
+
+
+def iteration_flops(
+    model: ModelConfig, par: ParallelismConfig, *, global_batch_size: int | None = None
+) -> dict[str, float]:
+    """FLOPs of one optimizer step of `global_batch_size` samples (default: the full batch), in each of
+    FLOPS_CONVENTIONS: model (MFU), hardware (HFU, with recompute), megatron_eq3."""
+    gbs = par.global_batch_size if global_batch_size is None else global_batch_size
+    return {
+        "model": model_flops_per_iteration(model, global_batch_size=gbs),
+        "hardware": hardware_flops_per_iteration(model, global_batch_size=gbs, recompute=par.recompute),
+        # Megatron-DeepSpeed applies its recompute factor 4 to any recompute, selective too.
+        "megatron_eq3": megatron_eq3_flops_per_iteration(
+            model, global_batch_size=gbs, full_recompute=par.recompute != Recompute.none, tp=par.tp
+        ),
+    }

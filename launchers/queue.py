@@ -1,0 +1,118 @@
+"""The one reader of Slurm's queue: job states from squeue and sacct, for `status` and the analysis.
+
+    read_states(["1234_0", "1234_1", "1240"])  ->  {"1234_0": "COMPLETED", "1234_1": "RUNNING", ...}
+
+sacct (accounting) knows every job that started or ended, squeue every job still in the queue;
+squeue wins for a job both know, because accounting lags the controller by up to a poll. Array
+tasks are asked for by their array's id, so one call covers a whole sweep; a pending array that
+either tool prints as a range ('1234_[2-5%2]') is expanded to its tasks. A job requeued after a
+time limit appears in sacct once per run, oldest first: the last line is the current run.
+
+States are Slurm's names with any suffix dropped ('CANCELLED by 0' is CANCELLED). What they mean
+for a config without a result.json is decided here too, once: `is_live` (queued or running, a
+result may still come), `is_running`, and `ended_outcome` (the outcome the seeds would write for a
+job that ended without a record: oom, timeout or fail).
+
+Nothing here fails: the tools may be absent (a laptop with a copy of the sweep), the controller
+down or slow. An id the tools do not answer for is simply not in the result.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+
+__all__ = [
+    "ENDED_OUTCOMES",
+    "base_state",
+    "LIVE_STATES",
+    "RUNNING_STATES",
+    "ended_outcome",
+    "expand_job_ids",
+    "is_live",
+    "is_running",
+    "parse_states",
+    "read_states",
+]
+
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SUSPENDED", "SIGNALING"})
+"""Allocated: the job's processes exist (or are being set up or torn down)."""
+LIVE_STATES = RUNNING_STATES | frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "RESV_DEL_HOLD"}
+)
+"""Not ended: a result.json may still come."""
+ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+"""A job that ended without a record, as the seeds' tables write it; any other ended state is 'fail'."""
+
+_ARRAY_RANGE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
+
+
+def expand_job_ids(job_id: str) -> list[str]:
+    """'12_[0-2,5%2]' -> ['12_0', '12_1', '12_2', '12_5']; any other id unchanged."""
+    match = _ARRAY_RANGE.match(job_id)
+    if not match:
+        return [job_id]
+    array, ranges = match.groups()
+    ids: list[str] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        ids.extend(f"{array}_{i}" for i in range(int(first), int(last or first) + 1))
+    return ids
+
+
+def base_state(state: str) -> str:
+    """Slurm's state name without a suffix: 'CANCELLED by 0' -> 'CANCELLED'."""
+    words = state.split()
+    return words[0] if words else ""
+
+
+def is_live(state: str) -> bool:
+    return base_state(state) in LIVE_STATES
+
+
+def is_running(state: str) -> bool:
+    return base_state(state) in RUNNING_STATES
+
+
+def ended_outcome(state: str) -> str:
+    """oom, timeout or fail: the outcome of a job that ended in `state` without writing a record."""
+    return ENDED_OUTCOMES.get(base_state(state), "fail")
+
+
+def parse_states(text: str) -> dict[str, str]:
+    """`JobID|State` lines (squeue -o '%i|%T', sacct -P -o JobID,State) -> {task id: state}; later
+    lines win, ranges are expanded."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        job, sep, state = line.strip().partition("|")
+        if sep and job and base_state(state):
+            for one in expand_job_ids(job.strip()):
+                states[one] = base_state(state)
+    return states
+
+
+def _run(cmd: list[str], timeout_s: float) -> str:
+    if shutil.which(cmd[0]) is None:
+        return ""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
+    """Slurm's state of each job (or array task) id that sacct or squeue knows."""
+    ids = sorted({str(j) for j in job_ids if j})
+    if not ids:
+        return {}
+    arrays = ",".join(sorted({j.split("_")[0] for j in ids}))
+    states = parse_states(_run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s))
+    # -r: one line per array task, so that '1234_5' appears as itself.
+    states.update(parse_states(_run(["squeue", "-h", "-r", "-j", arrays, "-o", "%i|%T"], timeout_s)))
+    return {j: states[j] for j in ids if j in states}
+

@@ -1,0 +1,500 @@
+"""Submission: a sweep's configs checked by the rules, grouped by allocation, queued as job arrays.
+
+Every config is composed with the shared FastComposer (one Hydra compose per distinct group
+choice) and judged by train.planner.rules on the login node. Infeasible configs become `skipped`
+manifest entries with the rules' paragraph as their reason; nothing is queued for them. The
+others are grouped by ArrayKey (launchers.allocation: nodes, tasks and GPUs per node, time
+limit, sbatch options) and each group is submitted as one job array through submitit, split at
+the cluster's MaxArraySize and throttled with %N. Each array task runs launchers.job's
+TrainCommand: `python -m train <overrides> hydra.run.dir=<its output dir>` under srun, one srun
+task per device, with cluster.env exported (env is per config, so sweeping it never splits an
+array). srun runs with --kill-on-bad-exit: a rank that fails ends its peers at once instead of
+leaving them stuck in a collective until the time limit.
+
+W&B group: each run of a sweep whose config leaves logger.wandb_group unset gets the sweep
+directory's name through W&B's own WANDB_RUN_GROUP (a run is a plain `python -m train`, not a
+Hydra multirun job, so it cannot find the sweep's name itself). Not as an override: the record
+keeps its overrides, which identify the config across sweeps (analysis compare), and a group
+named after each sweep would make every sweep's configs look different.
+
+Requeue: jobs are submitted with --requeue and --signal=USR1@<lead> (lead: REQUEUE_SIGNAL_LEAD_S,
+at most a quarter of the time limit; sbatch_args `signal` wins); launchers.job does the rest.
+
+Output directories: config i goes to <sweep dir>/<hydra.sweep.subdir>, resolved per config as
+Hydra would (default ${hydra.job.num}: the config's index). A subdir other than the default is
+resolved by composing each config in full (tens of milliseconds each) with hydra.job.num and
+hydra.job.override_dirname set, so it may use those and the config's own values; hydra.job.id
+is refused (it is only known once the job runs). The resolved directories must be relative,
+distinct, and not hidden (the analysis skips hidden directories).
+
+The manifest is rewritten (atomically) after each array is queued, so a launcher killed
+between two arrays leaves one that lists exactly what was queued (and the infeasible configs).
+An sbatch that Slurm refuses (unknown partition, bad gres) marks that group's configs
+`refused` with Slurm's own message; the other groups still go ahead.
+
+What a rerun needs to resubmit a config without Hydra (its command, environment and array
+key) is kept in <sweep dir>/.megasweep/launch.json.
+
+Torch-free, like everything a launcher imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.config_loader_impl import get_overrides_dirname
+from hydra.errors import CompactHydraException, HydraException
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+from conf.schema import RunConfig
+from launchers.allocation import Allocation, ArrayKey, SbatchOptions, array_key, chunk, group_by
+from launchers.compose import FastComposer, parse_override
+from launchers.job import TrainCommand
+from train.contract import LAUNCH_FILE, REFUSED_PREFIX, ManifestEntry, normalize_dir
+from train.planner.rules import InfeasibleConfig, validate
+
+REQUEUE_SIGNAL_LEAD_S = 120
+"""How long before the time limit Slurm sends USR1 (seconds): time for a step and a checkpoint."""
+WANDB_GROUP_ENV = "WANDB_RUN_GROUP"
+# Slurm's own default when scontrol cannot be asked.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+DEFAULT_SUBDIR = "${hydra.job.num}"
+"""Hydra's hydra.sweep.subdir: the config's index, which needs no composition to name."""
+
+
+def signal_lead_s(time_limit_min: int) -> int:
+    """Seconds between Slurm's USR1 warning and the time limit: REQUEUE_SIGNAL_LEAD_S, but at most
+    a quarter of the limit, so a short job is not warned at its start."""
+    return max(min(REQUEUE_SIGNAL_LEAD_S, time_limit_min * 60 // 4), 1)
+
+
+@dataclass(frozen=True)
+
+
+class ConfigSpec:
+    """One feasible config, ready to submit (everything needed, nothing Hydra)."""
+
+    index: int
+    overrides: tuple[str, ...]
+    output_dir: str
+    """Relative to the sweep directory."""
+    key: ArrayKey
+    env: tuple[tuple[str, str], ...]
+    max_retries: int = 0
+    """cluster.max_retries of the config."""
+    wandb_group: str | None = None
+    """logger.wandb_group of the config; None: the sweep's name is the group."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Launcher-wide settings, stored with the sweep so that a rerun submits the same way."""
+
+    python: str
+    """Interpreter of the jobs (submitit's and the trainer's)."""
+    module: str
+    """Entry module run per config (`python -m <module> <overrides>`)."""
+    cwd: str
+    """Working directory of the jobs (the submitting process's, so `-m train` resolves)."""
+    job_name: str
+    max_array_size: int
+    """Largest array Slurm accepts (tasks); bigger groups are split."""
+    entry_args: tuple[str, ...] = ()
+    """Arguments before the overrides (--config-name, --config-dir)."""
+    sbatch_args: Mapping[str, str] = field(default_factory=dict)
+    """Extra sbatch options, without the leading dashes ({'exclusive': ''} gives --exclusive)."""
+    srun_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Outcome of submitting a set of configs: manifest entries, and submitit jobs by index."""
+
+    entries: list[ManifestEntry]
+    jobs: dict[int, Any]
+    arrays: list[str]
+    """Slurm job ids of the arrays (or single jobs) queued, one per group chunk."""
+
+
+def read_max_array_size(default: int = DEFAULT_MAX_ARRAY_SIZE) -> int:
+    """MaxArraySize from `scontrol show config`, or `default` when scontrol does not answer."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return default
+    match = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", out, flags=re.MULTILINE)
+    return int(match.group(1)) if match else default
+
+
+def run_dir_override(path: Path) -> str:
+    """`hydra.run.dir=<path>`, quoted when Hydra's override grammar needs it."""
+    text = str(path)
+    if re.fullmatch(r"[\w/.\-+@%]+", text):
+        return f"hydra.run.dir={text}"
+    if "'" in text or "\\" in text:
+        raise HydraException(
+            f"sweep directory {text!r} has a quote or backslash: pick another hydra.sweep.dir"
+        )
+    return f"hydra.run.dir='{text}'"
+
+
+def plan_config(
+    run: RunConfig, *, array_parallelism: int | None = None
+) -> tuple[ArrayKey | None, str | None]:
+    """(array key, None) for a feasible run; (None, reason) for one that must not be submitted."""
+    violations = validate(run, world_size=None)
+    if violations:
+        return None, str(InfeasibleConfig(violations))
+    try:
+        return array_key(run, array_parallelism=array_parallelism), None
+    except ValueError as exc:
+        return None, f"infeasible config: {exc}"
+
+
+def plan_configs(
+    composer: FastComposer,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+    *,
+    array_parallelism: int | None = None,
+    subdir: SubdirNamer | None = None,
+) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
+    """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
+
+    Config i's output directory is `subdir(initial_job_idx + i, overrides)` (see subdir_namer);
+    without `subdir`, `<initial_job_idx + i>`, as Hydra's default hydra.sweep.subdir
+    (${hydra.job.num}) names it.
+    """
+    specs: list[ConfigSpec] = []
+    skipped: list[ManifestEntry] = []
+    for offset, overrides in enumerate(job_overrides):
+        index = initial_job_idx + offset
+        run = composer.run_config(overrides)
+        output_dir = str(index) if subdir is None else subdir(index, overrides)
+        key, reason = plan_config(run, array_parallelism=array_parallelism)
+        if key is None:
+            skipped.append(
+                ManifestEntry(
+                    index=index,
+                    overrides=tuple(overrides),
+                    output_dir=output_dir,
+                    status="skipped",
+                    reason=reason,
+                )
+            )
+            continue
+        env = tuple(sorted((str(k), str(v)) for k, v in run.cluster.env.items()))
+        specs.append(
+            ConfigSpec(
+                index,
+                tuple(overrides),
+                output_dir,
+                key,
+                env,
+                max_retries=run.cluster.max_retries,
+                wandb_group=run.logger.wandb_group,
+            )
+        )
+    if subdir is not None:
+        check_output_dirs([*specs, *skipped])
+    return specs, skipped
+
+
+SubdirNamer = Callable[[int, Sequence[str]], str]
+"""(config index, overrides) -> the config's output directory, relative to the sweep directory."""
+
+
+def subdir_namer(config: DictConfig, composer: FastComposer) -> SubdirNamer | None:
+    """hydra.sweep.subdir of a sweep as a function of each config; None for Hydra's default (the index).
+
+    Resolved as Hydra resolves it in a job (see the module docstring); an error names the field,
+    its value, the config and what it may use.
+    """
+    sweep = OmegaConf.to_container(config.hydra.sweep, resolve=False)
+    template = sweep.get("subdir") if isinstance(sweep, dict) else None
+    if template is None or str(template) == DEFAULT_SUBDIR:
+        return None
+    template = str(template)
+
+    def name(index: int, overrides: Sequence[str]) -> str:
+        cfg = composer.compose(overrides)
+        naming = cfg.hydra.job.config.override_dirname
+        task = [o for o in (parse_override(text) for text in overrides) if not o.is_hydra_override()]
+        try:
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.job.num = index
+                cfg.hydra.job.override_dirname = get_overrides_dirname(
+                    overrides=task,
+                    exclude_keys=list(naming.exclude_keys),
+                    item_sep=naming.item_sep,
+                    kv_sep=naming.kv_sep,
+                )
+                cfg.hydra.sweep.subdir = template
+            value = str(cfg.hydra.sweep.subdir)
+        except OmegaConfBaseException as exc:
+            # Compact: Hydra prints the message alone, as for a composition error, not a traceback.
+            raise CompactHydraException(
+                f"hydra.sweep.subdir={template!r} does not resolve for config {index} "
+                f"({' '.join(overrides) or 'no overrides'}): {str(exc).splitlines()[0]}. "
+                "The launcher names each output directory before the job is queued, from "
+                "hydra.job.num, hydra.job.override_dirname and "
+                "the config's own values (hydra.job.id is only known once the job runs); or leave "
+                f"hydra.sweep.subdir at its default {DEFAULT_SUBDIR}."
+            ) from None
+        return _checked_subdir(template, index, value)
+
+    return name
+
+
+def _checked_subdir(template: str, index: int, value: str) -> str:
+    where = f"hydra.sweep.subdir={template!r} gives {value!r} for config {index}"
+    path = normalize_dir(value)
+    parts = path.split("/")
+    if not value.strip() or path == "." or Path(value).is_absolute() or ".." in parts:
+        raise CompactHydraException(
+            f"{where}: an output directory must be a relative path below hydra.sweep.dir "
+            "(not empty, not absolute, no '..')"
+        )
+    if any(p.startswith(".") for p in parts):
+        raise CompactHydraException(
+            f"{where}: a directory starting with '.' is hidden from the analysis (and .megasweep, "
+            ".submitit, .slurm are the launcher's own); name it without a leading dot"
+        )
+    return path
+
+
+def check_output_dirs(configs: Sequence[ConfigSpec | ManifestEntry]) -> None:
+    """Raise HydraException when two configs would write the same output directory."""
+    seen: dict[str, int] = {}
+    for c in configs:
+        other = seen.setdefault(c.output_dir, c.index)
+        if other != c.index:
+            raise CompactHydraException(
+                f"hydra.sweep.subdir gives configs {other} and {c.index} the same output directory "
+                f"{c.output_dir!r}: their results would overwrite each other. Put something that "
+                "differs between them in it, e.g. ${hydra.job.num} or ${hydra.job.override_dirname}"
+            )
+
+
+def entry_args_for(config: DictConfig) -> tuple[str, ...]:
+    """Arguments that make `python -m <module>` compose each run as the sweep composed it."""
+    hydra = config.hydra
+    args = [f"--config-name={hydra.job.config_name}"]
+    # A --config-dir given to the sweep must reach each run too.
+    for source in hydra.runtime.config_sources:
+        if source.provider == "command-line" and source.schema == "file":
+            args.append(f"--config-dir={source.path}")
+    return tuple(args)
+
+
+def command_for(spec: ConfigSpec, settings: LaunchSettings, sweep_dir: Path) -> TrainCommand:
+    out = sweep_dir / spec.output_dir
+    argv = (
+        settings.python,
+        "-m",
+        settings.module,
+        *settings.entry_args,
+        *spec.overrides,
+        run_dir_override(out),
+    )
+    return TrainCommand(
+        argv=argv,
+        cwd=settings.cwd,
+        output_dir=str(out),
+        env=run_env(spec, sweep_dir),
+        max_retries=spec.max_retries,
+    )
+
+
+def run_env(spec: ConfigSpec, sweep_dir: Path) -> tuple[tuple[str, str], ...]:
+    """What a config's run gets in its environment: cluster.env, and the sweep's W&B group."""
+    env = spec.env
+    # cluster.env may set the group itself; the config's own logger.wandb_group wins inside W&B anyway.
+    if spec.wandb_group is None and WANDB_GROUP_ENV not in dict(env):
+        env = (*env, (WANDB_GROUP_ENV, sweep_dir.name))
+    return env
+
+
+def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters of one group."""
+    alloc, opt = key.allocation, key.options
+    params: dict[str, Any] = {
+        "job_name": settings.job_name,
+        "time": alloc.time_limit_min,
+        "nodes": alloc.nodes,
+        "ntasks_per_node": alloc.tasks_per_node,
+        "cpus_per_task": opt.cpus_per_task,
+        "array_parallelism": opt.array_parallelism,
+        "stderr_to_stdout": True,
+        # Jobs start where the sweep was launched from, whatever the cwd of a later rerun.
+        # USR1 (not submitit's USR2) is the trainer's checkpoint-and-stop signal; --requeue lets a
+        # task requeue itself after it (see the module docstring).
+        # An empty value is a flag (`hold: ''` gives `--hold`): submitit writes True that way.
+        "additional_parameters": {
+            "chdir": settings.cwd,
+            "requeue": True,
+            "signal": f"USR1@{signal_lead_s(alloc.time_limit_min)}",
+            **{k: (v if v != "" else True) for k, v in settings.sbatch_args.items()},
+        },
+        # A rank that fails (or times out in a collective) ends its peers instead of leaving one
+        # that hangs to hold the nodes until the time limit; srun_args given later win.
+        "srun_args": ["--kill-on-bad-exit=1", *settings.srun_args],
+    }
+    optional = {
+        "partition": opt.partition,
+        "account": opt.account,
+        "qos": opt.qos,
+        "constraint": opt.constraint,
+        "mem": opt.mem_per_node_gb,
+        "setup": list(opt.setup) or None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the shape's GPUs.
+    if opt.gres:
+        params["gres"] = opt.gres
+    elif alloc.gpus_per_node:
+        params["gpus_per_node"] = alloc.gpus_per_node
+    return params
+
+
+def submit_configs(
+    sweep_dir: Path,
+    specs: Sequence[ConfigSpec],
+    settings: LaunchSettings,
+    *,
+    on_queued: Callable[[list[ManifestEntry]], object] | None = None,
+) -> Submission:
+    """Queue one array per ArrayKey (split at max_array_size); refused groups become `refused` entries.
+
+    `on_queued(entries so far)` is called after each sbatch (queued or refused): the caller
+    writes the manifest there, so that it never lags what Slurm holds by more than one array.
+    """
+    import submitit  # not at module level: Hydra's plugin scan imports this module
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    entries: list[ManifestEntry] = []
+    jobs: dict[int, Any] = {}
+    arrays: list[str] = []
+    groups = group_by((spec.key, spec) for spec in specs)
+    for key, members in groups.items():
+        for piece in chunk(members, settings.max_array_size):
+            executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j", python=settings.python)
+            executor.update_parameters(**executor_parameters(key, settings))
+            try:
+                queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])
+            except (FailedJobError, FailedSubmissionError) as exc:
+                reason = REFUSED_PREFIX + _slurm_message(str(exc))
+                entries.extend(entry_for(s, "refused", reason=reason) for s in piece)
+            else:
+                arrays.append(str(queued[0].job_id).split("_")[0])
+                for spec, job in zip(piece, queued, strict=True):
+                    jobs[spec.index] = job
+                    entries.append(entry_for(spec, "submitted", job_id=str(job.job_id)))
+            if on_queued is not None:
+                on_queued(sorted(entries, key=lambda e: e.index))
+    entries.sort(key=lambda e: e.index)
+    return Submission(entries=entries, jobs=jobs, arrays=arrays)
+
+
+def _slurm_message(stderr: str) -> str:
+    # sbatch prints 'sbatch: error: ...' lines; keep them all, on one line, for the manifest.
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()] or lines
+    return " | ".join(errors) or "sbatch failed without a message"
+
+
+def entry_for(
+    spec: ConfigSpec, status: str, *, reason: str | None = None, job_id: str | None = None
+) -> ManifestEntry:
+    return ManifestEntry(
+        index=spec.index,
+        overrides=spec.overrides,
+        output_dir=spec.output_dir,
+        status=status,
+        reason=reason,
+        job_id=job_id,
+        shape=spec.key.allocation.as_dict(),
+    )
+
+
+def merge_entries(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+    """Entries of both, the new one winning for an index; in index order."""
+    merged = {e.index: e for e in old}
+    merged.update({e.index: e for e in new})
+    return [merged[i] for i in sorted(merged)]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a rerun needs, kept in the sweep directory.
+
+
+def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[ConfigSpec]) -> Path:
+    """Add specs (by index) and the settings to <sweep dir>/.megasweep/launch.json."""
+    path = sweep_dir / LAUNCH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    known: dict[str, Any] = {}
+    if path.exists():
+        known = json.loads(path.read_text()).get("configs", {})
+    for spec in specs:
+        known[str(spec.index)] = {
+            "overrides": list(spec.overrides),
+            "output_dir": spec.output_dir,
+            "env": [list(kv) for kv in spec.env],
+            "max_retries": spec.max_retries,
+            "wandb_group": spec.wandb_group,
+            "shape": dataclasses.asdict(spec.key.allocation),
+            "options": {**dataclasses.asdict(spec.key.options), "setup": list(spec.key.options.setup)},
+        }
+    data = {
+        "settings": {
+            **dataclasses.asdict(settings),
+            "entry_args": list(settings.entry_args),
+            "srun_args": list(settings.srun_args),
+            "sbatch_args": dict(settings.sbatch_args),
+        },
+        "configs": known,
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigSpec]]:
+    """Settings and specs saved by save_launch_file."""
+    data = json.loads((sweep_dir / LAUNCH_FILE).read_text())
+    raw = data["settings"]
+    settings = LaunchSettings(
+        python=raw["python"],
+        module=raw["module"],
+        cwd=raw["cwd"],
+        job_name=raw["job_name"],
+        max_array_size=int(raw["max_array_size"]),
+        entry_args=tuple(raw.get("entry_args", ())),
+        sbatch_args=dict(raw.get("sbatch_args", {})),
+        srun_args=tuple(raw.get("srun_args", ())),
+    )
+    specs = {}
+    for index, c in data["configs"].items():
+        options = {**c["options"], "setup": tuple(c["options"]["setup"])}
+        specs[int(index)] = ConfigSpec(
+            index=int(index),
+            overrides=tuple(c["overrides"]),
+            output_dir=c["output_dir"],
+            key=ArrayKey(allocation=Allocation(**c["shape"]), options=SbatchOptions(**options)),
+            env=tuple((k, v) for k, v in c["env"]),
+            max_retries=int(c.get("max_retries", 0)),
+            wandb_group=c.get("wandb_group"),
+        )
+    return settings, specs

@@ -1,0 +1,80 @@
+"""launchers.queue: the one reader of Slurm's queue (squeue + sacct), parsed and against the real cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from launchers.queue import (
+    base_state,
+    ended_outcome,
+    expand_job_ids,
+    is_live,
+    is_running,
+    parse_states,
+    read_states,
+)
+from tests.conftest import SlurmClusterInfo
+
+
+def test_expand_job_ids_spells_out_pending_array_ranges() -> None:
+    assert expand_job_ids("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
+    assert expand_job_ids("12_[4]") == ["12_4"]
+    assert expand_job_ids("12_3") == ["12_3"]
+    assert expand_job_ids("99") == ["99"]
+
+
+def test_parse_states_expands_ranges_drops_suffixes_and_keeps_the_last_run() -> None:
+    # sacct lists a requeued job once per run, oldest first.
+    text = "7_0|TIMEOUT\n7_0|COMPLETED\n7_[1-2]|PENDING\n8|CANCELLED by 0\nbad line\n9|\n"
+    assert parse_states(text) == {"7_0": "COMPLETED", "7_1": "PENDING", "7_2": "PENDING", "8": "CANCELLED"}
+
+
+def test_what_a_state_means_for_a_run_without_a_record() -> None:
+    assert is_running("RUNNING") and is_running("COMPLETING") and not is_running("PENDING")
+    assert is_live("PENDING") and is_live("REQUEUED") and is_live("RUNNING")
+    assert not is_live("COMPLETED") and not is_live("CANCELLED by 12")
+    assert base_state("CANCELLED by 12") == "CANCELLED" and base_state("") == ""
+    assert ended_outcome("OUT_OF_MEMORY") == "oom"
+    assert ended_outcome("TIMEOUT") == ended_outcome("DEADLINE") == "timeout"
+    assert ended_outcome("NODE_FAIL") == ended_outcome("COMPLETED") == "fail"
+
+
+def test_absent_slurm_tools_mean_unknown_not_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert read_states(["1234_5"]) == {}
+    assert read_states([]) == {}
+
+
+def _sbatch(*args: str) -> str:
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--output=/dev/null", *args], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    return out.split(";")[0]
+
+
+def test_states_of_live_array_tasks_and_ended_jobs(slurm_cluster: SlurmClusterInfo) -> None:
+    # A held array: squeue knows its tasks only as a range, which must come back task by task.
+    held = _sbatch("--hold", "--array=0-2", "--wrap=true")
+    done = _sbatch("--wrap=true")
+    try:
+        deadline = time.monotonic() + 60
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = read_states([f"{held}_0", f"{held}_2", done, "999999"])
+            if states.get(done) == "COMPLETED":
+                break
+            time.sleep(1)
+        assert states[f"{held}_0"] == states[f"{held}_2"] == "PENDING"
+        assert states[done] == "COMPLETED"  # from sacct, once the job has left the queue
+        assert "999999" not in states  # unknown ids are left out, not guessed
+    finally:
+        subprocess.run(["scancel", held], check=False, timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if base_state(read_states([f"{held}_1"]).get(f"{held}_1", "")) == "CANCELLED":
+            break
+        time.sleep(1)
+    assert read_states([f"{held}_1"])[f"{held}_1"] == "CANCELLED"

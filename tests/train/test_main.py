@@ -1,0 +1,157 @@
+"""`python -m train` and the dry run agree: what the planner accepts trains, what it rejects is refused.
+
+Hypothesis draws small layouts (world up to 8 gloo processes, tiny model dims; dp, tp, pp, micro
+and global batch, ramp-up, zero_stage, engine, offload, recompute, precision), about half of them
+breaking some rule. For each, the planner's verdict (train.planner.plan.plan_run on the config
+Hydra composes, exactly what `hydra/launcher=plan` computes) is compared with what the real entry
+point does in a subprocess:
+
+* accepted: `python -m train` trains 2 iterations (workers forked as a user's run forks them) and
+  ends `ok`, exit status 0;
+* rejected: `python -m train` refuses before any worker starts (no result.json, no worker's output),
+  exit status EXIT_USAGE, naming on stderr exactly the rules the planner named, as `[rule]`.
+
+The default run is derandomized and bounded (AGREEMENT_DRAWS); tests/bench/bench_agreement.py
+draws more.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from train.contract import EXIT_USAGE, RESULT_FILE, read_record
+from train.planner.plan import plan_run
+
+from .test_distributed import REPO, worker_env
+from .test_trainer import compose_run
+
+AGREEMENT_DRAWS = 20
+RULE = re.compile(r"\[([a-z_0-9]+)\]")
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One drawn config, as the command line a user would type."""
+
+    overrides: tuple[str, ...]
+    world: int
+
+
+KNOBS = ("pp", "heads", "layers", "gbs", "ramp", "zero", "offload", "precision", "iters")
+"""What a draw may break, one at a time: about half the draws break none."""
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Draw:
+    """Small layouts around the valid ones: every knob valid, or one of them drawn freely."""
+    wild_knob = draw(st.sampled_from(KNOBS)) if draw(st.booleans()) else None
+
+    def pick(knob: str, valid: st.SearchStrategy, wild: st.SearchStrategy) -> object:
+        return draw(wild if knob == wild_knob else valid)
+
+    engine = draw(st.sampled_from(["native"] * 4 + ["deepspeed"]))
+    deepspeed = engine == "deepspeed"
+    tp = draw(st.sampled_from([1, 2, 4]))
+    # DeepSpeed runs no pipeline (rule deepspeed_no_pipeline): now and then one is drawn anyway.
+    pp = int(pick("pp", st.just(1) if deepspeed else st.sampled_from([p for p in (1, 2, 4) if tp * p <= 8]),
+                  st.sampled_from([p for p in (1, 2, 3) if tp * p <= 8])))  # type: ignore[call-overload]
+    dp = draw(st.sampled_from([d for d in (1, 2, 4) if d * tp * pp <= 8]))
+    world = dp * tp * pp
+    heads = int(pick("heads", st.sampled_from([tp, 2 * tp]), st.integers(1, 4)))  # type: ignore[call-overload]
+    layers = pick("layers", st.builds(lambda k: pp * k, st.integers(1, 2)), st.integers(1, 4))
+    hidden = 8 * heads
+    mbs = draw(st.sampled_from([1, 2]))
+    step = mbs * dp
+    gbs = pick("gbs", st.builds(lambda k: step * k, st.integers(1, 4)), st.integers(1, 12))
+    ramp = pick("ramp", st.none() | st.just([step, step, 2 * step]),
+                st.lists(st.integers(0, 6), min_size=3, max_size=3))
+    zero = pick("zero", st.sampled_from([0, 1, 2, 3] if deepspeed else [0, 1]), st.integers(0, 3))
+    offloads = ["none"] + (["optimizer"] if deepspeed and zero else []) + (["params"] if deepspeed and zero == 3 else [])
+    offload = pick("offload", st.sampled_from(offloads), st.sampled_from(["optimizer", "params"]))
+    precision = pick("precision", st.sampled_from(["fp32", "bf16"] + ([] if deepspeed else ["fp16"])),
+                     st.sampled_from(["fp16"]))
+    iters = pick("iters", st.just(2), st.sampled_from([0, 1]))  # 1: the warm-up (1) covers the whole run
+    overrides = [
+        f"model.num_layers={layers}",
+        f"model.hidden_size={hidden}",
+        f"model.num_attention_heads={heads}",
+        "model.seq_length=16",
+        "model.vocab_size=128",
+        "model.make_vocab_size_divisible_by=16",
+        f"parallelism.tp={tp}",
+        f"parallelism.pp={pp}",
+        f"parallelism.dp={dp}",
+        f"parallelism.micro_batch_size={mbs}",
+        f"parallelism.global_batch_size={gbs}",
+        f"parallelism.zero_stage={zero}",
+        f"parallelism.offload={offload}",
+        f"parallelism.engine={engine}",
+        f"parallelism.precision={precision}",
+        f"parallelism.recompute={draw(st.sampled_from(['none', 'selective', 'full']))}",
+        f"training.train_iters={iters}",
+        "training.warmup_iters=1",
+        "logger=disabled",
+        # Datasheet placeholders instead of a calibration per run (the rules want a peak).
+        "hardware.peak_measured=false",
+        "hardware.peak_tflops_fp32=10.0",
+        "hardware.peak_tflops_bf16=10.0",
+        "hardware.peak_tflops_fp16=10.0",
+    ]
+    if ramp is not None:
+        overrides.append(f"parallelism.rampup_batch_size=[{','.join(str(v) for v in ramp)}]")  # type: ignore[union-attr]
+    return Draw(tuple(overrides), world)
+
+
+def check_agreement(draw: Draw, out: Path) -> None:
+    row = plan_run(compose_run(*draw.overrides))
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *draw.overrides, f"hydra.run.dir={out}"],
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    shown = " ".join(draw.overrides)
+    if row.feasible:
+        record = read_record(out / RESULT_FILE)
+        assert proc.returncode == 0, f"planned ok, failed: {shown}\n{proc.stderr[-3000:]}"
+        assert record is not None and record["status"] == "ok", shown
+        assert record["iterations_run"] == 2 and record["world"]["world_size"] == draw.world
+        return
+    planned = [RULE.match(r).group(1) for r in row.reasons]  # type: ignore[union-attr]
+    assert proc.returncode == EXIT_USAGE, f"planned {planned}, exit {proc.returncode}: {shown}\n{proc.stderr[-3000:]}"
+    refused = sorted(set(RULE.findall(proc.stderr)))
+    assert refused == sorted(planned), (shown, proc.stderr)
+    # Before any worker: nothing trained, nothing recorded.
+    assert not (out / RESULT_FILE).exists() and " iteration " not in proc.stdout, shown
+
+
+AGREEMENT = settings(
+    max_examples=AGREEMENT_DRAWS,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    database=None,
+)
+
+
+@AGREEMENT
+@given(layouts())
+def test_planner_and_trainer_agree(tmp_path_factory: object, draw: Draw) -> None:
+    out = tmp_path_factory.mktemp("draw")  # type: ignore[attr-defined]
+    check_agreement(draw, out)
+
+
+def test_dp2_tp2_pp2_of_the_default_batch_trains(tmp_path: Path) -> None:
+    """The issue's first example: one micro-batch per rank (default mbs 4, gbs 8) on 2 stages."""
+    overrides = ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "model.seq_length=32",
+                 "model.hidden_size=64", "training.train_iters=2", "training.warmup_iters=1", "logger=disabled")
+    check_agreement(Draw(overrides, 8), tmp_path)

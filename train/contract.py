@@ -1,0 +1,524 @@
+"""The on-disk contract: every file name, record type and exit code megasweep writes, defined once.
+
+The trainer writes, the launchers write and read, the analysis reads; all three import these
+definitions from here and nowhere else, so a field or a file name cannot drift between them:
+
+    <sweep dir>/manifest.jsonl            ManifestEntry per config (launchers; status, analysis)
+    <sweep dir>/plan.csv                  PlanRow per config (dry run; analysis)
+    <sweep dir>/.megasweep/launch.json    what a rerun needs (launchers)
+    <sweep dir>/.megasweep/jobs/<index>   job id an exported array task recorded (launchers)
+    <run dir>/result.json                 RunRecord, one per run whatever its outcome (trainer)
+    <run dir>/result.attempt<N>.json      the record of attempt N, stopped for a requeue
+    <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
+    <run dir>/deepspeed_config.json       the DeepSpeed config a run used
+    <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
+
+Exit codes of megasweep's commands (`python -m train`, `python -m launchers`,
+`python -m analysis`) are EXIT_*, below.
+
+Every writer goes through `write_text_atomic`: a reader (status, analysis, a requeued attempt)
+sees a file's old content or its whole new content, never a part.
+
+Torch-free and pandas-free: the launchers import it on login nodes.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# File names
+
+RESULT_FILE = "result.json"
+PLAN_FILE = "plan.csv"
+MANIFEST_FILE = "manifest.jsonl"
+LAUNCH_FILE = ".megasweep/launch.json"
+EXPORTED_JOBS_DIR = ".megasweep/jobs"
+"""Where an exported script's array tasks record their job ids (one file per config index)."""
+DS_CONFIG_FILE = "deepspeed_config.json"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def attempt_result_name(attempt: int) -> str:
+    """Name of the record of attempt `attempt` (0 first) of a run stopped for a requeue."""
+    return f"result.attempt{attempt}.json"
+
+
+def previous_result_name(job_id: str | None) -> str:
+    """Name a failed run's record is kept under when `rerun --failed` resubmits its config."""
+    return f"result.{job_id or 'previous'}.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit codes
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The run (or a config of the sweep) ran and failed; its record says why."""
+EXIT_USAGE = 2
+"""Bad input or an infeasible config: nothing ran. One paragraph on stderr says why."""
+EXIT_REQUEUE = 75
+"""A run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL (sysexits.h, 'try again
+later'). The launcher's in-job wrapper requeues on it; the next attempt resumes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` atomically: a reader sees the old file or the new one.
+
+    The temporary file lives in the same directory, so os.replace is a rename on one file
+    system (atomic on POSIX); fsync first so that a crash after the rename cannot leave an
+    empty file behind the new name.
+    """
+    path = Path(path)
+    # A unique sibling opened with "x" (not mkstemp, whose 0600 would survive the rename):
+    # the file gets the ordinary umask permissions, so other users of the sweep can read it.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:
+    """Write JSON so that `path` holds either the old content or the whole new one, never a part."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# result.json
+
+STATUSES = ("ok", "oom", "nan", "error", "timeout")
+"""Every value a record's `status` can take."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything result.json holds about one run (one record per run, whatever its outcome)."""
+
+    status: str
+    """ok | oom | nan | error | timeout."""
+    message: str | None
+    config: dict[str, Any]
+    """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""
+    overrides: list[str]
+    world: dict[str, int]
+    """world_size, dp, tp, pp."""
+    hardware: str
+    device: str | None
+    """What the run actually ran on (GPU product name, or 'cpu')."""
+    versions: dict[str, str | None]
+    git_commit: str | None
+    params: int | None
+    """Parameters of the model as built (counted once; tied weights once)."""
+    optimizer: str | None
+    """The Adam implementation that ran (e.g. 'torch.AdamW(fused)')."""
+    precision: str
+    flops_per_iteration: dict[str, float]
+    """model (per-GEMM, MFU), hardware (with recompute, HFU), megatron_eq3 (Megatron-LM Eq. 3), at the full batch."""
+    flops_conventions: dict[str, str]
+    """What each flops_per_iteration entry counts, in words."""
+    iterations_run: int
+    warmup_iters: int
+    measured_iterations: int
+    """Iterations the medians cover: after the warm-up, and at the full global batch."""
+    skipped_iterations: int
+    final_loss: float | None
+    sec_per_iter: float | None
+    samples_per_s: float | None
+    tokens_per_s_per_device: float | None
+    tflops_per_device: float | None
+    tflops_per_device_hardware: float | None
+    tflops_per_device_megatron_eq3: float | None
+    mfu: float | None
+    hfu: float | None
+    max_mem_gib: float | None
+    max_mem_gib_per_rank: list[float]
+    max_mem_source: str | None
+    peak_tflops: float | None
+    peak_source: str | None
+    """'datasheet' (hardware config) or 'measured' (matmul calibration at run time); None if unknown."""
+    losses: list[float] = field(default_factory=list)
+    """lm loss of every iteration run (equal losses across layouts of one model are a correctness check)."""
+    iteration_times_s: list[float] = field(default_factory=list)
+    """Elapsed seconds of every iteration run, warm-up included."""
+    global_batch_sizes: list[int] = field(default_factory=list)
+    """Global batch of every iteration run (they differ while a batch ramp-up lasts) (samples)."""
+    full_batch_reached: bool = True
+    """False when a batch ramp-up never reached global_batch_size: the medians are then None."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
+    warnings: list[str] = field(default_factory=list)
+    started_at: str | None = None
+    wall_s: float | None = None
+    micro_batch: dict[str, Any] | None = None
+    """micro_batch_size=auto: requested, chosen, predicted, probed sizes and why (None otherwise)."""
+    flop_check: dict[str, Any] | None = None
+    """training.flop_check: FlopCounterMode's count against the per-GEMM model (None when off)."""
+    power: dict[str, Any] | None = None
+    """NVML energy over the measured iterations, or why it was not measured."""
+    profile: dict[str, Any] | None = None
+    """training.profile_steps: the profiler traces written (None when off)."""
+    checkpoint: dict[str, Any] | None = None
+    """training.save_interval > 0: directory, save mode, saved steps, warnings (None otherwise)."""
+    resumed_from_step: int | None = None
+    """The checkpoint step this attempt resumed from (None: it started from scratch)."""
+    deepspeed_config: str | None = None
+    """engine=deepspeed: path of the DeepSpeed config the run used."""
+    deepspeed_flops_profile: dict[str, Any] | None = None
+    """training.deepspeed_flops_profile: DeepSpeed's figures beside megasweep's FLOPs."""
+    tensorboard_dir: str | None = None
+    """logger.tensorboard=true: where the event files are."""
+    schema_version: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; non-finite floats become None (JSON has no NaN). A measurement the run
+        did not take (OPTIONAL_FIELDS at None) is left out, and so is resumed_from_step of a run
+        that does not checkpoint."""
+        data = _finite(asdict(self))
+        if self.checkpoint is None:
+            del data["resumed_from_step"]
+        return {k: v for k, v in data.items() if not (k in OPTIONAL_FIELDS and v is None)}
+
+
+OPTIONAL_FIELDS = (
+    "micro_batch",
+    "flop_check",
+    "power",
+    "profile",
+    "checkpoint",
+    "deepspeed_config",
+    "deepspeed_flops_profile",
+    "tensorboard_dir",
+)
+"""RunRecord fields present only when the run took that measurement or used that option."""
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """A result.json as a dict, or None when it is missing, unreadable or not a record."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and "status" in data else None
+
+
+# ---------------------------------------------------------------------------------------------
+# manifest.jsonl
+#
+# The launchers (and `python -m launchers sbatch`) write one entry per config they were given;
+# `python -m launchers status` and the analysis read it to know which configs are still missing
+# a result.json.
+#
+#     {"index": 3, "overrides": ["parallelism.tp=2"], "output_dir": "3", "status": "submitted",
+#      "reason": null, "job_id": "1234_3", "shape": {"nodes": 2, "tasks_per_node": 2}}
+#
+# An entry's status is one of ENTRY_STATUSES:
+#
+#     submitted   a job was queued for it (job_id says which; null for the local launcher)
+#     exported    written into an array script by `python -m launchers sbatch`, for the user to
+#                 submit: no job id is known when the manifest is written. Each array task records
+#                 its own job id in <sweep dir>/.megasweep/jobs/<index> when it starts, and
+#                 resolve_exported() puts it into the entry for the readers.
+#     refused     sbatch refused its job (unknown partition, bad gres): reason holds Slurm's words
+#     skipped     infeasible, never submitted: reason holds the rules' paragraph
+#
+# Manifests written before `refused` existed stored a refused sbatch as `skipped` with a reason
+# starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
+# them as the failures they are.
+
+ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped")
+REFUSED_PREFIX = "sbatch refused: "
+"""How the reason of a `refused` entry starts (and how old manifests marked one, as `skipped`)."""
+_JOB_ID = re.compile(r"\d+(_\d+)?")
+
+
+class ManifestError(ValueError):
+    """A manifest line that is not a valid entry (the message names the file and line)."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One config of a sweep as the launcher handled it."""
+
+    index: int
+    """Position of the config in the sweep (the Slurm array task id when submitted)."""
+    overrides: tuple[str, ...]
+    """The Hydra overrides of the config (a list in JSON)."""
+    output_dir: str
+    """The run's output directory, relative to the sweep directory (POSIX separators)."""
+    status: str
+    """One of ENTRY_STATUSES (see above)."""
+    reason: str | None = None
+    """Why the config was skipped or refused; where it was exported to; None when submitted."""
+    job_id: str | None = None
+    """Slurm job id of the run, e.g. '1234_5' for array task 5 of job 1234; None when none is known."""
+    shape: Mapping[str, int] = field(default_factory=dict)
+    """Slurm allocation of the job, e.g. {'nodes': 2, 'tasks_per_node': 2}."""
+
+    def __post_init__(self) -> None:
+        # Validate here so that an entry that exists is always one the other side can read.
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise ManifestError(f"index must be a non-negative integer, got {self.index!r}")
+        if not all(isinstance(o, str) for o in self.overrides):
+            raise ManifestError(f"overrides must be strings, got {list(self.overrides)!r}")
+        if self.status not in ENTRY_STATUSES:
+            raise ManifestError(f"status must be one of {', '.join(ENTRY_STATUSES)}, got {self.status!r}")
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ManifestError(f"output_dir must be a non-empty relative path, got {self.output_dir!r}")
+        if PurePosixPath(self.output_dir).is_absolute():
+            raise ManifestError(f"output_dir must be relative to the sweep directory, got {self.output_dir!r}")
+        for key, value in self.shape.items():
+            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int):
+                raise ManifestError(f"shape must map names to integers, got {dict(self.shape)!r}")
+        # Frozen: normalise through object.__setattr__ so equal entries compare equal whatever their input.
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+        object.__setattr__(self, "output_dir", normalize_dir(self.output_dir))
+        object.__setattr__(self, "shape", dict(self.shape))
+
+    @property
+    def nodes(self) -> int | None:
+        return self.shape.get("nodes")
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the JSON object of one manifest line."""
+        return {
+            "index": self.index,
+            "overrides": list(self.overrides),
+            "output_dir": self.output_dir,
+            "status": self.status,
+            "reason": self.reason,
+            "job_id": self.job_id,
+            "shape": dict(self.shape),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ManifestEntry:
+        """Entry from one line's object; ManifestError when a key is missing or of the wrong type."""
+        if not isinstance(obj, Mapping):
+            raise ManifestError(f"expected a JSON object, got {type(obj).__name__}")
+        missing = [k for k in ("index", "overrides", "output_dir", "status") if k not in obj]
+        if missing:
+            raise ManifestError(f"missing key(s) {', '.join(missing)}")
+        overrides = obj["overrides"]
+        if not isinstance(overrides, list):
+            raise ManifestError(f"overrides must be a list of strings, got {overrides!r}")
+        reason, job_id, shape = obj.get("reason"), obj.get("job_id"), obj.get("shape") or {}
+        if reason is not None and not isinstance(reason, str):
+            raise ManifestError(f"reason must be a string or null, got {reason!r}")
+        status = obj["status"]
+        if status == "skipped" and reason is not None and reason.startswith(REFUSED_PREFIX):
+            status = "refused"  # written before `refused` existed (see above)
+        if job_id is not None and not isinstance(job_id, str | int):
+            raise ManifestError(f"job_id must be a string or null, got {job_id!r}")
+        if not isinstance(shape, Mapping):
+            raise ManifestError(f"shape must be an object, got {shape!r}")
+        return cls(
+            index=obj["index"],
+            overrides=tuple(overrides),
+            output_dir=obj["output_dir"],
+            status=status,
+            reason=reason,
+            job_id=None if job_id is None else str(job_id),
+            shape=shape,
+        )
+
+
+def normalize_dir(path: str) -> str:
+    """A relative directory in one spelling ('./a//b/' -> 'a/b'), so that paths from both sides match."""
+    parts = [p for p in PurePosixPath(path.replace(os.sep, "/")).parts if p not in ("", ".")]
+    return "/".join(parts) or "."
+
+
+def manifest_path(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / MANIFEST_FILE
+
+
+def read_manifest(path: str | Path) -> list[ManifestEntry]:
+    """Entries of a manifest file (or of <dir>/manifest.jsonl when given a directory), in file order.
+
+    A last line without its newline that does not parse is a line the launcher is still
+    writing: it is ignored. Any other bad line raises ManifestError naming the line.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last_unterminated = number == len(lines) and not text.endswith("\n")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if last_unterminated:
+                break
+            raise ManifestError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        try:
+            entries.append(ManifestEntry.from_json(obj))
+        except ManifestError as exc:
+            raise ManifestError(f"{path}:{number}: {exc}") from None
+    return entries
+
+
+def recorded_job_id(sweep_dir: str | Path, index: int) -> str | None:
+    """The job id an exported script's array task recorded for config `index`, or None (not started)."""
+    try:
+        text = (Path(sweep_dir) / EXPORTED_JOBS_DIR / str(index)).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        return None
+    # Anything else is not what the script writes: better unknown than a wrong job's state.
+    return text if _JOB_ID.fullmatch(text) else None
+
+
+def resolve_exported(entries: Iterable[ManifestEntry], sweep_dir: str | Path) -> list[ManifestEntry]:
+    """Entries with each `exported` one's job id filled in from what its array task recorded.
+
+    The status stays `exported` (the job was submitted by hand, not by megasweep); an entry
+    whose task has not started yet keeps job_id None.
+    """
+    out = []
+    for e in entries:
+        if e.status == "exported" and e.job_id is None:
+            job = recorded_job_id(sweep_dir, e.index)
+            e = dataclasses.replace(e, job_id=job) if job is not None else e
+        out.append(e)
+    return out
+
+
+def write_manifest(entries: Iterable[ManifestEntry], path: str | Path) -> Path:
+    """Write the whole manifest atomically (a reader sees the old file or the new one)."""
+    path = Path(path)
+    text = "".join(json.dumps(e.to_json(), sort_keys=False) + "\n" for e in entries)
+    write_text_atomic(path, text)
+    return path
+
+
+def append_manifest(entries: Iterable[ManifestEntry], path: str | Path) -> Path:
+    """Append entries, one whole line per write, for a launcher that submits in batches."""
+    path = Path(path)
+    with open(path, "a", encoding="utf-8") as f:
+        for e in entries:
+            f.write(json.dumps(e.to_json()) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# plan.csv
+
+REASON_SEPARATOR = "; "
+"""Separator of the reasons (and warnings) in one CSV cell; rule messages never contain it."""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """The plan of one config. Quantities that cannot be computed for an infeasible config are NaN."""
+
+    feasible: bool
+    reasons: list[str]
+    """'[rule] message' of every broken rule, in the rules' order; empty when feasible."""
+    model: str
+    hardware: str
+    nodes: int
+    devices: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    """Samples per micro-batch; for `auto`, the planner's choice (0 when no size fits: see reasons)."""
+    global_batch_size: int
+    params: int
+    """Parameters of the whole model (train.planner.sizes.total_params, vocabulary padded for tp)."""
+    mem_gib: float
+    """Predicted peak memory per device, worst pipeline stage (GiB)."""
+    mem_capacity_gib: float
+    """Usable memory per device: capacity minus the reserve (GiB)."""
+    quant_efficiency: float
+    """FLOPs-weighted tile x wave efficiency of the GEMMs on one rank (0-1)."""
+    model_flops_per_iter: float
+    """Model FLOPs of one iteration, all devices (no recomputation)."""
+    hardware_flops_per_iter: float
+    """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
+    overrides: str = ""
+    """Free label, e.g. the Hydra overrides that produced the config."""
+    warnings: list[str] = field(default_factory=list)
+    """'[advisory] message' of a layout that runs with a caveat (train.planner.rules.advise)."""
+
+
+PLAN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRow))
+"""plan.csv's columns: the PlanRow fields, in order."""
+_LIST_COLUMNS = ("reasons", "warnings")
+
+
+def _csv_value(row: PlanRow, name: str) -> object:
+    value = getattr(row, name)
+    if name in _LIST_COLUMNS:
+        return REASON_SEPARATOR.join(value)
+    # repr keeps every bit of a float, so a round trip is exact.
+    return repr(value) if isinstance(value, float) else value
+
+
+def write_plan_csv(rows: Iterable[PlanRow], path: str | Path) -> Path:
+    """Write rows to path as CSV, one column per PlanRow field (lists joined by '; '), atomically."""
+    out, text = Path(path), io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(PLAN_COLUMNS)
+    writer.writerows([_csv_value(row, name) for name in PLAN_COLUMNS] for row in rows)
+    write_text_atomic(out, text.getvalue())
+    return out
+
+
+def _parse(name: str, text: str) -> Any:
+    kind = PlanRow.__dataclass_fields__[name].type
+    if name in _LIST_COLUMNS:
+        return text.split(REASON_SEPARATOR) if text else []
+    if kind == "bool":
+        return text == "True"
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    return text
+
+
+def read_plan_csv(path: str | Path) -> list[PlanRow]:
+    """Rows written by `write_plan_csv`, as PlanRows again (plans written before a column existed
+    read with its default)."""
+    with Path(path).open(newline="", encoding="utf-8") as f:
+        return [
+            PlanRow(**{k: _parse(k, v) for k, v in record.items() if k in PlanRow.__dataclass_fields__})
+            for record in csv.DictReader(f)
+        ]

@@ -1,0 +1,364 @@
+"""The training loop: train() runs the steps, train_step() is one native step, forward_backward() one
+micro-batch.
+
+Each step takes the global batch the batch schedule gives (train.planner.batch: a ramp-up grows
+it), reads this rank's micro-batches of it (train.planner.layout.Layout.sample_indices), asks the
+engine (train.engine) for one update, and turns the result into Megatron's log line
+(train.metrics.IterationStats). Rank 0 alone prints and logs; every rank keeps the figures.
+
+The log line's TFLOPs and MFU use model FLOPs (per-GEMM count, no recompute) of the step's batch,
+so that MFU = TFLOPs / peak holds on the line; Megatron-LM's Eq. 3 figure is in the record,
+labelled.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from conf.schema import Precision, RunConfig
+from train import flopcheck, power, profiling
+from train.calibrate import measure_peak_tflops
+from train.data import TokenSource, get_batch
+from train.engine import Batch, StepResult
+from train.metrics import IterationStats, format_log_line
+from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
+from train.optim import lr_at, set_lr
+from train.planner import flops, shapes
+from train.planner.batch import BatchSchedule
+from train.planner.layout import Rank
+from train.preemption import StopRequest, checkpoint_boundary, fault_hooks, resume
+
+if TYPE_CHECKING:
+    from train.setup import ParallelState, Setup
+    from train.trainer import Progress
+
+IterationSink = Callable[[IterationStats], None]
+
+
+def train(
+    run: RunConfig,
+    *,
+    rank: Rank,
+    progress: Progress,
+    sink: IterationSink,
+    output_dir: Path | None = None,
+    stop: StopRequest | None = None,
+) -> str:
+    """Run run.training.train_iters optimizer steps; 'ok', or 'nan' when the loss diverged.
+
+    With training.save_interval > 0 (and an output_dir) it resumes from the run's latest checkpoint,
+    saves every save_interval steps, and on Slurm's signal (`stop`) saves at the step boundary and
+    raises TrainingPreempted (train.preemption).
+    """
+    from train.setup import setup
+
+    s = setup(run, rank=rank, progress=progress)
+    run = progress.run or run  # micro_batch_size=auto is a size from here on
+    tr, schedule = run.training, BatchSchedule.of(run.parallelism)
+    if rank.lead:
+        announce(run, progress, device=s.device)
+    meter = power.PowerMeter.for_device(s.device)  # disabled (with its reason) off NVIDIA GPUs
+    profiler = profiling.StepProfiler.for_steps(tr.profile_steps, run_dir=progress.run_dir, rank=rank.global_rank)
+    ckpt, resumed, consumed = resume(run, s.engine, rank=rank, progress=progress, output_dir=output_dir)
+    measured_from = max(tr.warmup_iters, resumed) + 1  # the first measured iteration of this process
+    for iteration in range(resumed + 1, tr.train_iters + 1):
+        fault_hooks(rank.global_rank, iteration)
+        if iteration == measured_from:
+            meter.start()
+        profiler.begin(iteration)
+        stats = timed_step(run, s, iteration, batch=schedule.batch_after(consumed), consumed=consumed, rank=rank, progress=progress)
+        profiler.end(iteration)
+        consumed = stats.consumed_samples
+        progress.iterations.append(stats)
+        if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters):
+            print(format_log_line(stats), flush=True)
+        sink(stats)
+        if stats.nan_iters:
+            meter.stop(tokens=0)
+            return "nan"
+        if ckpt is not None:
+            checkpoint_boundary(
+                ckpt, s.engine, step=iteration, run=run, consumed_samples=consumed, losses=progress.losses(),
+                device=s.device, rank=rank.global_rank, stop=stop,
+            )
+    if ckpt is not None:
+        ckpt.wait()
+    finish(run, s, meter, profiler, measured_from=measured_from, rank=rank, progress=progress)
+    return "ok"
+
+
+def timed_step(
+    run: RunConfig, s: Setup, iteration: int, *, batch: int, consumed: int, rank: Rank, progress: Progress
+) -> IterationStats:
+    """One timed optimizer step of `batch` samples after `consumed`, as Megatron's log line figures."""
+    tr = run.training
+    start = time.perf_counter()
+    lr = lr_at(iteration, peak=tr.lr, warmup_iters=tr.lr_warmup_iters, total_iters=tr.train_iters)
+    set_lr(s.engine.optimizer, lr)
+    batches = step_batches(run, s.source, rank=rank, consumed=consumed, global_batch_size=batch, device=s.device)
+    result = s.engine.step(batches, iteration=iteration)
+    sync(s.device)
+    elapsed = time.perf_counter() - start
+    progress.skipped += int(result.skipped)
+    tflops = flops.achieved_tflops(
+        flops.iteration_flops(run.model, run.parallelism, global_batch_size=batch)["model"],
+        elapsed,
+        rank.layout.world_size,
+    )
+    diverged = not (math.isfinite(result.loss) and (math.isfinite(result.grad_norm) or result.skipped))
+    return IterationStats(
+        iteration=iteration,
+        train_iters=tr.train_iters,
+        consumed_samples=consumed + batch,
+        consumed_tokens=(consumed + batch) * run.model.seq_length,
+        elapsed_s=elapsed,
+        learning_rate=lr,
+        global_batch_size=batch,
+        loss=result.loss,
+        loss_scale=result.loss_scale,
+        grad_norm=result.grad_norm,
+        skipped_iters=progress.skipped,
+        nan_iters=int(diverged),
+        samples_per_s=batch / elapsed,
+        tflops=tflops,
+        mfu=utilization(tflops, progress, "MFU", warn=False),
+        max_mem_gib=max_memory_gib(s.device),
+    )
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    batches: Sequence[Batch],
+    *,
+    run: RunConfig,
+    device: torch.device,
+    state: ParallelState | None = None,
+) -> StepResult:
+    """One native optimizer step over all micro-batches: accumulate, sync, unscale, clip, step.
+
+    Gradients are synchronised once, after the last micro-batch: tied-embedding copies between
+    the first and last stage, then over DP. A non-finite loss returns before the optimizer
+    touches the weights. In fp16 a non-finite gradient is the loss scaler's business: the step
+    is skipped and counted, as in Megatron.
+    """
+    from train.setup import ParallelState
+
+    state = state or ParallelState()
+    optimizer.zero_grad(set_to_none=True)
+    # Normalize by the global batch's labelled tokens (all DP ranks), so that accumulation and
+    # data parallelism both equal one large batch.
+    normalizer = int(
+        all_reduce_sum(torch.tensor(sum(int((y != IGNORE_INDEX).sum()) for _, y in batches)), state.dp.group)
+    )
+    if state.stage is not None and state.stage.num_stages > 1:
+        loss = pipeline_forward_backward(state, batches, normalizer=normalizer, run=run)
+    else:
+        loss = torch.zeros((), device=device)
+        for tokens, labels in batches:
+            loss += forward_backward(
+                model, tokens, labels, normalizer=normalizer, run=run, scaler=scaler, loss_sum=state.loss_sum
+            )
+    # Only the last stage holds the loss (0 elsewhere); TP ranks all hold the same one.
+    loss_value = float(all_reduce_sum(all_reduce_sum(loss.float(), state.dp.group), state.pp_group))
+    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+    if not math.isfinite(loss_value):
+        return StepResult(loss_value, math.nan, scale, skipped=False)
+    if state.stage is not None:
+        from train import parallel
+
+        parallel.tie_embedding_grads(state.stage, group=state.tie_group)
+    state.dp.sync_grads(model.parameters())
+    scaler.unscale_(optimizer)  # in fp16, also agrees over all ranks whether any gradient overflowed
+    grad_norm = clip(model, run, state)
+    scaler.step(optimizer)  # in fp16, skips the update when any gradient is inf/NaN
+    scaler.update()
+    skipped = scaler.is_enabled() and float(scaler.get_scale()) < scale
+    return StepResult(loss_value, grad_norm, scale, skipped=skipped)
+
+
+def clip(model: nn.Module, run: RunConfig, state: ParallelState) -> float:
+    """The global gradient norm over every layout, after scaling the gradients to training.grad_clip."""
+    from train import parallel
+
+    grad_clip = run.training.grad_clip
+    return parallel.clip_grad_norm(
+        model.parameters(),
+        max_norm=grad_clip if grad_clip > 0 else math.inf,
+        tp_group=state.tp_group,
+        pp_group=state.pp_group,
+        exclude=state.stage.tied_copy() if state.stage is not None else None,
+    )
+
+
+def forward_backward(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    normalizer: int,
+    run: RunConfig,
+    scaler: torch.amp.GradScaler,
+    loss_sum: LossSum = lm_loss_sum,
+) -> torch.Tensor:
+    """Forward and backward of one micro-batch; returns its (detached) share of the step's loss."""
+    with autocast(run, tokens.device):
+        logits = model(tokens)
+    loss = loss_sum(logits, labels) / normalizer
+    scaler.scale(loss).backward()
+    return loss.detach()
+
+
+def pipeline_forward_backward(
+    state: ParallelState, batches: Sequence[Batch], *, normalizer: int, run: RunConfig
+) -> torch.Tensor:
+    """Every micro-batch of the step through the pipeline schedule; this stage's share of the loss
+    (0 except on the last stage). The schedule cuts the concatenated batch back into the same
+    micro-batches along dim 0."""
+    assert state.stage is not None and state.loss_fn is not None
+    state.loss_fn.normalizer = normalizer
+    schedule = state.schedule(len(batches))
+    losses: list[torch.Tensor] = []
+    tokens = torch.cat([t for t, _ in batches])
+    target = torch.cat([y for _, y in batches]) if state.stage.is_last else None
+    with autocast(run, tokens.device):
+        if state.stage.is_first:
+            schedule.step(tokens, target=target, losses=losses, return_outputs=False)
+        else:
+            schedule.step(target=target, losses=losses, return_outputs=False)
+    if not losses:
+        return torch.zeros((), device=tokens.device)
+    scaler = state.loss_fn.scaler
+    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+    return torch.stack([loss.detach() for loss in losses]).sum() / scale
+
+
+def step_batches(
+    run: RunConfig, source: TokenSource, *, rank: Rank, consumed: int, global_batch_size: int, device: torch.device
+) -> list[Batch]:
+    """This rank's micro-batches of the step of `global_batch_size` samples after `consumed`."""
+    indices = rank.layout.sample_indices(
+        rank.global_rank,
+        consumed=consumed,
+        global_batch_size=global_batch_size,
+        micro_batch_size=run.parallelism.mbs,
+    )
+    return [get_batch(source, run.model, indices=r, seed=run.training.seed, device=device) for r in indices]
+
+
+# ---------------------------------------------------------------------------------------------
+# Around the steps.
+
+
+def announce(run: RunConfig, progress: Progress, *, device: torch.device) -> None:
+    """Rank 0's banner, GEMM shape report and (training.flop_check) FLOPs cross-check."""
+    print(banner(run, progress), flush=True)
+    try:
+        report = shapes.shape_report(run.model, run.parallelism, run.hardware)
+    except ValueError as exc:
+        print(f"GEMM shapes: not analysed ({exc})", flush=True)
+    else:
+        progress.warnings += [f"shapes: {w}" for w in report.warnings if "Advisor:" in w]
+        print(shapes.format_shape_report(report), flush=True)
+    if run.training.flop_check:  # opt-in: one extra model build and micro-batch
+        check = flopcheck.flop_check(run, device=device)
+        print(flopcheck.format_flop_check(check), flush=True)
+        progress.flop_check = check.to_dict()
+        if abs(check.relative_error) > flopcheck.TOLERANCE:
+            progress.warnings.append(flopcheck.format_flop_check(check))
+
+
+def banner(run: RunConfig, progress: Progress) -> str:
+    params = progress.params or 0
+    peak = "unknown" if progress.peak_tflops is None else f"{progress.peak_tflops:.3f} ({progress.peak_source})"
+    par = run.parallelism
+    return (
+        f"megasweep: {run.model.name} ({_name(run.model.kind)}, {params / 1e6:.2f}M params) on "
+        f"{progress.device_name} | precision {_name(par.precision)} | recompute {_name(par.recompute)} | "
+        f"optimizer {progress.optimizer} | peak TFLOPs {peak}"
+    )
+
+
+def finish(
+    run: RunConfig,
+    s: Setup,
+    meter: power.PowerMeter,
+    profiler: profiling.StepProfiler,
+    *,
+    measured_from: int,
+    rank: Rank,
+    progress: Progress,
+) -> None:
+    """After the last step: every rank's peak memory, energy over the measured steps, the profile,
+    and on a measured peak a second calibration."""
+    progress.max_mem_per_rank = gather_memory(max_memory_gib(s.device), rank)
+    measured = sum(it.global_batch_size for it in progress.iterations if it.iteration >= measured_from)
+    tokens = measured * run.model.seq_length
+    progress.power = power.gather(meter.stop(tokens=tokens), rank.layout.world_size).to_dict()
+    progress.profile = profiler.record()
+    if progress.peak_source == "measured":
+        # Any calibration is a lower bound on the peak (interference only slows it down), so
+        # a second one after training tightens it for the record's MFU on a shared node.
+        peak = measure_peak_tflops(s.device, run.parallelism.precision)
+        progress.peak_tflops = max(progress.peak_tflops or 0.0, peak)
+
+
+def utilization(tflops: float | None, progress: Progress, what: str, *, warn: bool = True) -> float | None:
+    """MFU/HFU, or None (with a warning in the record) when the peak is unknown or exceeded.
+
+    Above 100% means the peak or the FLOPs count is wrong (a noisy calibration, say); the
+    run's own figures are still right, so the record keeps them and flags the ratio.
+    """
+    if tflops is None:
+        return None
+    try:
+        return flops.utilization(tflops, progress.peak_tflops)
+    except flops.ImpossibleUtilization as exc:
+        if warn:  # the medians' figure only; one noisy iteration is not worth a warning
+            progress.warnings.append(f"{what} not recorded: {exc}")
+        return None
+
+
+def autocast(run: RunConfig, device: torch.device) -> torch.autocast:
+    precision = run.parallelism.precision
+    dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float16
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != Precision.fp32)
+
+
+def all_reduce_sum(t: torch.Tensor, group: torch.distributed.ProcessGroup | None) -> torch.Tensor:
+    if group is not None:
+        torch.distributed.all_reduce(t, group=group)
+    return t
+
+
+def max_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    # ru_maxrss is in KiB on Linux (bytes on macOS, where this overstates by 1024x).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def gather_memory(mine: float, rank: Rank) -> list[float]:
+    if rank.layout.world_size == 1 or not torch.distributed.is_initialized():
+        return [mine]
+    gathered: list[object] = [None] * rank.layout.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    return [float(x) for x in gathered]  # type: ignore[arg-type]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _name(value: object) -> str:
+    return str(getattr(value, "value", value))

@@ -1,0 +1,344 @@
+"""Everything the loop needs before its first step: device, process group, model, engine, data, peak.
+
+`setup` builds this rank's part of the model and the engine that steps it:
+
+    device, process group            train.distributed (gloo on CPU, nccl on CUDA)
+    model                            train.model, seeded as the one-process model
+    micro_batch_size=auto            the planner's size, then a measured probe (train.mbs_probe)
+    parallelism                      train.parallel: pipeline stage, then TP, then DP (ParallelState)
+    engine                           native (optimizer, ZeRO-1, loss scaler) or DeepSpeed
+    data, peak                       train.data, train.calibrate or the hardware's datasheet figure
+
+The layout was judged by train.planner.rules before any worker started; what is checked here are
+runtime invariants (the stages together hold every layer), which fail as bugs, not as user errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
+from train import distributed, parallel
+from train.calibrate import measure_peak_tflops
+from train.data import TokenSource, make_source
+from train.ds_config import deepspeed_config, write_deepspeed_config
+from train.engine import DeepSpeedEngine, NativeEngine
+from train.model import LossSum, TransformerLM, build_model, count_params, lm_loss_sum, num_layers
+from train.optim import build_optimizer
+from train.planner import flops
+from train.planner.layout import Layout, Rank
+from train.planner.memory import estimated_memory, usable_bytes
+
+if TYPE_CHECKING:
+    from train.engine import Engine as EngineType
+    from train.trainer import Progress
+
+
+class MicroBatchLoss:
+    """The pipeline schedule's loss_fn: one micro-batch's share of the step's loss.
+
+    The divisor (the global batch's labelled tokens) is set per step. The schedule also calls it
+    once on placeholder tensors to infer shapes, so the step's losses come from the schedule's
+    `losses` list, not from here.
+    """
+
+    def __init__(self, scaler: torch.amp.GradScaler, loss_sum: LossSum = lm_loss_sum) -> None:
+        self.scaler = scaler
+        self.loss_sum = loss_sum
+        self.normalizer = 1
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(self.loss_sum(logits, labels) / self.normalizer)
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    """This rank's parallel machinery; all None (and dp size 1) on one process."""
+
+    dp: parallel.DataParallel = field(default_factory=lambda: parallel.DataParallel(None, 1))
+    tp_group: torch.distributed.ProcessGroup | None = None
+    pp_group: torch.distributed.ProcessGroup | None = None
+    tie_group: torch.distributed.ProcessGroup | None = None
+    stage: parallel.PipelineStageModule | None = None
+    loss_fn: MicroBatchLoss | None = None
+    mesh: Any = None
+    """The (pp, dp, tp) DeviceMesh."""
+    loss_sum: LossSum = lm_loss_sum
+    """Summed cross-entropy of the logits the model returns (vocab-parallel under TP)."""
+    schedules: dict[int, Any] = field(default_factory=dict)
+    """Pipeline schedules by micro-batches per step (a batch ramp-up changes the count)."""
+    device: torch.device | None = None
+
+    def schedule(self, n_microbatches: int) -> Any:
+        """The pipeline schedule for a step of n micro-batches, built on first use. Every stage
+        reaches a new count at the same step (the batch schedule is the same on all ranks), so
+        the stages set up their point-to-point links together."""
+        if n_microbatches not in self.schedules:
+            assert self.stage is not None and self.loss_fn is not None and self.device is not None
+            self.schedules[n_microbatches] = parallel.build_schedule(
+                self.stage,
+                pp_mesh=self.mesh["pp"],
+                n_microbatches=n_microbatches,
+                device=self.device,
+                loss_fn=self.loss_fn,
+            )
+        return self.schedules[n_microbatches]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What train() builds before the first step."""
+
+    device: torch.device
+    engine: EngineType
+    source: TokenSource
+
+
+def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
+    """Device, process group, model (seeded, parallelized), engine, data and peak of this rank."""
+    par, tr = run.parallelism, run.training
+    device = setup_device(run, progress)
+    launch = distributed.launch_from_env(os.environ)
+    if (threads := distributed.cpu_threads(os.environ)) is not None:
+        torch.set_num_threads(threads)
+    if launch is not None:
+        distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
+    # Every rank builds the whole model from the same seed, so TP shards and the last stage's
+    # embedding copy start exactly as the one-process model.
+    torch.manual_seed(tr.seed)
+    model: nn.Module = build_model(run.model, recompute=par.recompute, device=device, tp=rank.layout.tp)
+    progress.params = count_params(model)
+    if is_auto_micro_batch(par):
+        run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
+    source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
+    progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
+    if par.engine == Engine.deepspeed:
+        return Setup(device, _deepspeed_engine(run, model, rank=rank, progress=progress, device=device), source)
+    # Its overflow decision is agreed over all ranks (parallel.GlobalGradScaler): all skip together.
+    scaler = parallel.GlobalGradScaler(device.type, enabled=par.precision == Precision.fp16)
+    # Only a last pipeline stage scales a loss, but every stage unscales its gradients (by the same
+    # scale: all stages start equal and train_step keeps their overflow decisions equal).
+    scaler.scale(torch.zeros((), device=device))
+    state = ParallelState()
+    if launch is not None:
+        model, state = parallelize(model, layout=rank.layout, device=device, scaler=scaler)
+    held = _layers_held(model, state.pp_group)
+    if held != run.model.num_layers:
+        raise AssertionError(f"the pipeline stages hold {held} layers, the config asks for {run.model.num_layers}")
+    optimizer, progress.optimizer = build_optimizer(
+        model, impl=par.optimizer, lr=tr.lr, weight_decay=tr.weight_decay, device_type=device.type
+    )
+    if rank.layout.tp > 1:
+        parallel.separate_dtensor_groups(optimizer)
+    if par.zero_stage == 1 and rank.layout.dp > 1:
+        optimizer = parallel.apply_zero1(optimizer, dp_mesh=state.mesh["dp"])
+        progress.optimizer = f"{progress.optimizer}+ZeRO-1"
+    return Setup(device, NativeEngine(model, optimizer, scaler, state, run, device), source)
+
+
+def parallelize(
+    model: nn.Module, *, layout: Layout, device: torch.device, scaler: torch.amp.GradScaler
+) -> tuple[nn.Module, ParallelState]:
+    """This rank's part of `model` over the (pp, dp, tp) mesh: pipeline stage, then TP, then DP."""
+    mesh = distributed.build_mesh(device.type, pp=layout.pp, dp=layout.dp, tp=layout.tp)
+    assert isinstance(model, TransformerLM)
+    stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"])
+    parallel.apply_tp(stage, tp_mesh=mesh["tp"])
+    dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
+    tie_group = parallel.embedding_tie_group(mesh)
+    loss_sum = parallel.lm_loss_fn(stage)
+    loss_fn = MicroBatchLoss(scaler, loss_sum) if layout.pp > 1 else None
+    groups = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
+    return stage, ParallelState(
+        dp, groups["tp"], groups["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, device=device
+    )
+
+
+def _deepspeed_engine(
+    run: RunConfig, model: nn.Module, *, rank: Rank, progress: Progress, device: torch.device
+) -> DeepSpeedEngine:
+    """The DeepSpeed engine replaces parallelize, the optimizer, ZeRO and the loss scaler; its config
+    comes from the run (train.ds_config) and is recorded beside result.json."""
+    from train.ds_engine import ModelParallelUnit, build_deepspeed_engine
+
+    layout = rank.layout
+    ds_cfg = deepspeed_config(run, dp=layout.dp)
+    if rank.lead and progress.run_dir is not None:
+        progress.deepspeed_config = str(write_deepspeed_config(ds_cfg, progress.run_dir))
+    state, mpu = ParallelState(), None
+    if layout.tp > 1:
+        # Megatron-DeepSpeed's split: our TP on plain tensors, DeepSpeed told the groups (mpu).
+        mesh = distributed.build_mesh(device.type, pp=1, dp=layout.dp, tp=layout.tp)
+        tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
+        parallel.apply_tp_plain(model, tp_group=tp_group)
+        mpu = ModelParallelUnit(tp_group=tp_group, dp_group=dp_group)
+        state = ParallelState(tp_group=tp_group, mesh=mesh, loss_sum=parallel.lm_loss_fn(model))
+    engine, progress.optimizer = build_deepspeed_engine(model, ds_config=ds_cfg, mpu=mpu)
+    # The engine's optimizer (a ZeRO wrapper from stage 1 on) exposes its inner optimizer's
+    # param_groups, so train.optim.set_lr drives DeepSpeed's update as it drives torch's.
+    return DeepSpeedEngine(
+        engine, engine.optimizer, state, run, layout, progress, profile_at=_deepspeed_profile_iteration(run, progress)
+    )
+
+
+def _deepspeed_profile_iteration(run: RunConfig, progress: Progress) -> int | None:
+    """The iteration training.deepspeed_flops_profile profiles (warmup_iters + 1), or None."""
+    tr = run.training
+    if not tr.deepspeed_flops_profile:
+        return None
+    if tr.warmup_iters + 1 > tr.train_iters:
+        progress.warnings.append(
+            f"training.deepspeed_flops_profile: iteration warmup_iters + 1 = {tr.warmup_iters + 1} is past "
+            f"train_iters={tr.train_iters}; not run"
+        )
+        return None
+    return tr.warmup_iters + 1
+
+
+def _layers_held(model: nn.Module, pp_group: torch.distributed.ProcessGroup | None) -> int:
+    """Blocks held by all pipeline stages together (by this rank's stage alone when pp = 1)."""
+    held = torch.tensor(num_layers(model))  # type: ignore[arg-type]
+    if pp_group is not None:
+        torch.distributed.all_reduce(held, group=pp_group)
+    return int(held)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device and peak.
+
+
+def setup_device(run: RunConfig, progress: Progress) -> torch.device:
+    if run.hardware.device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"hardware {run.hardware.name} needs CUDA, and no CUDA device is visible")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        # The configs' fp32 peaks are TF32 tensor-core peaks; run fp32 matmuls the same way.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        progress.device_name = torch.cuda.get_device_name(device)
+        progress.max_mem_source = "torch.cuda.max_memory_allocated"
+    else:
+        device = torch.device(run.hardware.device_type)
+        progress.device_name = _cpu_name()
+        progress.max_mem_source = "peak RSS of the process (getrusage)"
+    return device
+
+
+def resolve_peak(run: RunConfig, device: torch.device) -> tuple[float | None, str | None]:
+    """(peak TFLOP/s per device, 'measured' | 'datasheet'), or (None, None) when unknown."""
+    if run.hardware.peak_measured:
+        return measure_peak_tflops(device, run.parallelism.precision), "measured"
+    peak = flops.peak_tflops(run.hardware, run.parallelism.precision)
+    return peak, ("datasheet" if peak is not None else None)
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.partition(':')[2].strip()} x {torch.get_num_threads()} threads"
+    return f"cpu: {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"
+
+
+# ---------------------------------------------------------------------------------------------
+# micro_batch_size=auto in the job.
+
+
+def choose_micro_batch(
+    run: RunConfig, model: nn.Module, *, rank: Rank, progress: Progress, device: torch.device
+) -> RunConfig:
+    """micro_batch_size=auto in the job: the planner's prediction, then a measured probe, agreed by all ranks.
+
+    The probe (train.mbs_probe.auto_micro_batch) runs one forward/backward of this rank's freshly
+    built model per size, from the prediction down, with no collective: an OOM (CUDA's, or the
+    CPU allocator's) rules a size out. With tp or pp > 1 the rank holds the whole unsplit model at
+    this point, which would make the probe far too pessimistic, so those layouts take the
+    prediction unprobed. Every rank then takes the smallest size any rank found (one MIN
+    all-reduce), the record's `micro_batch` says what was chosen and why, and the returned run
+    (also progress.run) carries the size. Raises torch.OutOfMemoryError when no size fits.
+    """
+    from train.mbs_probe import ProbeAttempt, auto_micro_batch, largest_fitting_micro_batch
+
+    layout = rank.layout
+    predicted: int | None
+    probed: tuple[ProbeAttempt, ...] = ()
+    if layout.model_parallel > 1:
+        predicted, reason = largest_fitting_micro_batch(run, dp=layout.dp)
+        found = predicted
+        how = "the planner's prediction, not probed (the probe needs the whole model on one rank: tp = pp = 1)"
+    else:
+        limit = probe_memory_limit(run, device, dp=layout.dp)
+
+        def step(size: int) -> object:
+            return probe_step(model, run, size, device=device, limit_bytes=limit)
+
+        choice = auto_micro_batch(run, dp=layout.dp, step_fn=step)
+        predicted, reason, probed, found = choice.predicted, choice.reason, choice.probe, choice.micro_batch_size
+        memory = "a simulated limit of the usable memory" if limit is not None else "the device's memory"
+        how = f"the largest size, from the planner's prediction down, whose probe step fit in {memory}"
+    agreed = torch.tensor(found or 0, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+    chosen = int(agreed)
+    if chosen != (found or 0):
+        how += f"; {chosen} is the smallest any rank found ({found} here)"
+    progress.micro_batch = {
+        "requested": "auto",
+        "chosen": chosen or None,
+        "predicted": predicted,
+        "probed": [asdict(a) for a in probed],
+        "reason": f"{how}. Planner: {reason}",
+    }
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's cached blocks are not the run's
+        torch.cuda.reset_peak_memory_stats(device)
+    if chosen < 1:
+        raise torch.OutOfMemoryError(f"parallelism.micro_batch_size=auto: no micro-batch size fits ({progress.micro_batch})")
+    if rank.lead:
+        print(f"micro_batch_size=auto -> {chosen} ({how})", flush=True)
+    progress.run = replace(run, parallelism=replace(run.parallelism, micro_batch_size=chosen))
+    return progress.run
+
+
+def probe_memory_limit(run: RunConfig, device: torch.device, *, dp: int) -> float | None:
+    """Bytes the probe step may allocate: None on CUDA (the device's own OOM decides); on CPU, the
+    usable hardware.memory_gib minus the weights and optimizer states the planner expects, enforced
+    by train.mbs_probe.simulated_memory_limit (the step's own tensors, gradients included, count)."""
+    if device.type == "cuda":
+        return None
+    states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp)
+    return max(usable_bytes(run.hardware) - states.weights - states.optimizer - states.optimizer_temp, 0.0)
+
+
+def probe_step(
+    model: nn.Module, run: RunConfig, size: int, *, device: torch.device, limit_bytes: float | None
+) -> int | None:
+    """One local forward/backward of `model` on `size` synthetic samples (no collective); the peak
+    bytes the simulated limit counted (None without a limit). The gradients are dropped after."""
+    from train.loop import autocast
+    from train.mbs_probe import simulated_memory_limit
+
+    m = run.model
+    # A private generator: the probe must not shift the run's random stream.
+    gen = torch.Generator().manual_seed(run.training.seed)
+    tokens = torch.randint(0, m.vocab_size, (size, m.seq_length), generator=gen).to(device)
+    limit = simulated_memory_limit(limit_bytes) if limit_bytes is not None else contextlib.nullcontext(None)
+    try:
+        with limit as peak:
+            with autocast(run, device):
+                logits = model(tokens)
+            lm_loss_sum(logits, tokens).backward()
+            return None if peak is None else int(peak())
+    finally:
+        model.zero_grad(set_to_none=True)
+
