@@ -37,10 +37,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from train.contract import EXIT_USAGE
+
 if TYPE_CHECKING:
     from analysis.records import Sweeps
 
-EXIT_USAGE = 2
+
 
 
 class _Parser(argparse.ArgumentParser):

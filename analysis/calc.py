@@ -39,6 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf  # registers the schema in Hydra's ConfigStore
 from conf.schema import Recompute, RunConfig, to_run_config
+from train.contract import EXIT_USAGE
 from train.planner.flops import (
     ImpossibleUtilization,
     achieved_tflops,
@@ -55,7 +56,7 @@ from train.planner.sizes import total_params
 CONVENTIONS = ("gemm", "megatron_eq3", "mpt")
 OUTPUTS = ("text", "json")
 OWN_KEYS = ("sec_per_iter", "devices", "convention", "output")
-EXIT_USAGE = 2
+
 
 USAGE = (
     "usage: python -m analysis.calc [HYDRA OVERRIDES...] sec_per_iter=<seconds> devices=<count> "

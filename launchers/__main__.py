@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launchers.status import format_status, rerun_failed, sweep_status
-from train.contract import ManifestError
+from train.contract import EXIT_USAGE, ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         entries = rerun_failed(args.sweep_dir)
     except (FileNotFoundError, ManifestError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not entries:
         print("rerun: no failed configs")
         return 0
@@ -90,7 +90,7 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
     except (HydraException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(format_export(export))
     return 0
 

@@ -92,6 +92,27 @@ def timeout_signals(*, defer: bool = False) -> Iterator[StopRequest | None]:
             signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[str]]:
+    """Hold off SIGTERM and SIGUSR1 while the record is written: a local spawn's parent or Slurm may
+    end this process right after training failed, and the record is what the run leaves behind. The
+    signals received are yielded; the process exits (non-zero) after the block either way."""
+    held: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        held.append(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield held
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def await_record(path: Path, *, since: datetime, timeout_s: float = 30.0) -> None:
     """Wait until `path` was written after `since` (by rank 0), at most timeout_s: ranks that stop
     together for a requeue must not exit (and have the local spawn end rank 0) before it is."""

@@ -43,7 +43,7 @@ from train.metrics import (
 from train.planner import flops
 from train.planner.layout import Layout, Rank
 from train.planner.rules import InfeasibleConfig, advise, validate
-from train.preemption import TrainingPreempted, TrainingTimeout, await_record, timeout_signals
+from train.preemption import TrainingPreempted, TrainingTimeout, await_record, signals_held, timeout_signals
 from train.sinks import MetricSinks
 from train.wandb_log import WandbLogger
 
@@ -146,15 +146,18 @@ def run_training(
     sinks = MetricSinks.for_run(wandb, enabled=run.logger.tensorboard and rank.lead, run_dir=output_dir)
     if sinks.tensorboard is not None:
         progress.tensorboard_dir = str(sinks.tensorboard.directory)
-    status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
-    progress.warnings += sinks.errors()
-    record = build_record(
-        progress.run or run, rank=rank, progress=progress, status=status, message=message,
-        overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
-    )
-    if rank.lead:
-        write_json_atomic(path, record)
-    sinks.finish(summary=_summary_figures(record), ok=status == "ok")
+    # Held from the start: once training ends (its own handlers restored), a SIGTERM from the spawn's
+    # parent or Slurm must not cut the record short.
+    with signals_held():
+        status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
+        progress.warnings += sinks.errors()
+        record = build_record(
+            progress.run or run, rank=rank, progress=progress, status=status, message=message,
+            overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
+        )
+        if rank.lead:
+            write_json_atomic(path, record)
+        sinks.finish(summary=_summary_figures(record), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
     if failure is not None:
