@@ -25,9 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sbatch = sub.add_parser(
         "sbatch",
-        help="write job array scripts (one per resource shape) and their task tables, submit nothing",
+        help="write job array scripts (one per allocation) and their task tables, submit nothing",
         description="Expand and validate a sweep as hydra/launcher=slurm does; write one array script "
-        "per resource shape, for sbatch. Example: python -m launchers sbatch --name lr training.lr=1e-4,3e-4",
+        "per allocation, for sbatch. Example: python -m launchers sbatch --name lr training.lr=1e-4,3e-4",
     )
     sbatch.add_argument("overrides", nargs="+", help="sweep overrides, as after `python -m train -m`")
     sbatch.add_argument("--name", default=None, help="job name and file stem (default: sweep-<time>)")

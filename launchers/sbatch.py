@@ -104,7 +104,7 @@ class ExportedScript:
 
 @dataclass(frozen=True)
 class SkippedConfig:
-    """A config left out, with the validator's (or the shape's) reason."""
+    """A config left out, with the rules' reason."""
 
     index: int
     overrides: tuple[str, ...]

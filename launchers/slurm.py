@@ -116,7 +116,7 @@ def submit_hydra_jobs(
 
 
 class SlurmLauncher(SweepLauncher):
-    """Hydra launcher submitting one Slurm job array per resource shape (`hydra/launcher=slurm`).
+    """Hydra launcher submitting one Slurm job array per allocation (`hydra/launcher=slurm`).
 
     Options (hydra.launcher.*): wait (block until every job ends and return their results),
     array_parallelism (the %N throttle; null: cluster.array_parallelism), max_array_size

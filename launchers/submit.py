@@ -152,14 +152,12 @@ def run_dir_override(path: Path) -> str:
 def plan_config(
     run: RunConfig, *, array_parallelism: int | None = None
 ) -> tuple[ArrayKey | None, str | None]:
-    """(array key, None) for a feasible run; (None, reason) for one that must not be submitted."""
+    """(array key, None) for a feasible run; (None, the rules' paragraph) for one that must not be
+    submitted. The rules also guarantee that an accepted run has an allocation (`whole_nodes`)."""
     violations = validate(run, world_size=None)
     if violations:
         return None, str(InfeasibleConfig(violations))
-    try:
-        return array_key(run, array_parallelism=array_parallelism), None
-    except ValueError as exc:
-        return None, f"infeasible config: {exc}"
+    return array_key(run, array_parallelism=array_parallelism), None
 
 
 def plan_configs(
@@ -360,7 +358,7 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
         "setup": list(opt.setup) or None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
-    # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the shape's GPUs.
+    # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the allocation's GPUs.
     if opt.gres:
         params["gres"] = opt.gres
     elif alloc.gpus_per_node:

@@ -1,4 +1,4 @@
-"""`hydra/launcher=slurm`: one job array per resource shape (logic in launchers/slurm.py)."""
+"""`hydra/launcher=slurm`: one job array per allocation (logic in launchers/slurm.py)."""
 
 # No `from __future__ import annotations` here: Hydra's plugin scanner runs this module before
 # it is in sys.modules, where dataclasses would look up string annotations and fail.
@@ -42,4 +42,4 @@ ConfigStore.instance().store(
 
 
 class SlurmLauncher(_slurm.SlurmLauncher):
-    """Submits a sweep as per-shape Slurm job arrays; see launchers.slurm.SlurmLauncher."""
+    """Submits a sweep as one Slurm job array per allocation; see launchers.slurm.SlurmLauncher."""
