@@ -37,9 +37,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conf.schema import ModelConfig, Offload
+from conf.schema import ModelConfig, Offload, RunConfig
+from train.ds_config import deepspeed_config
 from train.engine import StepResult
-from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
+from train.init import initialize_module
+from train.model import IGNORE_INDEX, LossSum, lm_loss_sum, model_class, set_recompute
 from train.optim import param_groups
 from train.planner.memory import layer_params_per_rank
 from train.planner.sizes import padded_vocab_size, total_params
@@ -127,6 +129,28 @@ def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
     deepspeed.init_distributed(
         dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
     )
+
+
+def build_under_zero_init(run: RunConfig, *, dp: int, device: torch.device) -> nn.Module:
+    """The model built under deepspeed.zero.Init (ZeRO-3, no TP): each parameter is partitioned over
+    the DP ranks as its module is created, so no rank holds the whole model. Each module's own
+    parameters are then gathered in turn, filled by train.init on rank 0 (the values of the
+    one-process model) and partitioned again: at most one module's worth is ever whole."""
+    deepspeed = import_deepspeed(device.type)
+    _ensure_process_group(deepspeed, device.type)
+    cfg = run.model
+    with deepspeed.zero.Init(config_dict_or_path=deepspeed_config(run, dp=dp)):
+        model = model_class(cfg)(cfg)
+    set_recompute(model, run.parallelism.recompute)
+    lead = torch.distributed.get_rank() == 0
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        if not own:
+            continue
+        with deepspeed.zero.GatheredParameters(own, modifier_rank=0):
+            if lead:
+                initialize_module(module, prefix=name, seed=run.training.seed, num_layers=cfg.num_layers)
+    return model
 
 
 def build_deepspeed_engine(

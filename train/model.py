@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from conf.schema import ModelConfig, ModelKind, Recompute
+from train.init import initialize
 from train.planner.sizes import padded_vocab_size
 
 AttentionImpl = Literal["sdpa", "explicit"]
@@ -40,7 +41,6 @@ FlopCounterMode can count on CPU (it counts CPU SDPA as 0 FLOPs)."""
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (BERT's unmasked tokens)."""
 
-_INIT_STD = 0.02
 
 
 class Attention(nn.Module):
@@ -162,19 +162,6 @@ class TransformerLM(nn.Module):
         )
         self.norm = nn.LayerNorm(cfg.hidden_size)
         self.lm_head: MaskedLMHead | None = None
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        # GPT-2/Megatron init: N(0, 0.02), and the projections that write into the residual
-        # stream scaled by 1/sqrt(2L) so the residual's variance does not grow with depth.
-        out_std = _INIT_STD / math.sqrt(2.0 * max(self.config.num_layers, 1))
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = out_std if name.endswith(("attn.proj", "mlp.fc_out")) else _INIT_STD
-                nn.init.normal_(module.weight, std=std)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=_INIT_STD)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -201,8 +188,11 @@ class BERT(TransformerLM):
     def __init__(self, cfg: ModelConfig, *, attention: AttentionImpl = "sdpa", tp: int = 1) -> None:
         super().__init__(cfg, attention=attention, tp=tp)
         self.lm_head = MaskedLMHead(cfg.hidden_size, self.wte.num_embeddings)
-        nn.init.normal_(self.lm_head.dense.weight, std=_INIT_STD)
-        nn.init.zeros_(self.lm_head.dense.bias)
+
+
+def model_class(cfg: ModelConfig) -> type[TransformerLM]:
+    """GPT or BERT, by cfg.kind."""
+    return GPT if cfg.kind == ModelKind.gpt else BERT
 
 
 def build_model(
@@ -212,13 +202,23 @@ def build_model(
     attention: AttentionImpl = "sdpa",
     device: torch.device | str | None = None,
     tp: int = 1,
+    seed: int | None = None,
 ) -> TransformerLM:
-    """The model of `cfg.kind`, initialized from torch's current RNG state, on `device`, with
-    the vocabulary padded for `tp` tensor-parallel ranks."""
-    cls = GPT if cfg.kind == ModelKind.gpt else BERT
-    model = cls(cfg, attention=attention, tp=tp)
+    """The model of `cfg.kind` on `device`, with the vocabulary padded for `tp` tensor-parallel ranks.
+
+    Parameters are filled by train.init from `seed` (default: the seed torch's generator was last
+    set to), the same values whatever later splits the model. On the meta device nothing is
+    allocated or filled: split and shard it first, then `to_empty` and train.init.initialize.
+    """
+    on_meta = device is not None and torch.device(device).type == "meta"
+    with torch.device("meta"):
+        model = model_class(cfg)(cfg, attention=attention, tp=tp)
     set_recompute(model, recompute)
-    return model.to(device) if device is not None else model
+    if on_meta:
+        return model
+    model.to_empty(device=device if device is not None else "cpu")
+    initialize(model, seed=torch.initial_seed() if seed is None else seed, num_layers=cfg.num_layers)
+    return model
 
 
 def set_recompute(model: nn.Module, mode: Recompute) -> None:

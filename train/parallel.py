@@ -1,13 +1,17 @@
-"""Tensor, pipeline and data parallelism, applied to a built single-device model from outside.
+"""Tensor, pipeline and data parallelism, applied to a single-device model from outside.
 
 Each function takes the model (or the optimizer) and the sub-mesh it needs, keyword-only; the
 model code knows nothing about them and they find their targets by the module names that
-train.model documents (layers.N.attn.qkv, ...). Order of application, as the trainer does it:
+train.model documents (layers.N.attn.qkv, ...). Order of application, as train.setup does it:
 
+    model = build_model(cfg, device="meta")          # shapes only, no storage
     stage = split_for_pipeline(model, pp_mesh=...)   # this rank's layers (the whole model if pp=1)
     apply_tp(stage, tp_mesh=...)                     # shard the layers' matmuls over TP
+    stage.to_empty(device=...); init.initialize(stage, ...)   # only now: this rank's shards
     dp = apply_dp(stage, dp_mesh=...)                # gradient all-reduce over DP
     optimizer = apply_zero1(optimizer, dp_mesh=...)  # ZeRO-1: shard Adam states over DP
+
+Both splits work on meta tensors and on real ones (a test splits a built model to compare).
 
 Under TP the vocabulary is split too (Megatron's vocab-parallel embedding): each TP rank holds
 padded_vocab / tp rows of the word embedding, looks up only the tokens in its range and the ranks
@@ -34,6 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 if TYPE_CHECKING:
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+from train.init import ShardSpec, mark_shard
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
 
 BUCKET_BYTES = 25 * 2**20
@@ -97,7 +102,8 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
     tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
 
     def shard(full: torch.Tensor, rows: int) -> torch.Tensor:
-        # Every rank built the whole model from the same seed: its slice needs no communication.
+        # On the meta device (train.setup builds there) the slice is a shape; materialised, the rank
+        # keeps its rows of the whole tensor. Either way, no communication.
         local = full.detach()[rank * rows : (rank + 1) * rows].clone()
         return DTensor.from_local(local, tp_mesh, [Shard(0)], run_check=False)
 
@@ -134,6 +140,20 @@ def apply_tp_plain(model: nn.Module, *, tp_group: dist.ProcessGroup) -> None:
 
     _split_vocabulary(model, tp=tp, rank=rank, group=tp_group, shard=shard)
     for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            vocab = module.rows * tp
+            mark_shard(module, "weight", ShardSpec((vocab, module.weight.shape[1]), 0, module.start))
+        elif isinstance(module, MaskedLMHead):
+            rows = module.bias.shape[0]
+            mark_shard(module, "bias", ShardSpec((rows * tp,), 0, rank * rows))
+    mark_tensor_parallel(model)
+
+
+def mark_tensor_parallel(model: nn.Module) -> None:
+    """Flag every TP-sharded plain tensor `tensor_model_parallel = True`, the attribute DeepSpeed (given
+    train.ds_engine's mpu) reads to sum its gradient norm over TP and count replicated parameters
+    once. Call again after `to_empty`, which replaces parameters (and drops their attributes)."""
+    for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
             for p in module.parameters(recurse=False):
                 p.tensor_model_parallel = True  # type: ignore[attr-defined]
@@ -143,8 +163,11 @@ def apply_tp_plain(model: nn.Module, *, tp_group: dist.ProcessGroup) -> None:
             module.bias.tensor_model_parallel = True  # type: ignore[attr-defined]
 
 
-def _shard_param(full: torch.Tensor, *, dim: int, rank: int, tp: int) -> nn.Parameter:
+def _shard_param(
+    module: nn.Module, attr: str, full: torch.Tensor, *, dim: int, rank: int, tp: int
+) -> nn.Parameter:
     size = full.shape[dim] // tp
+    mark_shard(module, attr, ShardSpec(tuple(full.shape), dim, rank * size))
     return nn.Parameter(full.detach().narrow(dim, rank * size, size).clone())
 
 
@@ -155,8 +178,8 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         if full.out_features % tp:
             raise ValueError(f"{full.out_features} output features do not split over tp={tp}")
-        self.weight = _shard_param(full.weight, dim=0, rank=rank, tp=tp)
-        self.bias = None if full.bias is None else _shard_param(full.bias, dim=0, rank=rank, tp=tp)
+        self.weight = _shard_param(self, "weight", full.weight, dim=0, rank=rank, tp=tp)
+        self.bias = None if full.bias is None else _shard_param(self, "bias", full.bias, dim=0, rank=rank, tp=tp)
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,7 +194,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         if full.in_features % tp:
             raise ValueError(f"{full.in_features} input features do not split over tp={tp}")
-        self.weight = _shard_param(full.weight, dim=1, rank=rank, tp=tp)
+        self.weight = _shard_param(self, "weight", full.weight, dim=1, rank=rank, tp=tp)
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
         self.group = group
 
@@ -342,8 +365,8 @@ class PipelineStageModule(nn.Module):
     stage and the final norm and tied output layer on the last, under the model's own names.
 
     The last stage holds its own copy of the word embedding for the output layer (initialised
-    identically: every rank builds the whole model from the same seed); the trainer all-reduces
-    the two copies' gradients so they stay equal, as Megatron does.
+    identically: train.init fills a parameter by its name, whichever stage holds it); the trainer
+    all-reduces the two copies' gradients so they stay equal, as Megatron does.
     """
 
     def __init__(self, model: TransformerLM, *, stage: int, num_stages: int) -> None:

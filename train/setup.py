@@ -31,13 +31,17 @@ from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, make_source
 from train.ds_config import deepspeed_config, write_deepspeed_config
 from train.engine import DeepSpeedEngine, NativeEngine
-from train.model import LossSum, TransformerLM, build_model, count_params, lm_loss_sum, num_layers
+from train.init import initialize
+from train.model import LossSum, build_model, lm_loss_sum, num_layers
 from train.optim import build_optimizer
 from train.planner import flops
-from train.planner.layout import Layout, Rank
+from train.planner.layout import Rank
 from train.planner.memory import estimated_memory, usable_bytes
+from train.planner.sizes import total_params
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from train.engine import Engine as EngineType
     from train.trainer import Progress
 
@@ -103,33 +107,34 @@ class Setup:
 
 
 def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
-    """Device, process group, model (seeded, parallelized), engine, data and peak of this rank."""
+    """Device, process group, this rank's part of the model (built on the meta device, split and
+    sharded before anything is allocated), engine, data and peak."""
     par, tr = run.parallelism, run.training
     device = setup_device(run, progress)
     launch = distributed.launch_from_env(os.environ)
     if (threads := distributed.cpu_threads(os.environ)) is not None:
         torch.set_num_threads(threads)
+    mesh = None
     if launch is not None:
         distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
-    # Every rank builds the whole model from the same seed, so TP shards and the last stage's
-    # embedding copy start exactly as the one-process model.
-    torch.manual_seed(tr.seed)
-    model: nn.Module = build_model(run.model, recompute=par.recompute, device=device, tp=rank.layout.tp)
-    progress.params = count_params(model)
+        mesh = distributed.build_mesh(device.type, pp=rank.layout.pp, dp=rank.layout.dp, tp=rank.layout.tp)
+    progress.params = total_params(run.model, rank.layout.tp)
+    if par.engine == Engine.deepspeed:
+        model = build_deepspeed_model(run, rank=rank, device=device, mesh=mesh)
+    else:
+        model = build_stage(run, rank=rank, device=device, mesh=mesh)
     if is_auto_micro_batch(par):
         run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
     progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
     if par.engine == Engine.deepspeed:
-        return Setup(device, _deepspeed_engine(run, model, rank=rank, progress=progress, device=device), source)
+        return Setup(device, _deepspeed_engine(run, model, rank=rank, progress=progress, mesh=mesh), source)
     # Its overflow decision is agreed over all ranks (parallel.GlobalGradScaler): all skip together.
     scaler = parallel.GlobalGradScaler(device.type, enabled=par.precision == Precision.fp16)
     # Only a last pipeline stage scales a loss, but every stage unscales its gradients (by the same
     # scale: all stages start equal and train_step keeps their overflow decisions equal).
     scaler.scale(torch.zeros((), device=device))
-    state = ParallelState()
-    if launch is not None:
-        model, state = parallelize(model, layout=rank.layout, device=device, scaler=scaler)
+    state = ParallelState() if mesh is None else parallel_state(model, mesh=mesh, device=device, scaler=scaler)
     held = _layers_held(model, state.pp_group)
     if held != run.model.num_layers:
         raise AssertionError(f"the pipeline stages hold {held} layers, the config asks for {run.model.num_layers}")
@@ -139,34 +144,70 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if rank.layout.tp > 1:
         parallel.separate_dtensor_groups(optimizer)
     if par.zero_stage == 1 and rank.layout.dp > 1:
-        optimizer = parallel.apply_zero1(optimizer, dp_mesh=state.mesh["dp"])
+        assert mesh is not None
+        optimizer = parallel.apply_zero1(optimizer, dp_mesh=mesh["dp"])
         progress.optimizer = f"{progress.optimizer}+ZeRO-1"
     return Setup(device, NativeEngine(model, optimizer, scaler, state, run, device), source)
 
 
-def parallelize(
-    model: nn.Module, *, layout: Layout, device: torch.device, scaler: torch.amp.GradScaler
-) -> tuple[nn.Module, ParallelState]:
-    """This rank's part of `model` over the (pp, dp, tp) mesh: pipeline stage, then TP, then DP."""
-    mesh = distributed.build_mesh(device.type, pp=layout.pp, dp=layout.dp, tp=layout.tp)
-    assert isinstance(model, TransformerLM)
-    stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"])
-    parallel.apply_tp(stage, tp_mesh=mesh["tp"])
+def build_stage(run: RunConfig, *, rank: Rank, device: torch.device, mesh: DeviceMesh | None) -> nn.Module:
+    """This rank's pipeline stage, TP-sharded, with only its own parameters allocated and filled.
+
+    The model is built on the meta device (shapes, no storage), cut to this rank's stage and
+    sharded; then the stage's shards are allocated (`to_empty`) and filled by train.init, with the
+    values the one-process model has at the same places. A rank never holds more than its share."""
+    model = build_model(run.model, recompute=run.parallelism.recompute, device="meta", tp=rank.layout.tp)
+    stage: nn.Module = model
+    if mesh is not None:
+        stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"])
+        parallel.apply_tp(stage, tp_mesh=mesh["tp"])
+    stage.to_empty(device=device)
+    initialize(stage, seed=run.training.seed, num_layers=run.model.num_layers)
+    return stage
+
+
+def parallel_state(
+    stage: nn.Module, *, mesh: DeviceMesh, device: torch.device, scaler: torch.amp.GradScaler
+) -> ParallelState:
+    """The DP gradient synchroniser, groups, tied-embedding pair and pipeline loss of `stage`."""
+    assert isinstance(stage, parallel.PipelineStageModule)
     dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
     tie_group = parallel.embedding_tie_group(mesh)
     loss_sum = parallel.lm_loss_fn(stage)
-    loss_fn = MicroBatchLoss(scaler, loss_sum) if layout.pp > 1 else None
+    loss_fn = MicroBatchLoss(scaler, loss_sum) if mesh["pp"].size() > 1 else None
     groups = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
-    return stage, ParallelState(
+    return ParallelState(
         dp, groups["tp"], groups["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, device=device
     )
 
 
+def build_deepspeed_model(
+    run: RunConfig, *, rank: Rank, device: torch.device, mesh: DeviceMesh | None
+) -> nn.Module:
+    """The model DeepSpeed will wrap. ZeRO-3 without TP builds it under deepspeed.zero.Init, so each
+    rank only ever holds its partition (and one module's parameters while they are filled); else it
+    is built on the meta device and, with TP, sharded on plain tensors (ZeRO flattens them) before
+    anything is allocated; DeepSpeed partitions the shards when it starts."""
+    par = run.parallelism
+    if par.zero_stage == 3 and rank.layout.tp == 1:
+        from train.ds_engine import build_under_zero_init
+
+        return build_under_zero_init(run, dp=rank.layout.dp, device=device)
+    model = build_model(run.model, recompute=par.recompute, device="meta", tp=rank.layout.tp)
+    if rank.layout.tp > 1:
+        assert mesh is not None
+        parallel.apply_tp_plain(model, tp_group=mesh["tp"].get_group())
+    model.to_empty(device=device)
+    parallel.mark_tensor_parallel(model)  # again: to_empty made the parameters anew
+    initialize(model, seed=run.training.seed, num_layers=run.model.num_layers)
+    return model
+
+
 def _deepspeed_engine(
-    run: RunConfig, model: nn.Module, *, rank: Rank, progress: Progress, device: torch.device
+    run: RunConfig, model: nn.Module, *, rank: Rank, progress: Progress, mesh: DeviceMesh | None
 ) -> DeepSpeedEngine:
-    """The DeepSpeed engine replaces parallelize, the optimizer, ZeRO and the loss scaler; its config
-    comes from the run (train.ds_config) and is recorded beside result.json."""
+    """The DeepSpeed engine replaces the DP synchroniser, the optimizer, ZeRO and the loss scaler; its
+    config comes from the run (train.ds_config) and is recorded beside result.json."""
     from train.ds_engine import ModelParallelUnit, build_deepspeed_engine
 
     layout = rank.layout
@@ -176,9 +217,8 @@ def _deepspeed_engine(
     state, mpu = ParallelState(), None
     if layout.tp > 1:
         # Megatron-DeepSpeed's split: our TP on plain tensors, DeepSpeed told the groups (mpu).
-        mesh = distributed.build_mesh(device.type, pp=1, dp=layout.dp, tp=layout.tp)
+        assert mesh is not None
         tp_group, dp_group = mesh["tp"].get_group(), mesh["dp"].get_group()
-        parallel.apply_tp_plain(model, tp_group=tp_group)
         mpu = ModelParallelUnit(tp_group=tp_group, dp_group=dp_group)
         state = ParallelState(tp_group=tp_group, mesh=mesh, loss_sum=parallel.lm_loss_fn(model))
     engine, progress.optimizer = build_deepspeed_engine(model, ds_config=ds_cfg, mpu=mpu)
