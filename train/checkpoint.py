@@ -15,10 +15,11 @@ resuming under another layout is refused rather than attempted.
 What is saved, per rank, under one DCP state dict:
 - "model": get_model_state_dict(stage module): DTensor shards for TP, each stage's own names
   (layers.2...), replicated tensors saved once (DCP de-duplicates identical keys);
-- "optim": per-parameter optimizer states keyed by the parameter's name. Not DCP's
-  get_optimizer_state_dict: it reads optimizer.state, which ZeroOneOptimizer leaves empty (its
-  inner optimizer holds the owned shard). Keying by name gives each DP rank distinct keys for
-  the parameters it owns, so every rank writes exactly its own shard;
+- "optim": per-parameter optimizer states keyed by the parameter's name; under ZeRO-1 one entry
+  per bucket slice, keyed by the rank (train.dp.DistributedOptimizer). Not DCP's
+  get_optimizer_state_dict: it reads optimizer.state, which the distributed optimizer leaves
+  empty (its inner optimizer holds the slices). Distinct keys per rank mean every rank writes
+  exactly its own states;
 - "rng.rank<r>": this rank's RNG states (torch, CUDA, numpy, Python);
 and in meta.json (rank 0): step, consumed samples, the whole run's losses (so a resumed run's
 record holds the same loss curve as an uninterrupted one), the loss scaler, the layout and the
@@ -51,7 +52,7 @@ from torch import nn
 
 from conf.schema import RunConfig, to_plain_dict
 from train.contract import write_json_atomic
-from train.parallel import ZeroOneOptimizer
+from train.dp import DistributedOptimizer
 
 LATEST = "latest"
 META = "meta.json"
@@ -264,6 +265,8 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(model, state["model"])
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer.refresh_from_model()  # its fp32 slices of the parameters, from the restored model
         _set_rng_state(state[f"rng.rank{self.rank}"])
         if meta["scaler"]:
             scaler.load_state_dict(meta["scaler"])
@@ -279,7 +282,7 @@ class Checkpointer:
 
         return {
             "model": get_model_state_dict(model),
-            "optim": optimizer_state(model, optimizer),
+            "optim": optimizer_state(model, optimizer, rank=self.rank),
             f"rng.rank{self.rank}": _rng_state(),
         }
 
@@ -297,14 +300,17 @@ def _dcp() -> ModuleType:
 
 
 def _stateful(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer that holds the states: ZeRO-1's inner one (this DP rank's shard), else itself."""
-    return optimizer.inner if isinstance(optimizer, ZeroOneOptimizer) else optimizer
+    """The optimizer that holds the states: ZeRO-1's inner one (this DP rank's slices), else itself."""
+    return optimizer.inner if isinstance(optimizer, DistributedOptimizer) else optimizer
 
 
-def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int = 0) -> dict[str, dict[str, Any]]:
     """{parameter name: its optimizer state (references, not copies)} for the parameters whose
-    states this rank holds. Learning rate and weight decay are not saved: the trainer sets them
-    from the config and the iteration at every step."""
+    states this rank holds; under ZeRO-1 one entry per bucket slice, named by the global rank
+    (every rank writes exactly its own). Learning rate and weight decay are not saved: the
+    trainer sets them from the config and the iteration at every step."""
+    if isinstance(optimizer, DistributedOptimizer):
+        return optimizer.named_states(f"zero1.rank{rank}")
     names = {id(p): name for name, p in model.named_parameters()}
     holder = _stateful(optimizer)
     out: dict[str, dict[str, Any]] = {}

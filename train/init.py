@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from train.tensors import local as local_of
+
 BLOCK_ROWS = 128
 """Rows of a parameter drawn from one generator (a 1-D parameter is one column of rows)."""
 INIT_STD = 0.02
@@ -101,11 +103,6 @@ def fill_normal(local: torch.Tensor, shard: ShardSpec, *, std: float, seed: int,
         view[first - r0 : last - r0].copy_(values[first - b0 : last - b0, c0 : c0 + local_cols])
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
-
-
 @torch.no_grad()
 def initialize(model: nn.Module, *, seed: int, num_layers: int) -> None:
     """Fill every parameter of `model` (a whole model, a pipeline stage, TP shards) in place."""
@@ -119,7 +116,7 @@ def initialize_module(module: nn.Module, *, prefix: str, seed: int, num_layers: 
     residual_std = INIT_STD / math.sqrt(2.0 * max(num_layers, 1))
     for attr, param in module.named_parameters(recurse=False):
         name = f"{prefix}.{attr}" if prefix else attr
-        local = _local(param)
+        local = local_of(param)
         if isinstance(module, nn.LayerNorm):
             local.fill_(1.0 if attr == "weight" else 0.0)
         elif attr == "bias":

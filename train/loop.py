@@ -144,17 +144,19 @@ def train_step(
     device: torch.device,
     state: ParallelState | None = None,
 ) -> StepResult:
-    """One native optimizer step over all micro-batches: accumulate, sync, unscale, clip, step.
+    """One native optimizer step over all micro-batches: accumulate, reduce, unscale, clip, step.
 
-    Gradients are synchronised once, after the last micro-batch: tied-embedding copies between
-    the first and last stage, then over DP. A non-finite loss returns before the optimizer
-    touches the weights. In fp16 a non-finite gradient is the loss scaler's business: the step
-    is skipped and counted, as in Megatron.
+    The DP reduction of a bucket starts during the last micro-batch's backward, as soon as its
+    gradients are complete (train.dp); the tied-embedding copies of the first and last stage are
+    summed after backward, then reduced. A non-finite loss returns before the optimizer touches
+    the weights. In fp16 a non-finite gradient is the loss scaler's business: the step is skipped
+    and counted, as in Megatron.
     """
     from train.setup import ParallelState
 
     state = state or ParallelState()
     optimizer.zero_grad(set_to_none=True)
+    state.dp.begin_step(len(batches))
     # Normalize by the global batch's labelled tokens (all DP ranks), so that accumulation and
     # data parallelism both equal one large batch.
     normalizer = int(
@@ -172,32 +174,26 @@ def train_step(
     loss_value = float(all_reduce_sum(all_reduce_sum(loss.float(), state.dp.group), state.pp_group))
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     if not math.isfinite(loss_value):
+        state.dp.finish()  # the reductions in flight complete before the step is abandoned
         return StepResult(loss_value, math.nan, scale, skipped=False)
     if state.stage is not None:
         from train import parallel
 
         parallel.tie_embedding_grads(state.stage, group=state.tie_group)
-    state.dp.sync_grads(model.parameters())
+    state.dp.finish()  # DP reductions were launched during backward; the tied embedding's now
     scaler.unscale_(optimizer)  # in fp16, also agrees over all ranks whether any gradient overflowed
-    grad_norm = clip(model, run, state)
-    scaler.step(optimizer)  # in fp16, skips the update when any gradient is inf/NaN
-    scaler.update()
-    skipped = scaler.is_enabled() and float(scaler.get_scale()) < scale
-    return StepResult(loss_value, grad_norm, scale, skipped=skipped)
-
-
-def clip(model: nn.Module, run: RunConfig, state: ParallelState) -> float:
-    """The global gradient norm over every layout, after scaling the gradients to training.grad_clip."""
-    from train import parallel
-
     grad_clip = run.training.grad_clip
-    return parallel.clip_grad_norm(
+    grad_norm = state.dp.clip_grad_norm(
         model.parameters(),
         max_norm=grad_clip if grad_clip > 0 else math.inf,
         tp_group=state.tp_group,
         pp_group=state.pp_group,
         exclude=state.stage.tied_copy() if state.stage is not None else None,
     )
+    scaler.step(optimizer)  # in fp16, skips the update when any gradient is inf/NaN
+    scaler.update()
+    skipped = scaler.is_enabled() and float(scaler.get_scale()) < scale
+    return StepResult(loss_value, grad_norm, scale, skipped=skipped)
 
 
 def forward_backward(

@@ -8,8 +8,8 @@ train.model documents (layers.N.attn.qkv, ...). Order of application, as train.s
     stage = split_for_pipeline(model, pp_mesh=...)   # this rank's layers (the whole model if pp=1)
     apply_tp(stage, tp_mesh=...)                     # shard the layers' matmuls over TP
     stage.to_empty(device=...); init.initialize(stage, ...)   # only now: this rank's shards
-    dp = apply_dp(stage, dp_mesh=...)                # gradient all-reduce over DP
-    optimizer = apply_zero1(optimizer, dp_mesh=...)  # ZeRO-1: shard Adam states over DP
+    sync = apply_dp(stage, dp_mesh=..., groups=..., zero=...)  # DP reduction overlapped with backward
+    optimizer = apply_zero1(optimizer, sync=sync)    # ZeRO-1: Adam on this DP rank's slices
 
 Both splits work on meta tensors and on real ones (a test splits a built model to compare).
 
@@ -22,44 +22,26 @@ sum their lookups; the tied output layer computes the logits of those rows only,
 
 from __future__ import annotations
 
-import math
-import sys
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+from train.dp import DistributedOptimizer, GradSync, make_buckets
 from train.init import ShardSpec, mark_shard
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
-
-BUCKET_BYTES = 25 * 2**20
-"""Gradient bytes per all-reduce: large enough to amortise the per-call latency, small enough
-not to double peak memory with one flat copy of all gradients (DDP's default size)."""
+from train.tensors import is_dtensor, local
 
 _COLWISE = ("attn.qkv", "mlp.fc_in")
 _ROWWISE = ("attn.proj", "mlp.fc_out")
-
-
-def _is_dtensor(t: object) -> bool:
-    # torch.distributed.tensor (and .pipelining) cost about a second of start-up each, which every
-    # process without TP or checkpoints would pay: they are imported where they are used, and no
-    # DTensor can exist before its module is imported, so an unimported module answers "no".
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank stores (a DTensor's shard, a plain tensor itself)."""
-    return t.to_local() if _is_dtensor(t) else t  # type: ignore[attr-defined]
 
 
 def _group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
@@ -243,20 +225,20 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, weight: torch.Tensor, *, start: int, group: dist.ProcessGroup) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
-        self.start, self.rows = start, _local(weight).shape[0]
+        self.start, self.rows = start, local(weight).shape[0]
         self.group = group
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mine = (tokens >= self.start) & (tokens < self.start + self.rows)
         # Tokens of other ranks look up row 0 and are zeroed, so their gradient is zero too.
-        local = F.embedding(torch.where(mine, tokens - self.start, 0), _local(self.weight))
-        return _SumOverTP.apply(local.masked_fill(~mine.unsqueeze(-1), 0.0), self.group)
+        looked_up = F.embedding(torch.where(mine, tokens - self.start, 0), local(self.weight))
+        return _SumOverTP.apply(looked_up.masked_fill(~mine.unsqueeze(-1), 0.0), self.group)
 
     def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's slice of the logits, [b, s, rows] (a plain tensor: the pipeline schedule
         passes it to the loss as it is)."""
         return F.linear(
-            _EnterTP.apply(x, self.group), _local(self.weight), None if bias is None else _local(bias)
+            _EnterTP.apply(x, self.group), local(self.weight), None if bias is None else local(bias)
         )
 
     def extra_repr(self) -> str:
@@ -456,114 +438,47 @@ def tie_embedding_grads(stage_module: PipelineStageModule, *, group: dist.Proces
     weight = stage_module.wte.weight
     if weight.grad is None:
         weight.grad = torch.zeros_like(weight)
-    dist.all_reduce(_local(weight.grad), group=group)
+    dist.all_reduce(local(weight.grad), group=group)
 
 
 # ---------------------------------------------------------------------------------------------
-# Data parallelism and ZeRO-1.
+# Data parallelism and ZeRO-1 (train.dp does the work).
 
 
-@dataclass(frozen=True)
-class DataParallel:
-    """Gradient all-reduce over the DP group, once per step after the last micro-batch.
-
-    Why not torch DDP: DDP cannot wrap DTensor (TP-sharded) parameters, and under pipelining the
-    schedule, not DDP's forward, drives backward; one explicit, bucketed all-reduce after the
-    step's backward is correct for every layout and trivially has no sync between micro-batches.
-    The cost is no overlap of the reduction with backward (DDP's main speed-up), which is the
-    next step for dp-heavy layouts. Gradients are SUMMED, not averaged: the loss is already
-    divided by the global batch's token count.
-    """
-
-    group: dist.ProcessGroup | None
-    size: int
-
-    def sync_grads(self, params: Iterable[nn.Parameter]) -> None:
-        if self.group is None:
-            return
-        grads = []
-        for p in params:
-            if p.grad is None:  # a parameter unused on this rank still joins the collective
-                p.grad = torch.zeros_like(p)
-            grads.append(_local(p.grad))
-        for bucket in _buckets(grads, BUCKET_BYTES):
-            flat = _flatten_dense_tensors(bucket)
-            dist.all_reduce(flat, group=self.group)
-            for grad, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                grad.copy_(synced)
+def apply_dp(
+    model: nn.Module, *, dp_mesh: DeviceMesh, groups: Sequence[tuple[Sequence[nn.Parameter], float]], zero: bool
+) -> GradSync:
+    """The gradient reduction of `model`'s replicas over DP, overlapped with backward: all-reduce, or
+    with `zero` (ZeRO-1) reduce-scatter into this rank's slices. `groups` are the optimizer's
+    (parameters, weight decay) groups, which buckets do not mix. A no-op when dp = 1."""
+    # The word embedding on a pipeline's first and last stage: its copies are summed across the
+    # stages first (tie_embedding_grads), so it is reduced last.
+    tied: list[nn.Parameter] = []
+    if isinstance(model, PipelineStageModule) and model.num_stages > 1 and model.wte is not None:
+        tied.append(model.wte.weight)  # type: ignore[arg-type]  # a Parameter, typed as a Tensor
+    group = _group(dp_mesh)
+    return GradSync(
+        make_buckets(groups, dp=dp_mesh.size(), deferred=tied),
+        group=group,
+        size=dp_mesh.size(),
+        rank=dp_mesh.get_local_rank(),
+        shard=zero and group is not None,
+    )
 
 
-def apply_dp(model: nn.Module, *, dp_mesh: DeviceMesh) -> DataParallel:
-    """The gradient synchroniser of `model`'s replicas (no-op when dp = 1)."""
-    del model  # all state is in the gradients; kept in the signature for symmetry with apply_tp
-    return DataParallel(group=_group(dp_mesh), size=dp_mesh.size())
-
-
-def _buckets(tensors: Sequence[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for t in tensors:
-        if not out or size + t.numel() * t.element_size() > limit or out[-1][0].dtype != t.dtype:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += t.numel() * t.element_size()
-    return out
-
-
-def partition_params(sizes: Sequence[int], parts: int) -> list[int]:
-    """Owner (0..parts-1) of each parameter: greedy largest-first onto the least loaded part, so
-    every DP rank holds about 1/parts of the optimizer states. Deterministic on every rank."""
-    load = [0] * parts
-    owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        r = min(range(parts), key=lambda r: (load[r], r))
-        owner[i] = r
-        load[r] += sizes[i]
-    return owner
-
-
-class ZeroOneOptimizer(torch.optim.Optimizer):
-    """ZeRO stage 1 ('distributed optimizer'): each DP rank keeps Adam states for, and updates, only
-    the parameters it owns, then broadcasts them to the other replicas.
-
-    Its param_groups list every parameter, so the loss scaler unscales all gradients and the
-    learning-rate schedule reaches the inner optimizer; the inner optimizer (Adam states are
-    created lazily at its first step) sees only the owned ones.
-    """
-
-    def __init__(self, inner: torch.optim.Optimizer, *, dp_mesh: DeviceMesh) -> None:
-        groups = [{**g, "params": list(g["params"])} for g in inner.param_groups]
-        super().__init__(groups, dict(inner.defaults))
-        self.inner = inner
-        self.group = _group(dp_mesh)
-        self.dp_rank = dp_mesh.get_local_rank()
-        self.params = [p for g in groups for p in g["params"]]
-        self.owner = partition_params([_local(p).numel() for p in self.params], dp_mesh.size())
-        mine = {id(p) for p, o in zip(self.params, self.owner, strict=True) if o == self.dp_rank}
-        for g in inner.param_groups:
-            g["params"] = [p for p in g["params"] if id(p) in mine]
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            inner["lr"], inner["weight_decay"] = outer["lr"], outer["weight_decay"]
-        self.inner.step()
-        if self.group is None:
-            return
-        for src in range(dist.get_world_size(self.group)):
-            owned = [_local(p) for p, o in zip(self.params, self.owner, strict=True) if o == src]
-            for bucket in _buckets(owned, BUCKET_BYTES):
-                flat = _flatten_dense_tensors(bucket)
-                dist.broadcast(flat, group=self.group, group_src=src)
-                if src != self.dp_rank:
-                    for t, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                        t.copy_(synced)
-
-
-def apply_zero1(optimizer: torch.optim.Optimizer, *, dp_mesh: DeviceMesh) -> torch.optim.Optimizer:
-    """`optimizer` with its states sharded over DP (unchanged when dp = 1)."""
-    return optimizer if dp_mesh.size() == 1 else ZeroOneOptimizer(optimizer, dp_mesh=dp_mesh)
+def apply_zero1(optimizer: torch.optim.Optimizer, *, sync: GradSync) -> torch.optim.Optimizer:
+    """ZeRO-1 over `sync`'s buckets: Adam on this DP rank's slices, an optimizer of the same class and
+    settings as `optimizer` (unchanged when dp = 1)."""
+    if not sync.shard:
+        return optimizer
+    cls = type(optimizer)
+    # The constructor's own keywords: `defaults` also holds settings a subclass fixes (AdamW's
+    # decoupled_weight_decay), which its constructor does not take.
+    accepted = inspect.signature(cls.__init__).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    zero = DistributedOptimizer(sync, make_inner=lambda groups: cls(groups, **settings))
+    sync.zero = zero
+    return zero
 
 
 def separate_dtensor_groups(optimizer: torch.optim.Optimizer) -> None:
@@ -575,52 +490,10 @@ def separate_dtensor_groups(optimizer: torch.optim.Optimizer) -> None:
     """
     groups: list[dict[str, Any]] = []
     for group in optimizer.param_groups:
-        sharded = [p for p in group["params"] if _is_dtensor(p)]
-        plain = [p for p in group["params"] if not _is_dtensor(p)]
+        sharded = [p for p in group["params"] if is_dtensor(p)]
+        plain = [p for p in group["params"] if not is_dtensor(p)]
         groups.extend({**group, "params": params} for params in (sharded, plain) if params)
     optimizer.param_groups[:] = groups
-
-
-# ---------------------------------------------------------------------------------------------
-# Gradient norm over every layout.
-
-
-def clip_grad_norm(
-    params: Iterable[nn.Parameter],
-    *,
-    max_norm: float,
-    tp_group: dist.ProcessGroup | None,
-    pp_group: dist.ProcessGroup | None,
-    exclude: torch.Tensor | None = None,
-) -> float:
-    """Global L2 norm of the model's gradients, then scale them to at most `max_norm` (as
-    torch.nn.utils.clip_grad_norm_). TP shards are summed over TP, replicated tensors counted
-    once; stages are summed over PP; `exclude` (the last stage's tied embedding copy) is skipped
-    in the norm because its twin on the first stage is already counted. Call after the DP sync:
-    then every DP replica holds the same gradients and the same norm."""
-    grads = [(p, p.grad) for p in params if p.grad is not None]
-    ref = next((_local(g) for _, g in grads), torch.zeros(()))
-    sharded = torch.zeros((), device=ref.device, dtype=torch.float32)
-    replicated = torch.zeros((), device=ref.device, dtype=torch.float32)
-    for p, g in grads:
-        if p is exclude:
-            continue
-        sq = _local(g).float().pow(2).sum()
-        if _is_dtensor(g) and any(pl.is_shard() for pl in g.placements):  # type: ignore[attr-defined]
-            sharded += sq
-        else:
-            replicated += sq
-    if tp_group is not None:
-        dist.all_reduce(sharded, group=tp_group)
-    total = sharded + replicated
-    if pp_group is not None:
-        dist.all_reduce(total, group=pp_group)
-    norm = float(total.sqrt())
-    coef = max_norm / (norm + 1e-6)
-    if coef < 1.0 and math.isfinite(norm):
-        for _, g in grads:
-            _local(g).mul_(coef)
-    return norm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -658,7 +531,7 @@ class GlobalGradScaler(torch.amp.GradScaler):
                 for param in group["params"]:
                     if param.grad is None:
                         continue
-                    grad = _local(param.grad)
+                    grad = local(param.grad)
                     if not allow_fp16 and grad.dtype == torch.float16:
                         raise ValueError("Attempting to unscale FP16 gradients.")
                     by_dtype.setdefault(grad.dtype, []).append(grad)

@@ -29,6 +29,7 @@ from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
 from train import distributed, parallel
 from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, make_source
+from train.dp import GradSync
 from train.ds_config import deepspeed_config, write_deepspeed_config
 from train.engine import DeepSpeedEngine, NativeEngine
 from train.init import initialize
@@ -67,7 +68,7 @@ class MicroBatchLoss:
 class ParallelState:
     """This rank's parallel machinery; all None (and dp size 1) on one process."""
 
-    dp: parallel.DataParallel = field(default_factory=lambda: parallel.DataParallel(None, 1))
+    dp: GradSync = field(default_factory=lambda: GradSync([], group=None, size=1, rank=0, shard=False))
     tp_group: torch.distributed.ProcessGroup | None = None
     pp_group: torch.distributed.ProcessGroup | None = None
     tie_group: torch.distributed.ProcessGroup | None = None
@@ -134,18 +135,20 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     # Only a last pipeline stage scales a loss, but every stage unscales its gradients (by the same
     # scale: all stages start equal and train_step keeps their overflow decisions equal).
     scaler.scale(torch.zeros((), device=device))
-    state = ParallelState() if mesh is None else parallel_state(model, mesh=mesh, device=device, scaler=scaler)
-    held = _layers_held(model, state.pp_group)
-    if held != run.model.num_layers:
-        raise AssertionError(f"the pipeline stages hold {held} layers, the config asks for {run.model.num_layers}")
     optimizer, progress.optimizer = build_optimizer(
         model, impl=par.optimizer, lr=tr.lr, weight_decay=tr.weight_decay, device_type=device.type
     )
+    state = ParallelState()
+    if mesh is not None:
+        groups = [(g["params"], float(g["weight_decay"])) for g in optimizer.param_groups]
+        state = parallel_state(model, mesh=mesh, device=device, scaler=scaler, groups=groups, zero=par.zero_stage == 1)
+    held = _layers_held(model, state.pp_group)
+    if held != run.model.num_layers:
+        raise AssertionError(f"the pipeline stages hold {held} layers, the config asks for {run.model.num_layers}")
     if rank.layout.tp > 1:
         parallel.separate_dtensor_groups(optimizer)
-    if par.zero_stage == 1 and rank.layout.dp > 1:
-        assert mesh is not None
-        optimizer = parallel.apply_zero1(optimizer, dp_mesh=mesh["dp"])
+    if state.dp.shard:
+        optimizer = parallel.apply_zero1(optimizer, sync=state.dp)
         progress.optimizer = f"{progress.optimizer}+ZeRO-1"
     return Setup(device, NativeEngine(model, optimizer, scaler, state, run, device), source)
 
@@ -167,17 +170,24 @@ def build_stage(run: RunConfig, *, rank: Rank, device: torch.device, mesh: Devic
 
 
 def parallel_state(
-    stage: nn.Module, *, mesh: DeviceMesh, device: torch.device, scaler: torch.amp.GradScaler
+    stage: nn.Module,
+    *,
+    mesh: DeviceMesh,
+    device: torch.device,
+    scaler: torch.amp.GradScaler,
+    groups: list[tuple[list[nn.Parameter], float]],
+    zero: bool,
 ) -> ParallelState:
-    """The DP gradient synchroniser, groups, tied-embedding pair and pipeline loss of `stage`."""
+    """The DP gradient reduction (over the optimizer's `groups`; ZeRO-1's slices with `zero`), groups,
+    tied-embedding pair and pipeline loss of `stage`."""
     assert isinstance(stage, parallel.PipelineStageModule)
-    dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"])
+    dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"], groups=groups, zero=zero)
     tie_group = parallel.embedding_tie_group(mesh)
     loss_sum = parallel.lm_loss_fn(stage)
     loss_fn = MicroBatchLoss(scaler, loss_sum) if mesh["pp"].size() > 1 else None
-    groups = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
+    sub = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
     return ParallelState(
-        dp, groups["tp"], groups["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, device=device
+        dp, sub["tp"], sub["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, device=device
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from train.parallel import _buckets, partition_params, stage_layers
+from train.parallel import stage_layers
 from train.trainer import run_training
 
 from .test_distributed import TINY, run_train, with_overrides
@@ -46,21 +46,6 @@ def test_stage_layers_split_evenly() -> None:
     assert [list(stage_layers(4, stage=s, num_stages=2)) for s in range(2)] == [[0, 1], [2, 3]]
     assert [len(stage_layers(7, stage=s, num_stages=3)) for s in range(3)] == [3, 2, 2]
     assert sorted(i for s in range(4) for i in stage_layers(10, stage=s, num_stages=4)) == list(range(10))
-
-
-def test_zero1_partition_balances_and_covers() -> None:
-    sizes = [100, 10, 60, 40, 5, 5]
-    owner = partition_params(sizes, 2)
-    loads = [sum(s for s, o in zip(sizes, owner, strict=True) if o == r) for r in range(2)]
-    assert loads == [110, 110]  # 100+5+5 and 60+40+10
-    assert partition_params(sizes, 1) == [0] * 6
-
-
-def test_buckets_respect_size_and_dtype() -> None:
-    import torch
-
-    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(30)]
-    assert [len(b) for b in _buckets(ts, limit=80)] == [2, 1, 1]
 
 
 @pytest.mark.slow
