@@ -119,13 +119,14 @@ def _free_port() -> int:
 
 
 def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
-    """DeepSpeed needs a process group even on one process; a launcher's group is used as is."""
-    if torch.distributed.is_initialized():
-        return
-    # One process without a launcher (tests, `python -m train` on a laptop): a world of one.
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    """DeepSpeed needs a process group even on one process; a launcher's group is used as is. Either
+    way deepspeed.comm is set up on it here: zero.Init reads the world size from it before
+    deepspeed.initialize would (without it, a world of one)."""
+    if not torch.distributed.is_initialized():
+        # One process without a launcher (tests, `python -m train` on a laptop): a world of one.
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     deepspeed.init_distributed(
         dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
     )
