@@ -35,6 +35,7 @@ import pandas as pd
 
 from conf.schema import (
     Engine,
+    HardwareConfig,
     ModelConfig,
     ModelKind,
     Offload,
@@ -92,7 +93,7 @@ CORE_COLUMNS: tuple[str, ...] = (
     "pflops",  # aggregate PetaFLOP/s = tflops x devices / 1024, as the BLOOM notes write it
     "samples_per_s",
     "mem_gib",  # measured peak per device, max over ranks and iterations (GiB)
-    "mem_pred_gib",  # train.planner.memory.estimate_memory of the config (GiB, worst pipeline stage)
+    "mem_pred_gib",  # train.planner.memory: what must fit on the worst rank, overheads included (GiB)
     "mem_capacity_gib",  # usable memory per device: capacity less the reserve (GiB)
     "date",  # MM-DD the run started, as the seeds' Notes write it
     "job_id",
@@ -232,11 +233,17 @@ def _build(cls: type, values: Mapping[str, Any]) -> Any:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _predict(model_items: tuple[tuple[str, Any], ...], par_items: tuple[tuple[str, Any], ...], dp: int) -> float:
+def _predict(
+    model_items: tuple[tuple[str, Any], ...],
+    par_items: tuple[tuple[str, Any], ...],
+    hw_items: tuple[tuple[str, Any], ...],
+    dp: int,
+) -> float:
     try:
         model = _build(ModelConfig, dict(model_items))
         par = _build(ParallelismConfig, dict(par_items))
-        return estimated_memory(model, par, dp).total_gib
+        hw = _build(HardwareConfig, dict(hw_items)) if hw_items else None
+        return estimated_memory(model, par, dp, hw).needed / GIB
     except (TypeError, ValueError, ZeroDivisionError):
         return math.nan
 
@@ -257,11 +264,12 @@ def _per_config(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     """Predicted memory and model size, computed once per distinct (model, parallelism, dp)."""
     mcols = [c for c in df.columns if c.startswith("config.model.")]
     pcols = [c for c in df.columns if c.startswith("config.parallelism.")]
+    hcols = [c for c in df.columns if c.startswith("config.hardware.")]
     pred = pd.Series(np.nan, index=df.index)
     params = pd.Series(np.nan, index=df.index)
     if not mcols or df.empty:
         return pred, params
-    key = _join_str(df, [*mcols, *pcols, "dp", "tp"])
+    key = _join_str(df, [*mcols, *pcols, *hcols, "dp", "tp"])
     first = df.loc[~key.duplicated()]
     pred_by_key, params_by_key = {}, {}
     # One Python step per distinct config (sweeps repeat models and layouts), not per record.
@@ -270,9 +278,10 @@ def _per_config(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         m_items = tuple((c.rsplit(".", 1)[1], _hashable(_plain(row[c]))) for c in mcols)
         p_items = tuple((c.rsplit(".", 1)[1], _plain(row[c])) for c in pcols)
         p_items = tuple((k, list(v) if isinstance(v, list | tuple) else v) for k, v in p_items)
+        h_items = tuple((c.rsplit(".", 1)[1], _plain(row[c])) for c in hcols)
         dp, tp = _plain(row["dp"]), _plain(row["tp"])
         ok = isinstance(dp, int) and dp > 0 and isinstance(tp, int) and tp > 0
-        pred_by_key[key[idx]] = _predict(m_items, _freeze(p_items), dp) if ok else math.nan
+        pred_by_key[key[idx]] = _predict(m_items, _freeze(p_items), h_items, dp) if ok else math.nan
         params_by_key[key[idx]] = _params(m_items, tp) if ok else math.nan
     return key.map(pred_by_key).astype(float), key.map(params_by_key).astype(float)
 

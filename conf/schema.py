@@ -186,8 +186,16 @@ class HardwareConfig:
     """Streaming multiprocessors (GPU) or cores (CPU) that GEMM tiles are scheduled on."""
     memory_gib: float = 16.0
     """Memory per device (GiB)."""
-    memory_reserve_gib: float = 1.0
-    """Memory the planner keeps free for the CUDA context, allocator slack and NCCL (GiB)."""
+    memory_reserve_gib: float = 0.0
+    """Margin the planner keeps free on top of its modelled overheads (GiB)."""
+    process_overhead_gib: float = 0.0
+    """Memory a training process holds outside its tensors: CUDA context and kernels, or a CPU process's resident set (GiB)."""
+    comm_buffer_gib: float = 0.0
+    """Device buffers of one communicator of more than two ranks (GiB; NCCL, 0 for gloo)."""
+    comm_buffer_pair_gib: float = 0.0
+    """Device buffers of one two-rank communicator (GiB; NCCL, 0 for gloo)."""
+    allocator_fragmentation: float = 0.0
+    """Share of the memory a step allocates and frees that a caching allocator's fragmentation leaves unusable (fraction; GPUs)."""
     devices_per_node: int = 1
     """Devices (GPUs, or CPU sockets used as one device) per node."""
     intra_node_bw_gbs: float | None = None

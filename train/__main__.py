@@ -131,12 +131,10 @@ def spawn_workers(
 
 def _preload(run: RunConfig) -> None:
     """Import, once in the parent, what every forked worker would otherwise import on its own:
-    DTensor for TP, the pipeline schedules (and torch._dynamo with them) for PP, DCP to checkpoint."""
+    DTensor for TP, DCP to checkpoint."""
     par = run.parallelism
     if par.tp > 1:
         import torch.distributed.tensor.parallel  # noqa: F401
-    if par.pp > 1:
-        import torch.distributed.pipelining  # noqa: F401
     if run.training.save_interval > 0:
         import torch.distributed.checkpoint  # noqa: F401
 

@@ -12,6 +12,7 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
     <run dir>/deepspeed_config.json       the DeepSpeed config a run used
     <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
+    <run dir>/oom.rank<R>.json            OomReport of a rank that ran out of memory (trainer)
 
 Exit codes of megasweep's commands (`python -m train`, `python -m launchers`,
 `python -m analysis`) are EXIT_*, below.
@@ -48,6 +49,14 @@ EXPORTED_JOBS_DIR = ".megasweep/jobs"
 """Where an exported script's array tasks record their job ids (one file per config index)."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
+
+
+OOM_REPORT_GLOB = "oom.rank*.json"
+
+
+def oom_report_name(rank: int) -> str:
+    """Name of the OomReport rank `rank` writes when it runs out of memory."""
+    return f"oom.rank{rank}.json"
 
 
 def attempt_result_name(attempt: int) -> str:
@@ -188,6 +197,10 @@ class RunRecord:
     """training.deepspeed_flops_profile: DeepSpeed's figures beside megasweep's FLOPs."""
     tensorboard_dir: str | None = None
     """logger.tensorboard=true: where the event files are."""
+    memory: dict[str, Any] | None = None
+    """Every rank's memory, predicted beside measured (MemoryReport.to_dict)."""
+    oom: dict[str, Any] | None = None
+    """Where the run ran out of memory (OomReport.to_dict of the first rank that did)."""
     schema_version: int = 2
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,8 +222,115 @@ OPTIONAL_FIELDS = (
     "deepspeed_config",
     "deepspeed_flops_profile",
     "tensorboard_dir",
+    "memory",
+    "oom",
 )
 """RunRecord fields present only when the run took that measurement or used that option."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: predicted (train.planner.memory) beside measured (train.memory), in bytes.
+
+MEMORY_COMPONENTS = ("weights", "gradients", "optimizer", "master", "activations_per_micro_batch")
+"""Components predicted and measured one for one: the model states counted from the rank's tensors,
+and what one micro-batch's forward saves for the backward (saved-tensor hooks)."""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory in bytes: the planner's prediction beside what the rank held."""
+
+    rank: int
+    stage: int
+    """Pipeline stage (0-based)."""
+    role: str
+    """'only', 'first', 'middle' or 'last'."""
+    predicted: dict[str, float]
+    """MEMORY_COMPONENTS, plus activations (at the peak), overhead, allocated, reserved, total."""
+    measured: dict[str, float | None]
+    """MEMORY_COMPONENTS (None: not measured), process_baseline, peak_allocated and peak_reserved
+    (CUDA caching allocator) or peak_rss (CPU process)."""
+    peak_predicted: float | None = None
+    """The prediction of what `peak_measured` measures (`peak_compares` says which)."""
+    peak_measured: float | None = None
+    peak_compares: str = ""
+    """Which figures the peak comparison takes, in words."""
+
+    @property
+    def peak_ratio(self) -> float | None:
+        if not self.peak_predicted or not self.peak_measured:
+            return None
+        return self.peak_predicted / self.peak_measured
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Every rank's RankMemory, and which software stack the prediction models."""
+
+    stack: str
+    ranks: list[RankMemory]
+    not_measured: str | None = None
+    """Why a component was not measured (engine=deepspeed's activations), None when all were."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack,
+            "units": "bytes",
+            "ranks": [{**asdict(r), "peak_ratio": r.peak_ratio} for r in self.ranks],
+            **({"not_measured": self.not_measured} if self.not_measured else {}),
+        }
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """What a rank that ran out of memory knew: where it was, what it held, what was predicted."""
+
+    rank: int
+    stage: int
+    role: str
+    iteration: int
+    """Iterations finished before it (0: during setup or the first step)."""
+    allocated: float | None
+    """Bytes its tensors held when it failed (CUDA caching allocator; None on a CPU)."""
+    peak: float | None
+    """Peak bytes: max allocated (GPU) or peak resident set (CPU)."""
+    reserved: float | None
+    """Bytes the caching allocator held (GPU; None on a CPU)."""
+    predicted: float | None
+    """train.planner.memory's allocated + overhead for this rank (what must fit)."""
+    capacity: float
+    """The device's usable memory (hardware.memory_gib less the margin)."""
+    message: str
+    """The allocator's own words."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+    def sentence(self) -> str:
+        """One sentence for the record's message."""
+        gib = 2**30
+        held = self.allocated if self.allocated is not None else self.peak
+        what = "allocated" if self.allocated is not None else "peak resident set"
+        parts = [f"rank {self.rank} (pipeline stage {self.stage}, {self.role}) ran out of memory"]
+        parts.append(f"after {self.iteration} iterations")
+        if held is not None:
+            parts.append(f"with {held / gib:.2f} GiB {what}")
+        if self.predicted is not None:
+            parts.append(f"(predicted {self.predicted / gib:.2f} GiB of {self.capacity / gib:.2f} GiB usable)")
+        return " ".join(parts)
+
+
+def read_oom_reports(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The OomReports ranks of this run left, lowest rank first."""
+    reports = []
+    for path in sorted(Path(run_dir).glob(OOM_REPORT_GLOB)):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and "rank" in data:
+            reports.append(data)
+    return sorted(reports, key=lambda r: int(r["rank"]))
 
 
 def _finite(obj: Any) -> Any:

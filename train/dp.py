@@ -35,11 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from train.planner.inventory import BUCKET_BYTES, plan_buckets
 from train.tensors import is_dtensor, is_tp_sharded, local
-
-BUCKET_BYTES = 25 * 2**20
-"""Gradient bytes per bucket: large enough to amortise a collective's latency, small enough that
-flattening a bucket costs little memory (DDP's default size)."""
 
 
 @dataclass
@@ -74,34 +71,26 @@ def make_buckets(
     deferred: Iterable[nn.Parameter] = (),
     bucket_bytes: int = BUCKET_BYTES,
 ) -> list[Bucket]:
-    """Buckets of (parameters, weight decay) groups: reverse order, one dtype per bucket, at most
-    bucket_bytes each (a larger parameter alone); `deferred` parameters get buckets of their own."""
+    """Buckets of (parameters, weight decay) groups as train.planner.inventory.plan_buckets lays them
+    out (reverse order, one dtype per bucket, at most bucket_bytes each, a larger parameter alone;
+    `deferred` parameters in buckets of their own), so that the planner counts the same bytes."""
     later = {id(p) for p in deferred}
-    buckets: list[Bucket] = []
-
-    def close(members: list[nn.Parameter], decay: float, *, held: bool = False) -> None:
-        if not members:
-            return
-        offsets, total = [], 0
-        for p in members:
-            offsets.append(total)
-            total += local(p).numel()
-        buckets.append(Bucket(members, offsets, total, math.ceil(total / dp) * dp, decay, deferred=held))
-
-    for params, decay in groups:
-        current: list[nn.Parameter] = []
-        size = 0
-        for p in reversed(list(params)):
-            if id(p) in later:
-                close([p], decay, held=True)
-                continue
-            nbytes = local(p).numel() * local(p).element_size()
-            if current and (size + nbytes > bucket_bytes or local(current[0]).dtype != local(p).dtype):
-                close(current, decay)
-                current, size = [], 0
-            current.append(p)
-            size += nbytes
-        close(current, decay)
+    params = [list(g) for g, _ in groups]
+    plans = plan_buckets(
+        [[(local(p).numel(), local(p).element_size()) for p in g] for g in params],
+        dp=dp,
+        deferred=[(gi, i) for gi, g in enumerate(params) for i, p in enumerate(g) if id(p) in later],
+        bucket_bytes=bucket_bytes,
+        dtypes=[[local(p).dtype for p in g] for g in params],
+    )
+    buckets = []
+    for plan in plans:
+        members = [params[g][i] for g, i in plan.members]
+        offsets = [0]
+        for p in members[:-1]:
+            offsets.append(offsets[-1] + local(p).numel())
+        decay = groups[plan.members[0][0]][1]
+        buckets.append(Bucket(members, offsets, plan.numel, plan.padded, decay, deferred=plan.deferred))
     return buckets
 
 

@@ -43,8 +43,8 @@ from train.engine import StepResult
 from train.init import initialize_module
 from train.model import IGNORE_INDEX, LossSum, lm_loss_sum, model_class, set_recompute
 from train.optim import param_groups
-from train.planner.memory import layer_params_per_rank
-from train.planner.sizes import padded_vocab_size, total_params
+from train.planner.inventory import module_sizes, stage_params
+from train.planner.sizes import total_params
 
 
 @dataclass(frozen=True)
@@ -360,8 +360,9 @@ class ModelStatesEstimate:
 
 
 def largest_module_params(model: ModelConfig) -> int:
-    """The largest single module train.planner.memory gathers (a layer or the word embedding; pp=tp=1)."""
-    return max(layer_params_per_rank(model), padded_vocab_size(model) * model.hidden_size)
+    """The largest module's own parameters (pp = tp = 1): what ZeRO-3 gathers at a time, and how
+    DeepSpeed's all_live estimator counts `largest_layer_params` (train.planner.inventory)."""
+    return max(module_sizes(stage_params(model, whole_model=True)))
 
 
 def deepspeed_model_states_estimate(
@@ -373,7 +374,8 @@ def deepspeed_model_states_estimate(
     parameter on one GPU, next to train.planner.memory (Ψ params, N = dp):
 
         stage 2, no offload:  2 + 18/N  (16-bit params; 16-bit + fp32 grads, fp32 params, moments
-                              all sharded). Ours: 2 + 18/N as well (2 + (2 + 16)/N), plus one
+                              all sharded). Ours: 2 + 14/N resident plus the fp32 gradient
+                              partition (4/N) as a step transient, so 2 + 18/N as well, plus one
                               largest module of 16-bit gradients as the reduce bucket.
         stage 2, offload:     2         (only the 16-bit params stay). Ours keeps the sharded
                               16-bit gradients too: 2 + 2/N, plus the bucket.

@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from conf.schema import Precision, RunConfig
-from train import flopcheck, power, profiling
+from train import flopcheck, memory, power, profiling
 from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, get_batch
-from train.engine import Batch, StepResult
+from train.engine import Batch, NativeEngine, StepResult
 from train.metrics import IterationStats, format_log_line
 from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
 from train.optim import lr_at, set_lr
@@ -76,6 +76,7 @@ def train(
         profiler.begin(iteration)
         stats = timed_step(run, s, iteration, batch=schedule.batch_after(consumed), consumed=consumed, rank=rank, progress=progress)
         profiler.end(iteration)
+        count_model_states(s, progress)
         consumed = stats.consumed_samples
         progress.iterations.append(stats)
         if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters):
@@ -217,22 +218,20 @@ def forward_backward(
 def pipeline_forward_backward(
     state: ParallelState, batches: Sequence[Batch], *, normalizer: int, run: RunConfig
 ) -> torch.Tensor:
-    """Every micro-batch of the step through the pipeline schedule; this stage's share of the loss
-    (0 except on the last stage). The schedule cuts the concatenated batch back into the same
-    micro-batches along dim 0."""
-    assert state.stage is not None and state.loss_fn is not None
+    """Every micro-batch of the step through the 1F1B schedule (train.pipeline); this stage's share
+    of the loss (0 except on the last stage)."""
+    from train.pipeline import one_f_one_b
+
+    assert state.stage is not None and state.loss_fn is not None and state.links is not None
     state.loss_fn.normalizer = normalizer
-    schedule = state.schedule(len(batches))
-    losses: list[torch.Tensor] = []
-    tokens = torch.cat([t for t, _ in batches])
-    target = torch.cat([y for _, y in batches]) if state.stage.is_last else None
-    with autocast(run, tokens.device):
-        if state.stage.is_first:
-            schedule.step(tokens, target=target, losses=losses, return_outputs=False)
-        else:
-            schedule.step(target=target, losses=losses, return_outputs=False)
+    device = batches[0][0].device
+    shape = (run.parallelism.mbs, run.model.seq_length, run.model.hidden_size)
+    with autocast(run, device):
+        losses = one_f_one_b(
+            state.stage, batches, links=state.links, loss_fn=state.loss_fn, activation_shape=shape, device=device
+        )
     if not losses:
-        return torch.zeros((), device=tokens.device)
+        return torch.zeros((), device=device)
     scaler = state.loss_fn.scaler
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     return torch.stack([loss.detach() for loss in losses]).sum() / scale
@@ -297,6 +296,12 @@ def finish(
     """After the last step: every rank's peak memory, energy over the measured steps, the profile,
     and on a measured peak a second calibration."""
     progress.max_mem_per_rank = gather_memory(max_memory_gib(s.device), rank)
+    if progress.memory is not None:
+        report = memory.gather_report(
+            progress.memory.rank_memory(s.device), world_size=rank.layout.world_size,
+            stack=progress.memory.prediction.stack, not_measured=progress.memory_not_measured,
+        )
+        progress.memory_report = report.to_dict()
     measured = sum(it.global_batch_size for it in progress.iterations if it.iteration >= measured_from)
     tokens = measured * run.model.seq_length
     progress.power = power.gather(meter.stop(tokens=tokens), rank.layout.world_size).to_dict()
@@ -306,6 +311,14 @@ def finish(
         # a second one after training tightens it for the record's MFU on a shared node.
         peak = measure_peak_tflops(s.device, run.parallelism.precision)
         progress.peak_tflops = max(progress.peak_tflops or 0.0, peak)
+
+
+def count_model_states(s: Setup, progress: Progress) -> None:
+    """After this process's first step (Adam's states exist, the gradients are not yet dropped):
+    the bytes of the rank's model states, counted from its tensors (native engine)."""
+    probe = progress.memory
+    if probe is not None and probe.states is None and isinstance(s.engine, NativeEngine):
+        probe.states = memory.model_state_bytes(s.engine.model, s.engine.optimizer)
 
 
 def utilization(tflops: float | None, progress: Progress, what: str, *, warn: bool = True) -> float | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,12 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-if TYPE_CHECKING:
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-
 from train.dp import DistributedOptimizer, GradSync, make_buckets
 from train.init import ShardSpec, mark_shard
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
+from train.planner.inventory import stage_layers
 from train.tensors import is_dtensor, local
 
 _COLWISE = ("attn.qkv", "mlp.fc_in")
@@ -335,13 +333,6 @@ def lm_loss_fn(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch
 # Pipeline parallelism.
 
 
-def stage_layers(num_layers: int, *, stage: int, num_stages: int) -> range:
-    """Layer indices of one stage: an even split, the remainder (if any) on the first stages."""
-    base, extra = divmod(num_layers, num_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
 class PipelineStageModule(nn.Module):
     """One pipeline stage of a TransformerLM: some of its Blocks, plus the embeddings on the first
     stage and the final norm and tied output layer on the last, under the model's own names.
@@ -384,33 +375,6 @@ class PipelineStageModule(nn.Module):
 def split_for_pipeline(model: TransformerLM, *, pp_mesh: DeviceMesh) -> PipelineStageModule:
     """This rank's stage of `model` (all of it when pp = 1)."""
     return PipelineStageModule(model, stage=pp_mesh.get_local_rank(), num_stages=pp_mesh.size())
-
-
-def build_schedule(
-    stage_module: PipelineStageModule,
-    *,
-    pp_mesh: DeviceMesh,
-    n_microbatches: int,
-    device: torch.device,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> Schedule1F1B | ScheduleGPipe:
-    """The pipeline schedule of a step of `n_microbatches`: 1F1B, as Megatron runs it. `loss_fn`
-    already divides by the step's token count, so the schedule must not also divide the gradients
-    by the number of micro-batches.
-
-    With fewer micro-batches than stages, Megatron's 1F1B degenerates into all forwards, then all
-    backwards (its warm-up, min(stages - stage - 1, m) forwards, covers every micro-batch), which
-    is GPipe: torch's Schedule1F1B refuses that case, so ScheduleGPipe runs it. The gradients are
-    the same; every stage then holds all m micro-batches' activations (train.planner.memory)."""
-    # Imported here: torch.distributed.pipelining pulls in torch._dynamo, about a second of start-up
-    # that every process without a pipeline (most of a sweep's runs, every test worker) would pay.
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    stage = PipelineStage(
-        stage_module, stage_module.stage, stage_module.num_stages, device, group=pp_mesh.get_group()
-    )
-    kind = Schedule1F1B if n_microbatches >= pp_mesh.size() else ScheduleGPipe
-    return kind(stage, n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
 def embedding_tie_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
-from train import distributed, parallel
+from train import distributed, memory, parallel
 from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, make_source
 from train.dp import GradSync
@@ -35,6 +35,7 @@ from train.engine import DeepSpeedEngine, NativeEngine
 from train.init import initialize
 from train.model import LossSum, build_model, lm_loss_sum, num_layers
 from train.optim import build_optimizer
+from train.pipeline import StageLinks
 from train.planner import flops
 from train.planner.layout import Rank
 from train.planner.memory import estimated_memory, usable_bytes
@@ -78,24 +79,9 @@ class ParallelState:
     """The (pp, dp, tp) DeviceMesh."""
     loss_sum: LossSum = lm_loss_sum
     """Summed cross-entropy of the logits the model returns (vocab-parallel under TP)."""
-    schedules: dict[int, Any] = field(default_factory=dict)
-    """Pipeline schedules by micro-batches per step (a batch ramp-up changes the count)."""
+    links: StageLinks | None = None
+    """This stage's place in the pipeline (None when pp = 1)."""
     device: torch.device | None = None
-
-    def schedule(self, n_microbatches: int) -> Any:
-        """The pipeline schedule for a step of n micro-batches, built on first use. Every stage
-        reaches a new count at the same step (the batch schedule is the same on all ranks), so
-        the stages set up their point-to-point links together."""
-        if n_microbatches not in self.schedules:
-            assert self.stage is not None and self.loss_fn is not None and self.device is not None
-            self.schedules[n_microbatches] = parallel.build_schedule(
-                self.stage,
-                pp_mesh=self.mesh["pp"],
-                n_microbatches=n_microbatches,
-                device=self.device,
-                loss_fn=self.loss_fn,
-            )
-        return self.schedules[n_microbatches]
 
 
 @dataclass(frozen=True)
@@ -119,6 +105,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if launch is not None:
         distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
         mesh = distributed.build_mesh(device.type, pp=rank.layout.pp, dp=rank.layout.dp, tp=rank.layout.tp)
+    baseline = memory.process_baseline_bytes(device)  # before the model: what the process itself holds
     progress.params = total_params(run.model, rank.layout.tp)
     if par.engine == Engine.deepspeed:
         model = build_deepspeed_model(run, rank=rank, device=device, mesh=mesh)
@@ -128,7 +115,12 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
         run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
     progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
+    probe = memory.MemoryProbe(rank.global_rank, rank.coords.pp, memory.predict_rank(run, rank), baseline)
+    progress.memory = probe
     if par.engine == Engine.deepspeed:
+        progress.memory_not_measured = (
+            "engine=deepspeed: model states and activations are DeepSpeed's own tensors; only the peak is measured"
+        )
         return Setup(device, _deepspeed_engine(run, model, rank=rank, progress=progress, mesh=mesh), source)
     # Its overflow decision is agreed over all ranks (parallel.GlobalGradScaler): all skip together.
     scaler = parallel.GlobalGradScaler(device.type, enabled=par.precision == Precision.fp16)
@@ -150,6 +142,13 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if state.dp.shard:
         optimizer = parallel.apply_zero1(optimizer, sync=state.dp)
         progress.optimizer = f"{progress.optimizer}+ZeRO-1"
+    stage = state.stage
+    if device.type == "cpu":
+        probe.baseline = memory.process_baseline_bytes(device, held=memory.model_state_bytes(model, optimizer).weights)
+    probe.activations = memory.measure_stage_activations(
+        model, run=run, device=device, loss_sum=state.loss_sum,
+        first=stage is None or stage.is_first, last=stage is None or stage.is_last,
+    )
     return Setup(device, NativeEngine(model, optimizer, scaler, state, run, device), source)
 
 
@@ -184,10 +183,12 @@ def parallel_state(
     dp = parallel.apply_dp(stage, dp_mesh=mesh["dp"], groups=groups, zero=zero)
     tie_group = parallel.embedding_tie_group(mesh)
     loss_sum = parallel.lm_loss_fn(stage)
-    loss_fn = MicroBatchLoss(scaler, loss_sum) if mesh["pp"].size() > 1 else None
+    pipelined = mesh["pp"].size() > 1
+    loss_fn = MicroBatchLoss(scaler, loss_sum) if pipelined else None
     sub = {d: (mesh[d].get_group() if mesh[d].size() > 1 else None) for d in ("tp", "pp")}
+    links = StageLinks(stage.stage, stage.num_stages, mesh["pp"].get_group()) if pipelined else None
     return ParallelState(
-        dp, sub["tp"], sub["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, device=device
+        dp, sub["tp"], sub["pp"], tie_group, stage, loss_fn, mesh, loss_sum=loss_sum, links=links, device=device
     )
 
 
@@ -366,8 +367,9 @@ def probe_memory_limit(run: RunConfig, device: torch.device, *, dp: int) -> floa
     by train.mbs_probe.simulated_memory_limit (the step's own tensors, gradients included, count)."""
     if device.type == "cuda":
         return None
-    states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp)
-    return max(usable_bytes(run.hardware) - states.weights - states.optimizer - states.optimizer_temp, 0.0)
+    states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp, run.hardware)
+    held = states.weights + states.optimizer + states.master + states.overhead
+    return max(usable_bytes(run.hardware) - held, 0.0)
 
 
 def probe_step(

@@ -29,7 +29,14 @@ import torch
 
 from conf.schema import RunConfig, WandbMode, to_plain_dict
 from train import distributed, failures
-from train.contract import RESULT_FILE, RunRecord, write_json_atomic
+from train.contract import (
+    RESULT_FILE,
+    OomReport,
+    RunRecord,
+    oom_report_name,
+    read_oom_reports,
+    write_json_atomic,
+)
 from train.loop import train, utilization
 from train.metrics import (
     IterationStats,
@@ -49,6 +56,7 @@ from train.wandb_log import WandbLogger
 
 if TYPE_CHECKING:
     from train.checkpoint import Checkpointer
+    from train.memory import MemoryProbe
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,6 +107,13 @@ class Progress:
     deepspeed_config: str | None = None
     deepspeed_flops_profile: dict[str, Any] | None = None
     tensorboard_dir: str | None = None
+    memory: MemoryProbe | None = None
+    """This rank's predicted and measured memory, filled by setup and the loop (train.memory)."""
+    memory_report: dict[str, Any] | None = None
+    """Every rank's memory, gathered at the end of a successful run."""
+    memory_not_measured: str | None = None
+    oom: dict[str, Any] | None = None
+    """The OomReport of the rank that ran out of memory first."""
 
     def losses(self) -> list[float]:
         """Every step's loss so far: the earlier attempts' (from the checkpoint), then this one's."""
@@ -150,6 +165,9 @@ def run_training(
     # parent or Slurm must not cut the record short.
     with signals_held():
         status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
+        if status == "oom":
+            write_oom_report(run, rank=rank, progress=progress, output_dir=output_dir, message=message or "")
+        status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank)
         progress.warnings += sinks.errors()
         record = build_record(
             progress.run or run, rank=rank, progress=progress, status=status, message=message,
@@ -192,6 +210,31 @@ def _outcome(
     if status == "nan":
         message = f"loss or gradient norm became NaN/inf at iteration {len(progress.iterations)}; training stopped"
     return status, message, failure
+
+
+def write_oom_report(run: RunConfig, *, rank: Rank, progress: Progress, output_dir: Path, message: str) -> None:
+    """This rank's OomReport (every rank that runs out of memory writes its own): where it was, what
+    it held and what the planner predicted for it."""
+    from train.memory import oom_report
+
+    report = oom_report(run, rank=rank, probe=progress.memory, iteration=len(progress.iterations), message=message)
+    write_json_atomic(output_dir / oom_report_name(rank.global_rank), report.to_dict())
+
+
+def _oom_elsewhere(
+    progress: Progress, output_dir: Path, status: str, message: str | None, *, rank: int
+) -> tuple[str, str | None]:
+    """The status and message of the record when some rank ran out of memory: `oom`, naming the first
+    such rank, even where this rank saw only the consequence (a collective that timed out)."""
+    reports = read_oom_reports(output_dir)
+    if not reports or status == "ok":
+        return status, message
+    first = reports[0]
+    progress.oom = first
+    sentence = OomReport(**first).sentence()
+    if first["rank"] == rank:
+        return "oom", f"{sentence}: {message}"
+    return "oom", f"{sentence}: {first['message']} (rank {rank}: {message})"
 
 
 def _wandb(run: RunConfig, rank: Rank, output_dir: Path, sweep_name: str | None) -> WandbLogger:
@@ -257,6 +300,8 @@ def build_record(
         deepspeed_config=progress.deepspeed_config,
         deepspeed_flops_profile=progress.deepspeed_flops_profile,
         tensorboard_dir=progress.tensorboard_dir,
+        memory=progress.memory_report,
+        oom=progress.oom,
         **_figures(run, layout, progress),
         warnings=list(progress.warnings),  # last: _figures may add one
     )
@@ -346,6 +391,12 @@ def record_worker_failure(
             started=datetime.now(timezone.utc),
             wall_s=0.0,
         )
+    reports = read_oom_reports(output_dir)
+    if reports:  # a worker ran out of memory: that is the answer, whoever exited first
+        record["status"], record["oom"] = "oom", reports[0]
+        record["message"] = f"{OomReport(**reports[0]).sentence()}: {reports[0]['message']} ({cause})"
+        write_json_atomic(path, record)
+        return record
     if failed_rank == 0 and record.get("status") not in (None, "ok"):
         return record
     earlier = record.get("message")

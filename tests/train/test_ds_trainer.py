@@ -140,6 +140,17 @@ def test_deepspeed_zero3_parameter_offload_matches_native(tmp_path: Path, native
     assert zero["offload_param"]["device"] == "cpu" and zero["offload_optimizer"]["device"] == "cpu"
 
 
+def test_deepspeed_zero3_without_tp_is_built_under_zero_init_and_matches_native(
+    tmp_path: Path, native: list[float]
+) -> None:
+    # dp=2, tp=1: each rank builds its partition under deepspeed.zero.Init (which needs DeepSpeed's
+    # communication set up on the launcher's group first), then the modules are filled in turn.
+    record, _ = launch(tmp_path, *DS, "parallelism.zero_stage=3")
+    assert record["status"] == "ok", record["message"]
+    assert record["world"] == {"world_size": 2, "dp": 2, "tp": 1, "pp": 1}
+    assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
+
+
 def test_lr_schedule_moves_losses_beyond_the_tolerance(tmp_path: Path, native: list[float]) -> None:
     # Guards the comparison above: a DeepSpeed run whose lr stayed at ds_config's peak (set_lr
     # not reaching its ZeRO optimizer) is the native run without warm-up, which ends more than

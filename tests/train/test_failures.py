@@ -148,6 +148,35 @@ def test_cpu_allocator_failure_is_oom(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_oom_on_one_pipeline_stage_is_the_records_status_and_names_that_rank(tmp_path: Path) -> None:
+    # pp2: only the last stage computes the logits (32 x 256 x 65536 fp32 = 2 GiB), beyond each
+    # worker's address space; the first stage fits and sees only its peer vanish. The record says
+    # oom all the same, naming rank 1, its stage, what it held and what the planner predicted.
+    proc, record, _ = run_cli(
+        tmp_path,
+        "model.num_layers=2",
+        "model.seq_length=256",
+        "model.vocab_size=65536",
+        "parallelism.pp=2",
+        "parallelism.micro_batch_size=32",
+        "parallelism.global_batch_size=64",
+        "training.train_iters=2",
+        "training.warmup_iters=1",
+        "training.collective_timeout_s=20",
+        limit_as=ADDRESS_SPACE_LIMIT,
+    )
+    assert proc.returncode != 0
+    assert record["status"] == "oom", record["message"]
+    oom = record["oom"]
+    assert (oom["rank"], oom["stage"], oom["role"], oom["iteration"]) == (1, 1, "last", 0)
+    assert "can't allocate memory" in oom["message"] or "MemoryError" in oom["message"]
+    # The planner saw it coming: the logits alone exceed the limit the rank ran under.
+    assert oom["predicted"] > ADDRESS_SPACE_LIMIT
+    assert record["message"].startswith("rank 1 (pipeline stage 1, last) ran out of memory after 0 iterations")
+    assert "predicted" in record["message"]
+
+
+@pytest.mark.slow
 def test_small_run_fits_the_same_limit(tmp_path: Path) -> None:
     # The control: the limit itself does not break a run that needs little memory.
     proc, record, _ = run_cli(

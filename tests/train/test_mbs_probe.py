@@ -88,7 +88,7 @@ def test_auto_starts_at_the_prediction_and_the_probe_decides(step_fn: object) ->
     par = ParallelismConfig(micro_batch_size=1, global_batch_size=32)
     reserve = 0.5
     needs = {
-        c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).total for c in (8, 16)
+        c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).needed for c in (8, 16)
     }
     # A device whose usable memory lies between the planner's figures for 8 and 16.
     memory_gib = reserve + (needs[8] + needs[16]) / 2 / GIB

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from train.parallel import stage_layers
+from train.contract import MEMORY_COMPONENTS
+from train.planner.inventory import stage_layers
 from train.trainer import run_training
 
 from .test_distributed import TINY, run_train, with_overrides
@@ -39,7 +40,20 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     record = run_training(compose_run(*TINY), output_dir=tmp_path_factory.mktemp("single"), overrides=[])
     losses: list[float] = record["losses"]
     assert len(losses) == 3 and losses[0] != losses[2]  # the weights moved
+    assert_memory_as_predicted(record)
     return losses
+
+
+def assert_memory_as_predicted(record: dict[str, Any]) -> None:
+    """Every rank's model states as the planner predicted them, to the byte, and one micro-batch's
+    saved activations within 5% (tests/train/test_memory.py covers every recompute mode)."""
+    ranks = record["memory"]["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(record["world"]["world_size"]))
+    for r in ranks:
+        for part in MEMORY_COMPONENTS[:4]:
+            assert r["measured"][part] == r["predicted"][part], (r["rank"], part)
+        acts = r["measured"]["activations_per_micro_batch"]
+        assert r["predicted"]["activations_per_micro_batch"] == pytest.approx(acts, rel=0.05)
 
 
 def test_stage_layers_split_evenly() -> None:
@@ -72,6 +86,7 @@ def test_layout_matches_one_process(
     world = record["world"]
     assert world["world_size"] == world["dp"] * world["tp"] * world["pp"]
     assert len(record["max_mem_gib_per_rank"]) == world["world_size"]  # gathered from every rank
+    assert_memory_as_predicted(record)
     if "zero_stage=1" in " ".join(overrides):
         assert record["optimizer"].endswith("+ZeRO-1")
 

@@ -1,116 +1,139 @@
-"""Per-device memory of one training layout: model states, activations, optimizer temporaries.
+"""Memory of one training rank, part by part, as the software that trains it holds it.
 
-Everything here is bytes on ONE device of the worst pipeline stage, for an Adam-family
-optimizer. It is a planning model: it predicts which layouts cannot fit, it is not an
-allocator trace. What it leaves out (the CUDA context, NCCL buffers, allocator
-fragmentation, transient gradient-of-activation buffers, pipeline send/receive buffers)
-is what `HardwareConfig.memory_reserve_gib` stands for.
+A planning model: it says which layouts cannot fit before an allocation is spent, and what each
+rank will hold, component by component, so that every run can compare (train.memory measures the
+same components and result.json holds both). Everything is bytes on ONE device (one rank).
 
-Model states (bytes per parameter, before ZeRO sharding)
---------------------------------------------------------
-bf16 / fp16 mixed precision with Adam, the 20 bytes/param of the Azure large-model guide
-(seed 000, "Estimate Memory Requirements"):
+Three software stacks, because the same layout costs different memory in each (`Stack`):
 
-    weights    2   16-bit parameter the forward and backward read
-    gradients  2   16-bit gradient the backward writes
-    optimizer 16   fp32 master parameter 4 + Adam moments (m, v) 8 + fp32 gradient copy 4
+    megasweep           `python -m train`, engine=native (this trainer's own code)
+    deepspeed           `python -m train`, engine=deepspeed (DeepSpeed's ZeRO on our model)
+    megatron_deepspeed  Megatron-DeepSpeed as the BLOOM notes ran it in 2022 (seed 001): the stack
+                        behind the published measurements that check this model
 
-fp32 has no master copy and no second gradient: weights 4, gradients 4, optimizer 8 (moments).
+A rank's peak
+-------------
+    resident    weights + optimizer states + master copies + gradients (the model states)
+    activations what the micro-batches in flight saved for their backward, the pipeline's buffers,
+                the backward's working set, and gradient buffers held during backward
+    transients  allocations of the reduction and optimizer step, after the activations are freed
 
-Other stacks count differently and the difference matters when reading their measurements:
-Megatron-LM with bf16 keeps only an fp32 gradient buffer (main_grad): 2 + 4 + 12 = 18 bytes;
-DeepSpeed's BF16_Optimizer (bf16 + ZeRO-1 + fp32 gradient accumulation) keeps the fp32
-gradient buffer for the WHOLE local model, unsharded, so its ZeRO-1 cost is 6 + 12/N, not
-the 4 + 16/N below.
+    allocated   resident + max(activations, largest transient): live tensors at the worst moment
+    reserved    what the allocator holds (a GPU's caching allocator; = allocated elsewhere). It
+                keeps freed blocks and never merges blocks of different segments (PyTorch's "CUDA
+                memory management" notes), so a flat transient larger than every cached activation
+                block takes a segment of its own, while the transients, alive one after the other,
+                reuse each other's (a cached block is split for a smaller request): resident +
+                (activations + largest transient) / (1 - hardware.allocator_fragmentation), the
+                fraction of what is allocated and freed during a step that fragmentation leaves
+                unusable. When the device is full the allocator frees its cache and retries, so a
+                reading never exceeds the device, and only `allocated` decides an out-of-memory
+                (`predicts_oom`).
+    overhead    memory outside the allocator (conf/hardware): the process's own
+                (`process_overhead_gib`: CUDA context and kernel images, or a CPU process's
+                resident set) and each communicator's buffers (`comm_buffer_gib`,
+                `comm_buffer_pair_gib`: NCCL; 0 for gloo, whose buffers are host memory counted in
+                the process)
+    total       reserved + overhead: what nvidia-smi (or the process's resident set) shows at the peak
 
-ZeRO over the N data-parallel ranks (what is divided by N at each stage)
--------------------------------------------------------------------------
-    stage 0: nothing                                     2 + 2 + 16       (fp32: 4 + 4 + 8)
-    stage 1: the optimizer field (fp32 master, moments,  2 + 2 + 16/N     (fp32: 4 + 4 + 8/N)
-             fp32 gradient copy), as Megatron's distributed optimizer does for fp16 and DeepSpeed's
-             ZeRO-1/2 optimizer does: each rank keeps and updates only its 1/N slice
-    stage 2: + the 16-bit gradients                      2 + 18/N         (fp32: 4 + 12/N)
-    stage 3: + the 16-bit parameters                     20/N             (fp32: 16/N)
+Model states (bytes per parameter P of this rank's shard; N = dp with ZeRO, else 1)
+----------------------------------------------------------------------------------
+megasweep keeps fp32 parameters in every precision (bf16/fp16 run under torch.autocast, which
+casts GEMM operands to 16 bits on the fly) and steps them with AdamW:
 
-The ZeRO paper (Rajbhandari et al. 2020, Figure 1) counts K = 12 optimizer bytes
-(master + moments) and no fp32 gradient copy: 4 + 12/N, 2 + 14/N, 16/N. Ours is the paper's
-plus exactly 4/N at every stage (the sharded fp32 gradient copy).
+    weights 4  gradients 4  optimizer 8 (Adam's two moments) + a 4-byte step counter per tensor
+    ZeRO-1 (Megatron's distributed optimizer, train.dp): gradients 4/N (the reduced slice),
+    optimizer 8/N, master 4/N (fp32 slice Adam updates) + a step counter per bucket; during
+    backward the full flat buckets (4, padded to a multiple of N) exist until reduce-scattered.
 
-Sharding has a working set that the per-parameter figures miss: with stage 3 each rank
-all-gathers a module's full 16-bit parameters before using it, and prefetches the next
-(`_ZERO3_GATHERED_MODULES` = 2 of the stage's largest module); with stages 2 and 3 a
-module's full gradients exist until they are reduce-scattered (`_ZERO_GRAD_BUCKET_MODULES`
-= 1 largest module). Neither can exceed the unsharded size, and neither exists at N = 1.
+Buckets come from train.planner.inventory.stage_buckets, the layout train.dp builds, so these
+figures equal the tensors a rank holds (tests count them).
 
-Offload: `optimizer` keeps the optimizer field on the host (0 on the device, and the Adam
-step runs there, so no temporaries); `params` (ZeRO-3 only) keeps the parameter shard on the
-host too, leaving only the gathered working set on the device. `params` below stage 3 is an
-invalid combination that validation reports; here it degrades to `optimizer` so that a
-planner can still show a number.
+DeepSpeed (ZeRO stage 1/2 optimizer, deepspeed/runtime/zero/stage_1_and_2.py; mixed precision):
 
-Parameters per device
----------------------
-A stage holds ceil(L / pp) layers (the largest stage when pp does not divide L). One layer on
-one tensor-parallel rank: the column-parallel QKV and MLP-in weights and biases, and the
-row-parallel projection and MLP-out weights, are split over t; the row-parallel biases and
-both LayerNorms are replicated. The first stage adds the word embedding (padded vocabulary,
-split over t) and the positions (replicated); the last stage adds the final LayerNorm (and
-BERT's LM-head transform and its vocabulary-parallel bias) and, when pp > 1, its own copy of
-the tied word embedding for the output layer (Megatron keeps one and all-reduces its
-gradient with the first stage; with pp = 1 it is the same tensor). The copy is a real
-parameter with gradients and optimizer states.
+    weights 2  gradients 2 (16-bit .grad)  optimizer 8/N  master 4/N (fp32 partition)
+    step transients, one after the other: the gradient norm, which DeepSpeed computes per gradient
+    slice on a copy (`g.data.double().norm(2)` in get_grad_norm_direct, 8 bytes per element in
+    2022, `grad_norm_copy_bytes`) of the largest slice; the partition's 16-bit gradients flattened
+    (2/N) and converted to fp32 (4/N, the master's .grad during the step); with torch.optim.Adam
+    (unfused) that fp32 gradient beside two fp32 temporaries (sqrt(v), the L2-decayed gradient:
+    4 + 8 per N). Reduce: one bucket of reduce_bucket_size (5e8 elements, DeepSpeed's default)
+    16-bit gradients when dp > 1.
+    ZeRO-2 also divides the gradients (2/N) and holds one module's full gradients before
+    reduce-scattering; ZeRO-3 divides the weights and gathers two modules (the one in use and the
+    prefetched one). fp32: weights 4, gradients 4, the flat partition is already fp32.
+    Offload: `optimizer` moves optimizer and master to the host (and the step with them);
+    `params` (ZeRO-3) the weights too, leaving the gathered working set.
 
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", section 4, tensor parallelism without sequence parallelism)
------------------------------------------------------------------------------
-One layer, one micro-batch of b sequences of s tokens, width h, a heads, t TP ranks:
+Activations, megasweep (train.model, measured per op with saved-tensor hooks on CPU)
+--------------------------------------------------------------------------------------
+One layer, one micro-batch of b sequences of s tokens, width h, ffn f, a heads, t TP ranks; the
+residual stream is fp32 (the embeddings are fp32 and 16-bit outputs promote when added to it);
+c = 4 bytes in fp32, 2 under autocast:
 
-    none:      s*b*h*(10 + 24/t + 5*a*s/(h*t))   bytes
-    selective: s*b*h*(10 + 24/t)                 (the attention core, 5*a*s^2*b/t, is recomputed)
-    full:      2*s*b*h                           (only the layer's input is kept)
+    2 LayerNorm inputs 4·sbh each, with their mean and rstd 2·4·bs each
+    2 LayerNorm outputs as the next GEMM's input: 4·sbh in fp32 (the same tensor), c·sbh cast
+    QKV output c·3sbh/t (SDPA saves q, k, v: views of it), SDPA output c·sbh/t (also the
+    projection's input) and its log-sum-exp 4·b·(a/t)·s (SDPA's flash kernels store no s x s scores)
+    MLP: GELU input and output c·sbf/t each
 
-with 16-bit activations and 1-byte dropout masks. Of the 10: 8 are 16-bit tensors every TP
-rank keeps whole (two LayerNorm inputs, QKV input, MLP input) and 2 are dropout masks; the
-24/t are 16-bit (Q, K, V, projection input, GeLU input and output); of the 5*a*s/(h*t),
-4 are the 16-bit softmax and dropout outputs and 1 the dropout mask. fp32 precision doubles
-the 16-bit terms and leaves the masks at 1 byte. The formula assumes unfused attention
-(the s^2 term is what FlashAttention removes, which is what selective recompute models).
+    none       all of the above
+    selective  the attention core is recomputed: all but the log-sum-exp (SDPA stores no scores,
+               so selective recompute saves little here)
+    full       the layer's input, 4·sbh
 
-While one layer is recomputed and back-propagated its working set is live again: for full
-recompute the whole `none` figure of one layer on one micro-batch (less its input, which is
-the stored checkpoint), for selective the attention core of one layer.
+Under autocast each GEMM also saves its 16-bit weight copy (c·weights): once per autocast region,
+and the trainer's regions hold one micro-batch (pp = 1) or one step (pipelines), so once per stage;
+with full recompute only the output layer's copy is saved (the layers' are recast when recomputed).
+First stage: the tokens and positions (int64). Last stage: the final LayerNorm (input, statistics,
+output as above), the log-softmax output 4·bs·V/t (vocabulary-parallel: the softmax, a target
+index, two masks), the labels; BERT's head adds its dense input, GELU input, LayerNorm and
+decoder input.
 
-Pipeline (1F1B schedule): stage i (0-based) holds min(pp - i, m) micro-batches in flight,
-m = global_batch / (micro_batch x dp). The first stage therefore stores ceil(L/pp) x
-min(pp, m) layers' worth, about all L layers when m >= pp, which is Korthikanti's
-observation that the first stage's activation memory does not shrink with pp.
+Accumulation: when a micro-batch's backward ends, its largest weight's gradient (the word
+embedding's on a first or last stage: a dense tensor the size of the weight) exists beside the
+accumulated one before it is added to it (autograd keeps the first micro-batch's as it is), while
+the other in-flight micro-batches' activations are still held: the peak is the larger of all
+in-flight micro-batches with a layer's recompute working set, and the others with that gradient.
 
-Stage extras: the first stage keeps the embedding dropout mask (s*b*h bytes per micro-batch
-in flight; the dropped-out embedding output is the first layer's input, already counted).
-The last stage keeps, for its one micro-batch in flight, the final LayerNorm input and the
-output layer's input (2 x 2*s*b*h, 16-bit; BERT's head adds its transform, GeLU and
-LayerNorm inputs, 3 x 2*s*b*h) and the fp32 logits the cross-entropy keeps for its backward:
-4*s*b*V/t bytes (padded V, vocabulary-parallel).
+Pipeline (train.pipeline: Megatron's 1F1B; all forwards first when m < pp): stage i holds
+min(pp - i, m) micro-batches in flight (m = micro-batches per step). Of each it keeps the received
+input (the first layer's saved input, already counted) and its output until the backward (4·sbh,
+non-last stages); while a backward runs, the gradient received for the output and the one sent for
+the input (4·sbh each). Backward's working set also holds the fp32 gradient of the logits
+(4·bs·V/t) on the last stage, and under full recompute one layer's recomputed activations.
 
-Optimizer temporaries
----------------------
-A fused Adam (apex FusedAdam, torch fused=True) updates in one kernel per chunk: ~0 extra.
-An unfused multi-tensor Adam (torch foreach, the default of torch.optim.Adam) materialises
-whole-list temporaries (sqrt(v) + eps, and with L2 weight decay the decayed gradient):
-assumed 2 x fp32 of the parameters this rank's optimizer steps (its ZeRO shard), because
-foreach processes a whole parameter group at once and a transformer's largest group (the
-weight-decayed matrices) is nearly all of them. Seed 001 measured the same 200B layout at
-61 GB with torch.optim.Adam and 51 GB with apex FusedAdam on the first node.
+Activations, megatron_deepspeed (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", section 4; 16-bit, dropout masks 1 byte)
+--------------------------------------------------------------------------------------------------
+    none       s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    selective  s·b·h·(10 + 24/t)
+    full       2·s·b·h (the layer input; BLOOM's runs used --checkpoint-activations)
+
+plus the first stage's embedding dropout mask (s·b·h), the last stage's final-LN and output-layer
+inputs (2·2·sbh) and fp32 logits (4·s·b·V/t), and, while one layer is recomputed, its whole `none`
+working set. DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py) keeps each in-flight
+micro-batch's stage output in its pipe buffers until the backward (2·sbh, non-last stages);
+Megatron-LM's own schedule frees it (deallocate_output_tensor), DeepSpeed's did not.
+
+Communicators (one NCCL communicator per process group a rank uses with more than one member)
+---------------------------------------------------------------------------------------------
+megasweep: the world group (record gathering), the DeviceMesh's tp, dp and pp groups, and the
+first/last stages' tied-embedding pair. megatron_deepspeed: the world, Megatron's tp, dp and
+model-parallel (tp x pp, gradient norm) groups, DeepSpeed's pipeline-group (loss broadcast), the
+two-rank groups to the previous and next stage (p2p by broadcast) and the tied-embedding pair.
+deepspeed: the world, tp and dp groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
+from enum import Enum
 
 from conf.schema import (
+    Engine,
     HardwareConfig,
     ModelConfig,
     ModelKind,
@@ -120,54 +143,119 @@ from conf.schema import (
     Precision,
     Recompute,
 )
+from train.planner.inventory import (
+    ParamSpec,
+    module_sizes,
+    stage_buckets,
+    stage_layers,
+    stage_params,
+    tied_word_embedding,
+)
 from train.planner.sizes import padded_vocab_size
 
 GIB = 2**30
 
+_FP32 = 4
+_INT64 = 8
+_MASK = 1  # bool tensors and Megatron's dropout masks
+
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's default reduce_bucket_size (elements): one 16-bit bucket of these gradients is flattened
+for the DP reduction (docs: deepspeed.ai/docs/config-json, zero_optimization.reduce_bucket_size)."""
 # Modules' worth of full parameters a ZeRO-3 rank holds gathered: the one in use and the one
 # prefetched (DeepSpeed's stage3_prefetch_bucket_size keeps the next module in flight).
 _ZERO3_GATHERED_MODULES = 2
 # Modules' worth of full gradients a ZeRO-2/3 rank holds before reduce-scattering them.
 _ZERO_GRAD_BUCKET_MODULES = 1
-# fp32 copies of the optimizer's shard an unfused (foreach) Adam step materialises.
-_UNFUSED_ADAM_TEMP_COPIES = 2
-_FP32 = 4
-_MASK = 1  # dropout masks are bool tensors
+
+
+class Stack(str, Enum):
+    """The software whose memory is modelled (module docstring)."""
+
+    megasweep = "megasweep"
+    deepspeed = "deepspeed"
+    megatron_deepspeed = "megatron_deepspeed"
 
 
 @dataclass(frozen=True)
-class StateBytes:
-    """Bytes per parameter on one device for the model states, after ZeRO sharding and offload."""
+class StackTraits:
+    """What distinguishes the stacks' memory."""
 
-    weights: float
-    gradients: float
-    optimizer: float
+    states: str
+    """'megasweep' (fp32 parameters, AdamW, train.dp buckets) or 'deepspeed' (ZeRO's optimizer)."""
+    activations: str
+    """'megasweep' (train.model under SDPA, measured) or 'megatron' (Korthikanti et al.)."""
+    pipeline: str | None
+    """'megasweep' (train.pipeline), 'deepspeed' (its pipe engine), None (no pipelines)."""
+    grad_norm_copy_bytes: int
+    """Bytes per element of the copy the gradient norm makes of each gradient slice (0: no copy)."""
 
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer
+
+TRAITS = {
+    Stack.megasweep: StackTraits("megasweep", "megasweep", "megasweep", 0),
+    Stack.deepspeed: StackTraits("deepspeed", "megasweep", None, 4),
+    Stack.megatron_deepspeed: StackTraits("deepspeed", "megatron", "deepspeed", 8),
+}
+"""DeepSpeed >= 0.10 takes the norm on an fp32 copy (`.to(get_norm_dtype())`), 2022's on a double."""
+
+
+def stack_of(par: ParallelismConfig) -> Stack:
+    """The stack `python -m train` runs a layout with."""
+    return Stack.deepspeed if Engine(par.engine) == Engine.deepspeed else Stack.megasweep
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Peak memory of one device on the worst pipeline stage (all figures in bytes)."""
+    """One rank's predicted memory (bytes), component by component (module docstring)."""
 
-    weights: float
-    """Parameters resident on the device (16-bit in mixed precision), incl. ZeRO-3's gathered working set."""
-    gradients: float
-    """Parameter gradients in the compute precision, incl. ZeRO-2/3's reduce bucket."""
-    optimizer: float
-    """Optimizer states: fp32 master copy, Adam moments, fp32 gradient copy (mixed precision)."""
-    activations: float
-    """Activations kept for the backward, with the recompute working set and the stage extras."""
-    optimizer_temp: float
-    """Temporaries of the Adam step (unfused implementations only)."""
-    total: float
-    """Sum of the above."""
-    params_on_device: int
-    """Parameters of this stage's tensor-parallel shard (before ZeRO sharding)."""
+    stack: str
+    """The software modelled (Stack)."""
     stage: str
-    """Which pipeline stage is the worst: 'only' (pp == 1), 'first', 'middle' or 'last'."""
+    """'only' (pp = 1), 'first', 'middle' or 'last'."""
+    stage_index: int
+    """0-based pipeline stage."""
+    params_on_device: int
+    """Parameters of this rank's stage and TP shard (before ZeRO divides anything)."""
+    weights: float
+    """Parameters the device holds (ZeRO-3: the partition and the gathered working set)."""
+    gradients: float
+    """Gradients when the optimizer steps (megasweep ZeRO-1: the reduced slices)."""
+    optimizer: float
+    """Optimizer states: Adam's moments and step counters."""
+    master: float
+    """fp32 master copies the optimizer updates (0 when it steps the parameters themselves)."""
+    activations_per_micro_batch: float
+    """What one micro-batch's forward saves for its backward on this stage (what saved-tensor hooks see)."""
+    activations: float
+    """At the peak: the in-flight micro-batches' saved tensors, the pipeline's buffers, the
+    backward's working set and gradient buffers held during backward."""
+    transients: tuple[tuple[str, float], ...]
+    """Allocations of the reduction and the optimizer step, by name (each alive on its own)."""
+    overhead: float
+    """Outside the allocator: the process's own memory and communicator buffers."""
+    allocated: float
+    """Peak bytes held by tensors."""
+    reserved: float
+    """Peak bytes the allocator holds (>= allocated)."""
+
+    @property
+    def optimizer_temp(self) -> float:
+        """The largest transient of the step."""
+        return max((b for _, b in self.transients), default=0.0)
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.master
+
+    @property
+    def total(self) -> float:
+        """reserved + overhead: what a device monitor shows at the peak."""
+        return self.reserved + self.overhead
+
+    @property
+    def needed(self) -> float:
+        """allocated + overhead: what must fit in the device."""
+        return self.allocated + self.overhead
 
     @property
     def total_gib(self) -> float:
@@ -175,222 +263,376 @@ class MemoryEstimate:
 
     def as_gib_dict(self) -> dict[str, float | int | str]:
         """Components in GiB (rounded to 3 decimals), for tables and logs."""
-        return {
-            "weights_gib": round(self.weights / GIB, 3),
-            "gradients_gib": round(self.gradients / GIB, 3),
-            "optimizer_gib": round(self.optimizer / GIB, 3),
-            "activations_gib": round(self.activations / GIB, 3),
-            "optimizer_temp_gib": round(self.optimizer_temp / GIB, 3),
-            "total_gib": round(self.total_gib, 3),
-            "params_on_device": self.params_on_device,
-            "stage": self.stage,
+        gib = {
+            "weights_gib": self.weights,
+            "gradients_gib": self.gradients,
+            "optimizer_gib": self.optimizer,
+            "master_gib": self.master,
+            "activations_gib": self.activations,
+            "optimizer_temp_gib": self.optimizer_temp,
+            "overhead_gib": self.overhead,
+            "allocated_gib": self.allocated,
+            "reserved_gib": self.reserved,
+            "total_gib": self.total,
         }
+        out: dict[str, float | int | str] = {k: round(v / GIB, 3) for k, v in gib.items()}
+        out.update(params_on_device=self.params_on_device, stage=self.stage, stack=self.stack)
+        return out
 
 
-def state_bytes_per_param(
-    precision: Precision, zero_stage: int, dp: int, offload: Offload = Offload.none
-) -> StateBytes:
-    """Model-state bytes per parameter on one device (see the module docstring's ZeRO table).
-
-    Excludes ZeRO's gathered working sets, which depend on module sizes (estimate_memory adds them).
-    """
-    _check_positive(dp=dp)
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if Precision(precision) == Precision.fp32:
-        weights, gradients, optimizer = 4.0, 4.0, 8.0
-    else:
-        weights, gradients, optimizer = 2.0, 2.0, 16.0
-    if zero_stage >= 1:
-        optimizer /= dp
-    if zero_stage >= 2:
-        gradients /= dp
-    if zero_stage >= 3:
-        weights /= dp
-    if Offload(offload) != Offload.none:
-        optimizer = 0.0
-    if Offload(offload) == Offload.params and zero_stage == 3:
-        weights = 0.0
-    return StateBytes(weights=weights, gradients=gradients, optimizer=optimizer)
-
-
-def layer_params_per_rank(model: ModelConfig, tp: int = 1) -> int:
-    """Parameters of one transformer layer held by one TP rank (largest rank if t does not divide)."""
-    _check_positive(tp=tp)
-    h, f = model.hidden_size, model.ffn
-    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h  # column-parallel W and b, row-parallel W
-    replicated = h + h + 2 * 2 * h  # row-parallel biases (added after the all-reduce), 2 LayerNorms
-    return _ceil_div(split, tp) + replicated
-
-
-def layer_activation_bytes(
-    model: ModelConfig,
-    *,
-    micro_batch_size: int,
-    tp: int = 1,
-    precision: Precision = Precision.bf16,
-    recompute: Recompute = Recompute.none,
-) -> float:
-    """Activation bytes one layer keeps for its backward, per micro-batch (Korthikanti et al. 2022)."""
-    kept, core = _layer_terms(model, micro_batch_size, tp, precision)
-    recompute = Recompute(recompute)
-    if recompute == Recompute.none:
-        return kept + core
-    if recompute == Recompute.selective:
-        return kept
-    return _layer_input_bytes(model, micro_batch_size, precision)
+# ---------------------------------------------------------------------------------------------
+# The public entry points.
 
 
 def estimate_memory(
-    model: ModelConfig, par: ParallelismConfig, *, dp: int, fused_optimizer: bool = True
+    model: ModelConfig,
+    par: ParallelismConfig,
+    *,
+    dp: int,
+    hardware: HardwareConfig | None = None,
+    stack: Stack | None = None,
+    fused_optimizer: bool | None = None,
 ) -> MemoryEstimate:
-    """Peak bytes per device of the worst pipeline stage (formulas in the module docstring)."""
+    """The rank that needs the most memory (first, middle or last stage; module docstring).
+
+    `hardware` adds its overheads (none without it); `stack` defaults to what python -m train runs;
+    `fused_optimizer` to par.optimizer (only `torch`, foreach AdamW, is unfused)."""
     _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
-    pp = par.pp
-    layers = math.ceil(model.num_layers / pp)
-    micro_batches = max(1, par.global_batch_size // (par.mbs * dp))
-    if pp == 1:
-        candidates = [_stage_estimate(model, par, dp, fused_optimizer, "only", layers, 1)]
+    candidates = [
+        stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
+        for s in _distinct_stages(par.pp, _micro_batches(par, dp))
+    ]
+    # Ties go to the earlier stage (first before last), the more common report.
+    return max(candidates, key=lambda e: e.needed)
+
+
+def stage_memory(
+    model: ModelConfig,
+    par: ParallelismConfig,
+    *,
+    dp: int,
+    stage: int = 0,
+    hardware: HardwareConfig | None = None,
+    stack: Stack | None = None,
+    fused_optimizer: bool | None = None,
+    micro_batches: int | None = None,
+) -> MemoryEstimate:
+    """One rank of pipeline stage `stage` (any of its TP and DP ranks: they hold the same)."""
+    _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {par.zero_stage}")
+    if not 0 <= stage < par.pp:
+        raise ValueError(f"stage must be in [0, {par.pp}), got {stage}")
+    stack = Stack(stack) if stack is not None else stack_of(par)
+    traits = TRAITS[stack]
+    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch if fused_optimizer is None else fused_optimizer
+    m = micro_batches if micro_batches is not None else _micro_batches(par, dp)
+    params = stage_params(model, tp=par.tp, stage=stage, num_stages=par.pp)
+    if traits.states == "megasweep":
+        states = _megasweep_states(params, par, dp=dp, stage=stage, fused=fused)
     else:
-        candidates = [
-            _stage_estimate(model, par, dp, fused_optimizer, "first", layers, min(pp, micro_batches)),
-            _stage_estimate(model, par, dp, fused_optimizer, "last", layers, 1),
-        ]
-        if pp > 2:
-            # Stage 1 is the fullest middle stage: the most micro-batches in flight after the first.
-            candidates.append(
-                _stage_estimate(model, par, dp, fused_optimizer, "middle", layers, min(pp - 1, micro_batches))
-            )
-    # Ties go to the earlier stage in the list (first before last), which is the more common report.
-    return max(candidates, key=lambda e: e.total)
+        states = _deepspeed_states(params, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
+    acts = _activations(model, par, traits, stage=stage, micro_batches=m, params=params)
+    resident = states.weights + states.gradients + states.optimizer + states.master
+    held = acts.peak + states.gradient_buffers
+    allocated = resident + max([held, *(b for _, b in states.transients)])
+    reserved = allocated
+    if hardware is not None and hardware.device_type == "cuda":
+        # Cached activation blocks are too small for a flat transient, which takes its own segment;
+        # the transients, one after the other, reuse each other's (a cached block is split for a
+        # smaller request); fragmentation leaves part of what is allocated and freed unusable.
+        dynamic = held + max((b for _, b in states.transients), default=0.0)
+        reserved = resident + dynamic / (1.0 - hardware.allocator_fragmentation)
+    overhead = _overhead(par, dp=dp, stage=stage, stack=stack, hardware=hardware)
+    return MemoryEstimate(
+        stack=stack.value,
+        stage=_role(stage, par.pp),
+        stage_index=stage,
+        params_on_device=sum(p.numel for p in params),
+        weights=states.weights,
+        gradients=states.gradients,
+        optimizer=states.optimizer,
+        master=states.master,
+        activations_per_micro_batch=acts.per_micro_batch,
+        activations=held,
+        transients=states.transients,
+        overhead=overhead,
+        allocated=allocated,
+        reserved=reserved,
+    )
 
 
 def usable_bytes(hw: HardwareConfig) -> float:
-    """Device memory the planner lets a run use: capacity less the stated reserve."""
+    """Device memory the planner lets a run use: capacity less the stated margin."""
     return (hw.memory_gib - hw.memory_reserve_gib) * GIB
 
 
 def predicts_oom(estimate: MemoryEstimate, hw: HardwareConfig) -> bool:
-    """True when the estimate does not fit in the device's usable memory."""
-    return estimate.total > usable_bytes(hw)
+    """True when the live tensors plus the overhead do not fit in the device's usable memory."""
+    return estimate.needed > usable_bytes(hw)
 
 
-def _stage_estimate(
-    model: ModelConfig,
-    par: ParallelismConfig,
-    dp: int,
-    fused_optimizer: bool,
-    stage: str,
-    layers: int,
-    in_flight: int,
-) -> MemoryEstimate:
-    tp = par.tp
-    has_embedding = stage in ("first", "only")
-    has_head = stage in ("last", "only")
-    word_embedding = padded_vocab_size(model, tp) * model.hidden_size // tp
-    layer = layer_params_per_rank(model, tp)
+def device_reading(estimate: MemoryEstimate, hw: HardwareConfig) -> float:
+    """What a device monitor would show at the peak: the total, at most the device (the allocator
+    frees its cache rather than fail)."""
+    return min(estimate.total, hw.memory_gib * GIB)
 
-    params = layers * layer
-    modules = [layer]
-    if has_embedding:
-        params += word_embedding + model.seq_length * model.hidden_size
-        modules.append(word_embedding)
-    if has_head:
-        params += _head_params_per_rank(model, tp)
-        if stage == "last":  # the tied output weight's own copy; with pp == 1 it is the embedding itself
-            params += word_embedding
-            modules.append(word_embedding)
 
+# ---------------------------------------------------------------------------------------------
+# Model states.
+
+
+@dataclass(frozen=True)
+class _States:
+    weights: float
+    gradients: float
+    optimizer: float
+    master: float
+    gradient_buffers: float
+    """Gradient bytes held during backward on top of `gradients` (megasweep ZeRO-1's flat buckets)."""
+    transients: tuple[tuple[str, float], ...]
+
+
+def _megasweep_states(params: list[ParamSpec], par: ParallelismConfig, *, dp: int, stage: int, fused: bool) -> _States:
+    total = sum(p.numel for p in params)
+    weights = _FP32 * total
+    if dp == 1:  # no reduction: each parameter's own .grad
+        gradients, buffers = float(_FP32 * total), 0.0
+        optimizer, master = 8.0 * total + _FP32 * len(params), 0.0
+        stepped = total
+    else:
+        buckets = stage_buckets(params, dp=dp, element_bytes=_FP32, tied=tied_word_embedding(stage=stage, num_stages=par.pp))
+        padded = sum(b.padded for b in buckets)
+        if par.zero_stage >= 1:
+            # Megatron's distributed optimizer: reduced slices, fp32 main slices, Adam on the slices.
+            gradients, buffers = float(_FP32 * padded // dp), float(_FP32 * padded)
+            optimizer = 8.0 * padded / dp + _FP32 * len(buckets)
+            master = float(_FP32 * padded // dp)
+            stepped = padded // dp
+        else:  # the reduced flat buckets back the parameters' gradients
+            gradients, buffers = float(_FP32 * padded), 0.0
+            optimizer, master = 8.0 * total + _FP32 * len(params), 0.0
+            stepped = total
+    # foreach AdamW (torch's multi-tensor path) materialises sqrt(v) for the whole list it steps.
+    transients = () if fused else (("foreach Adam's sqrt(v)", float(_FP32 * stepped)),)
+    return _States(weights, gradients, optimizer, master, buffers, transients)
+
+
+def _deepspeed_states(
+    params: list[ParamSpec], par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int
+) -> _States:
+    total = sum(p.numel for p in params)
+    c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
+    n = dp if par.zero_stage >= 1 else 1
     offload = Offload(par.offload)
-    per_param = state_bytes_per_param(par.precision, par.zero_stage, dp, offload)
-    full = state_bytes_per_param(par.precision, 0, 1)
-    largest = max(modules)
-
-    weights = params * per_param.weights
-    if par.zero_stage == 3 and (dp > 1 or offload == Offload.params):
-        weights = min(params * full.weights, weights + _ZERO3_GATHERED_MODULES * largest * full.weights)
-    gradients = params * per_param.gradients
+    largest_module = max(module_sizes(params), default=0)
+    weights = float(c * total)
+    if par.zero_stage == 3:
+        partition = 0.0 if offload == Offload.params else c * total / dp
+        weights = partition
+        if dp > 1 or offload == Offload.params:  # the gathered modules (none to gather at dp = 1)
+            weights = min(c * total, partition + _ZERO3_GATHERED_MODULES * largest_module * c)
+    gradients = float(c * total)
     if par.zero_stage >= 2 and dp > 1:
-        gradients = min(params * full.gradients, gradients + _ZERO_GRAD_BUCKET_MODULES * largest * full.gradients)
-    optimizer = params * per_param.optimizer
-
-    activations = _stage_activations(model, par, layers, in_flight, has_embedding, has_head)
-
-    optimizer_temp = 0.0
-    if not fused_optimizer and offload == Offload.none:
-        stepped = params / dp if par.zero_stage >= 1 else params
-        optimizer_temp = _UNFUSED_ADAM_TEMP_COPIES * _FP32 * stepped
-
-    total = weights + gradients + optimizer + activations + optimizer_temp
-    return MemoryEstimate(
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        activations=activations,
-        optimizer_temp=optimizer_temp,
-        total=total,
-        params_on_device=params,
-        stage=stage,
-    )
+        gradients = min(c * total, c * total / dp + _ZERO_GRAD_BUCKET_MODULES * largest_module * c)
+    optimizer, master = 8.0 * total / n, _FP32 * total / n
+    transients: list[tuple[str, float]] = []
+    if offload != Offload.none:
+        optimizer = master = 0.0  # and the step runs on the host
+    else:
+        partition = total / n
+        if norm_copy:
+            transients.append(("gradient-norm copy", norm_copy * min(max((p.numel for p in params), default=0), partition)))
+        # The partition's gradients flattened, then converted to fp32 (both alive during the conversion).
+        flat = c * partition + (_FP32 * partition if c != _FP32 else 0.0)
+        transients.append(("fp32 gradient partition and its flat source", flat))
+        if not fused:  # torch.optim.Adam beside the fp32 gradient: sqrt(v) and the L2-decayed gradient
+            transients.append(("fp32 gradient partition and unfused Adam's temporaries", 3 * _FP32 * partition))
+    if dp > 1:
+        transients.append(("reduce bucket", c * min(DEEPSPEED_REDUCE_BUCKET, total)))
+    return _States(weights, gradients, optimizer, master, 0.0, tuple(transients))
 
 
-def _stage_activations(
-    model: ModelConfig, par: ParallelismConfig, layers: int, in_flight: int, has_embedding: bool, has_head: bool
-) -> float:
-    mbs, tp, precision = par.mbs, par.tp, par.precision
+# ---------------------------------------------------------------------------------------------
+# Activations.
+
+
+@dataclass(frozen=True)
+class _Activations:
+    per_micro_batch: float
+    peak: float
+
+
+def _activations(
+    model: ModelConfig, par: ParallelismConfig, traits: StackTraits, *, stage: int, micro_batches: int,
+    params: list[ParamSpec],
+) -> _Activations:
+    pp, m = par.pp, micro_batches
+    in_flight = min(pp - stage, m)
+    first, last = stage == 0, stage == pp - 1
+    layers = len(stage_layers(model.num_layers, stage=stage, num_stages=pp))
+    b, s, h = par.mbs, model.seq_length, model.hidden_size
+    sbh = s * b * h
+    vocab_shard = s * b * padded_vocab_size(model, par.tp) / par.tp
     recompute = Recompute(par.recompute)
-    kept, core = _layer_terms(model, mbs, tp, precision)
-    stored = layers * in_flight * layer_activation_bytes(
-        model, micro_batch_size=mbs, tp=tp, precision=precision, recompute=recompute
-    )
-    # The layer being back-propagated has its recomputed part live again.
-    if recompute == Recompute.full:
-        stored += kept + core - _layer_input_bytes(model, mbs, precision)
-    elif recompute == Recompute.selective:
-        stored += core
-
-    sbh = model.seq_length * mbs * model.hidden_size
-    if has_embedding:
-        stored += in_flight * _MASK * sbh
-    if has_head:
+    if traits.activations == "megasweep":
+        per_layer, working = _megasweep_layer(model, par, recompute)
+        extras = _megasweep_ends(model, par, first=first, last=last)
+        c = _act_bytes(par.precision)
+        copies = 0.0
+        if c != _FP32:  # autocast's 16-bit GEMM operand copies, saved once per stage
+            copies = c * sum(p.numel for p in params if p.gemm and (recompute != Recompute.full or "wte" in p.name))
+        stored = layers * per_layer + extras
+        per_mb = stored + copies
+        peak = _with_accumulation(in_flight, stored, working * (layers > 0), params, _FP32, m) + copies
+        if last:
+            peak += _FP32 * vocab_shard  # the fp32 gradient of the logits, backward's first tensor
+        if pp > 1 and traits.pipeline == "megasweep":
+            peak += _pipeline_buffers(sbh, in_flight=in_flight, first=first, last=last)
+        return _Activations(per_mb, peak)
+    # Megatron (Korthikanti et al.), 16-bit activations and 1-byte dropout masks.
+    kept, core = _korthikanti_terms(model, par.mbs, par.tp, par.precision)
+    w = _act_bytes(par.precision)
+    per_layer = {Recompute.none: kept + core, Recompute.selective: kept, Recompute.full: w * sbh}[recompute]
+    stored = layers * per_layer
+    if first:
+        stored += _MASK * sbh  # the embedding's dropout mask
+    if pp > 1 and not last and traits.pipeline == "deepspeed":
+        stored += w * sbh  # the stage output DeepSpeed's pipe buffers keep until the backward
+    working = {Recompute.none: 0.0, Recompute.selective: core, Recompute.full: kept + core - w * sbh}[recompute]
+    peak = _with_accumulation(in_flight, stored, working, params, w, m)
+    if last:
         head_inputs = 5 if model.kind == ModelKind.bert else 2
-        stored += head_inputs * _act_bytes(precision) * sbh
-        stored += _FP32 * model.seq_length * mbs * padded_vocab_size(model, tp) / tp
-    return stored
+        peak += head_inputs * w * sbh + _FP32 * vocab_shard
+    per_mb = stored + (2 * w * sbh + _FP32 * vocab_shard if last else 0.0)
+    return _Activations(per_mb, peak)
 
 
-def _layer_terms(model: ModelConfig, mbs: int, tp: int, precision: Precision) -> tuple[float, float]:
+def _with_accumulation(
+    in_flight: int, stored: float, working: float, params: list[ParamSpec], grad_bytes: int, micro_batches: int
+) -> float:
+    """Activations at the peak: all in-flight micro-batches with one layer's recompute working set,
+    or, when a micro-batch's backward ends, the others with its largest weight's gradient before it
+    is added to the accumulated one (the word embedding's, on a first or last stage: a dense
+    gradient the size of the weight; the first micro-batch's is kept as it is, so only m > 1)."""
+    largest = max((p.numel for p in params), default=0) if micro_batches > 1 else 0
+    return max(in_flight * stored + working, (in_flight - 1) * stored + grad_bytes * largest)
+
+
+def _megasweep_layer(model: ModelConfig, par: ParallelismConfig, recompute: Recompute) -> tuple[float, float]:
+    """(bytes one layer saves per micro-batch, the extra working set of its recompute)."""
+    b, s, h, t = par.mbs, model.seq_length, model.hidden_size, par.tp
+    sbh, bs = s * b * h, s * b
+    c = _act_bytes(par.precision)
+    heads = model.num_attention_heads // t
+    norm_inputs = 2 * (_FP32 * sbh + 2 * _FP32 * bs)  # fp32 residual in, mean and rstd
+    gemm_inputs = 2 * c * sbh  # the two LayerNorm outputs the QKV and MLP-in GEMMs read
+    attention = c * 3 * sbh / t + c * sbh / t  # QKV output (q, k, v views), SDPA output
+    lse = _FP32 * b * heads * s
+    mlp = 2 * c * s * b * model.ffn / t  # GELU input and output
+    none = norm_inputs + gemm_inputs + attention + lse + mlp
+    if recompute == Recompute.none:
+        return none, 0.0
+    if recompute == Recompute.selective:
+        return none - lse, lse
+    return _FP32 * sbh, none - _FP32 * sbh
+
+
+def _megasweep_ends(model: ModelConfig, par: ParallelismConfig, *, first: bool, last: bool) -> float:
+    """Per micro-batch: the first stage's token and position indices, the last stage's final norm,
+    head and loss."""
+    b, s, h, t = par.mbs, model.seq_length, model.hidden_size, par.tp
+    sbh, bs = s * b * h, s * b
+    c = _act_bytes(par.precision)
+    vocab_shard = bs * padded_vocab_size(model, t) / t
+    out = 0.0
+    if first:
+        out += _INT64 * bs + _INT64 * s  # token ids, positions
+        if t > 1:
+            out += _MASK * bs  # the vocabulary-parallel lookup's mask of this rank's tokens
+    if last:
+        out += _FP32 * sbh + 2 * _FP32 * bs + c * sbh  # final norm: input, statistics, output read by a GEMM
+        if model.kind == ModelKind.bert:
+            # dense output (GELU input), GELU output (LayerNorm input, fp32), statistics, LN output cast
+            out += c * sbh + _FP32 * sbh + 2 * _FP32 * bs + c * sbh
+        if t > 1:
+            out += _FP32 * vocab_shard + _INT64 * bs + 2 * _MASK * bs  # softmax, index, two masks
+        else:
+            out += _FP32 * vocab_shard + _INT64 * bs + _FP32  # log-softmax output, labels, weight sum
+    return out
+
+
+def _pipeline_buffers(sbh: float, *, in_flight: int, first: bool, last: bool) -> float:
+    """train.pipeline's tensors beyond the saved activations: each in-flight micro-batch's output, and
+    during a backward the gradients received for the output and sent for the input (fp32)."""
+    out = 0.0
+    if not last:
+        out += (in_flight + 1) * _FP32 * sbh
+    if not first:
+        out += _FP32 * sbh
+    return out
+
+
+def _korthikanti_terms(model: ModelConfig, mbs: int, tp: int, precision: Precision) -> tuple[float, float]:
     """(kept, core): one layer's activation bytes outside and inside the attention core."""
-    _check_positive(micro_batch_size=mbs, tp=tp)
     w = _act_bytes(precision)
     s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
     sbh = s * mbs * h
-    # Korthikanti's 10 + 24/t with the 16-bit parts (8 and 24/t) scaled to the activation width.
     kept = sbh * (8 * w / 2 + 2 * _MASK + 24 * w / 2 / tp)
-    # Korthikanti's 5*a*s^2*b/t: softmax and dropout outputs (16-bit) and the dropout mask.
     core = a * s * s * mbs * (4 * w / 2 + _MASK) / tp
     return kept, core
 
 
-def _layer_input_bytes(model: ModelConfig, mbs: int, precision: Precision) -> float:
-    return _act_bytes(precision) * model.seq_length * mbs * model.hidden_size
-
-
 def _act_bytes(precision: Precision) -> int:
-    return 4 if Precision(precision) == Precision.fp32 else 2
+    return _FP32 if Precision(precision) == Precision.fp32 else 2
 
 
-def _head_params_per_rank(model: ModelConfig, tp: int) -> int:
-    h = model.hidden_size
-    final_norm = 2 * h
-    if model.kind == ModelKind.bert:
-        # The LM-head transform and its LayerNorm are replicated; the output bias is vocabulary-parallel.
-        return final_norm + (h * h + h) + 2 * h + padded_vocab_size(model, tp) // tp
-    return final_norm
+# ---------------------------------------------------------------------------------------------
+# Overheads.
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def communicators(par: ParallelismConfig, *, dp: int, stage: int, stack: Stack) -> list[int]:
+    """Sizes of the communicators (process groups of more than one rank) a rank of `stage` uses."""
+    tp, pp = par.tp, par.pp
+    ends = stage in (0, pp - 1)
+    sizes = [dp * tp * pp, tp, dp]
+    if stack == Stack.megasweep:
+        sizes += [pp] + ([2] if pp > 1 and ends else [])
+    elif stack == Stack.megatron_deepspeed:
+        sizes += [tp * pp]
+        if pp > 1:
+            neighbours = (stage > 0) + (stage < pp - 1)
+            sizes += [pp] + [2] * neighbours + ([2] if ends else [])
+    return [n for n in sizes if n > 1]
+
+
+def _overhead(
+    par: ParallelismConfig, *, dp: int, stage: int, stack: Stack, hardware: HardwareConfig | None
+) -> float:
+    if hardware is None:
+        return 0.0
+    comms = communicators(par, dp=dp, stage=stage, stack=stack)
+    buffers = sum(hardware.comm_buffer_pair_gib if n == 2 else hardware.comm_buffer_gib for n in comms)
+    return (hardware.process_overhead_gib + buffers) * GIB
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers.
+
+
+def _micro_batches(par: ParallelismConfig, dp: int) -> int:
+    return max(1, par.global_batch_size // (par.mbs * dp))
+
+
+def _distinct_stages(pp: int, m: int) -> list[int]:
+    """The stages whose memory can differ: first, the fullest middle one, last."""
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
+def _role(stage: int, pp: int) -> str:
+    if pp == 1:
+        return "only"
+    return "first" if stage == 0 else "last" if stage == pp - 1 else "middle"
 
 
 def _check_positive(**values: int) -> None:
@@ -399,7 +641,7 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-# A sweep plans thousands of layouts that share (model, parallelism, dp): memoise.
+# A sweep plans thousands of layouts that share (model, parallelism, dp, hardware): memoise.
 
 
 def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -408,15 +650,44 @@ def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
-    # Only plain torch.optim.Adam (foreach) materialises whole-shard temporaries; `auto` picks a fused one.
-    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch
-    return estimate_memory(model, par, dp=dp, fused_optimizer=fused)
+def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int, hw: HardwareConfig | None) -> MemoryEstimate:
+    return estimate_memory(model, par, dp=dp, hardware=hw)
 
 
-def estimated_memory(model: ModelConfig, par: ParallelismConfig, dp: int) -> MemoryEstimate:
-    """`estimate_memory` for this layout, memoised on its (frozen) arguments.
+def estimated_memory(
+    model: ModelConfig, par: ParallelismConfig, dp: int, hardware: HardwareConfig | None = None
+) -> MemoryEstimate:
+    """`estimate_memory` for this layout, memoised on its (frozen) arguments."""
+    return _estimate_cached(model, _cache_key(par), dp, hardware)
 
-    The optimizer implementation decides `fused_optimizer`: only `torch` (foreach Adam) is unfused.
-    """
-    return _estimate_cached(model, _cache_key(par), dp)
+
+def layer_activation_bytes(
+    model: ModelConfig, par: ParallelismConfig, *, stack: Stack | None = None
+) -> float:
+    """One layer's saved activations for one micro-batch, as `stack` stores them."""
+    traits = TRAITS[Stack(stack) if stack is not None else stack_of(par)]
+    if traits.activations == "megasweep":
+        return _megasweep_layer(model, par, Recompute(par.recompute))[0]
+    kept, core = _korthikanti_terms(model, par.mbs, par.tp, par.precision)
+    recompute = Recompute(par.recompute)
+    if recompute == Recompute.none:
+        return kept + core
+    if recompute == Recompute.selective:
+        return kept
+    return _act_bytes(par.precision) * model.seq_length * par.mbs * model.hidden_size
+
+
+__all__ = [
+    "GIB",
+    "MemoryEstimate",
+    "Stack",
+    "communicators",
+    "device_reading",
+    "estimate_memory",
+    "estimated_memory",
+    "layer_activation_bytes",
+    "predicts_oom",
+    "stack_of",
+    "stage_memory",
+    "usable_bytes",
+]

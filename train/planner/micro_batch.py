@@ -73,9 +73,9 @@ def largest_fitting_micro_batch(
         )
     capacity = usable_bytes(hw)
     estimates = {
-        c: estimated_memory(run.model, dataclasses.replace(par, micro_batch_size=c), dp) for c in valid
+        c: estimated_memory(run.model, dataclasses.replace(par, micro_batch_size=c), dp, hw) for c in valid
     }
-    totals = {c: e.total for c, e in estimates.items()}
+    totals = {c: e.needed for c, e in estimates.items()}
     # The same test as validation's memory rule, so `auto` never picks what validate() rejects.
     fitting = [c for c in valid if not predicts_oom(estimates[c], hw)]
     cap = f"{capacity / GIB:.2f} GiB usable on {hw.name}"

@@ -90,7 +90,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
 
     mem_gib = NAN
     if sized and sane and not rules & {"world_size", "zero_stage"} and par.pp <= m.num_layers:
-        mem_gib = estimated_memory(m, par, dp).total_gib
+        mem_gib = estimated_memory(m, par, dp, hw).needed / GIB
     quant = _quant_efficiency(m, _shape_key(par), hw) if shapes_ok and sized else NAN
     # The model's FLOPs need whole heads but not a valid TP split (tp only pads the vocabulary).
     flops = (NAN, NAN)

@@ -645,7 +645,7 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     """
 
     def fits(**change: Any) -> bool:
-        return not predicts_oom(estimated_memory(m, dataclasses.replace(par, **change), dp), hw)
+        return not predicts_oom(estimated_memory(m, dataclasses.replace(par, **change), dp, hw), hw)
 
     def first(key: str, candidates: Sequence[object]) -> None:
         # Each knob's last candidate is its most memory-saving one: when even that does not fit,
@@ -673,7 +673,7 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
 
 
 def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> Violation | None:
-    estimate = estimated_memory(m, par, dp)
+    estimate = estimated_memory(m, par, dp, hw)
     if not predicts_oom(estimate, hw):
         return None
     usable = usable_bytes(hw) / GIB
@@ -689,7 +689,7 @@ def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     return Violation(
         "memory",
         {
-            "predicted_gib": round(estimate.total_gib, 2),
+            "predicted_gib": round(estimate.needed / GIB, 2),
             "usable_gib": round(usable, 2),
             "parallelism.tp": par.tp,
             "parallelism.pp": par.pp,
@@ -699,7 +699,7 @@ def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
             "parallelism.micro_batch_size": par.mbs,
             "hardware.memory_gib": hw.memory_gib,
         },
-        f"Predicted memory {estimate.total_gib:.2f} GiB per device (worst pipeline stage: {estimate.stage}) "
+        f"Predicted memory {estimate.needed / GIB:.2f} GiB per device (worst pipeline stage: {estimate.stage}) "
         f"exceeds the usable {usable:.2f} GiB of {hw.name} (hardware.memory_gib={hw.memory_gib} minus "
         f"hardware.memory_reserve_gib={hw.memory_reserve_gib}) with parallelism.tp={par.tp}, "
         f"parallelism.pp={par.pp}, parallelism.dp={dp}, parallelism.zero_stage={par.zero_stage}, "

@@ -35,6 +35,7 @@ def _compose(*overrides: str) -> RunConfig:
                 "model=gpt_13b",
                 "hardware=a100_80gb",
                 "parallelism.global_batch_size=256",
+                "parallelism.engine=deepspeed",
                 "parallelism.zero_stage=3",
                 "parallelism.precision=bf16",
                 "parallelism.recompute=selective",
@@ -60,7 +61,7 @@ def test_planner_picks_the_largest_size_predicted_to_fit(overrides: list[str], d
 
     def fits(c: int) -> bool:
         par = dataclasses.replace(run.parallelism, micro_batch_size=c)
-        return not predicts_oom(estimate_memory(run.model, par, dp=dp), run.hardware)
+        return not predicts_oom(estimate_memory(run.model, par, dp=dp, hardware=run.hardware), run.hardware)
 
     valid = valid_micro_batches(run, dp=dp)
     expected = max((c for c in valid if fits(c)), default=None)
@@ -102,7 +103,7 @@ def _auto_run(memory_gib: float) -> RunConfig:
 
 def _between_8_and_16() -> float:
     par = ParallelismConfig(micro_batch_size=1, global_batch_size=32, precision=Precision.fp32)
-    needs = {c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).total for c in (8, 16)}
+    needs = {c: estimate_memory(TINY, dataclasses.replace(par, micro_batch_size=c), dp=1).needed for c in (8, 16)}
     return (needs[8] + needs[16]) / 2 / GIB
 
 
