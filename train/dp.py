@@ -213,6 +213,25 @@ def clip_grad_norm(
             sharded += sq
         else:
             replicated += sq
+    norm, coef = _global_norm(sharded, replicated, max_norm=max_norm, tp_group=tp_group, pp_group=pp_group)
+    if coef is not None:
+        for _, g in grads:
+            local(g).mul_(coef)
+    return norm
+
+
+def _global_norm(
+    sharded: torch.Tensor,
+    replicated: torch.Tensor,
+    *,
+    max_norm: float,
+    tp_group: dist.ProcessGroup | None,
+    pp_group: dist.ProcessGroup | None,
+) -> tuple[float, float | None]:
+    """The global L2 norm from this rank's squared sums (TP-sharded ones summed over TP, replicated
+    ones once, then every stage's over PP), and the factor to scale the gradients by, as
+    torch.nn.utils.clip_grad_norm_ computes it (None: leave them, the norm is within bounds or not
+    finite)."""
     if tp_group is not None:
         dist.all_reduce(sharded, group=tp_group)
     total = sharded + replicated
@@ -220,10 +239,7 @@ def clip_grad_norm(
         dist.all_reduce(total, group=pp_group)
     norm = float(total.sqrt())
     coef = max_norm / (norm + 1e-6)
-    if coef < 1.0 and math.isfinite(norm):
-        for _, g in grads:
-            local(g).mul_(coef)
-    return norm
+    return norm, coef if coef < 1.0 and math.isfinite(norm) else None
 
 
 def _like(p: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
@@ -322,15 +338,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     replicated += sq
         both = torch.stack([sharded, replicated])
         dist.all_reduce(both, group=self.sync.group)
-        sharded, replicated = both[0], both[1]
-        if tp_group is not None:
-            dist.all_reduce(sharded, group=tp_group)
-        total = sharded + replicated
-        if pp_group is not None:
-            dist.all_reduce(total, group=pp_group)
-        norm = float(total.sqrt())
-        coef = max_norm / (norm + 1e-6)
-        if coef < 1.0 and math.isfinite(norm):
+        norm, coef = _global_norm(both[0], both[1], max_norm=max_norm, tp_group=tp_group, pp_group=pp_group)
+        if coef is not None:
             for main in self.main:
                 assert main.grad is not None
                 main.grad.mul_(coef)

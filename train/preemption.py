@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -84,12 +84,8 @@ def timeout_signals(*, defer: bool = False) -> Iterator[StopRequest | None]:
             return
         raise TrainingTimeout(f"received {signal.Signals(signum).name}; stopped before the end of training")
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
+    with _stop_signals_to(handler):
         yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -105,9 +101,17 @@ def signals_held() -> Iterator[list[str]]:
     def handler(signum: int, frame: object) -> None:
         held.append(signal.Signals(signum).name)
 
+    with _stop_signals_to(handler):
+        yield held
+
+
+@contextlib.contextmanager
+def _stop_signals_to(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Slurm's stop signals (SIGTERM, and SIGUSR1 from --signal) go to `handler` inside the block;
+    the previous handlers come back after it."""
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
-        yield held
+        yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
