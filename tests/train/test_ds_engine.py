@@ -113,6 +113,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     ]
     engine.destroy()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    # Leave together: a rank exiting while a peer still talks to it aborts gloo's threads.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:

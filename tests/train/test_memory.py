@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from conf.schema import Precision, Recompute, RunConfig
+from train import distributed
 from train.distributed import free_port
 from train.memory import model_state_bytes, saved_activation_bytes
 
@@ -123,9 +124,14 @@ def _worker(rank: int, world: int, port: int, run: RunConfig, out: str) -> None:
         torch.set_num_threads(1)
         rows = measure_every_mode(run, rank)
         Path(out, f"{rank}.json").write_text(json.dumps(rows))
+        # A rank that exits while its peers still talk to it tears gloo's threads down under them
+        # ("terminate called without an active exception", SIGABRT): leave together.
+        torch.distributed.barrier()
     except BaseException:
         Path(out, f"{rank}.error").write_text(traceback.format_exc())
         raise
+    finally:
+        distributed.destroy_process_group()
 
 
 def assert_within(rows: list[dict[str, Any]]) -> None:
