@@ -7,8 +7,11 @@
 
 The model, parallelism and hardware come from the same Hydra config (and override syntax) as
 `python -m train`; the calculator's own keys are sec_per_iter=<seconds> (required),
-devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm) and
-output=text|json (default text). One iteration is one optimizer step over
+devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm),
+output=text|json (default text), and predict=true|false (default false): the time model's seconds
+per iteration and where they go (train.planner.perf), for the software stack=megasweep|deepspeed|
+megatron_deepspeed (default: the one `python -m train` runs); with predict=true, sec_per_iter may be
+left out and the figures are then those of the predicted time. One iteration is one optimizer step over
 parallelism.global_batch_size samples (batch ramp-up is ignored).
 
 Conventions (see train.planner.flops for the arithmetic):
@@ -29,7 +32,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +54,21 @@ from train.planner.flops import (
     peak_tflops,
     utilization,
 )
+from train.planner.memory import Stack
+from train.planner.perf import UnknownHardwareFigure, predict_time
 from train.planner.sizes import total_params
+
+STACKS = tuple(s.value for s in Stack)
 
 CONVENTIONS = ("gemm", "megatron_eq3", "mpt")
 OUTPUTS = ("text", "json")
-OWN_KEYS = ("sec_per_iter", "devices", "convention", "output")
+OWN_KEYS = ("sec_per_iter", "devices", "convention", "output", "predict", "stack")
+BOOLEANS = {"true": True, "false": False}
 
 
 USAGE = (
     "usage: python -m analysis.calc [HYDRA OVERRIDES...] sec_per_iter=<seconds> devices=<count> "
-    "[convention=gemm|megatron_eq3|mpt] [output=text|json]\n"
+    "[convention=gemm|megatron_eq3|mpt] [output=text|json] [predict=true|false] [stack=...]\n"
     "Overrides are those of `python -m train`, e.g. model=gpt_1.3b hardware=a100_80gb parallelism.tp=2."
 )
 OVERRIDE_HINT = (
@@ -82,6 +90,8 @@ class CalcArgs:
     convention: str
     output: str
     overrides: tuple[str, ...]
+    predict: bool = False
+    stack: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,9 @@ class CalcResult:
     peak_note: str
     mfu: float | None
     hfu: float | None
+    predicted_sec_per_iter: float | None = None
+    predicted_breakdown: dict[str, float] | None = None
+    """Seconds per iteration of each part of train.planner.perf.PARTS (predict=true only)."""
 
 
 def parse_args(argv: Sequence[str]) -> CalcArgs:
@@ -125,13 +138,22 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
         else:
             overrides.append(arg)
 
+    predict_text = own.get("predict", "false")
+    if predict_text not in BOOLEANS:
+        raise CalcError(f"predict={predict_text} is invalid: predict is true or false (default false).")
+    predict = BOOLEANS[predict_text]
+    stack = own.get("stack")
+    if stack is not None and stack not in STACKS:
+        raise CalcError(f"stack={stack} is not a modelled software stack: choose one of {', '.join(STACKS)}.")
     for key, example in (("sec_per_iter", "sec_per_iter=114.11"), ("devices", "devices=384")):
+        if key == "sec_per_iter" and predict and key not in own:
+            continue
         if key not in own:
             raise CalcError(
                 f"{key} is missing: analysis.calc needs both sec_per_iter=<measured seconds per training "
                 f"iteration> and devices=<number of devices the iteration ran on>, e.g. {example}."
             )
-    sec_per_iter = _parse_seconds(own["sec_per_iter"])
+    sec_per_iter = _parse_seconds(own["sec_per_iter"]) if "sec_per_iter" in own else math.nan
     devices = _parse_devices(own["devices"])
     convention = own.get("convention", "gemm")
     if convention not in CONVENTIONS:
@@ -142,7 +164,7 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
     output = own.get("output", "text")
     if output not in OUTPUTS:
         raise CalcError(f"output={output} is not a known output format: choose one of {', '.join(OUTPUTS)}.")
-    return CalcArgs(sec_per_iter, devices, convention, output, tuple(overrides))
+    return CalcArgs(sec_per_iter, devices, convention, output, tuple(overrides), predict, stack)
 
 
 def _parse_seconds(text: str) -> float:
@@ -341,8 +363,33 @@ def format_text(result: CalcResult) -> str:
             f"peak                 {result.peak_note}",
             f"MFU                  {pct(result.mfu)}",
             f"HFU                  {pct(result.hfu)}",
+            *_prediction_lines(result),
         ]
     )
+
+
+def _prediction_lines(result: CalcResult) -> list[str]:
+    if result.predicted_sec_per_iter is None or result.predicted_breakdown is None:
+        return []
+    total = result.predicted_sec_per_iter
+    lines = [f"predicted s/it       {total:.4g} (train.planner.perf; where the time goes:)"]
+    lines += [
+        f"  {part:<18} {seconds:10.4g} s  {100 * seconds / total:5.1f}%"
+        for part, seconds in result.predicted_breakdown.items()
+        if seconds > 0
+    ]
+    return lines
+
+
+def predict(run: RunConfig, *, devices: int, stack: str | None = None) -> tuple[float, dict[str, float]]:
+    """The time model's seconds per iteration of `run` on `devices` devices, and its parts."""
+    par = run.parallelism
+    dp = devices // (par.tp * par.pp)
+    try:
+        prediction = predict_time(run.model, par, run.hardware, dp=dp, stack=Stack(stack) if stack else None)
+    except UnknownHardwareFigure as exc:
+        raise CalcError(f"predict=true cannot predict on this hardware: {exc}.") from exc
+    return prediction.sec_per_iter, dict(prediction.parts)
 
 
 def to_json(result: CalcResult) -> str:
@@ -361,9 +408,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(args_list)
         run = compose_run(args.overrides)
         check_layout(run, args.devices)
-        result = calculate(
-            run, sec_per_iter=args.sec_per_iter, devices=args.devices, convention=args.convention
-        )
+        predicted: tuple[float | None, dict[str, float] | None] = (None, None)
+        if args.predict:
+            predicted = predict(run, devices=args.devices, stack=args.stack)
+        seconds = args.sec_per_iter if math.isfinite(args.sec_per_iter) else predicted[0]
+        assert seconds is not None  # parse_args requires sec_per_iter unless predict=true
+        result = calculate(run, sec_per_iter=seconds, devices=args.devices, convention=args.convention)
+        result = replace(result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1])
     except CalcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

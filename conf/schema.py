@@ -202,6 +202,22 @@ class HardwareConfig:
     """Device-to-device bandwidth inside a node, one direction (GB/s)."""
     inter_node_bw_gbs: float | None = None
     """Network bandwidth per node, one direction (GB/s)."""
+    memory_bw_gbs: float | None = None
+    """Device memory (HBM) bandwidth from the datasheet (GB/s); null if unknown."""
+    host_link_bw_gbs: float | None = None
+    """Host-device link bandwidth per device, one direction (GB/s; PCIe), used by offload."""
+    gemm_efficiency: float = 0.8
+    """Share of the dense peak a large, well-shaped GEMM reaches (fraction; train.planner.perf)."""
+    memory_bw_efficiency: float = 0.9
+    """Share of memory_bw_gbs a large streaming kernel reaches (fraction)."""
+    intra_node_comm_efficiency: float = 0.75
+    """Collective bus bandwidth over intra_node_bw_gbs for large messages (fraction)."""
+    inter_node_comm_efficiency: float = 0.9
+    """Collective bus bandwidth over a device's share of inter_node_bw_gbs for large messages (fraction)."""
+    comm_latency_us: float = 5.0
+    """Latency of one step of a ring collective or of one send/recv (microseconds)."""
+    kernel_overhead_us: float = 5.0
+    """Time a kernel costs beyond its work: launch and ramp (microseconds)."""
     source: str = ""
     """URL of the datasheet the figures come from."""
 

@@ -29,7 +29,7 @@ from hydra.errors import HydraException
 
 from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
 from train.contract import PLAN_FILE, PlanRow, write_plan_csv
-from train.planner.plan import format_plan_table, plan_run
+from train.planner.plan import format_plan_table, plan_run, rank_predictions, table_order
 
 __all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
 
@@ -165,13 +165,15 @@ class PlanLauncher(SweepLauncher):
             world_size=self.world_size,
             progress=progress_printer(self.progress_every, sys.stderr),
         )
-        self.rows.extend(rows)
+        # Ranks compare every row planned so far: a later batch can hold a faster layout.
+        self.rows = rank_predictions([*self.rows, *rows])
+        rows = self.rows[len(self.rows) - len(rows):]
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         csv_path = write_plan_csv(self.rows, sweep_dir / self.csv_name)
         summary = summarize(rows, composer, plan_seconds)
         if self.table:
-            print(format_plan_table(rows))
+            print(format_plan_table(table_order(rows)))
         # A sweeper may launch in batches: later ones say which jobs they hold.
         jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
         print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)

@@ -592,6 +592,14 @@ class PlanRow:
     """Model FLOPs of one iteration, all devices (no recomputation)."""
     hardware_flops_per_iter: float
     """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
+    pred_sec_per_iter: float = float("nan")
+    """Seconds per iteration the time model predicts (train.planner.perf; NaN: a figure it needs is unknown)."""
+    pred_tflops: float = float("nan")
+    """Model TFLOP/s per device at the predicted time."""
+    pred_mfu: float = float("nan")
+    """pred_tflops over the dense peak for the precision (0-1)."""
+    pred_rank: int = 0
+    """1 = predicted fastest among the feasible rows of the same model and global batch (0: unranked)."""
     overrides: str = ""
     """Free label, e.g. the Hydra overrides that produced the config."""
     warnings: list[str] = field(default_factory=list)

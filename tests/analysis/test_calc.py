@@ -208,3 +208,24 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_calc_does_not_import_torch() -> None:
     code = "import sys, analysis.calc; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_predict_adds_the_time_model_and_its_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
+    from train.planner.perf import PARTS
+
+    args = ["model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=64",
+            "devices=8", "predict=true", "output=json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["predicted_breakdown"]) == set(PARTS)
+    assert out["predicted_sec_per_iter"] == pytest.approx(sum(out["predicted_breakdown"].values()))
+    # Without a measured time, the figures are those of the predicted one.
+    assert out["sec_per_iter"] == out["predicted_sec_per_iter"]
+    assert 0 < out["mfu"] < 1
+    assert main([*args[:-1], "sec_per_iter=9.5"]) == 0
+    text = capsys.readouterr().out
+    assert "predicted s/it" in text and "tp_comm" not in text  # tp=1: no TP all-reduce
+    assert main([*args[:-2], "predict=maybe", "sec_per_iter=1"]) == 2
+    assert "predict is true or false" in capsys.readouterr().err
+    assert main(["model=tiny", "devices=1", "predict=true"]) == 2
+    assert "measures its peak at run time" in capsys.readouterr().err

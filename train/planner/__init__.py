@@ -6,6 +6,7 @@
     flops       FLOPs per iteration (per-GEMM, Megatron Eq. 3, MosaicML), MFU/HFU
     memory      bytes per device: model states, activations, optimizer temporaries
     shapes      GEMM tile and wave quantization
+    perf        seconds per iteration, part by part (the time model)
     micro_batch micro_batch_size=auto, predicted
     rules       validate (the one judge of whether a config can run) and advise (caveats)
     plan        one PlanRow per config, for the dry run and plan.csv

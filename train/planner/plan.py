@@ -11,6 +11,7 @@ Torch-free: the launcher plans on login nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -25,9 +26,10 @@ from conf.schema import (
     requested_micro_batch,
 )
 from train.contract import REASON_SEPARATOR, PlanRow
-from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, peak_tflops
 from train.planner.layout import shown_dp
 from train.planner.memory import estimated_memory, usable_bytes
+from train.planner.perf import TimePrediction, UnknownHardwareFigure, predict_time
 from train.planner.rules import Violation, advise, resolve_auto_micro_batch, validate
 from train.planner.shapes import shape_report
 from train.planner.sizes import total_params
@@ -50,6 +52,32 @@ def _flops(model: ModelConfig, global_batch_size: int, recompute: Recompute, tp:
         model_flops_per_iteration(model, global_batch_size=global_batch_size, tp=tp),
         hardware_flops_per_iteration(model, global_batch_size=global_batch_size, recompute=recompute, tp=tp),
     )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> TimePrediction | None:
+    try:
+        return predict_time(model, par, hw, dp=dp)
+    except UnknownHardwareFigure:
+        return None  # a CPU's peak and bandwidth are measured, not known to the planner
+
+
+def _predicted(
+    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int, model_flops: float, devices: int
+) -> tuple[float, float, float]:
+    """(seconds per iteration, model TFLOP/s per device, MFU) the time model predicts; NaN when unknown."""
+    # Only the fields the time model reads: layouts differing in anything else share a prediction.
+    key = ParallelismConfig(
+        tp=par.tp, pp=par.pp, micro_batch_size=par.mbs, global_batch_size=par.global_batch_size,
+        zero_stage=par.zero_stage, offload=par.offload, recompute=par.recompute, precision=par.precision,
+        engine=par.engine,
+    )  # fmt: skip
+    prediction = _prediction(model, key, hw, dp)
+    if prediction is None or not devices:
+        return NAN, NAN, NAN
+    tflops = model_flops / (prediction.sec_per_iter * devices) / 1e12
+    peak = peak_tflops(hw, Precision(par.precision))
+    return prediction.sec_per_iter, tflops, tflops / peak if peak else NAN
 
 
 def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -96,6 +124,9 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
     flops = (NAN, NAN)
     if sane and "hidden_divisible_by_heads" not in rules:
         flops = _flops(m, par.global_batch_size, Recompute(par.recompute), par.tp)
+    predicted = (NAN, NAN, NAN)
+    if not violations:
+        predicted = _predicted(m, par, hw, dp, flops[0], devices)
     return PlanRow(
         feasible=not violations,
         reasons=[str(v) for v in violations],
@@ -115,8 +146,34 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         quant_efficiency=quant,
         model_flops_per_iter=flops[0],
         hardware_flops_per_iter=flops[1],
+        pred_sec_per_iter=predicted[0],
+        pred_tflops=predicted[1],
+        pred_mfu=predicted[2],
         overrides=overrides,
     )
+
+
+def rank_predictions(rows: Sequence[PlanRow]) -> list[PlanRow]:
+    """The rows in their order, each feasible predicted one ranked (pred_rank, 1 = fastest) among
+    the rows that do the same work: the same model and global batch."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.feasible and math.isfinite(row.pred_sec_per_iter):
+            groups.setdefault((row.model, row.global_batch_size), []).append(i)
+    ranks = dict.fromkeys(range(len(rows)), 0)
+    for members in groups.values():
+        for rank, i in enumerate(sorted(members, key=lambda i: rows[i].pred_sec_per_iter), start=1):
+            ranks[i] = rank
+    return [dataclasses.replace(row, pred_rank=ranks[i]) for i, row in enumerate(rows)]
+
+
+def table_order(rows: Sequence[PlanRow]) -> list[PlanRow]:
+    """Feasible rows first, fastest predicted first (unpredicted after), then the infeasible ones."""
+    def key(row: PlanRow) -> tuple[int, float]:
+        t = row.pred_sec_per_iter
+        return (0 if row.feasible else 1, t if math.isfinite(t) else math.inf)
+
+    return sorted(rows, key=key)
 
 
 # --------------------------------------------------------------------------------------
@@ -151,6 +208,9 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mem GiB / cap", ">"),
     ("quant eff %", ">"),
     ("PFLOP/iter", ">"),
+    ("pred s/it", ">"),
+    ("pred MFU %", ">"),
+    ("rank", ">"),
     ("reasons", "<"),
 )
 
@@ -170,6 +230,9 @@ def _table_cells(row: PlanRow) -> list[str]:
         f"{_num(row.mem_gib, '.1f')} / {row.mem_capacity_gib:.1f}",
         _num(100 * row.quant_efficiency, ".1f"),
         _num(row.model_flops_per_iter / 1e15, ".3g"),
+        _num(row.pred_sec_per_iter, ".4g"),
+        _num(100 * row.pred_mfu, ".1f"),
+        str(row.pred_rank) if row.pred_rank else "-",
         REASON_SEPARATOR.join(row.reasons or row.warnings),
     ]
 
@@ -186,4 +249,4 @@ def format_plan_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_params", "format_plan_table", "plan_run"]
+__all__ = ["format_params", "format_plan_table", "plan_run", "rank_predictions", "table_order"]

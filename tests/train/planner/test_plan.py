@@ -197,3 +197,31 @@ def test_planner_does_not_import_torch() -> None:
     code = "import sys, train.planner; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_feasible_rows_carry_the_time_model_and_are_ranked_for_the_same_work() -> None:
+    from train.planner.perf import predict_time
+    from train.planner.plan import rank_predictions, table_order
+
+    runs = [
+        compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.dp=8",
+                    "parallelism.global_batch_size=512", f"parallelism.tp={tp}", f"parallelism.micro_batch_size={mbs}")
+        for tp, mbs in ((1, 1), (2, 4), (1, 4))
+    ]
+    rows = [plan_run(run) for run in runs]
+    for run, row in zip(runs, rows, strict=True):
+        seconds = predict_time(run.model, run.parallelism, run.hardware, dp=8).sec_per_iter
+        assert row.pred_sec_per_iter == pytest.approx(seconds)
+        assert row.pred_tflops == pytest.approx(row.model_flops_per_iter / (seconds * row.devices) / 1e12)
+        assert row.pred_mfu == pytest.approx(row.pred_tflops / 312.0)
+    infeasible = plan_run(compose_run("model=gpt3_175b", "hardware=a100_80gb"))
+    cpu = plan_run(compose_run())  # the CPU's peak is measured at run time: nothing to predict from
+    assert math.isnan(infeasible.pred_sec_per_iter) and math.isnan(cpu.pred_sec_per_iter)
+    ranked = rank_predictions([*rows, infeasible, cpu])
+    order = sorted(range(3), key=lambda i: rows[i].pred_sec_per_iter)
+    assert [ranked[i].pred_rank for i in order] == [1, 2, 3]
+    assert ranked[3].pred_rank == ranked[4].pred_rank == 0
+    shown = table_order(ranked)
+    assert [r.pred_rank for r in shown] == [1, 2, 3, 0, 0]
+    assert not shown[-1].feasible
+    assert "pred s/it" in format_plan_table(shown)

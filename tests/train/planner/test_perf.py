@@ -1,0 +1,257 @@
+"""train.planner.perf, the time model: each part by hand on small shapes, its physics (more bandwidth
+is never slower, the bubble is (p-1) slots of the slowest stage), and BLOOM's measured seconds per
+iteration (seed 001), which nothing in the model was fitted to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import replace
+
+import pytest
+
+from conf.schema import HardwareConfig, ModelConfig, Offload, ParallelismConfig, Precision, Recompute
+from train.planner.flops import layer_gemms, logits_gemm
+from train.planner.memory import Stack
+from train.planner.perf import PARTS, UnknownHardwareFigure, predict_time
+
+from .test_memory import load_hardware
+
+# Every GEMM dimension a multiple of 256 and no SM count: tile and wave efficiency are exactly 1,
+# so a GEMM takes FLOPs / (peak x gemm_efficiency) + the kernel overhead.
+MODEL = ModelConfig(name="m", num_layers=4, hidden_size=512, num_attention_heads=4, seq_length=256,
+                    vocab_size=1024, make_vocab_size_divisible_by=256)
+HW = HardwareConfig(name="h", device_type="cuda", peak_tflops_bf16=100.0, peak_tflops_fp32=100.0, num_sms=None, memory_gib=80,
+                    devices_per_node=8, intra_node_bw_gbs=100.0, inter_node_bw_gbs=80.0, memory_bw_gbs=1000.0,
+                    gemm_efficiency=0.5, memory_bw_efficiency=1.0, intra_node_comm_efficiency=1.0,
+                    inter_node_comm_efficiency=1.0, comm_latency_us=0.0, kernel_overhead_us=0.0)
+FLOPS = 100e12 * 0.5
+
+
+def par(**kw: object) -> ParallelismConfig:
+    base: dict[str, object] = dict(micro_batch_size=2, global_batch_size=2, precision=Precision.bf16)
+    base.update(kw)
+    return ParallelismConfig(**base)  # type: ignore[arg-type]
+
+
+def test_parts_sum_to_the_total_and_are_named() -> None:
+    p = predict_time(MODEL, par(tp=2, pp=2, global_batch_size=8, recompute=Recompute.full), HW, dp=2)
+    assert set(p.parts) == set(PARTS)
+    assert p.sec_per_iter == pytest.approx(sum(p.parts.values()))
+    assert all(v >= 0 for v in p.parts.values())
+
+
+def test_gemms_are_flops_over_the_achieved_rate_backward_twice() -> None:
+    p = predict_time(MODEL, par(), HW, dp=1)
+    gemms = layer_gemms(MODEL, micro_batch_size=2)
+    dense = sum(g.flops for g in gemms if g.name in ("qkv", "attn_proj", "mlp_in", "mlp_out"))
+    core = sum(g.flops for g in gemms if g.name in ("attn_scores", "attn_values"))
+    logits = logits_gemm(MODEL, micro_batch_size=2).flops
+    assert p.parts["gemm"] == pytest.approx(3 * (4 * dense + logits) / FLOPS)
+    # SDPA on a GPU skips the masked half of a causal score matrix.
+    assert p.parts["attention"] == pytest.approx(3 * 4 * core / FLOPS / 2)
+    explicit = predict_time(MODEL, par(), HW, dp=1, stack=Stack.megatron_deepspeed)
+    assert explicit.parts["attention"] == pytest.approx(2 * p.parts["attention"])
+
+
+def test_tensor_parallel_all_reduces_by_hand() -> None:
+    # tp=2 inside a node: per layer 4 all-reduces of b*s*h bf16 (2 x 256 x 512 x 2 B = 524,288 B),
+    # a ring moves 2(t-1)/t of them at 100 GB/s; the embedding and the logits' input add one each.
+    p = predict_time(MODEL, par(tp=2), HW, dp=1)
+    one = 2 * (2 - 1) / 2 * 524288 / 100e9
+    loss = 3 * 2 * (2 - 1) / 2 * (2 * 256 * 4) / 100e9
+    assert p.parts["tp_comm"] == pytest.approx((4 * 4 + 2) * one + loss)
+    # Across nodes (tp=16 > 8 per node) it runs at a device's share of the network: 80 / 8 GB/s.
+    wide = replace(MODEL, num_attention_heads=16)
+    assert predict_time(wide, par(tp=16), HW, dp=1).parts["tp_comm"] > 10 * p.parts["tp_comm"]
+
+
+def test_full_recompute_repeats_the_forward_and_selective_the_attention_core() -> None:
+    none = predict_time(MODEL, par(), HW, dp=1)
+    full = predict_time(MODEL, par(recompute=Recompute.full), HW, dp=1)
+    selective = predict_time(MODEL, par(recompute=Recompute.selective), HW, dp=1)
+    layer_gemm = none.parts["gemm"] - 3 * logits_gemm(MODEL, micro_batch_size=2).flops / FLOPS
+    # The forward is a third of forward + backward (the head is not recomputed).
+    assert full.parts["recompute"] > (layer_gemm + none.parts["attention"]) / 3
+    assert selective.parts["recompute"] == pytest.approx(none.parts["attention"] / 3)
+    assert none.parts["recompute"] == 0
+
+
+def test_pipeline_bubble_is_p_minus_1_slots_of_the_slowest_stage() -> None:
+    p = predict_time(MODEL, par(pp=2, global_batch_size=16), HW, dp=1)
+    assert p.micro_batches == 8
+    assert p.parts["bubble"] == pytest.approx(max(p.stage_seconds))
+    steady = p.sec_per_iter - p.parts["bubble"] - p.parts["dp_comm"] - p.parts["optimizer"]
+    assert steady == pytest.approx(8 * max(p.stage_seconds))
+    # The last stage holds the logits: it is the slower one.
+    assert p.stage_seconds[1] > p.stage_seconds[0]
+
+
+def test_data_parallel_reduction_hides_behind_backward_only_in_megasweep() -> None:
+    big = replace(MODEL, hidden_size=2048, num_attention_heads=16)
+    # fp32: both stacks then reduce 4-byte gradients, so only the overlap differs.
+    layout = par(global_batch_size=4, micro_batch_size=1, precision=Precision.fp32)
+    slow_net = replace(HW, intra_node_bw_gbs=1.0)
+    megasweep = predict_time(big, layout, slow_net, dp=4)
+    deepspeed = predict_time(big, replace(layout, engine="deepspeed"), slow_net, dp=4)
+    assert 0 <= megasweep.parts["dp_comm"] < deepspeed.parts["dp_comm"]
+    assert predict_time(big, layout, slow_net, dp=1).parts["dp_comm"] == 0
+
+
+def test_more_bandwidth_is_never_slower() -> None:
+    layout = par(tp=4, pp=4, global_batch_size=64, zero_stage=1, recompute=Recompute.full)
+    wide = replace(MODEL, num_layers=8)
+    base = predict_time(wide, layout, HW, dp=4).sec_per_iter
+    for field in ("intra_node_bw_gbs", "inter_node_bw_gbs", "memory_bw_gbs"):
+        faster = replace(HW, **{field: 2 * getattr(HW, field)})
+        assert predict_time(wide, layout, faster, dp=4).sec_per_iter < base, field
+
+
+def test_offload_crosses_the_host_link() -> None:
+    layout = par(engine="deepspeed", zero_stage=2, offload=Offload.optimizer)
+    with pytest.raises(UnknownHardwareFigure, match="host_link_bw_gbs"):
+        predict_time(MODEL, layout, HW, dp=1)
+    p = predict_time(MODEL, layout, replace(HW, host_link_bw_gbs=10.0), dp=1)
+    assert p.parts["offload"] > 0
+
+
+def test_cpu_peak_is_unknown_to_the_planner() -> None:
+    with pytest.raises(UnknownHardwareFigure, match="measures its peak at run time"):
+        predict_time(MODEL, par(), load_hardware("cpu"), dp=1)
+
+
+# ----------------------------------------------------------------------------- BLOOM (seed 001)
+#
+# Every row of seed 001 with a measured Sec/it: Megatron-DeepSpeed (2022), bf16, ZeRO-1 unless
+# stated, full recompute, seq 2048, vocabulary 250,680, A100 80GB nodes of 8, iteration 2. Two rows
+# are read from the notes' own arithmetic where a cell contradicts it: "187B" ran on 40 nodes with
+# TP=8, PP=10, so DP=4 (its TFLOPs check out at 320 GPUs, not at the DP=8 of the cell); the 18B rows
+# ran at GBS=512, as the heading says (the cells say 2048; their TFLOPs agree with 512).
+#
+# (table, hidden, layers, heads, zero, dp, tp, pp, mbs, gbs, measured sec/it)
+H14400, H14336, H13824, H13312, H12288 = 14400, 14336, 13824, 13312, 12288
+BLOOM_SEC_PER_ITER: list[tuple[str, int, int, int, int, int, int, int, int, int, float]] = [
+ ("48 nodes", H14400, 80, 96, 1, 12, 8, 4, 1, 2040, 189.06),
+ ("48 nodes", H14400, 80, 96, 1, 9, 8, 5, 1, 2043, 208.40),
+ ("48 nodes", H14400, 78, 96, 1, 8, 8, 6, 1, 2048, 183.64),
+ ("48 nodes", H14400, 77, 96, 1, 6, 8, 7, 1, 2046, 202.99),
+ ("48 nodes", H14400, 80, 96, 1, 6, 8, 8, 1, 2046, 185.75),
+ ("48 nodes", H14400, 81, 96, 1, 5, 8, 9, 1, 2045, 199.14),
+ ("48 nodes", H14400, 80, 96, 1, 4, 8, 10, 1, 2048, 221.21),
+ ("48 nodes", H14400, 77, 96, 1, 4, 8, 11, 1, 2048, 197.15),
+ ("48 nodes", H14400, 72, 96, 1, 4, 8, 12, 1, 2048, 172.40),
+ ("MBS 194B", H14400, 78, 96, 1, 8, 8, 6, 2, 2048, 172.36),
+ ("MBS 194B", H14400, 78, 96, 1, 8, 8, 6, 4, 2048, 173.92),
+ ("MBS 194B", H14400, 78, 96, 1, 8, 8, 6, 8, 2048, 192.42),
+ ("MBS 200B", H14400, 80, 96, 1, 4, 8, 10, 2, 2048, 207.92),
+ ("MBS 200B", H14400, 80, 96, 1, 4, 8, 10, 4, 2048, 208.18),
+ ("MBS 200B", H14400, 80, 96, 1, 4, 8, 10, 8, 2048, 229.69),
+ ("MBS 195B", H14400, 77, 96, 1, 4, 8, 11, 2, 2048, 186.65),
+ ("MBS 195B", H14400, 77, 96, 1, 4, 8, 11, 4, 2048, 185.79),
+ ("MBS 195B", H14400, 77, 96, 1, 4, 8, 11, 8, 2048, 206.62),
+ ("MBS 183B", H14400, 72, 96, 1, 4, 8, 12, 2, 2048, 161.96),
+ ("MBS 183B", H14400, 72, 96, 1, 4, 8, 12, 4, 2048, 163.32),
+ ("NHIDDEN", H13824, 80, 96, 1, 4, 8, 10, 1, 2048, 160.29),
+ ("NHIDDEN", H13824, 80, 96, 1, 4, 8, 10, 2, 2048, 151.07),
+ ("NHIDDEN", H13824, 80, 96, 1, 4, 8, 10, 4, 2048, 147.43),
+ ("NHIDDEN", H13824, 80, 96, 1, 4, 8, 10, 8, 2048, 152.51),
+ ("contenders 181B", H14336, 72, 64, 1, 4, 8, 12, 1, 2048, 143.31),
+ ("contenders 181B", H14336, 72, 64, 1, 4, 8, 12, 2, 2048, 134.02),
+ ("contenders 181B", H14336, 72, 64, 1, 4, 8, 12, 4, 2048, 123.69),
+ ("contenders 181B", H14336, 72, 64, 1, 4, 8, 12, 8, 2048, 129.26),
+ ("contenders 181B", H14336, 72, 64, 1, 8, 8, 6, 1, 2048, 139.82),
+ ("contenders 181B", H14336, 72, 64, 1, 8, 8, 6, 2, 2048, 131.02),
+ ("contenders 181B", H14336, 72, 64, 1, 8, 8, 6, 4, 2048, 121.48),
+ ("contenders 196B", H13824, 84, 64, 1, 4, 8, 12, 2, 2048, 143.89),
+ ("contenders 196B", H13824, 84, 64, 1, 4, 8, 12, 4, 2048, 133.12),
+ ("contenders 196B", H13824, 84, 64, 1, 8, 8, 6, 2, 2048, 141.41),
+ ("contenders 196B", H13824, 84, 64, 1, 8, 8, 6, 4, 2048, 130.31),
+ ("187B pp10", H13824, 80, 64, 1, 4, 8, 10, 4, 2048, 147.04),
+ ("max 18B", H14336, 6, 64, 1, 1, 8, 1, 2, 512, 130.43),
+ ("max 18B", H14336, 6, 64, 1, 1, 8, 1, 2, 512, 119.19),
+ ("max 18B", H14336, 10, 64, 1, 1, 8, 1, 1, 512, 205.52),
+ ("ZeRO", H14336, 72, 64, 1, 4, 8, 12, 2, 2048, 120.29),
+ ("ZeRO", H14336, 72, 64, 0, 4, 8, 12, 2, 2048, 137.34),
+ ("final", H14336, 72, 64, 1, 4, 8, 12, 4, 2048, 123.79),
+ ("final", H14336, 72, 64, 1, 8, 8, 6, 4, 2048, 120.85),
+ ("final", H13312, 84, 64, 1, 4, 8, 12, 4, 2048, 125.52),
+ ("final", H13312, 84, 64, 1, 8, 8, 6, 2, 2048, 135.55),
+ ("final", H13312, 84, 64, 1, 8, 8, 6, 4, 2048, 122.93),
+ ("final", H13824, 78, 64, 1, 8, 8, 6, 4, 2048, 121.28),
+ ("final", H12288, 96, 64, 1, 8, 8, 6, 2, 2048, 136.73),
+ ("final", H12288, 96, 64, 1, 8, 8, 6, 4, 2048, 122.96),
+ ("NHEADS", H14336, 72, 16, 1, 8, 8, 6, 4, 2048, 121.03),
+ ("NHEADS", H14336, 72, 32, 1, 8, 8, 6, 4, 2048, 124.01),
+ ("NHEADS", H14336, 72, 64, 1, 8, 8, 6, 4, 2048, 120.18),
+ ("NHEADS", H14336, 72, 112, 1, 8, 8, 6, 4, 2048, 138.72),
+ ("NHEADS", H14336, 72, 128, 1, 8, 8, 6, 4, 2048, 124.89),
+ ("NHEADS", H14336, 72, 256, 1, 8, 8, 6, 4, 2048, 132.85),
+ ("GBS", H14336, 72, 64, 1, 8, 8, 6, 4, 1568, 113.01),
+ ("GBS", H14336, 72, 64, 1, 8, 8, 6, 4, 2048, 114.11),
+ ("GBS", H14336, 72, 64, 1, 8, 8, 6, 6, 2016, 123.57),
+ ("GBS", H14336, 72, 64, 1, 4, 8, 12, 4, 1568, 92.75),
+ ("GBS", H14336, 72, 64, 1, 4, 8, 12, 4, 2048, 117.07),
+ ("GBS", H14336, 72, 64, 1, 4, 8, 12, 2, 1568, 99.93),
+ ("GBS", H14336, 72, 64, 1, 4, 8, 12, 2, 2048, 128.82),
+ ("lower PP", H14336, 72, 64, 1, 6, 8, 8, 4, 2016, 113.16),
+ ("lower PP", H14336, 72, 64, 1, 12, 8, 4, 2, 2016, 125.52),
+ ("lower PP", H14336, 72, 64, 1, 12, 8, 4, 4, 2016, 114.81),
+ ("lower PP", H14336, 72, 64, 1, 24, 8, 2, 1, 2016, 145.45),
+ ("lower PP", H14336, 72, 64, 1, 24, 8, 2, 2, 2016, 136.13),
+ ("TP", H14336, 72, 64, 1, 8, 4, 12, 4, 2048, 111.89),
+ ("TP", H14336, 72, 64, 1, 8, 4, 12, 2, 2048, 110.48),
+ ("TP", H14336, 72, 64, 1, 8, 4, 12, 2, 2048, 113.54),
+ ("TP", H14336, 72, 64, 1, 16, 4, 6, 4, 2048, 117.11),
+ ("TP", H14336, 72, 64, 1, 16, 4, 6, 2, 2048, 111.71),
+ ("TP", H14336, 72, 64, 1, 16, 2, 12, 2, 2048, 112.50),
+]
+
+
+def bloom_prediction(row: tuple[str, int, int, int, int, int, int, int, int, int, float]) -> float:
+    _, hidden, layers, heads, zero, dp, tp, pp, mbs, gbs, _ = row
+    model = ModelConfig(name="bloom", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                        seq_length=2048, vocab_size=250680)
+    layout = ParallelismConfig(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, zero_stage=zero,
+                               recompute=Recompute.full, precision=Precision.bf16)
+    return predict_time(model, layout, load_hardware("a100_80gb"), dp=dp, stack=Stack.megatron_deepspeed).sec_per_iter
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """(concordant - discordant) / (concordant + discordant) pairs; ties in either count as neither."""
+    signs = [(xs[i] - xs[j]) * (ys[i] - ys[j]) for i, j in itertools.combinations(range(len(xs)), 2)]
+    concordant, discordant = sum(s > 0 for s in signs), sum(s < 0 for s in signs)
+    return (concordant - discordant) / max(1, concordant + discordant)
+
+
+def test_bloom_seconds_per_iteration_error_and_order(capsys: pytest.CaptureFixture[str]) -> None:
+    predicted = [bloom_prediction(row) for row in BLOOM_SEC_PER_ITER]
+    errors = [p / row[-1] - 1 for p, row in zip(predicted, BLOOM_SEC_PER_ITER, strict=True)]
+    mae = statistics.mean(abs(e) for e in errors)
+    tables: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row, p in zip(BLOOM_SEC_PER_ITER, predicted, strict=True):
+        tables[row[0]].append((row[-1], p))
+    taus = {name: kendall_tau([m for m, _ in v], [p for _, p in v]) for name, v in tables.items() if len(v) > 1}
+    with capsys.disabled():
+        print(f"\nBLOOM sec/it, {len(errors)} rows: mean absolute error {mae:.1%}, median error "
+              f"{statistics.median(errors):+.1%}; Kendall tau per table: "
+              + ", ".join(f"{k} {t:+.2f}" for k, t in taus.items())
+              + f"; mean tau {statistics.mean(taus.values()):+.2f}")
+    assert len(errors) == 73
+    # Measured with datasheet figures and the efficiencies conf/hardware/a100_80gb.yaml cites, the
+    # model is about 30% fast: what it leaves out of Megatron-DeepSpeed's 2022 step is not yet
+    # known (issue 12's target is 10%). These bounds hold the model where it is, so a change that
+    # makes it worse fails; every prediction is below the measurement (no overhead is invented).
+    assert mae <= 0.31
+    assert max(errors[i] for i, r in enumerate(BLOOM_SEC_PER_ITER) if not r[0].startswith("max 18B")) < 0
+    assert statistics.mean(taus.values()) > 0.25
+
+
+def test_bloom_hidden_13824_beats_14400() -> None:
+    # The notes' tile and wave argument: 13824 = 864 x 16 runs faster per FLOP than 14400.
+    rows = {r[1]: r for r in BLOOM_SEC_PER_ITER if r[0] in ("48 nodes", "NHIDDEN") and r[7] == 10 and r[8] == 1}
+    per_param = {h: bloom_prediction(r) / (r[1] ** 2 * r[2]) for h, r in rows.items()}
+    assert per_param[H13824] < per_param[H14400]
+    assert math.isfinite(per_param[H13824])

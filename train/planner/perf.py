@@ -1,0 +1,330 @@
+"""Seconds per iteration of a layout, part by part, before anything runs: the time model.
+
+The model is the physics of one training step on the pipeline stage that limits it, with every
+efficiency a stated hardware field (conf/hardware/*.yaml, each with its source), never a constant
+fitted to measured runs:
+
+- GEMMs: FLOPs / (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from
+  train.planner.shapes), plus a launch overhead per kernel. Backward is two forward-sized GEMMs
+  (input and weight gradients), as train.planner.flops counts them.
+- attention core: the same for QK^T and attention-over-values. Under SDPA on a GPU (megasweep's
+  stacks) FlashAttention skips the masked half of a causal score matrix, so that work halves;
+  Megatron's explicit baddbmm path computes it whole.
+- memory-bound ops (LayerNorm, bias-GeLU, residual adds, softmax, cross-entropy, embedding lookup):
+  bytes moved / (memory bandwidth x `memory_bw_efficiency`). A pointwise op's backward reads its
+  saved input and the incoming gradient and writes one gradient: twice its forward bytes.
+- TP: per layer and micro-batch two all-reduces of b*s*h elements forward and two backward
+  (Megatron's f and g operators), two more when full recompute re-runs the forward; a ring moves
+  2(t-1)/t of the bytes, at intra-node bus bandwidth when the TP group fits in a node.
+- PP: one send/recv of b*s*h per neighbouring stage and micro-batch each way (Megatron's 1F1B pairs
+  a send with the opposite receive), and the 1F1B bubble: (p-1) micro-batch slots of the slowest
+  stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
+- DP: the gradient all-reduce (ZeRO: reduce-scatter, then the all-gather of updated parameters),
+  at the ring's bus bandwidth; megasweep's bucketed reduction overlaps the last micro-batch's
+  backward (train.dp), the DeepSpeed stacks reduce after it.
+- recompute: the forward again (full) or the attention core again (selective).
+- optimizer: Adam's bytes per parameter held (fp32 parameter, gradient and two moments read, three
+  written) at memory bandwidth; DeepSpeed offload: gradients to the host and parameters back over
+  `host_link_bw_gbs`.
+
+Inter-node bandwidth is shared by the devices of a node, which run their DP and PP groups' collectives at
+the same time: a device gets inter_node_bw_gbs / devices_per_node.
+
+Torch-free: the launcher plans on login nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from conf.schema import (
+    HardwareConfig,
+    ModelConfig,
+    ModelKind,
+    Offload,
+    ParallelismConfig,
+    Precision,
+    Recompute,
+)
+from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
+from train.planner.inventory import stage_layers, stage_params
+from train.planner.memory import Stack, stack_of
+from train.planner.shapes import alignment_elements, gemm_efficiency
+from train.planner.sizes import padded_vocab_size
+
+PARTS: tuple[str, ...] = (
+    "gemm",
+    "attention",
+    "memory_bound",
+    "grad_accumulation",
+    "recompute",
+    "tp_comm",
+    "pp_comm",
+    "bubble",
+    "dp_comm",
+    "optimizer",
+    "offload",
+)
+"""Where the time goes, in the order the breakdown is printed."""
+
+ADAM_BYTES_PER_PARAM = 28
+"""Fused Adam reads an fp32 parameter, gradient and two moments (16 B) and writes three (12 B)."""
+
+GRAD_ACCUMULATION_BYTES = {"megasweep": 18, "deepspeed": 6, "megatron_deepspeed": 10}
+"""Bytes per parameter held that each micro-batch's gradient accumulation moves, by stack. megasweep:
+autocast casts the 16-bit weight gradient to fp32 (read 2, write 4) and autograd adds it into .grad
+(read 4 and 4, write 4). DeepSpeed ZeRO: the 16-bit gradient copied into its reduction bucket (read 2,
+write 2) and accumulated there (2). DeepSpeed's 2022 BF16_Optimizer (Megatron-DeepSpeed): the 16-bit
+gradient read (2) and added into its fp32 copy (read 4, write 4)."""
+
+AUTOCAST_CAST_BYTES = 6
+"""Bytes per parameter of autocast's 16-bit copy of an fp32 weight, made at every forward (read 4, write 2)."""
+
+CROSS_ENTROPY_BYTES = 20
+"""Bytes per logit of Megatron's vocab-parallel cross-entropy beyond the 16-bit read: an fp32 copy
+written, read for the max and for the exponentials, the softmax written, read by backward (4 x 5)."""
+
+
+class UnknownHardwareFigure(ValueError):
+    """A figure the time model needs is null in the hardware config (a CPU's peak, its bandwidth)."""
+
+
+@dataclass(frozen=True)
+class TimePrediction:
+    """Predicted seconds per iteration and where they go."""
+
+    sec_per_iter: float
+    """Predicted seconds per optimizer step (s)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds per iteration of each of PARTS (s); they sum to sec_per_iter."""
+    stage_seconds: tuple[float, ...] = ()
+    """One micro-batch's forward and backward on each pipeline stage, communication included (s)."""
+    micro_batches: int = 1
+    """Micro-batches per step on one replica."""
+
+
+def _need(value: float | None, name: str, hw: HardwareConfig) -> float:
+    if value is None or not value > 0:
+        raise UnknownHardwareFigure(
+            f"hardware.{name}={value!r} for hardware '{hw.name}': the time model needs it (a positive "
+            "number); set it in conf/hardware or measure it (calibration)"
+        )
+    return float(value)
+
+
+@dataclass(frozen=True)
+class _Machine:
+    """The hardware figures the model uses, in SI units."""
+
+    flops: float
+    mem_bw: float
+    kernel: float
+    latency: float
+    intra_bw: float | None
+    inter_bw: float | None
+    host_bw: float | None
+    per_node: int
+    hw: HardwareConfig
+
+
+def _machine(hw: HardwareConfig, precision: Precision) -> _Machine:
+    if hw.peak_measured:
+        raise UnknownHardwareFigure(
+            f"hardware '{hw.name}' measures its peak at run time (peak_measured=true), so the planner "
+            "does not know it; a hardware config with peak_tflops_* and memory_bw_gbs measured on this "
+            "machine can be predicted"
+        )
+    peak = _need(peak_tflops(hw, precision), f"peak_tflops_{Precision(precision).value}", hw)
+    mem = _need(hw.memory_bw_gbs, "memory_bw_gbs", hw)
+    per_node = max(1, hw.devices_per_node)
+    return _Machine(
+        flops=peak * 1e12 * hw.gemm_efficiency,
+        mem_bw=mem * 1e9 * hw.memory_bw_efficiency,
+        kernel=hw.kernel_overhead_us * 1e-6,
+        latency=hw.comm_latency_us * 1e-6,
+        intra_bw=hw.intra_node_bw_gbs * 1e9 * hw.intra_node_comm_efficiency if hw.intra_node_bw_gbs else None,
+        inter_bw=hw.inter_node_bw_gbs * 1e9 * hw.inter_node_comm_efficiency / per_node
+        if hw.inter_node_bw_gbs
+        else None,
+        host_bw=hw.host_link_bw_gbs * 1e9 if hw.host_link_bw_gbs else None,
+        per_node=per_node,
+        hw=hw,
+    )
+
+
+def _link(mach: _Machine, span: int) -> float:
+    """Bus bandwidth of a group whose ranks span `span` consecutive devices (B/s)."""
+    inside = span <= mach.per_node and mach.per_node % span == 0
+    bw = mach.intra_bw if inside else mach.inter_bw
+    name = "intra_node_bw_gbs" if inside else "inter_node_bw_gbs"
+    return _need(bw, name, mach.hw) if bw is None else bw
+
+
+def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, passes: int) -> float:
+    """A ring collective over `ranks` ranks: `passes` = 2 for all-reduce, 1 for reduce-scatter or all-gather."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    steps = passes * (ranks - 1)
+    return steps * mach.latency + steps / ranks * nbytes / _link(mach, span)
+
+
+def _gemm_seconds(gemms: list[Gemm], mach: _Machine, precision: Precision) -> float:
+    align = alignment_elements(precision)
+    total = 0.0
+    for g in gemms:
+        quant = gemm_efficiency(g, num_sms=mach.hw.num_sms, alignment=align).efficiency
+        total += g.flops / (mach.flops * quant) + mach.kernel
+    return total
+
+
+def _act_bytes(precision: Precision) -> int:
+    return 4 if Precision(precision) == Precision.fp32 else 2
+
+
+@dataclass
+class _Stage:
+    """One micro-batch's forward + backward on one stage, part by part (s)."""
+
+    parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] += seconds
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: Stack, causal_skip: float) -> _Stage:
+    """One layer, one micro-batch, forward and backward and recompute, on one TP rank."""
+    t, b, s, h = par.tp, par.mbs, model.seq_length, model.hidden_size
+    e, precision = _act_bytes(par.precision), Precision(par.precision)
+    gemms = layer_gemms(model, micro_batch_size=b, tp=t)
+    dense = _gemm_seconds([g for g in gemms if not g.name.startswith("attn_s") and g.name != "attn_values"], mach, precision)
+    core = causal_skip * _gemm_seconds([g for g in gemms if g.name in ("attn_scores", "attn_values")], mach, precision)
+    tokens, heads = b * s, model.num_attention_heads // t
+    # Forward bytes of the memory-bound ops: two LayerNorms (read, write), bias-GeLU on the f/t
+    # activations, two residual adds (read two, write one); Megatron's explicit core adds the fused
+    # softmax over the s x s scores (read, write), which SDPA keeps on chip.
+    pointwise = 2 * 2 * tokens * h * e + 2 * tokens * (model.ffn // t) * e + 2 * 3 * tokens * h * e
+    softmax = 2 * b * heads * s * s * e if stack == Stack.megatron_deepspeed else 0.0
+    kernels = 7 + (1 if softmax else 0)
+    fwd_mem = (pointwise + softmax) / mach.mem_bw + kernels * mach.kernel
+    ar = _ring(mach, tokens * h * e, t, t, passes=2)
+    stage = _Stage()
+    stage.add("gemm", 3 * dense)
+    stage.add("attention", 3 * core)
+    stage.add("memory_bound", 3 * fwd_mem)  # backward moves twice the forward's bytes
+    stage.add("tp_comm", 4 * ar)
+    recompute = Recompute(par.recompute)
+    if recompute == Recompute.full:
+        stage.add("recompute", dense + core + fwd_mem + 2 * ar)
+    elif recompute == Recompute.selective:
+        stage.add("recompute", core + softmax / mach.mem_bw + mach.kernel)
+    return stage
+
+
+def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: bool, last: bool) -> _Stage:
+    """The embedding (first stage) and the head (last stage) for one micro-batch."""
+    t, tokens, h = par.tp, par.mbs * model.seq_length, model.hidden_size
+    e, precision = _act_bytes(par.precision), Precision(par.precision)
+    stage = _Stage()
+    if first:
+        # Lookup and position add (read, write), backward a scatter-add of the same size;
+        # the vocabulary-parallel lookup is summed over TP.
+        stage.add("memory_bound", 3 * 3 * tokens * h * e / mach.mem_bw + 3 * mach.kernel)
+        stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
+    if last:
+        stage.add("gemm", 3 * _gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision))
+        logits = tokens * padded_vocab_size(model, t) // t
+        norm = 3 * 2 * tokens * h * e * (2 if model.kind == ModelKind.bert else 1)
+        stage.add("memory_bound", (norm + logits * (e + CROSS_ENTROPY_BYTES)) / mach.mem_bw + 6 * mach.kernel)
+        # The logits' input gradient is summed over TP; the loss's max and sum are b*s floats.
+        stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2) + 3 * _ring(mach, tokens * 4, t, t, passes=2))
+    return stage
+
+
+def _dp_seconds(
+    model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, dp: int, stage: int, stack: Stack
+) -> float:
+    """The DP gradient reduction and ZeRO's parameter all-gather of one rank of `stage` (s)."""
+    n = sum(p.numel for p in stage_params(model, tp=par.tp, stage=stage, num_stages=par.pp))
+    span, e = par.tp * dp, _act_bytes(par.precision)
+    zero = par.zero_stage
+    if stack == Stack.megasweep:
+        # fp32 gradients in train.dp's buckets; ZeRO-1 reduce-scatters them and all-gathers fp32 weights.
+        if zero == 0:
+            return _ring(mach, 4 * n, dp, span, passes=2)
+        return _ring(mach, 4 * n, dp, span, passes=1) * 2
+    if stack == Stack.megatron_deepspeed:
+        # DeepSpeed's 2022 BF16_Optimizer all-reduces fp32 gradients, then all-gathers 16-bit weights.
+        return _ring(mach, 4 * n, dp, span, passes=2) + (_ring(mach, e * n, dp, span, passes=1) if zero else 0.0)
+    # DeepSpeed ZeRO reduces 16-bit gradients; stages 1-2 all-gather updated 16-bit weights.
+    if zero == 0:
+        return _ring(mach, e * n, dp, span, passes=2)
+    return _ring(mach, e * n, dp, span, passes=1) * 2
+
+
+def predict_time(
+    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, *, dp: int, stack: Stack | None = None
+) -> TimePrediction:
+    """Seconds per iteration of `par` on `dp` replicas of `hw`, and their breakdown (module docstring).
+
+    Raises UnknownHardwareFigure when a figure it needs is null (a CPU's peak is measured at run time).
+    """
+    stack = stack or stack_of(par)
+    mach = _machine(hw, Precision(par.precision))
+    m = max(1, par.global_batch_size // (par.mbs * dp))
+    causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
+    layer = _layer(model, par, mach, stack, causal_skip)
+    p2p_bytes = par.mbs * model.seq_length * model.hidden_size * _act_bytes(par.precision)
+    # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP).
+    p2p = mach.latency + p2p_bytes / _link(mach, par.tp * dp * 2) if par.pp > 1 else 0.0
+    stages = []
+    for s in range(par.pp):
+        first, last = s == 0, s == par.pp - 1
+        stage = _ends(model, par, mach, first=first, last=last)
+        layers = len(stage_layers(model.num_layers, stage=s, num_stages=par.pp))
+        for part, seconds in layer.parts.items():
+            stage.add(part, layers * seconds)
+        # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
+        # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
+        per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
+        stage.add("pp_comm", per_neighbour * ((s > 0) + (s < par.pp - 1)) * p2p)
+        held = sum(p.numel for p in stage_params(model, tp=par.tp, stage=s, num_stages=par.pp))
+        stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
+        if stack == Stack.megasweep and Precision(par.precision) != Precision.fp32:
+            forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
+            stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+            stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+        stages.append(stage)
+    slowest = max(stages, key=lambda st: st.total)
+    parts = {k: m * v for k, v in slowest.parts.items()}
+    parts["bubble"] = (par.pp - 1) * slowest.total
+    worst_stage = max(range(par.pp), key=lambda st: sum(p.numel for p in stage_params(model, tp=par.tp, stage=st, num_stages=par.pp)))
+    dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack)
+    if stack == Stack.megasweep:
+        # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
+        dp_time = max(dp_time - 2 / 3 * (slowest.parts["gemm"] + slowest.parts["attention"]), 0.0)
+    if par.pp > 1 and stack == Stack.megatron_deepspeed:
+        # The tied word embedding's fp32 gradient is summed between the first and the last stage.
+        words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
+        dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
+    parts["dp_comm"] = dp_time
+    held = sum(p.numel for p in stage_params(model, tp=par.tp, stage=worst_stage, num_stages=par.pp))
+    stepped = held / dp if par.zero_stage >= 1 else held
+    parts["optimizer"] = ADAM_BYTES_PER_PARAM * stepped / mach.mem_bw
+    if Offload(par.offload) != Offload.none:
+        host = _need(hw.host_link_bw_gbs, "host_link_bw_gbs", hw) * 1e9
+        # 16-bit gradients to the host, updated 16-bit parameters back; the CPU's Adam is not modelled.
+        parts["offload"] = 2 * 2 * stepped / host
+    return TimePrediction(
+        sec_per_iter=math.fsum(parts.values()),
+        parts=parts,
+        stage_seconds=tuple(st.total for st in stages),
+        micro_batches=m,
+    )
+
+
+__all__ = ["PARTS", "TimePrediction", "UnknownHardwareFigure", "predict_time"]
