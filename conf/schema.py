@@ -307,6 +307,24 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """What `hydra/sweeper=layouts` searches: the node counts and the layout options it tries."""
+
+    nodes: list[int] = field(default_factory=lambda: [1])
+    """Node counts to search (nodes); a layout uses every device of its nodes."""
+    micro_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    """Micro-batch sizes to try (samples)."""
+    recompute: list[Recompute] = field(default_factory=lambda: list(Recompute))
+    """Recompute modes to try (none | selective | full)."""
+    zero_stages: list[int] = field(default_factory=lambda: [0, 1])
+    """ZeRO stages to try (0-3; stages 2 and 3 run on DeepSpeed)."""
+    top_k: int = 3
+    """Fastest predicted layouts handed to the launcher (layouts)."""
+    show: int = 20
+    """Ranked layouts printed, fastest first (rows)."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run: the composition of every group."""
 
@@ -322,6 +340,8 @@ class RunConfig:
     """Metric sinks."""
     training: TrainingConfig = field(default_factory=TrainingConfig)
     """Trainer settings."""
+    search: SearchConfig = field(default_factory=SearchConfig)
+    """Layout search options (`hydra/sweeper=layouts` only)."""
 
 
 GROUP_SCHEMAS: dict[str, type] = {

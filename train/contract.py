@@ -43,6 +43,7 @@ from typing import Any
 
 RESULT_FILE = "result.json"
 PLAN_FILE = "plan.csv"
+SEARCH_FILE = "search.csv"
 MANIFEST_FILE = "manifest.jsonl"
 LAUNCH_FILE = ".megasweep/launch.json"
 EXPORTED_JOBS_DIR = ".megasweep/jobs"

@@ -15,6 +15,7 @@ output, MLP-out), the vocabulary rows of the word embedding and BERT's decoder b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,18 @@ def stage_params(
 
     `whole_model`: the order of a lone process's TransformerLM (embeddings first) instead of a
     launched rank's PipelineStageModule (layers first); the tensors are the same."""
+    # Memoised: a layout search asks for the same stages thousands of times.
+    return list(_stage_params(model, tp, stage, num_stages, whole_model))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def stage_numel(model: ModelConfig, *, tp: int = 1, stage: int = 0, num_stages: int = 1) -> int:
+    """Elements of the tensors one rank of `stage` holds (the sum over stage_params)."""
+    return sum(p.numel for p in _stage_params(model, tp, stage, num_stages, False))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_params(model: ModelConfig, tp: int, stage: int, num_stages: int, whole_model: bool) -> tuple[ParamSpec, ...]:
     h, vocab = model.hidden_size, padded_vocab_size(model, tp)
     first, last = stage == 0, stage == num_stages - 1
     wte = ParamSpec("wte.weight", vocab * h // tp, matrix=True, gemm=last, tp_sharded=True)
@@ -98,12 +111,12 @@ def stage_params(
                 ParamSpec("lm_head.bias", vocab // tp, matrix=False, gemm=False, tp_sharded=True),
             ]
     if whole_model:
-        return [wte, wpe, *layers, *head]
+        return (wte, wpe, *layers, *head)
     embeddings = [wte, wpe] if first else []
     # PipelineStageModule registers wte (first or last stage) before wpe, norm and the LM head.
     if last and not first:
-        return [*layers, wte, *head]
-    return [*layers, *embeddings, *head]
+        return (*layers, wte, *head)
+    return (*layers, *embeddings, *head)
 
 
 def module_sizes(params: Sequence[ParamSpec]) -> list[int]:
@@ -194,7 +207,13 @@ def stage_buckets(
 ) -> list[BucketPlan]:
     """The buckets train.dp builds for a stage's parameters (`tied`: its word embedding is deferred)."""
     groups = optimizer_groups(params)
-    deferred = [(0, i) for i, p in enumerate(groups[0]) if tied and p.name == "wte.weight"]
-    return plan_buckets(
-        [[(p.numel, element_bytes) for p in g] for g in groups], dp=dp, deferred=deferred, bucket_bytes=bucket_bytes
-    )
+    deferred = tuple((0, i) for i, p in enumerate(groups[0]) if tied and p.name == "wte.weight")
+    sizes = tuple(tuple((p.numel, element_bytes) for p in g) for g in groups)
+    return list(_cached_buckets(sizes, dp, deferred, bucket_bytes))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _cached_buckets(
+    groups: tuple[tuple[tuple[int, int], ...], ...], dp: int, deferred: tuple[tuple[int, int], ...], bucket_bytes: int
+) -> tuple[BucketPlan, ...]:
+    return tuple(plan_buckets(groups, dp=dp, deferred=deferred, bucket_bytes=bucket_bytes))

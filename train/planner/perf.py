@@ -48,7 +48,7 @@ from conf.schema import (
     Recompute,
 )
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
-from train.planner.inventory import stage_layers, stage_params
+from train.planner.inventory import stage_layers, stage_numel
 from train.planner.memory import Stack, stack_of
 from train.planner.shapes import alignment_elements, gemm_efficiency
 from train.planner.sizes import padded_vocab_size
@@ -249,7 +249,7 @@ def _dp_seconds(
     model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, dp: int, stage: int, stack: Stack
 ) -> float:
     """The DP gradient reduction and ZeRO's parameter all-gather of one rank of `stage` (s)."""
-    n = sum(p.numel for p in stage_params(model, tp=par.tp, stage=stage, num_stages=par.pp))
+    n = stage_numel(model, tp=par.tp, stage=stage, num_stages=par.pp)
     span, e = par.tp * dp, _act_bytes(par.precision)
     zero = par.zero_stage
     if stack == Stack.megasweep:
@@ -292,7 +292,7 @@ def predict_time(
         # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
         per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
         stage.add("pp_comm", per_neighbour * ((s > 0) + (s < par.pp - 1)) * p2p)
-        held = sum(p.numel for p in stage_params(model, tp=par.tp, stage=s, num_stages=par.pp))
+        held = stage_numel(model, tp=par.tp, stage=s, num_stages=par.pp)
         stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
         if stack == Stack.megasweep and Precision(par.precision) != Precision.fp32:
             forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
@@ -302,7 +302,7 @@ def predict_time(
     slowest = max(stages, key=lambda st: st.total)
     parts = {k: m * v for k, v in slowest.parts.items()}
     parts["bubble"] = (par.pp - 1) * slowest.total
-    worst_stage = max(range(par.pp), key=lambda st: sum(p.numel for p in stage_params(model, tp=par.tp, stage=st, num_stages=par.pp)))
+    worst_stage = max(range(par.pp), key=lambda st: stage_numel(model, tp=par.tp, stage=st, num_stages=par.pp))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack)
     if stack == Stack.megasweep:
         # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
@@ -312,7 +312,7 @@ def predict_time(
         words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
         dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
     parts["dp_comm"] = dp_time
-    held = sum(p.numel for p in stage_params(model, tp=par.tp, stage=worst_stage, num_stages=par.pp))
+    held = stage_numel(model, tp=par.tp, stage=worst_stage, num_stages=par.pp)
     stepped = held / dp if par.zero_stage >= 1 else held
     parts["optimizer"] = ADAM_BYTES_PER_PARAM * stepped / mach.mem_bw
     if Offload(par.offload) != Offload.none:

@@ -1,0 +1,61 @@
+"""`hydra/sweeper=layouts`: a search from a model and node counts to the launched top K."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.launchers.test_plan import read_rows, run_train
+from tests.launchers.test_slurm_launcher import REPO, TINY, result
+from train.contract import read_manifest
+
+GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512")
+
+
+def test_search_plans_every_layout_and_hands_the_top_k_to_the_launcher(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    proc = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.nodes=[1,2]",
+                     "search.top_k=3", "search.show=5", f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert "TORCH_IMPORTED=False" in proc.stdout  # the search runs on login nodes
+    assert "where the time goes" in proc.stdout and "feasible and ranked" in proc.stdout
+    ranked = sorted(read_rows(sweep_dir / "search.csv"), key=lambda r: int(r["pred_rank"]))
+    assert [int(r["pred_rank"]) for r in ranked] == list(range(1, len(ranked) + 1))
+    planned = read_rows(sweep_dir / "plan.csv")
+    assert len(planned) == 3
+    for top, row in zip(ranked[:3], planned, strict=True):
+        assert row["overrides"].endswith(top["overrides"])
+        assert float(row["pred_sec_per_iter"]) == float(top["pred_sec_per_iter"])
+
+
+def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path) -> None:
+    swept = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "model=gpt_1.3b,gpt_2.7b",
+                      f"hydra.sweep.dir={tmp_path / 'a'}")
+    assert swept.returncode != 0
+    assert "model=gpt_1.3b,gpt_2.7b lists several values" in swept.stderr
+    assert "Traceback" not in swept.stderr
+    cpu = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "hardware.devices_per_node=2",
+                    f"hydra.sweep.dir={tmp_path / 'b'}")
+    assert cpu.returncode != 0
+    assert "found nothing to rank" in cpu.stderr and "measures its peak" not in cpu.stdout
+
+
+def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
+    # The CPU's figures given by hand (what a calibration provides): 2 devices give dp2 and tp2.
+    sweep_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, "hydra/sweeper=layouts", "hydra/launcher=local",
+         "hardware.peak_measured=false", "hardware.peak_tflops_fp32=0.05", "hardware.memory_bw_gbs=5",
+         "hardware.intra_node_bw_gbs=1", "hardware.devices_per_node=2", "parallelism.precision=fp32",
+         "search.nodes=[1]", "search.micro_batch_sizes=[1]", "search.recompute=[none]", "search.zero_stages=[0]",
+         "search.top_k=2", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    entries = read_manifest(sweep_dir)
+    assert len(entries) == 2
+    records = [result(sweep_dir, e) for e in entries]
+    assert [r["status"] if r else None for r in records] == ["ok", "ok"]
+    layouts = {(r["config"]["parallelism"]["dp"], r["config"]["parallelism"]["tp"]) for r in records if r}
+    assert layouts == {(2, 1), (1, 2)}

@@ -1,0 +1,58 @@
+"""train.planner.search: the layouts a search tries, the planner's judgement of each, the ranking."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conf.schema import Engine, Recompute, SearchConfig
+from train.planner.rules import validate
+from train.planner.search import format_search, layout_overrides, layouts, search_layouts
+
+from .test_plan import compose_run
+
+
+def gpt_1_3b() -> object:
+    return compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16",
+                       "parallelism.global_batch_size=512")
+
+
+def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
+    run = gpt_1_3b()
+    search = SearchConfig(nodes=[1, 2], micro_batch_sizes=[1, 4], recompute=[Recompute.none, Recompute.full],
+                          zero_stages=[0, 1])
+    seen = list(layouts(run, search))  # type: ignore[arg-type]
+    # 8 devices: (tp, pp) over 10 ordered factorisations; 16 devices: 15; 24 layers allow every pp here.
+    shapes = {(d, p.dp, p.tp, p.pp) for d, p in seen}
+    assert len([s for s in shapes if s[0] == 8]) == 10 and len([s for s in shapes if s[0] == 16]) == 15
+    assert all(p.dp * p.tp * p.pp == d for d, p in seen)
+    # ZeRO over one replica is not tried twice; ZeRO 2-3 would run on DeepSpeed.
+    assert not any(p.zero_stage and p.dp == 1 for _, p in seen)
+    replicas = sum(1 for s in shapes if s[1] > 1)
+    assert len(seen) == (len(shapes) + replicas) * 2 * 2
+    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2])))  # type: ignore[arg-type]
+    assert deep and all(p.engine == Engine.deepspeed for _, p in deep)
+
+
+def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_overrides() -> None:
+    run = gpt_1_3b()
+    result = search_layouts(run, SearchConfig(nodes=[1, 2]))  # type: ignore[arg-type]
+    assert result.ranked and not result.unpredicted
+    times = [c.row.pred_sec_per_iter for c in result.ranked]
+    assert times == sorted(times)
+    assert [c.row.pred_rank for c in result.ranked] == list(range(1, len(times) + 1))
+    for c in result.ranked[:5]:
+        assert validate(c.run, world_size=c.row.devices) == []
+        again = compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16",
+                            "parallelism.global_batch_size=512", *c.overrides)
+        assert again.parallelism == c.run.parallelism
+        assert c.overrides == layout_overrides(c.run.parallelism) and c.row.overrides == " ".join(c.overrides)
+    assert sum(result.rejected.values()) >= result.candidates - len(result.ranked)
+    text = format_search(result, show=4)
+    assert len(text.splitlines()) == 1 + 4 + 2
+    assert "where the time goes" in text and "rejected by rule" in text
+
+
+def test_cpu_layouts_are_feasible_but_unpredicted() -> None:
+    run = compose_run("hardware.devices_per_node=2")
+    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))  # type: ignore[arg-type]
+    assert result.unpredicted and not result.ranked

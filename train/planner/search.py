@@ -1,0 +1,147 @@
+"""Layout search: every dp x tp x pp x micro-batch x recompute x ZeRO layout the planner accepts on
+the searched node counts, ranked by the time model (`hydra/sweeper=layouts`).
+
+Each candidate is judged by `plan_run`, the same judge as the dry run and the trainer, so a layout
+the search hands to a launcher is one that runs. Tens of thousands of candidates take seconds: the
+planner memoises memory, shapes and predictions on their frozen arguments, and candidates share
+most of them.
+
+Torch-free: the sweeper runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchConfig
+from train.contract import PlanRow
+from train.planner.perf import predict_time
+from train.planner.plan import plan_run, rank_predictions
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout of the search, planned."""
+
+    run: RunConfig
+    row: PlanRow
+    overrides: tuple[str, ...]
+    """The `parallelism.*` overrides that give this layout on the command line."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The ranked feasible layouts and what was rejected, by rule."""
+
+    ranked: list[Candidate]
+    """Feasible layouts with a prediction, fastest first."""
+    unpredicted: list[Candidate]
+    """Feasible layouts the time model cannot predict (a figure of the hardware is unknown)."""
+    rejected: Counter[str]
+    """Infeasible candidates per broken rule (a candidate counts once per rule it breaks)."""
+    candidates: int
+    seconds: float
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(run: RunConfig, search: SearchConfig) -> Iterator[tuple[int, ParallelismConfig]]:
+    """(devices, layout) of every combination the search tries, before the planner judges it."""
+    per_node = max(1, run.hardware.devices_per_node)
+    base = run.parallelism
+    for nodes in search.nodes:
+        devices = nodes * per_node
+        for tp in _divisors(devices):
+            for pp in _divisors(devices // tp):
+                if pp > run.model.num_layers:
+                    continue
+                dp = devices // (tp * pp)
+                for mbs in search.micro_batch_sizes:
+                    for recompute in search.recompute:
+                        for zero in search.zero_stages:
+                            if zero and dp == 1:
+                                continue  # ZeRO over one replica is the same layout as no ZeRO
+                            yield devices, dataclasses.replace(
+                                base, tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, recompute=Recompute(recompute),
+                                zero_stage=zero, engine=Engine.deepspeed if zero >= 2 else Engine.native,
+                                rampup_batch_size=None,
+                            )  # fmt: skip
+
+
+def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
+    """The command-line overrides that select `par`'s layout."""
+    return (
+        f"parallelism.dp={par.dp}",
+        f"parallelism.tp={par.tp}",
+        f"parallelism.pp={par.pp}",
+        f"parallelism.micro_batch_size={par.micro_batch_size}",
+        f"parallelism.recompute={Recompute(par.recompute).value}",
+        f"parallelism.zero_stage={par.zero_stage}",
+        f"parallelism.engine={Engine(par.engine).value}",
+    )
+
+
+def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
+    """Plan every layout of the search and rank the feasible ones by predicted seconds per iteration."""
+    tic = time.perf_counter()
+    feasible: list[Candidate] = []
+    rejected: Counter[str] = Counter()
+    count = 0
+    for devices, par in layouts(run, search):
+        count += 1
+        candidate = dataclasses.replace(run, parallelism=par)
+        overrides = layout_overrides(par)
+        row = plan_run(candidate, world_size=devices, overrides=" ".join(overrides))
+        if row.feasible:
+            feasible.append(Candidate(candidate, row, overrides))
+        else:
+            rejected.update(reason.split("]")[0].lstrip("[") for reason in row.reasons)
+    rows = rank_predictions([c.row for c in feasible])
+    feasible = [dataclasses.replace(c, row=r) for c, r in zip(feasible, rows, strict=True)]
+    ranked = sorted((c for c in feasible if c.row.pred_rank), key=lambda c: c.row.pred_sec_per_iter)
+    unpredicted = [c for c in feasible if not c.row.pred_rank]
+    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic)
+
+
+def _breakdown(candidate: Candidate, top: int = 3) -> str:
+    run, row = candidate.run, candidate.row
+    parts = predict_time(run.model, run.parallelism, run.hardware, dp=row.dp).parts
+    biggest = sorted(((v, k) for k, v in parts.items() if v > 0), reverse=True)[:top]
+    return ", ".join(f"{k} {100 * v / row.pred_sec_per_iter:.0f}%" for v, k in biggest)
+
+
+def format_search(result: SearchResult, show: int) -> str:
+    """The `show` fastest layouts with time, memory and where the time goes, then the rejections."""
+    header = ("rank", "nodes", "DP", "TP", "PP", "MBS", "recompute", "ZeRO", "pred s/it", "pred MFU %",
+              "mem GiB / cap", "where the time goes")  # fmt: skip
+    lines = [header]
+    for c in result.ranked[:show]:
+        r, par = c.row, c.run.parallelism
+        mfu = "-" if math.isnan(r.pred_mfu) else f"{100 * r.pred_mfu:.1f}"
+        lines.append((
+            str(r.pred_rank), str(r.nodes), str(r.dp), str(r.tp), str(r.pp), str(r.micro_batch_size),
+            Recompute(par.recompute).value, str(par.zero_stage), f"{r.pred_sec_per_iter:.4g}", mfu,
+            f"{r.mem_gib:.1f} / {r.mem_capacity_gib:.1f}", _breakdown(c),
+        ))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    text = ["  ".join([*(f"{cell:>{w}}" for cell, w in zip(line, widths, strict=False)), line[-1]]) for line in lines]
+    first = result.ranked[0].row if result.ranked else None
+    what = f"{first.model} on {first.hardware}, global batch {first.global_batch_size}" if first else "no layout"
+    summary = [
+        f"search: {result.candidates:,} layouts in {result.seconds:.2f} s: {len(result.ranked):,} feasible and "
+        f"ranked ({what}), {len(result.unpredicted):,} feasible but unpredicted, "
+        f"{result.candidates - len(result.ranked) - len(result.unpredicted):,} rejected",
+    ]
+    if result.rejected:
+        summary.append("rejected by rule: " + ", ".join(f"{rule} {n:,}" for rule, n in result.rejected.most_common()))
+    return "\n".join([*text, *summary])
+
+
+__all__ = ["Candidate", "SearchResult", "format_search", "layout_overrides", "layouts", "search_layouts"]
