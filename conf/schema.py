@@ -218,6 +218,8 @@ class HardwareConfig:
     """Latency of one step of a ring collective or of one send/recv (microseconds)."""
     kernel_overhead_us: float = 5.0
     """Time a kernel costs beyond its work: launch and ramp (microseconds)."""
+    calibration: str | None = None
+    """Calibration file of `python -m launchers calibrate` the time model reads instead of the figures above (path)."""
     source: str = ""
     """URL of the datasheet the figures come from."""
 

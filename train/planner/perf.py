@@ -47,6 +47,7 @@ from conf.schema import (
     Precision,
     Recompute,
 )
+from train.planner.calibration import Link, gemm_table, links, load_calibration, node_timing
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
 from train.planner.memory import Stack, stack_of
@@ -80,6 +81,9 @@ gradient read (2) and added into its fp32 copy (read 4, write 4)."""
 
 AUTOCAST_CAST_BYTES = 6
 """Bytes per parameter of autocast's 16-bit copy of an fp32 weight, made at every forward (read 4, write 2)."""
+
+ATTENTION_CORE = frozenset({"attn_scores", "attn_values"})
+"""The attention core's GEMMs (QK^T and attention over values), reported apart from the dense ones."""
 
 CROSS_ENTROPY_BYTES = 20
 """Bytes per logit of Megatron's vocab-parallel cross-entropy beyond the 16-bit read: an fp32 copy
@@ -118,64 +122,114 @@ class _Machine:
     """The hardware figures the model uses, in SI units."""
 
     flops: float
+    """Achieved GEMM rate for shapes the calibration did not time (FLOP/s)."""
     mem_bw: float
     kernel: float
-    latency: float
-    intra_bw: float | None
-    inter_bw: float | None
-    host_bw: float | None
+    intra: Link | None
+    inter: Link | None
     per_node: int
     hw: HardwareConfig
+    gemms: dict[tuple[int, int, int, int, str], float] = field(default_factory=dict)
+    """Measured seconds of GEMM shapes (calibration), by (m, n, k, batch, precision)."""
 
 
-def _machine(hw: HardwareConfig, precision: Precision) -> _Machine:
+def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
+    per_node = max(1, hw.devices_per_node)
+    if hw.calibration:
+        return _calibrated(hw, precision, nodes, per_node)
     if hw.peak_measured:
         raise UnknownHardwareFigure(
             f"hardware '{hw.name}' measures its peak at run time (peak_measured=true), so the planner "
-            "does not know it; a hardware config with peak_tflops_* and memory_bw_gbs measured on this "
-            "machine can be predicted"
+            "does not know it; measure this machine with `python -m launchers calibrate` and give the file "
+            "as hardware.calibration, or give its peak_tflops_* and memory_bw_gbs"
         )
     peak = _need(peak_tflops(hw, precision), f"peak_tflops_{Precision(precision).value}", hw)
     mem = _need(hw.memory_bw_gbs, "memory_bw_gbs", hw)
-    per_node = max(1, hw.devices_per_node)
+    latency = hw.comm_latency_us * 1e-6
+    intra = hw.intra_node_bw_gbs * 1e9 * hw.intra_node_comm_efficiency if hw.intra_node_bw_gbs else None
+    inter = hw.inter_node_bw_gbs * 1e9 * hw.inter_node_comm_efficiency / per_node if hw.inter_node_bw_gbs else None
     return _Machine(
         flops=peak * 1e12 * hw.gemm_efficiency,
         mem_bw=mem * 1e9 * hw.memory_bw_efficiency,
         kernel=hw.kernel_overhead_us * 1e-6,
-        latency=hw.comm_latency_us * 1e-6,
-        intra_bw=hw.intra_node_bw_gbs * 1e9 * hw.intra_node_comm_efficiency if hw.intra_node_bw_gbs else None,
-        inter_bw=hw.inter_node_bw_gbs * 1e9 * hw.inter_node_comm_efficiency / per_node
-        if hw.inter_node_bw_gbs
-        else None,
-        host_bw=hw.host_link_bw_gbs * 1e9 if hw.host_link_bw_gbs else None,
+        intra=Link(latency, intra) if intra else None,
+        inter=Link(latency, inter) if inter else None,
         per_node=per_node,
         hw=hw,
     )
 
 
-def _link(mach: _Machine, span: int) -> float:
-    """Bus bandwidth of a group whose ranks span `span` consecutive devices (B/s)."""
+def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: int) -> _Machine:
+    """Measured figures: a GEMM's own time where its shape was timed, the best measured rate for the
+    others, the measured copy bandwidth and op cost, and the fitted links (train.planner.calibration)."""
+    assert hw.calibration is not None
+    cal = load_calibration(hw.calibration)
+    timing = node_timing(cal, nodes)
+    if timing is None or not timing.gemms or timing.memory_bw_gbs <= 0:
+        raise UnknownHardwareFigure(f"hardware.calibration={hw.calibration!r} holds no compute measurement")
+    table = gemm_table(hw.calibration, nodes)
+    rates = [2 * g.m * g.n * g.k * g.batch / g.seconds for g in timing.gemms if g.precision == precision.value]
+    if not rates:
+        raise UnknownHardwareFigure(
+            f"hardware.calibration={hw.calibration!r} timed no {precision.value} GEMM: calibrate with that precision"
+        )
+    fitted = links(hw.calibration)
+    return _Machine(
+        flops=max(rates),
+        mem_bw=timing.memory_bw_gbs * 1e9,
+        kernel=timing.op_overhead_us * 1e-6,
+        intra=fitted.get("intra"),
+        inter=fitted.get("inter"),
+        per_node=per_node,
+        hw=hw,
+        gemms=table,
+    )
+
+
+def _link(mach: _Machine, span: int) -> Link:
+    """The link of a group whose ranks span `span` consecutive devices."""
     inside = span <= mach.per_node and mach.per_node % span == 0
-    bw = mach.intra_bw if inside else mach.inter_bw
-    name = "intra_node_bw_gbs" if inside else "inter_node_bw_gbs"
-    return _need(bw, name, mach.hw) if bw is None else bw
+    link = mach.intra if inside else mach.inter
+    if link is None:
+        name = "intra_node_bw_gbs" if inside else "inter_node_bw_gbs"
+        raise UnknownHardwareFigure(
+            f"hardware.{name} is unknown for hardware '{mach.hw.name}' (and no calibration measured it): "
+            "the time model needs it for this layout's communication"
+        )
+    return link
 
 
 def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, passes: int) -> float:
     """A ring collective over `ranks` ranks: `passes` = 2 for all-reduce, 1 for reduce-scatter or all-gather."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
+    link = _link(mach, span)
     steps = passes * (ranks - 1)
-    return steps * mach.latency + steps / ranks * nbytes / _link(mach, span)
+    return steps * link.latency + steps / ranks * nbytes / link.bandwidth
 
 
-def _gemm_seconds(gemms: list[Gemm], mach: _Machine, precision: Precision) -> float:
-    align = alignment_elements(precision)
-    total = 0.0
+def _one_gemm(m: int, n: int, k: int, batch: int, mach: _Machine, precision: Precision) -> float:
+    measured = mach.gemms.get((m, n, k, batch, precision.value))
+    if measured is not None:
+        return measured
+    g = Gemm("", m, n, k, batch)
+    quant = gemm_efficiency(g, num_sms=mach.hw.num_sms, alignment=alignment_elements(precision)).efficiency
+    return g.flops / (mach.flops * quant) + mach.kernel
+
+
+def _gemm_seconds(gemms: list[Gemm], mach: _Machine, precision: Precision) -> tuple[float, float]:
+    """(forward, backward) seconds of `gemms`. C[m,n] = A[m,k] B[k,n] has two backward GEMMs:
+    dA = dC B^T (m x k, inner n) and dB = A^T dC (k x n, inner m)."""
+    forward = backward = 0.0
     for g in gemms:
-        quant = gemm_efficiency(g, num_sms=mach.hw.num_sms, alignment=align).efficiency
-        total += g.flops / (mach.flops * quant) + mach.kernel
-    return total
+        forward += _one_gemm(g.m, g.n, g.k, g.batch, mach, precision)
+        backward += sum(_one_gemm(*shape, mach, precision) for shape in backward_gemm_shapes(g))
+    return forward, backward
+
+
+def backward_gemm_shapes(g: Gemm) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(m, n, k, batch) of the input-gradient and weight-gradient GEMMs of `g` (what calibration times)."""
+    return (g.m, g.k, g.n, g.batch), (g.k, g.n, g.m, g.batch)
 
 
 def _act_bytes(precision: Precision) -> int:
@@ -201,27 +255,30 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     t, b, s, h = par.tp, par.mbs, model.seq_length, model.hidden_size
     e, precision = _act_bytes(par.precision), Precision(par.precision)
     gemms = layer_gemms(model, micro_batch_size=b, tp=t)
-    dense = _gemm_seconds([g for g in gemms if not g.name.startswith("attn_s") and g.name != "attn_values"], mach, precision)
-    core = causal_skip * _gemm_seconds([g for g in gemms if g.name in ("attn_scores", "attn_values")], mach, precision)
+    dense_f, dense_b = _gemm_seconds([g for g in gemms if g.name not in ATTENTION_CORE], mach, precision)
+    core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
     tokens, heads = b * s, model.num_attention_heads // t
     # Forward bytes of the memory-bound ops: two LayerNorms (read, write), bias-GeLU on the f/t
     # activations, two residual adds (read two, write one); Megatron's explicit core adds the fused
     # softmax over the s x s scores (read, write), which SDPA keeps on chip.
-    pointwise = 2 * 2 * tokens * h * e + 2 * tokens * (model.ffn // t) * e + 2 * 3 * tokens * h * e
+    # megasweep's attention also copies its heads back into a [b, s, h/t] layout (read, write).
+    pointwise = float(2 * 2 * tokens * h * e + 2 * tokens * (model.ffn // t) * e + 2 * 3 * tokens * h * e)
     softmax = 2 * b * heads * s * s * e if stack == Stack.megatron_deepspeed else 0.0
-    kernels = 7 + (1 if softmax else 0)
+    heads_copy = 0.0 if stack == Stack.megatron_deepspeed else 2 * tokens * (h // t) * e
+    pointwise += heads_copy
+    kernels = 6 + (1 if softmax else 0) + (1 if heads_copy else 0)
     fwd_mem = (pointwise + softmax) / mach.mem_bw + kernels * mach.kernel
     ar = _ring(mach, tokens * h * e, t, t, passes=2)
     stage = _Stage()
-    stage.add("gemm", 3 * dense)
-    stage.add("attention", 3 * core)
+    stage.add("gemm", dense_f + dense_b)
+    stage.add("attention", core_f + core_b)
     stage.add("memory_bound", 3 * fwd_mem)  # backward moves twice the forward's bytes
     stage.add("tp_comm", 4 * ar)
     recompute = Recompute(par.recompute)
     if recompute == Recompute.full:
-        stage.add("recompute", dense + core + fwd_mem + 2 * ar)
+        stage.add("recompute", dense_f + core_f + fwd_mem + 2 * ar)
     elif recompute == Recompute.selective:
-        stage.add("recompute", core + softmax / mach.mem_bw + mach.kernel)
+        stage.add("recompute", core_f + softmax / mach.mem_bw + mach.kernel)
     return stage
 
 
@@ -236,7 +293,7 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
         stage.add("memory_bound", 3 * 3 * tokens * h * e / mach.mem_bw + 3 * mach.kernel)
         stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
     if last:
-        stage.add("gemm", 3 * _gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision))
+        stage.add("gemm", sum(_gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)))
         logits = tokens * padded_vocab_size(model, t) // t
         norm = 3 * 2 * tokens * h * e * (2 if model.kind == ModelKind.bert else 1)
         stage.add("memory_bound", (norm + logits * (e + CROSS_ENTROPY_BYTES)) / mach.mem_bw + 6 * mach.kernel)
@@ -274,13 +331,17 @@ def predict_time(
     Raises UnknownHardwareFigure when a figure it needs is null (a CPU's peak is measured at run time).
     """
     stack = stack or stack_of(par)
-    mach = _machine(hw, Precision(par.precision))
+    per_node = max(1, hw.devices_per_node)
+    mach = _machine(hw, Precision(par.precision), nodes=-(-dp * par.tp * par.pp // per_node))
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
     layer = _layer(model, par, mach, stack, causal_skip)
     p2p_bytes = par.mbs * model.seq_length * model.hidden_size * _act_bytes(par.precision)
     # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP).
-    p2p = mach.latency + p2p_bytes / _link(mach, par.tp * dp * 2) if par.pp > 1 else 0.0
+    p2p = 0.0
+    if par.pp > 1:
+        link = _link(mach, par.tp * dp * 2)
+        p2p = link.latency + p2p_bytes / link.bandwidth
     stages = []
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1

@@ -1,0 +1,197 @@
+"""A site's measured figures for the time model: the calibration file `hardware.calibration` names.
+
+`python -m launchers calibrate` runs short Slurm jobs, on one node and on two, whose every task
+measures at once what a training rank does (so a node's tasks share its cores, memory bus and
+links as they will in training): the seconds of each GEMM the candidate layouts run (forward,
+input gradient and weight gradient shapes), the memory bandwidth of a large copy, the cost of a
+tiny op (dispatch and launch), and all-reduce, reduce-scatter, all-gather and send/recv times by
+message size, inside a node and across nodes. This module is the file's schema and the lookups
+train.planner.perf makes; train.calibrate measures.
+
+Collective times are reduced to the two numbers of the ring model the time model uses: the latency
+of one ring step and the bus bandwidth, a least-squares fit of t = steps x latency + moved bytes /
+bandwidth over the measured sizes (`fit_link`), so a group of another size is predicted by the
+same physics.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CALIBRATION_VERSION = 1
+"""Bumped when a field's meaning changes; a file of another version is refused."""
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+"""The operations measured, by name."""
+
+
+def ring_factors(op: str, ranks: int) -> tuple[int, float]:
+    """(ring steps, share of the message each rank moves) of `op` over `ranks` ranks."""
+    if op == "all_reduce":
+        return 2 * (ranks - 1), 2 * (ranks - 1) / ranks
+    if op in ("reduce_scatter", "all_gather"):
+        return ranks - 1, (ranks - 1) / ranks
+    if op == "send_recv":
+        return 1, 1.0
+    raise ValueError(f"unknown collective {op!r}: one of {', '.join(COLLECTIVES)}")
+
+
+@dataclass(frozen=True)
+class GemmTiming:
+    """One GEMM shape and the seconds it took on one device, every task of the node busy."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    precision: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """Seconds of one collective of `nbytes` bytes (the whole message) over `ranks` ranks."""
+
+    op: str
+    scope: str
+    """'intra' (ranks on one node) or 'inter' (one rank per node)."""
+    ranks: int
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    """What a job on `nodes` nodes measured of each device's compute and memory."""
+
+    nodes: int
+    tasks_per_node: int
+    gemms: list[GemmTiming] = field(default_factory=list)
+    memory_bw_gbs: float = 0.0
+    """A large copy's bytes read and written per second, per device (GB/s)."""
+    op_overhead_us: float = 0.0
+    """Seconds of a tiny pointwise op, i.e. what every op costs beyond its work (microseconds)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration file (JSON)."""
+
+    version: int
+    hardware: str
+    """hardware.name it was measured for."""
+    host: str
+    device: str
+    """What measured it: the GPU's name, or the CPU and thread count."""
+    measured_at: str
+    torch: str
+    nodes: list[NodeTiming] = field(default_factory=list)
+    collectives: list[CollectiveTiming] = field(default_factory=list)
+
+    def write(self, path: str | Path) -> Path:
+        """Write the file as JSON (atomically: a rename)."""
+        out = Path(path)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        tmp.replace(out)
+        return out
+
+
+def _from_dict(data: dict[str, Any]) -> Calibration:
+    nodes = [
+        NodeTiming(**{**n, "gemms": [GemmTiming(**g) for g in n.get("gemms", [])]}) for n in data.get("nodes", [])
+    ]
+    collectives = [CollectiveTiming(**c) for c in data.get("collectives", [])]
+    return Calibration(**{**data, "nodes": nodes, "collectives": collectives})
+
+
+@functools.lru_cache(maxsize=16)
+def load_calibration(path: str) -> Calibration:
+    """The calibration file at `path` (memoised: a search asks thousands of times)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"hardware.calibration={path!r} cannot be read as a calibration file: {exc}") from exc
+    if data.get("version") != CALIBRATION_VERSION:
+        raise ValueError(
+            f"hardware.calibration={path!r} is version {data.get('version')!r}, this megasweep reads version "
+            f"{CALIBRATION_VERSION}: measure again with `python -m launchers calibrate`"
+        )
+    return _from_dict(data)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A scope's ring-model figures: latency of one step (s) and bus bandwidth (bytes/s)."""
+
+    latency: float
+    bandwidth: float
+
+
+def fit_link(timings: list[CollectiveTiming]) -> Link | None:
+    """Least-squares latency and bandwidth of t = steps x latency + share x bytes / bandwidth."""
+    rows = [(*ring_factors(t.op, t.ranks), t) for t in timings]
+    if len({(t.op, t.nbytes) for *_, t in rows}) < 2:
+        return None
+    # Normal equations of t = a x steps + b x (share x bytes), a = latency, b = 1 / bandwidth.
+    xs = [(float(steps), share * t.nbytes, t.seconds) for steps, share, t in rows]
+    s11 = sum(a * a for a, _, _ in xs)
+    s12 = sum(a * b for a, b, _ in xs)
+    s22 = sum(b * b for _, b, _ in xs)
+    y1 = sum(a * y for a, _, y in xs)
+    y2 = sum(b * y for _, b, y in xs)
+    det = s11 * s22 - s12 * s12
+    if det <= 0:
+        return None
+    latency = (y1 * s22 - y2 * s12) / det
+    inverse_bw = (s11 * y2 - s12 * y1) / det
+    if inverse_bw <= 0:
+        return None
+    return Link(latency=max(latency, 0.0), bandwidth=1.0 / inverse_bw)
+
+
+@functools.lru_cache(maxsize=64)
+def links(path: str) -> dict[str, Link]:
+    """The fitted Link of each scope the file measured ('intra', 'inter')."""
+    cal = load_calibration(path)
+    fitted = {scope: fit_link([c for c in cal.collectives if c.scope == scope]) for scope in ("intra", "inter")}
+    return {scope: link for scope, link in fitted.items() if link is not None}
+
+
+def node_timing(cal: Calibration, nodes: int) -> NodeTiming | None:
+    """The measurement taken on `nodes` nodes, else on the nearest node count measured."""
+    if not cal.nodes:
+        return None
+    return min(cal.nodes, key=lambda n: (abs(n.nodes - nodes), n.nodes))
+
+
+@functools.lru_cache(maxsize=64)
+def gemm_table(path: str, nodes: int) -> dict[tuple[int, int, int, int, str], float]:
+    """(m, n, k, batch, precision) -> seconds, as measured on (the nearest count to) `nodes` nodes."""
+    timing = node_timing(load_calibration(path), nodes)
+    if timing is None:
+        return {}
+    return {(g.m, g.n, g.k, g.batch, g.precision): g.seconds for g in timing.gemms}
+
+
+__all__ = [
+    "CALIBRATION_VERSION",
+    "COLLECTIVES",
+    "Calibration",
+    "CollectiveTiming",
+    "GemmTiming",
+    "Link",
+    "NodeTiming",
+    "fit_link",
+    "gemm_table",
+    "links",
+    "load_calibration",
+    "node_timing",
+    "ring_factors",
+]
