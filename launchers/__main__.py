@@ -1,5 +1,6 @@
 """`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep;
-`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself."""
+`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
+`python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model."""
 
 from __future__ import annotations
 
@@ -43,7 +44,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sbatch-arg", action="append", default=[], metavar="KEY[=VALUE]", help="extra #SBATCH --KEY=VALUE"
     )
     sbatch.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument")
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure this site's GEMMs, memory and links for the time model (two short Slurm jobs)",
+        description="Submit a one-node and a two-node job that time what the search's layouts run; write the "
+        "file hardware.calibration names. Example: python -m launchers calibrate cluster=local hardware=cpu "
+        "model=gpt_350m --out calibration/cpu.json",
+    )
+    calibrate.add_argument("overrides", nargs="*", help="config overrides, as for `python -m train`")
+    calibrate.add_argument("--out", required=True, help="calibration file to write (JSON)")
+    calibrate.add_argument("--nodes", type=int, nargs="+", default=[1, 2], help="node counts measured (1 2)")
+    calibrate.add_argument("--min-seconds", type=float, default=0.05, help="shortest timing of each figure (s)")
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        return _calibrate(args)
     if args.command == "sbatch":
         return _sbatch(args, sys.argv[1:] if argv is None else list(argv))
     try:
@@ -61,6 +75,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
         print(f"rerun: config {e.index}: {what}")
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from hydra.errors import HydraException
+
+    from launchers.calibrate import main as calibrate_main
+
+    if any(n < 1 for n in args.nodes):
+        print(f"error: --nodes {args.nodes}: node counts are positive, e.g. --nodes 1 2", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return calibrate_main(args.overrides, out=Path(args.out), nodes=args.nodes, min_seconds=args.min_seconds)
+    except (HydraException, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -97,10 +97,11 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     """Device, process group, this rank's part of the model (built on the meta device, split and
     sharded before anything is allocated), engine, data and peak."""
     par, tr = run.parallelism, run.training
-    device = setup_device(run, progress)
-    launch = distributed.launch_from_env(os.environ)
+    # Threads first: the device's label names the thread count the run computes with.
     if (threads := distributed.cpu_threads(os.environ)) is not None:
         torch.set_num_threads(threads)
+    device = setup_device(run, progress)
+    launch = distributed.launch_from_env(os.environ)
     mesh = None
     if launch is not None:
         distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)

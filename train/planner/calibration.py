@@ -52,6 +52,9 @@ class GemmTiming:
     batch: int
     precision: str
     seconds: float
+    layout: str = "nn"
+    """Operand layouts as training runs them: 'nt' (forward, x @ W^T), 'nn' (input gradient, dY @ W),
+    'tn' (weight gradient, dY^T @ X); a CPU's GEMM speed depends on them."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ class NodeTiming:
     """A large copy's bytes read and written per second, per device (GB/s)."""
     op_overhead_us: float = 0.0
     """Seconds of a tiny pointwise op, i.e. what every op costs beyond its work (microseconds)."""
+    pointwise: dict[str, list[float]] = field(default_factory=dict)
+    """[forward, backward] seconds per element of each pointwise op kind (layer_norm, gelu, add,
+    softmax, cross_entropy) at training's sizes."""
 
 
 @dataclass(frozen=True)
@@ -172,12 +178,12 @@ def node_timing(cal: Calibration, nodes: int) -> NodeTiming | None:
 
 
 @functools.lru_cache(maxsize=64)
-def gemm_table(path: str, nodes: int) -> dict[tuple[int, int, int, int, str], float]:
-    """(m, n, k, batch, precision) -> seconds, as measured on (the nearest count to) `nodes` nodes."""
+def gemm_table(path: str, nodes: int) -> dict[tuple[int, int, int, int, str, str], float]:
+    """(m, n, k, batch, precision, layout) -> seconds, as measured on (the nearest count to) `nodes` nodes."""
     timing = node_timing(load_calibration(path), nodes)
     if timing is None:
         return {}
-    return {(g.m, g.n, g.k, g.batch, g.precision): g.seconds for g in timing.gemms}
+    return {(g.m, g.n, g.k, g.batch, g.precision, g.layout): g.seconds for g in timing.gemms}
 
 
 __all__ = [

@@ -129,8 +129,10 @@ class _Machine:
     inter: Link | None
     per_node: int
     hw: HardwareConfig
-    gemms: dict[tuple[int, int, int, int, str], float] = field(default_factory=dict)
-    """Measured seconds of GEMM shapes (calibration), by (m, n, k, batch, precision)."""
+    gemms: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict)
+    """Measured seconds of GEMM shapes (calibration), by (m, n, k, batch, precision, layout)."""
+    pointwise: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Measured (forward, backward) seconds per element of each pointwise op kind (calibration)."""
 
 
 def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
@@ -183,6 +185,7 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
         per_node=per_node,
         hw=hw,
         gemms=table,
+        pointwise={kind: (f, b) for kind, (f, b) in timing.pointwise.items()},
     )
 
 
@@ -208,8 +211,8 @@ def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, passes: int) 
     return steps * link.latency + steps / ranks * nbytes / link.bandwidth
 
 
-def _one_gemm(m: int, n: int, k: int, batch: int, mach: _Machine, precision: Precision) -> float:
-    measured = mach.gemms.get((m, n, k, batch, precision.value))
+def _one_gemm(m: int, n: int, k: int, batch: int, layout: str, mach: _Machine, precision: Precision) -> float:
+    measured = mach.gemms.get((m, n, k, batch, precision.value, layout))
     if measured is not None:
         return measured
     g = Gemm("", m, n, k, batch)
@@ -218,18 +221,22 @@ def _one_gemm(m: int, n: int, k: int, batch: int, mach: _Machine, precision: Pre
 
 
 def _gemm_seconds(gemms: list[Gemm], mach: _Machine, precision: Precision) -> tuple[float, float]:
-    """(forward, backward) seconds of `gemms`. C[m,n] = A[m,k] B[k,n] has two backward GEMMs:
-    dA = dC B^T (m x k, inner n) and dB = A^T dC (k x n, inner m)."""
+    """(forward, backward) seconds of `gemms`. Y[m,n] = X[m,k] W^T (W stored [n,k]) has two backward
+    GEMMs: dX = dY W (m x k, inner n) and dW = dY^T X (n x k, inner m)."""
     forward = backward = 0.0
     for g in gemms:
-        forward += _one_gemm(g.m, g.n, g.k, g.batch, mach, precision)
+        forward += _one_gemm(g.m, g.n, g.k, g.batch, FORWARD_LAYOUT, mach, precision)
         backward += sum(_one_gemm(*shape, mach, precision) for shape in backward_gemm_shapes(g))
     return forward, backward
 
 
-def backward_gemm_shapes(g: Gemm) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """(m, n, k, batch) of the input-gradient and weight-gradient GEMMs of `g` (what calibration times)."""
-    return (g.m, g.k, g.n, g.batch), (g.k, g.n, g.m, g.batch)
+FORWARD_LAYOUT = "nt"
+"""A forward GEMM's operand layout: activations times a weight stored [out, in], transposed (x @ W^T)."""
+
+
+def backward_gemm_shapes(g: Gemm) -> tuple[tuple[int, int, int, int, str], tuple[int, int, int, int, str]]:
+    """(m, n, k, batch, layout) of the input-gradient (dY @ W) and weight-gradient (dY^T @ X) GEMMs of `g`."""
+    return (g.m, g.k, g.n, g.batch, "nn"), (g.n, g.k, g.m, g.batch, "tn")
 
 
 def _act_bytes(precision: Precision) -> int:
@@ -250,6 +257,23 @@ class _Stage:
         return sum(self.parts.values())
 
 
+POINTWISE_BYTES = {"layer_norm": 2, "gelu": 2, "add": 3, "softmax": 2}
+"""Elements read and written per element by each pointwise op's forward (a residual add reads two)."""
+
+
+def _pointwise(ops: list[tuple[str, int]], mach: _Machine, e: int) -> tuple[float, float]:
+    """(forward, backward) seconds of pointwise ops given as (kind, elements): each the slower of its
+    bytes over memory bandwidth and its elements at the calibrated rate of that op (on a CPU, GeLU's
+    erf or a softmax's exp cost more than their bytes); backward moves twice the forward's bytes."""
+    forward = backward = 0.0
+    for kind, n in ops:
+        nbytes = n * (e + CROSS_ENTROPY_BYTES if kind == "cross_entropy" else POINTWISE_BYTES[kind] * e)
+        per_f, per_b = mach.pointwise.get(kind, (0.0, 0.0))
+        forward += max(nbytes / mach.mem_bw, n * per_f) + mach.kernel
+        backward += max(2 * nbytes / mach.mem_bw, n * per_b) + mach.kernel
+    return forward, backward
+
+
 def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: Stack, causal_skip: float) -> _Stage:
     """One layer, one micro-batch, forward and backward and recompute, on one TP rank."""
     t, b, s, h = par.tp, par.mbs, model.seq_length, model.hidden_size
@@ -258,27 +282,24 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     dense_f, dense_b = _gemm_seconds([g for g in gemms if g.name not in ATTENTION_CORE], mach, precision)
     core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
     tokens, heads = b * s, model.num_attention_heads // t
-    # Forward bytes of the memory-bound ops: two LayerNorms (read, write), bias-GeLU on the f/t
-    # activations, two residual adds (read two, write one); Megatron's explicit core adds the fused
-    # softmax over the s x s scores (read, write), which SDPA keeps on chip.
-    # megasweep's attention also copies its heads back into a [b, s, h/t] layout (read, write).
-    pointwise = float(2 * 2 * tokens * h * e + 2 * tokens * (model.ffn // t) * e + 2 * 3 * tokens * h * e)
-    softmax = 2 * b * heads * s * s * e if stack == Stack.megatron_deepspeed else 0.0
-    heads_copy = 0.0 if stack == Stack.megatron_deepspeed else 2 * tokens * (h // t) * e
-    pointwise += heads_copy
-    kernels = 6 + (1 if softmax else 0) + (1 if heads_copy else 0)
-    fwd_mem = (pointwise + softmax) / mach.mem_bw + kernels * mach.kernel
+    # The pointwise ops: two LayerNorms, GeLU on the f/t activations, two residual adds; megasweep's
+    # attention also copies its heads back into a [b, s, h/t] layout, Megatron's explicit core runs
+    # the fused softmax over the s x s scores (which SDPA keeps on chip).
+    ops = [("layer_norm", tokens * h)] * 2 + [("gelu", tokens * (model.ffn // t))] + [("add", tokens * h)] * 2
+    ops += [("softmax", b * heads * s * s)] if stack == Stack.megatron_deepspeed else [("add", tokens * (h // t))]
+    fwd_mem, bwd_mem = _pointwise(ops, mach, e)
+    softmax_f = _pointwise([("softmax", b * heads * s * s)], mach, e)[0] if stack == Stack.megatron_deepspeed else 0.0
     ar = _ring(mach, tokens * h * e, t, t, passes=2)
     stage = _Stage()
     stage.add("gemm", dense_f + dense_b)
     stage.add("attention", core_f + core_b)
-    stage.add("memory_bound", 3 * fwd_mem)  # backward moves twice the forward's bytes
+    stage.add("memory_bound", fwd_mem + bwd_mem)
     stage.add("tp_comm", 4 * ar)
     recompute = Recompute(par.recompute)
     if recompute == Recompute.full:
         stage.add("recompute", dense_f + core_f + fwd_mem + 2 * ar)
     elif recompute == Recompute.selective:
-        stage.add("recompute", core_f + softmax / mach.mem_bw + mach.kernel)
+        stage.add("recompute", core_f + softmax_f)
     return stage
 
 
@@ -290,13 +311,13 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
     if first:
         # Lookup and position add (read, write), backward a scatter-add of the same size;
         # the vocabulary-parallel lookup is summed over TP.
-        stage.add("memory_bound", 3 * 3 * tokens * h * e / mach.mem_bw + 3 * mach.kernel)
+        stage.add("memory_bound", sum(_pointwise([("add", tokens * h)] * 3, mach, e)))
         stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
     if last:
         stage.add("gemm", sum(_gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)))
         logits = tokens * padded_vocab_size(model, t) // t
-        norm = 3 * 2 * tokens * h * e * (2 if model.kind == ModelKind.bert else 1)
-        stage.add("memory_bound", (norm + logits * (e + CROSS_ENTROPY_BYTES)) / mach.mem_bw + 6 * mach.kernel)
+        norms = [("layer_norm", tokens * h)] * (2 if model.kind == ModelKind.bert else 1)
+        stage.add("memory_bound", sum(_pointwise([*norms, ("cross_entropy", logits)], mach, e)))
         # The logits' input gradient is summed over TP; the loss's max and sum are b*s floats.
         stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2) + 3 * _ring(mach, tokens * 4, t, t, passes=2))
     return stage

@@ -21,7 +21,7 @@ from train.planner.calibration import (
 from train.planner.flops import layer_gemms, logits_gemm
 from train.planner.inventory import stage_numel
 from train.planner.memory import Stack
-from train.planner.perf import backward_gemm_shapes, predict_time
+from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes, predict_time
 
 MODEL = ModelConfig(name="m", num_layers=2, hidden_size=64, num_attention_heads=2, seq_length=32, vocab_size=256,
                     make_vocab_size_divisible_by=64)
@@ -39,11 +39,11 @@ def timings(scope: str, ranks: int) -> list[CollectiveTiming]:
 
 
 def calibration(tmp_path: Path) -> Path:
-    # Every GEMM shape of a tp=1, mbs=1 layout, forward and backward, timed at 1 ms (one backward
-    # shape is another GEMM's forward shape: MLP-in's input gradient is MLP-out's forward).
+    # Every GEMM of a tp=1, mbs=1 layout, forward and backward, timed at 1 ms.
     gemms = [*layer_gemms(MODEL, micro_batch_size=1), logits_gemm(MODEL, micro_batch_size=1)]
-    shapes = {(g.m, g.n, g.k, g.batch) for g in gemms} | {s for g in gemms for s in backward_gemm_shapes(g)}
-    timed = [GemmTiming(*shape, "fp32", 1e-3) for shape in sorted(shapes)]
+    shapes = {(g.m, g.n, g.k, g.batch, FORWARD_LAYOUT) for g in gemms}
+    shapes |= {s for g in gemms for s in backward_gemm_shapes(g)}
+    timed = [GemmTiming(m, n, k, b, "fp32", 1e-3, layout) for m, n, k, b, layout in sorted(shapes)]
     cal = Calibration(
         version=CALIBRATION_VERSION, hardware="cpu", host="h", device="cpu x1", measured_at="now", torch="2.13",
         nodes=[NodeTiming(nodes=1, tasks_per_node=2, gemms=timed, memory_bw_gbs=10.0, op_overhead_us=7.0)],

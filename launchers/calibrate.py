@@ -1,0 +1,206 @@
+"""`python -m launchers calibrate [overrides]`: measure a site for the time model, on Slurm.
+
+    python -m launchers calibrate cluster=local hardware=cpu model=gpt_350m \\
+        search.nodes=[1,2] --out calibration/cpu-local.json
+    python -m train -m hydra/sweeper=layouts hardware.calibration=calibration/cpu-local.json ...
+
+Two short jobs, one on one node and one on two, every task of them a rank as training places it
+(hardware.devices_per_node tasks per node, cluster.cpus_per_task each; train.calibration_job).
+They time the GEMM shapes the layouts of the search (`search.*`) run for the model, forward and
+backward, a large copy, a tiny op, and the collectives by message size inside a node and across
+nodes. The file (train.planner.calibration) keeps the median task's figure of each GEMM, and is
+what `hardware.calibration` names.
+
+Torch is imported by the jobs only: this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conf.schema import Engine, RunConfig
+from train.planner.calibration import (
+    CALIBRATION_VERSION,
+    Calibration,
+    CollectiveTiming,
+    GemmTiming,
+    NodeTiming,
+)
+from train.planner.flops import head_gemms, layer_gemms
+from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
+from train.planner.search import layouts
+from train.planner.sizes import padded_vocab_size
+
+MESSAGE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+"""Collective message sizes timed (bytes): latency-bound to bandwidth-bound."""
+
+JOB_TIME_LIMIT_MIN = 20
+"""Slurm time limit of one calibration job (minutes)."""
+
+
+def gemm_shapes(run: RunConfig) -> list[tuple[int, int, int, int, str]]:
+    """(m, n, k, batch, layout) of every GEMM the search's layouts run on one rank, forward and backward."""
+    shapes: set[tuple[int, int, int, int, str]] = set()
+    for tp, mbs in sorted({(par.tp, par.mbs) for _, par in layouts(run, run.search)}):
+        try:
+            gemms = [*layer_gemms(run.model, micro_batch_size=mbs, tp=tp), *head_gemms(run.model, micro_batch_size=mbs, tp=tp)]
+        except ValueError:
+            continue  # tp does not split the heads: the planner rejects those layouts
+        for g in gemms:
+            shapes.add((g.m, g.n, g.k, g.batch, FORWARD_LAYOUT))
+            shapes.update(backward_gemm_shapes(g))
+    return sorted(shapes)
+
+
+def pointwise_shapes(run: RunConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(kind, shape) of each pointwise op at the search's largest micro-batch, on one rank at tp=1."""
+    m, b = run.model, max(run.search.micro_batch_sizes)
+    tokens = b * m.seq_length
+    return (
+        ("layer_norm", (tokens, m.hidden_size)),
+        ("gelu", (tokens, m.ffn)),
+        ("add", (tokens, m.hidden_size)),
+        ("softmax", (b * m.num_attention_heads, m.seq_length, m.seq_length)),
+        ("cross_entropy", (tokens, padded_vocab_size(m, 1))),
+    )
+
+
+def _run_task(spec: dict[str, Any]) -> dict[str, Any]:
+    """What each Slurm task runs (imports torch there, not here)."""
+    from train.calibration_job import CalibrationSpec, measure
+
+    return measure(CalibrationSpec(**spec))
+
+
+def _executor_parameters(run: RunConfig, nodes: int) -> dict[str, Any]:
+    c, hw = run.cluster, run.hardware
+    params: dict[str, Any] = {
+        "job_name": "megasweep-calibrate",
+        "time": JOB_TIME_LIMIT_MIN,
+        "nodes": nodes,
+        "ntasks_per_node": max(1, hw.devices_per_node),
+        "cpus_per_task": c.cpus_per_task,
+        "stderr_to_stdout": True,
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    if hw.device_type == "cuda" and not c.gres:
+        params["gpus_per_node"] = hw.devices_per_node
+    optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint,
+                "gres": c.gres, "mem": c.mem_per_node_gb, "setup": list(c.setup) or None}  # fmt: skip
+    params.update({k: v for k, v in optional.items() if v is not None})
+    return params
+
+
+def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any]]) -> NodeTiming:
+    """One job's tasks reduced to one device's figures: the median task of each."""
+    by_shape: dict[tuple[int, int, int, int, str, str], list[float]] = {}
+    for r in results:
+        for g in r["gemms"]:
+            key = (g["m"], g["n"], g["k"], g["batch"], g["precision"], g["layout"])
+            by_shape.setdefault(key, []).append(g["seconds"])
+    gemms = [
+        GemmTiming(m, n, k, b, precision, statistics.median(v), layout)
+        for (m, n, k, b, precision, layout), v in sorted(by_shape.items())
+    ]
+    return NodeTiming(
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        gemms=gemms,
+        memory_bw_gbs=statistics.median(r["memory_bw_gbs"] for r in results),
+        op_overhead_us=statistics.median(r["op_overhead_us"] for r in results),
+        pointwise={
+            kind: [statistics.median(r["pointwise"][kind][i] for r in results) for i in (0, 1)]
+            for kind in results[0]["pointwise"]
+        },
+    )
+
+
+def calibrate(
+    run: RunConfig, *, nodes: Sequence[int] = (1, 2), folder: Path, min_seconds: float = 0.05, trials: int = 3
+) -> Calibration:
+    """Submit one job per node count, wait for them, and reduce their tasks' measurements."""
+    import submitit
+
+    spec: dict[str, Any] = {
+        "gemms": tuple(gemm_shapes(run)),
+        "precision": run.parallelism.precision.value,
+        "device_type": run.hardware.device_type,
+        "message_bytes": MESSAGE_BYTES,
+        "copy_bytes": 64 << 20,
+        "pointwise": pointwise_shapes(run),
+        "min_seconds": min_seconds,
+        "trials": trials,
+    }
+    # One job after the other: jobs that share a machine's cores would time each other.
+    timings, collectives, device = [], [], ""
+    for n in nodes:
+        executor = submitit.SlurmExecutor(folder=folder / ".submitit" / "%j", python=sys.executable)
+        executor.update_parameters(**_executor_parameters(run, n))
+        job = executor.submit(_run_task, spec)
+        print(f"calibrate: {n} node(s): job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
+        results = job.results()
+        timings.append(node_timing(n, max(1, run.hardware.devices_per_node), results))
+        collectives += [CollectiveTiming(**c) for c in results[0]["collectives"]]
+        device = results[0]["device"]
+    return Calibration(
+        version=CALIBRATION_VERSION,
+        hardware=run.hardware.name,
+        host=platform.node(),
+        device=device,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=_torch_version(),
+        nodes=timings,
+        collectives=collectives,
+    )
+
+
+def _torch_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def format_calibration(cal: Calibration) -> str:
+    """A few lines: what was measured, the best GEMM rate, bandwidths and the fitted links."""
+    from train.planner.calibration import fit_link
+
+    lines = [f"calibration of {cal.hardware} on {cal.host} ({cal.device}, torch {cal.torch}), {cal.measured_at}"]
+    for t in cal.nodes:
+        best = max((2 * g.m * g.n * g.k * g.batch / g.seconds for g in t.gemms), default=0.0)
+        lines.append(
+            f"  {t.nodes} node(s) x {t.tasks_per_node} tasks: {len(t.gemms)} GEMM shapes, best "
+            f"{best / 1e12:.3g} TFLOP/s per device; copy {t.memory_bw_gbs:.3g} GB/s; op {t.op_overhead_us:.3g} us"
+        )
+    for scope in ("intra", "inter"):
+        link = fit_link([c for c in cal.collectives if c.scope == scope])
+        if link is not None:
+            lines.append(f"  {scope}-node link: {link.latency * 1e6:.3g} us per ring step, {link.bandwidth / 1e9:.3g} GB/s")
+    return "\n".join(lines)
+
+
+def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_seconds: float) -> int:
+    """The CLI's work: compose, calibrate, write, print; returns the exit status."""
+    from launchers.compose import FastComposer
+    from launchers.sbatch import default_config_dir
+
+    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(overrides))
+    if run.parallelism.engine == Engine.deepspeed:
+        print("calibrate: the engine does not matter here; measuring the GEMMs and links only", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cal = calibrate(run, nodes=nodes, folder=out.parent, min_seconds=min_seconds)
+    cal.write(out)
+    print(format_calibration(cal))
+    print(f"calibrate: -> {out} (use it as hardware.calibration={out})")
+    return 0
+
+
+__all__ = ["calibrate", "format_calibration", "gemm_shapes", "main", "node_timing"]

@@ -1,0 +1,69 @@
+"""`python -m launchers calibrate`: two real jobs on the local Slurm cluster, one node then two, and a
+calibration file the time model predicts a CPU layout from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launchers.calibrate import gemm_shapes, node_timing, pointwise_shapes
+from launchers.compose import FastComposer
+from launchers.sbatch import default_config_dir
+from train.planner.calibration import COLLECTIVES, fit_link, load_calibration
+from train.planner.perf import predict_time
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ("model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=2", "model.seq_length=32",
+         "model.vocab_size=512", "parallelism.precision=fp32", "hardware.devices_per_node=2",
+         "search.nodes=[1]", "search.micro_batch_sizes=[1]")  # fmt: skip
+
+
+def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> None:
+    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(SMALL))
+    shapes = gemm_shapes(run)
+    # tp 1 and 2 (2 devices): 6 layer GEMMs and the logits, forward and two backward, per tp.
+    assert {s[4] for s in shapes} == {"nt", "nn", "tn"}
+    assert any(s[1] == 3 * 64 for s in shapes) and any(s[1] == 3 * 64 // 2 for s in shapes)
+    assert [k for k, _ in pointwise_shapes(run)] == ["layer_norm", "gelu", "add", "softmax", "cross_entropy"]
+    task = {"gemms": [{"m": 1, "n": 2, "k": 3, "batch": 1, "precision": "fp32", "seconds": 0.0, "layout": "nn"}],
+            "memory_bw_gbs": 0.0, "op_overhead_us": 0.0, "pointwise": {"add": [0.0, 0.0]}}
+    tasks = [{**task, "gemms": [{**task["gemms"][0], "seconds": s}], "memory_bw_gbs": s, "pointwise": {"add": [s, s]}}
+             for s in (1.0, 3.0, 2.0)]  # type: ignore[dict-item]
+    t = node_timing(1, 3, tasks)
+    assert t.gemms[0].seconds == 2.0 and t.memory_bw_gbs == 2.0 and t.pointwise == {"add": [2.0, 2.0]}
+
+
+def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    out = tmp_path / "cal.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "calibrate", *SMALL, f"cluster.partition={slurm_cluster.partition}",
+         "--min-seconds", "0.002", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "intra-node link" in proc.stdout and "inter-node link" in proc.stdout
+    cal = load_calibration(str(out))
+    assert [(t.nodes, t.tasks_per_node) for t in cal.nodes] == [(1, 2), (2, 2)]
+    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(SMALL))
+    for timing in cal.nodes:
+        assert len(timing.gemms) == len(gemm_shapes(run)) and all(g.seconds > 0 for g in timing.gemms)
+        assert timing.memory_bw_gbs > 0 and timing.op_overhead_us > 0
+        assert set(timing.pointwise) == {"layer_norm", "gelu", "add", "softmax", "cross_entropy"}
+    for scope in ("intra", "inter"):
+        measured = [c for c in cal.collectives if c.scope == scope]
+        assert {c.op for c in measured} == set(COLLECTIVES)
+        link = fit_link(measured)
+        assert link is not None and link.bandwidth > 0
+    calibrated = FastComposer.from_config_dir(default_config_dir(), "config").run_config(
+        [*SMALL, f"hardware.calibration={out}", "parallelism.global_batch_size=2"])
+    par = calibrated.parallelism
+    assert predict_time(calibrated.model, par, calibrated.hardware, dp=2).sec_per_iter > 0
+    # A failed measurement is an error naming the problem, not a traceback.
+    bad = subprocess.run([sys.executable, "-m", "launchers", "calibrate", "--nodes", "0", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "node counts are positive" in bad.stderr

@@ -1,0 +1,38 @@
+"""train.calibration_job in one process: GEMMs in training's operand layouts, pointwise ops, a copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.calibration_job import CalibrationSpec, _gemm, best_seconds, measure, pointwise_seconds
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn", "tn"])
+def test_each_layout_computes_the_gemm_it_names(layout: str) -> None:
+    call = _gemm(8, 16, 4, 1, layout, torch.float32, torch.device("cpu"))
+    assert tuple(call().shape) == (8, 16)  # type: ignore[attr-defined]
+    assert tuple(_gemm(8, 16, 4, 3, layout, torch.float32, torch.device("cpu"))().shape) == (3, 8, 16)  # type: ignore[attr-defined]
+
+
+def test_best_seconds_is_the_fastest_trial_of_a_known_sleep() -> None:
+    import time
+
+    seconds = best_seconds(lambda: time.sleep(0.002), device=torch.device("cpu"), min_seconds=0.01, trials=2)
+    assert 0.002 <= seconds < 0.01
+
+
+def test_one_process_measures_everything_but_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    spec = CalibrationSpec(gemms=((32, 64, 16, 1, "nt"), (32, 16, 64, 1, "nn")), precision="fp32", device_type="cpu",
+                           message_bytes=(1024,), copy_bytes=1 << 20, pointwise=(("gelu", (64, 64)),),
+                           min_seconds=0.001, trials=1)  # fmt: skip
+    out = measure(spec)
+    assert [(g["m"], g["layout"]) for g in out["gemms"]] == [(32, "nt"), (32, "nn")]
+    assert all(g["seconds"] > 0 for g in out["gemms"])
+    assert out["memory_bw_gbs"] > 0 and out["op_overhead_us"] > 0 and out["collectives"] == []
+    forward, backward = pointwise_seconds("cross_entropy", (8, 32), torch.float32, torch.device("cpu"),
+                                          {"min_seconds": 0.001, "trials": 1})
+    assert forward > 0 and backward >= 0
+    assert out["pointwise"]["gelu"][0] > 0

@@ -1,0 +1,246 @@
+"""Measure, in every task of a Slurm job at once, what the time model needs (train.planner.calibration).
+
+Each task is a rank as training places it: same device, same thread count (SLURM_CPUS_PER_TASK),
+its node's other tasks busy beside it. All tasks time the same work at the same moment, so what
+they share (a node's cores and memory bus on a CPU, its NICs across nodes) is shared as in training:
+- the GEMM shapes the candidate layouts run (`CalibrationSpec.gemms`), forward and backward shapes;
+- a large copy (memory bandwidth) and a tiny pointwise op (what any op costs beyond its work);
+- all-reduce, all-gather, reduce-scatter and send/recv by message size: over the whole job when it
+  is one node ('intra'), over pairs of ranks on different nodes when it is two ('inter'), every
+  pair at once.
+
+Each figure is the best of `trials` timings of at least `min_seconds` each, after a warm-up, so a
+momentary neighbour does not decide it. `launchers.calibrate` submits the jobs and writes the file. (train.calibrate is the trainer's own
+run-time peak measurement for MFU; this is the site calibration of the time model.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train import distributed
+from train.planner.calibration import COLLECTIVES, CollectiveTiming, GemmTiming
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """What a calibration job measures."""
+
+    gemms: tuple[tuple[int, int, int, int, str], ...]
+    """(m, n, k, batch, layout) of every GEMM to time (layouts: train.planner.calibration.GemmTiming)."""
+    precision: str
+    device_type: str
+    message_bytes: tuple[int, ...]
+    """Collective message sizes (bytes)."""
+    copy_bytes: int
+    """Size of the tensor the bandwidth copy moves (bytes)."""
+    pointwise: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(kind, shape) of each pointwise op to time forward and backward (kinds: POINTWISE)."""
+    min_seconds: float = 0.05
+    trials: int = 3
+    timeout_s: float = 300.0
+
+
+def best_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
+    """Seconds of one call of `fn`: warmed up, then the best of `trials` means over >= min_seconds."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(2):
+        fn()
+    sync()
+    best = float("inf")
+    for _ in range(trials):
+        calls, tic = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            if calls % 4 == 0 or calls < 4:
+                sync()
+                elapsed = time.perf_counter() - tic
+                if elapsed >= min_seconds:
+                    break
+        best = min(best, elapsed / calls)
+    return best
+
+
+def collective_seconds(fn: Callable[[], object], *, min_seconds: float, trials: int) -> float:
+    """best_seconds for a collective: every rank must call it equally often, so the count of calls
+    per trial is agreed first (the slowest rank's first timing decides it)."""
+    for _ in range(2):
+        fn()
+    tic = time.perf_counter()
+    fn()
+    first = torch.tensor([time.perf_counter() - tic], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    calls = max(1, math.ceil(min_seconds / max(first.item(), 1e-9)))
+    best = float("inf")
+    for _ in range(trials):
+        tic = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - tic) / calls)
+    return best
+
+
+CACHE_BYTES = 256 << 20
+"""Operand bytes a GEMM's timing cycles through: more than any last-level cache, so that each call
+reads its operands from memory as training's ever-new activations do, not from a warm cache."""
+
+
+def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, device: torch.device) -> Callable[[], object]:
+    """One call of the GEMM C[m,n] = A[m,k] B[k,n] with training's operand layouts, on fresh operands."""
+    lead = (batch,) if batch > 1 else ()
+    a_shape = (*lead, k, m) if layout == "tn" else (*lead, m, k)
+    b_shape = (*lead, n, k) if layout == "nt" else (*lead, k, n)
+    size = dtype.itemsize * batch * (m * k + k * n)
+    copies = max(2, min(64, CACHE_BYTES // max(1, size)))
+    pairs = [(torch.randn(a_shape, device=device).to(dtype), torch.randn(b_shape, device=device).to(dtype))
+             for _ in range(copies)]  # fmt: skip
+    turn = iter(range(1 << 62))
+
+    def call() -> object:
+        a, b = pairs[next(turn) % copies]
+        return torch.matmul(a.transpose(-2, -1) if layout == "tn" else a, b.transpose(-2, -1) if layout == "nt" else b)
+
+    return call
+
+
+def _pointwise_op(kind: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    if kind == "layer_norm":
+        weight, bias = torch.ones(shape[-1], device=device, dtype=dtype), torch.zeros(shape[-1], device=device, dtype=dtype)
+        return lambda x: torch.nn.functional.layer_norm(x, shape[-1:], weight, bias)
+    if kind == "gelu":
+        return torch.nn.functional.gelu
+    if kind == "add":
+        other = torch.randn(shape, device=device).to(dtype)
+        return lambda x: x + other
+    if kind == "softmax":
+        return lambda x: torch.softmax(x, dim=-1)
+    if kind == "cross_entropy":
+        target = torch.randint(0, shape[-1], shape[:-1], device=device)
+        return lambda x: torch.nn.functional.cross_entropy(x.float(), target)
+    raise ValueError(f"unknown pointwise op {kind!r}")
+
+
+def pointwise_seconds(
+    kind: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, timing: dict[str, Any]
+) -> tuple[float, float]:
+    """(forward, backward) seconds per element of one pointwise op on a tensor of `shape`."""
+    op = _pointwise_op(kind, shape, dtype, device)
+    x = torch.randn(shape, device=device).to(dtype).requires_grad_()
+    forward = best_seconds(lambda: op(x.detach()), device=device, **timing)
+
+    def both() -> None:
+        y = op(x)
+        y.backward(torch.ones_like(y))
+
+    both_s = best_seconds(both, device=device, **timing)
+    elements = math.prod(shape)
+    return forward / elements, max(both_s - forward, 0.0) / elements
+
+
+def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torch.device) -> Callable[[], object] | None:
+    size = dist.get_world_size(group)
+    n = max(size, nbytes // 4 // size * size)
+    x = torch.ones(n, dtype=torch.float32, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "all_gather":
+        out = torch.empty(n * size, dtype=torch.float32, device=device)
+        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    if op == "reduce_scatter":
+        out = torch.empty(n // size, dtype=torch.float32, device=device)
+        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+    if peer is None:
+        return None
+    rank = dist.get_rank()
+    other = torch.empty_like(x)
+
+    def exchange() -> None:
+        ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, other, peer)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    return exchange if rank != peer else None
+
+
+def measure(spec: CalibrationSpec) -> dict[str, Any]:
+    """This task's measurements (JSON-ready): its GEMMs, copy bandwidth, op cost and collectives."""
+    env = os.environ
+    if (threads := distributed.cpu_threads(env)) is not None:
+        torch.set_num_threads(threads)
+    launch = distributed.launch_from_env(env)
+    device = torch.device("cuda", launch.local_rank if launch else 0) if spec.device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if launch is not None:
+        distributed.init_process_group(launch, device_type=device.type, timeout_s=spec.timeout_s)
+    timing: dict[str, Any] = {"min_seconds": spec.min_seconds, "trials": spec.trials}
+    dtype = DTYPES[spec.precision]
+    barrier = dist.barrier if launch is not None else (lambda: None)
+    barrier()
+    gemms = [
+        asdict(GemmTiming(m, n, k, b, spec.precision, best_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
+        for m, n, k, b, lay in spec.gemms
+    ]
+    src = torch.empty(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    copy = best_seconds(lambda: dst.copy_(src), device=device, **timing)
+    tiny = torch.ones(8, device=device)
+    op = best_seconds(lambda: tiny.add(1.0), device=device, **timing)
+    pointwise = {kind: list(pointwise_seconds(kind, shape, dtype, device, timing)) for kind, shape in spec.pointwise}
+    collectives = _collectives(spec, launch, device, timing) if launch is not None else []
+    barrier()
+    with contextlib.suppress(Exception):
+        distributed.destroy_process_group()
+    return {
+        "rank": launch.rank if launch else 0,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads",
+        "gemms": gemms,
+        "memory_bw_gbs": 2 * src.numel() * 4 / copy / 1e9,
+        "op_overhead_us": op * 1e6,
+        "pointwise": pointwise,
+        "collectives": collectives,
+    }
+
+
+def _collectives(
+    spec: CalibrationSpec, launch: distributed.LaunchEnv, device: torch.device, timing: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Intra-node over the whole job (one node), or inter-node over pairs of ranks on two nodes."""
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    world, rank = launch.world_size, launch.rank
+    peer: int | None
+    if nodes > 1:
+        # Pairs (i, i + half): the same local rank on each node; every rank must create every group.
+        half = world // nodes
+        pairs = [dist.new_group([i, i + half]) for i in range(half)]
+        group, scope, ranks = pairs[rank % half], "inter", 2
+        peer = (rank + half) % world
+    else:
+        group, scope, ranks = None, "intra", world
+        peer = rank ^ 1 if world > 1 else None
+    out = []
+    for op in COLLECTIVES:
+        for nbytes in spec.message_bytes:
+            fn = _collective(op, nbytes, group, peer, device)
+            if fn is None:
+                continue
+            seconds = collective_seconds(fn, **timing)
+            n = 2 if op == "send_recv" else ranks
+            out.append(asdict(CollectiveTiming(op, scope, n, nbytes, seconds)))
+            dist.barrier()
+    return out
+
+
+__all__ = ["CalibrationSpec", "best_seconds", "measure"]
