@@ -6,6 +6,7 @@
     python -m analysis --wandb ENTITY/PROJECT --group SWEEP [-o OUT] [same options]
     python -m analysis --wandb-offline DIR [more DIRs] [--group SWEEP] [-o OUT] [same options]
     python -m analysis compare <before sweep> <after sweep> [-o OUT] [--match auto|overrides|layout]
+    python -m analysis calibrate <sweep dir> [more sweep dirs] [--json FILE]
 
 The first form reads every result.json, plan.csv row and manifest.jsonl entry of the sweeps and
 writes into OUT (default <first sweep dir>/analysis): results.csv (every field), results.md
@@ -14,7 +15,8 @@ parallelism.engine, zero_stage or offload, what is missing), scaling.csv, zero.c
 ZeRO comparison) and the PNG plots.
 It prints the recommendation and what is still missing. The second form writes compare.md and
 compare.csv (default OUT: <after sweep>/analysis) and prints the comparison. (A sweep directory
-literally named 'compare' is given as ./compare.)
+literally named 'compare' is given as ./compare.) The third fits the time model's efficiency factors
+to the measured runs and prints the fit and its residuals (analysis.calibrate).
 
 --wandb reads the trainer's runs of one W&B group through wandb's public API (network and a key
 needed; default OUT ./analysis-<SWEEP>); --wandb-offline reads offline W&B runs (sweep
@@ -203,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] == "compare":
             return compare(args[1:])
+        if args and args[0] == "calibrate":
+            from analysis.calibrate import main as calibrate
+
+            return calibrate(args[1:])
         return analyse(args)
     except AnalysisError as exc:
         print(f"error: {exc}", file=sys.stderr)

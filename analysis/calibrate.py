@@ -1,0 +1,156 @@
+"""`python -m analysis calibrate <sweep dirs>`: fit the time model's few efficiency factors to measured runs.
+
+Each finished run's config is predicted again (train.planner.perf) and its predicted seconds split
+into three groups, the pipeline bubble shared among them as the stage time is:
+- compute: the GEMMs, the attention core and recomputation;
+- memory: pointwise ops, gradient accumulation, the optimizer step, offload;
+- communication: TP, PP and DP transfers.
+
+A least-squares fit of measured = f_compute x compute + f_memory x memory + f_comm x communication
+(factors kept positive; a group no run exercises is left at 1) says how far each part of the model
+is from this site, e.g. f_compute = 1.3: GEMMs ran 30% slower than predicted, so
+hardware.gemm_efficiency / 1.3 predicts them. It prints the factors, each run's predicted, fitted
+and measured seconds, and the mean absolute error before and after. Learning from what was
+measured is the point; fitting on one sweep and checking on another is how to trust it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis.records import AnalysisError, find_result_files
+from conf.schema import to_run_config
+from train.contract import EXIT_USAGE
+from train.planner.perf import UnknownHardwareFigure, predict_time
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "compute": ("gemm", "attention", "recompute"),
+    "memory": ("memory_bound", "grad_accumulation", "optimizer", "offload"),
+    "communication": ("tp_comm", "pp_comm", "dp_comm"),
+}
+"""The factors fitted, and the parts of train.planner.perf.PARTS each scales."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured run: its predicted seconds per group and its measured seconds per iteration."""
+
+    run_dir: str
+    label: str
+    groups: dict[str, float]
+    measured: float
+
+    @property
+    def predicted(self) -> float:
+        return sum(self.groups.values())
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Factors per group and the points they were fitted to."""
+
+    factors: dict[str, float]
+    points: list[Point]
+
+    def fitted(self, p: Point) -> float:
+        return sum(self.factors[g] * v for g, v in p.groups.items())
+
+    def mae(self, *, fitted: bool) -> float:
+        return statistics.mean(abs((self.fitted(p) if fitted else p.predicted) / p.measured - 1) for p in self.points)
+
+
+def _groups(parts: dict[str, float]) -> dict[str, float]:
+    steady = {g: sum(parts.get(k, 0.0) for k in keys) for g, keys in GROUPS.items()}
+    total = sum(steady.values())
+    # The bubble is idle slots of whole stage times: it scales with whatever a stage spends.
+    scale = 1.0 + parts.get("bubble", 0.0) / total if total > 0 else 1.0
+    return {g: v * scale for g, v in steady.items()}
+
+
+def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
+    """The finished, timed runs of the sweeps, predicted; and why others were left out."""
+    out, skipped = [], []
+    for sweep in sweep_dirs:
+        if not sweep.is_dir():
+            raise AnalysisError(f"{sweep} is not a directory: give sweep directories")
+        for path in find_result_files(sweep):
+            record = json.loads(path.read_text(encoding="utf-8"))
+            measured = record.get("sec_per_iter")
+            if record.get("status") != "ok" or not isinstance(measured, int | float) or not measured > 0:
+                continue
+            run = to_run_config(record["config"])
+            dp = int(record.get("world", {}).get("dp") or 1)
+            try:
+                parts = predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts
+            except (UnknownHardwareFigure, ValueError) as exc:
+                skipped.append(f"{path.parent}: {exc}")
+                continue
+            p = run.parallelism
+            label = f"dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
+            out.append(Point(str(path.parent), label, _groups(parts), float(measured)))
+    return out, skipped
+
+
+def fit(data: list[Point]) -> Fit:
+    """Least squares of measured against the groups; factors clipped positive, unused groups at 1."""
+    if not data:
+        raise AnalysisError("no finished run with a measured sec/it and a prediction: nothing to fit")
+    used = [g for g in GROUPS if any(p.groups[g] > 0 for p in data)]
+    a = np.array([[p.groups[g] for g in used] for p in data])
+    y = np.array([p.measured for p in data])
+    solution, *_ = np.linalg.lstsq(a, y, rcond=None)
+    factors = dict.fromkeys(GROUPS, 1.0)
+    factors.update({g: float(max(f, 1e-3)) for g, f in zip(used, solution, strict=True)})
+    return Fit(factors, data)
+
+
+def format_fit(result: Fit) -> str:
+    """The factors, every run's predicted / fitted / measured seconds, and the errors."""
+    lines = ["factors (measured / predicted, per group): " + ", ".join(f"{g} {f:.3g}" for g, f in result.factors.items())]
+    width = max(len(p.label) for p in result.points)
+    lines.append(f"{'run':<{width}}  {'pred s/it':>10}  {'fitted':>10}  {'measured':>10}  {'error':>7}  {'fitted':>7}")
+    for p in sorted(result.points, key=lambda p: p.measured):
+        fitted = result.fitted(p)
+        lines.append(
+            f"{p.label:<{width}}  {p.predicted:10.4g}  {fitted:10.4g}  {p.measured:10.4g}  "
+            f"{p.predicted / p.measured - 1:+7.1%}  {fitted / p.measured - 1:+7.1%}"
+        )
+    lines.append(
+        f"mean absolute error: {result.mae(fitted=False):.1%} as predicted, {result.mae(fitted=True):.1%} fitted "
+        f"({len(result.points)} runs, {len(result.factors)} factors: check them on a sweep they were not fitted to)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis calibrate", description=__doc__.split("\n")[0])
+    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories with finished runs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the factors and points here")
+    args = parser.parse_args(argv)
+    try:
+        data, skipped = points(args.sweeps)
+        result = fit(data)
+    except AnalysisError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for why in skipped:
+        print(f"skipped: {why}", file=sys.stderr)
+    print(format_fit(result))
+    if args.json is not None:
+        payload = {"factors": result.factors, "mae_predicted": result.mae(fitted=False),
+                   "mae_fitted": result.mae(fitted=True),
+                   "points": [{"run_dir": p.run_dir, "groups": p.groups, "measured": p.measured} for p in data]}  # fmt: skip
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0 if all(math.isfinite(f) for f in result.factors.values()) else 1
+
+
+__all__ = ["GROUPS", "Fit", "Point", "fit", "format_fit", "main", "points"]

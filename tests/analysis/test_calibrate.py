@@ -1,0 +1,54 @@
+"""`python -m analysis calibrate`: the fit recovers the factors measured runs were made with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.__main__ import main
+from analysis.calibrate import _groups, fit, points
+from conf.schema import to_plain_dict
+from train.contract import RESULT_FILE
+from train.planner.perf import predict_time
+
+from ..train.planner.test_plan import compose_run
+
+FACTORS = {"compute": 1.5, "memory": 0.8, "communication": 2.0}
+LAYOUTS = [(1, 1, 1, 1), (2, 2, 1, 4), (2, 1, 2, 2), (4, 2, 1, 1), (1, 2, 2, 8), (8, 1, 1, 2), (2, 4, 1, 2)]
+
+
+def write_sweep(sweep: Path) -> None:
+    for i, (dp, tp, pp, mbs) in enumerate(LAYOUTS):
+        run = compose_run("model=gpt_350m", "hardware=a100_80gb", "parallelism.precision=bf16",
+                          "parallelism.global_batch_size=64", f"parallelism.dp={dp}", f"parallelism.tp={tp}",
+                          f"parallelism.pp={pp}", f"parallelism.micro_batch_size={mbs}")
+        groups = _groups(predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts)
+        seconds = sum(FACTORS[g] * v for g, v in groups.items())
+        (sweep / str(i)).mkdir(parents=True)
+        record = {"status": "ok", "sec_per_iter": seconds, "config": to_plain_dict(run), "world": {"dp": dp}}
+        (sweep / str(i) / RESULT_FILE).write_text(json.dumps(record))
+    (sweep / "9").mkdir()
+    (sweep / "9" / RESULT_FILE).write_text(json.dumps({"status": "oom", "sec_per_iter": None}))
+
+
+def test_the_fit_recovers_known_factors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_sweep(tmp_path / "s")
+    data, skipped = points([tmp_path / "s"])
+    assert len(data) == len(LAYOUTS) and not skipped  # the OOM run is not a timing
+    result = fit(data)
+    for group, factor in FACTORS.items():
+        assert result.factors[group] == pytest.approx(factor, rel=1e-6)
+    assert result.mae(fitted=True) == pytest.approx(0, abs=1e-9) and result.mae(fitted=False) > 0.2
+    assert main(["calibrate", str(tmp_path / "s"), "--json", str(tmp_path / "fit.json")]) == 0
+    out = capsys.readouterr().out
+    assert "compute 1.5" in out and "mean absolute error" in out
+    assert json.loads((tmp_path / "fit.json").read_text())["factors"]["communication"] == pytest.approx(2.0)
+
+
+def test_nothing_to_fit_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["calibrate", str(tmp_path / "empty")]) == 2
+    assert "nothing to fit" in capsys.readouterr().err
+    assert main(["calibrate", str(tmp_path / "missing")]) == 2
