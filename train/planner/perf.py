@@ -1,24 +1,26 @@
 """Seconds per iteration of a layout, part by part, before anything runs: the time model.
 
-The model is the physics of one training step on the pipeline stage that limits it, with every
-efficiency a stated hardware field (conf/hardware/*.yaml, each with its source), never a constant
-fitted to measured runs:
+The model is the physics of one training step on the pipeline stage that limits it. Its figures
+are a site's measurements when `hardware.calibration` names a file (train.planner.calibration),
+else the datasheet's with the efficiencies conf/hardware/*.yaml states with their sources; never
+a constant fitted to one table:
 
-- GEMMs: FLOPs / (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from
-  train.planner.shapes), plus a launch overhead per kernel. Backward is two forward-sized GEMMs
-  (input and weight gradients), as train.planner.flops counts them.
+- GEMMs: a calibrated GEMM's measured seconds for its shape and operand layout; otherwise FLOPs /
+  (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from train.planner.shapes)
+  plus a launch overhead. Y = X W^T has two backward GEMMs, dX = dY W and dW = dY^T X.
 - attention core: the same for QK^T and attention-over-values. Under SDPA on a GPU (megasweep's
   stacks) FlashAttention skips the masked half of a causal score matrix, so that work halves;
   Megatron's explicit baddbmm path computes it whole.
-- memory-bound ops (LayerNorm, bias-GeLU, residual adds, softmax, cross-entropy, embedding lookup):
-  bytes moved / (memory bandwidth x `memory_bw_efficiency`). A pointwise op's backward reads its
-  saved input and the incoming gradient and writes one gradient: twice its forward bytes.
+- pointwise ops (LayerNorm, GeLU, residual adds, softmax, cross-entropy, embedding lookup): the
+  slower of their bytes over memory bandwidth and their elements at the op's calibrated rate; a
+  pointwise backward moves twice its forward's bytes.
+- gradient accumulation: each micro-batch's gradients added into the step's, per stack's dtypes.
 - TP: per layer and micro-batch two all-reduces of b*s*h elements forward and two backward
   (Megatron's f and g operators), two more when full recompute re-runs the forward; a ring moves
   2(t-1)/t of the bytes, at intra-node bus bandwidth when the TP group fits in a node.
 - PP: one send/recv of b*s*h per neighbouring stage and micro-batch each way (Megatron's 1F1B pairs
-  a send with the opposite receive), and the 1F1B bubble: (p-1) micro-batch slots of the slowest
-  stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
+  a send with the opposite receive; DeepSpeed's pipe engine does not), and the 1F1B bubble: (p-1)
+  micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
 - DP: the gradient all-reduce (ZeRO: reduce-scatter, then the all-gather of updated parameters),
   at the ring's bus bandwidth; megasweep's bucketed reduction overlaps the last micro-batch's
   backward (train.dp), the DeepSpeed stacks reduce after it.
@@ -389,8 +391,9 @@ def predict_time(
     if stack == Stack.megasweep:
         # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
         dp_time = max(dp_time - 2 / 3 * (slowest.parts["gemm"] + slowest.parts["attention"]), 0.0)
-    if par.pp > 1 and stack == Stack.megatron_deepspeed:
-        # The tied word embedding's fp32 gradient is summed between the first and the last stage.
+    if par.pp > 1:
+        # The tied word embedding's fp32 gradient is summed between the first and the last stage
+        # (train.parallel.tie_embedding_grads; Megatron's embedding group), after backward.
         words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
         dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
     parts["dp_comm"] = dp_time
