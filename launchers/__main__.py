@@ -1,5 +1,8 @@
 """`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep;
-`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself."""
+`python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself.
+
+Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed or refused configs (0 with --ok-if-failed); EXIT_USAGE, after one paragraph on stderr, for a
+directory that is not a sweep, a refused directory or option, or a config that does not compose."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launchers.status import format_status, rerun_failed, sweep_status
-from train.contract import EXIT_USAGE, ManifestError
+from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
+from train.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,6 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="table of pending / running / done / failed / skipped configs")
     status.add_argument("sweep_dir")
+    status.add_argument(
+        "--ok-if-failed", action="store_true", help="exit 0 even when configs failed (default: exit 1)"
+    )
     rerun = sub.add_parser("rerun", help="resubmit configs of a sweep")
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
@@ -43,15 +49,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sbatch-arg", action="append", default=[], metavar="KEY[=VALUE]", help="extra #SBATCH --KEY=VALUE"
     )
     sbatch.add_argument("--srun-arg", action="append", default=[], metavar="ARG", help="extra srun argument")
+    sbatch.add_argument(
+        "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
+    )
     args = parser.parse_args(argv)
     if args.command == "sbatch":
         return _sbatch(args, sys.argv[1:] if argv is None else list(argv))
+    from hydra.errors import HydraException
+
     try:
         if args.command == "status":
-            print(format_status(sweep_status(args.sweep_dir)))
-            return 0
+            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
         entries = rerun_failed(args.sweep_dir)
-    except (FileNotFoundError, ManifestError, ValueError) as exc:
+    except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not entries:
@@ -61,6 +71,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
         print(f"rerun: config {e.index}: {what}")
     return 0
+
+
+def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
+    statuses = sweep_status(sweep_dir)
+    print(format_status(statuses))
+    failed = unresolved_failures(statuses)
+    if not failed or ok_if_failed:
+        return EXIT_OK
+    print(
+        f"status: {len(failed)} configs failed (python -m launchers rerun --failed {sweep_dir} resubmits "
+        "them; --ok-if-failed exits 0)",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
 
 
 def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -87,6 +111,7 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             sbatch_args=extra,
             srun_args=args.srun_arg,
             command=shlex.join(["python", "-m", "launchers", *argv]),
+            append=args.append,
         )
     except (HydraException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

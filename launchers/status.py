@@ -1,13 +1,15 @@
 """Progress of a launched sweep, and resubmission of its failures.
 
-    python -m launchers status <sweep dir>
+    python -m launchers status <sweep dir> [--ok-if-failed]
     python -m launchers rerun <sweep dir> --failed
 
 The state of each config comes from what outlives the submitting process: the manifest
 (what was submitted, exported, refused or skipped, under which job id), each run's result.json
 (written by the trainer whatever happens), and Slurm (squeue for live jobs, sacct for ended
 ones). A result.json wins over Slurm: it says what the run itself saw. A job that ended without
-one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state.
+one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state. A
+result.json counts for a config only when the overrides it records are the config's
+(train.contract.record_matches): a directory may hold an older run of another config.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of an exported array script (`python -m launchers sbatch`, submitted by hand) has no
@@ -32,19 +34,34 @@ from pathlib import Path
 from typing import Any
 
 from launchers.queue import base_state, is_live, is_running, read_states
+from launchers.site import check_site_options
 from launchers.submit import load_launch_file, merge_entries, submit_configs
 from train.contract import (
+    MANIFEST_FILE,
+    PLAN_FILE,
     RESULT_FILE,
     ManifestEntry,
     manifest_path,
     previous_result_name,
     read_manifest,
     read_record,
+    record_matches,
     resolve_exported,
     write_manifest,
 )
 
-__all__ = ["RERUN_STATES", "STATES", "ConfigStatus", "classify", "format_status", "rerun_failed", "sweep_status"]
+__all__ = [
+    "RERUN_STATES",
+    "STATES",
+    "ConfigStatus",
+    "NotASweep",
+    "classify",
+    "format_status",
+    "read_sweep",
+    "rerun_failed",
+    "sweep_status",
+    "unresolved_failures",
+]
 
 STATES = ("pending", "running", "done", "failed", "refused", "skipped")
 RERUN_STATES = frozenset({"failed", "refused"})
@@ -64,6 +81,31 @@ class ConfigStatus:
     """As squeue/sacct last reported it; None when Slurm does not know the job (yet)."""
     detail: str
     """Why failed or skipped; empty otherwise."""
+
+
+class NotASweep(ValueError):
+    """A directory that holds no sweep (the message says what it is and what reads it)."""
+
+
+def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
+    """The manifest of a sweep directory; NotASweep (one line) for anything else."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.exists():
+        raise NotASweep(f"{sweep_dir} does not exist")
+    if not sweep_dir.is_dir():
+        raise NotASweep(f"{sweep_dir} is not a directory")
+    path = manifest_path(sweep_dir)
+    if not path.is_file():
+        if (sweep_dir / PLAN_FILE).is_file():
+            raise NotASweep(
+                f"{sweep_dir} holds a dry run ({PLAN_FILE}), not a launched sweep: nothing there runs "
+                f"or can fail (python -m analysis {sweep_dir} reads the plan)"
+            )
+        raise NotASweep(
+            f"{sweep_dir} is not a sweep directory: it has no {MANIFEST_FILE} (hydra/launcher=slurm or "
+            "local, and python -m launchers sbatch, write one)"
+        )
+    return read_manifest(path)
 
 
 def classify(
@@ -93,24 +135,37 @@ def classify(
     return "failed", f"Slurm state {base_state(slurm_state)}, no result.json"
 
 
-def _record(sweep_dir: Path, entry: ManifestEntry) -> dict[str, Any] | None:
-    return read_record(sweep_dir / entry.output_dir / RESULT_FILE)
+def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str]:
+    """The config's record, or None and why a record in its directory is not its own."""
+    record = read_record(sweep_dir / entry.output_dir / RESULT_FILE)
+    if record is None or record_matches(record, entry.overrides):
+        return record, ""
+    return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
 def sweep_status(
     sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None
 ) -> list[ConfigStatus]:
-    """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given)."""
+    """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given);
+    NotASweep for a directory without one."""
     sweep_dir = Path(sweep_dir)
-    entries = resolve_exported(read_manifest(manifest_path(sweep_dir)), sweep_dir)
+    entries = resolve_exported(read_sweep(sweep_dir), sweep_dir)
     if slurm_states is None:
         slurm_states = read_states(e.job_id for e in entries if e.job_id)
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
-        state, detail = classify(e, _record(sweep_dir, e), slurm)
+        record, foreign = _record(sweep_dir, e)
+        state, detail = classify(e, record, slurm)
+        if foreign and state in ("failed", "pending"):
+            detail = f"{detail}; {foreign}" if detail else foreign
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail))
     return out
+
+
+def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
+    """Failed and refused configs: what makes `status` exit non-zero."""
+    return [s for s in statuses if s.state in RERUN_STATES]
 
 
 def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_chars: int = 100) -> str:
@@ -151,7 +206,7 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
     configs (a config Slurm refuses again comes back `refused`).
     """
     sweep_dir = Path(sweep_dir).resolve()
-    failed = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES]
+    failed = unresolved_failures(sweep_status(sweep_dir))
     if not failed:
         return []
     settings, specs = load_launch_file(sweep_dir)
@@ -160,6 +215,7 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
         raise ValueError(
             f"{sweep_dir}: no launch record for configs {missing} (launched by another launcher?)"
         )
+    check_site_options(specs[s.index].key.options for s in failed)
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from train.metrics import scrub_overrides
+
 # ---------------------------------------------------------------------------------------------
 # File names
 
@@ -80,6 +82,9 @@ EXIT_USAGE = 2
 EXIT_REQUEUE = 75
 """A run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL (sysexits.h, 'try again
 later'). The launcher's in-job wrapper requeues on it; the next attempt resumes."""
+EXIT_INTERRUPTED = 130
+"""A run stopped by Ctrl-C (SIGINT) after its record said `interrupted`: 128 + SIGINT, as a shell
+reports a command the signal ended, so that scripts around it stop too."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,8 +121,8 @@ def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # result.json
 
-STATUSES = ("ok", "oom", "nan", "error", "timeout")
-"""Every value a record's `status` can take."""
+STATUSES = ("ok", "oom", "nan", "error", "timeout", "interrupted")
+"""Every value a record's `status` can take (`interrupted`: stopped by Ctrl-C, SIGINT)."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +130,13 @@ class RunRecord:
     """Everything result.json holds about one run (one record per run, whatever its outcome)."""
 
     status: str
-    """ok | oom | nan | error | timeout."""
+    """One of STATUSES: ok | oom | nan | error | timeout | interrupted."""
     message: str | None
     config: dict[str, Any]
     """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""
     overrides: list[str]
+    """The run's Hydra task overrides, credentials scrubbed: what ties the record to its config
+    (record_matches), whatever directory it lies in."""
     world: dict[str, int]
     """world_size, dp, tp, pp."""
     hardware: str
@@ -352,6 +359,26 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "status" in data else None
 
 
+def recorded_overrides(overrides: Iterable[str]) -> list[str]:
+    """What the record of a run launched with `overrides` holds as its overrides: Hydra's own
+    (`hydra.*`, `hydra/...`) go to Hydra's node, not to the task, and credentials are scrubbed."""
+    return scrub_overrides(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+
+
+def record_matches(record: Mapping[str, Any], overrides: Iterable[str]) -> bool:
+    """Whether `record` (a result.json) is the record of the config launched with `overrides`.
+
+    A directory can hold a record of another config: a sweep launched again into the same
+    directory, or one whose subdir names collide across sweeps. The record's own overrides say
+    which config ran (order-free; credentials compared scrubbed, as the record keeps them). A
+    record without overrides (written before they were recorded) is taken at its directory's word.
+    """
+    recorded = record.get("overrides")
+    if not isinstance(recorded, list):
+        return True
+    return sorted(map(str, recorded)) == sorted(recorded_overrides(overrides))
+
+
 # ---------------------------------------------------------------------------------------------
 # manifest.jsonl
 #
@@ -371,6 +398,9 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
 #                 resolve_exported() puts it into the entry for the readers.
 #     refused     sbatch refused its job (unknown partition, bad gres): reason holds Slurm's words
 #     skipped     infeasible, never submitted: reason holds the rules' paragraph
+#
+# One sweep per directory: a launcher or an export refuses a directory that already has a manifest
+# unless asked to add to it; added configs take indices after the last one, never an old one's.
 #
 # Manifests written before `refused` existed stored a refused sbatch as `skipped` with a reason
 # starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)

@@ -147,3 +147,11 @@ def test_record_to_dict_turns_non_finite_into_null() -> None:
         "b": [None, 1.0],
         "c": "x",
     }
+
+
+def test_a_record_is_matched_to_its_config_by_its_overrides() -> None:
+    record = {"status": "ok", "overrides": ["b=2", "a=1", "+w.API_KEY=***"]}
+    assert contract.record_matches(record, ["a=1", "b=2", "+w.API_KEY=secret", "hydra.sweep.subdir=x"])
+    assert not contract.record_matches(record, ["a=1", "b=3", "+w.API_KEY=secret"])
+    assert contract.record_matches({"status": "ok"}, ["a=1"])  # older records: the directory's word
+    assert "interrupted" in contract.STATUSES and contract.EXIT_INTERRUPTED == 128 + 2
