@@ -1,7 +1,8 @@
 """`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep;
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself.
 
-Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed or refused configs (0 with --ok-if-failed); EXIT_USAGE, after one paragraph on stderr, for a
+Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed or refused configs that
+no rerun stands for (0 with --ok-if-failed); EXIT_USAGE, after one paragraph on stderr, for a
 directory that is not a sweep, a refused directory or option, or a config that does not compose."""
 
 from __future__ import annotations
@@ -24,11 +25,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_argument(
         "--ok-if-failed", action="store_true", help="exit 0 even when configs failed (default: exit 1)"
     )
-    rerun = sub.add_parser("rerun", help="resubmit configs of a sweep")
+    rerun = sub.add_parser(
+        "rerun",
+        help="resubmit configs of a sweep",
+        description="Resubmit the failed configs of a sweep; with field=value overrides, as new configs "
+        "of the sweep with those fields changed. Example: python -m launchers rerun --failed "
+        "multirun/x training.train_iters=5",
+    )
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
         "--failed", action="store_true", required=True, help="the failed, timed-out and Slurm-refused configs (required)"
     )
+    rerun.add_argument("overrides", nargs="*", help="field=value changes: rerun as new configs with them")
     sbatch = sub.add_parser(
         "sbatch",
         help="write job array scripts (one per allocation) and their task tables, submit nothing",
@@ -60,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
-        entries = rerun_failed(args.sweep_dir)
+        entries = rerun_failed(args.sweep_dir, args.overrides)
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -69,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for e in entries:
         what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
-        print(f"rerun: config {e.index}: {what}")
+        origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
+        print(f"rerun: config {e.index}{origin}: {what}")
     return 0
 
 

@@ -420,7 +420,7 @@ def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchF
             f"{len(refused)} of {len(entries)} configs ({', '.join(map(str, refused[:10]))}"
             f"{', ...' if len(refused) > 10 else ''}) were refused by sbatch, in Slurm's words above "
             f"and in {where}. Fix the cause, then resubmit them with python -m launchers rerun "
-            f"{sweep_dir} --failed."
+            f"{sweep_dir} --failed (followed by field=value overrides to change them)."
         )
     if not any(e.status == "submitted" for e in entries):
         return LaunchFailed(

@@ -401,6 +401,7 @@ def record_matches(record: Mapping[str, Any], overrides: Iterable[str]) -> bool:
 #
 # One sweep per directory: a launcher or an export refuses a directory that already has a manifest
 # unless asked to add to it; added configs take indices after the last one, never an old one's.
+# `rerun_of` marks a config added by `rerun --failed <overrides>`: the failed config it replaces.
 #
 # Manifests written before `refused` existed stored a refused sbatch as `skipped` with a reason
 # starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
@@ -434,6 +435,9 @@ class ManifestEntry:
     """Slurm job id of the run, e.g. '1234_5' for array task 5 of job 1234; None when none is known."""
     shape: Mapping[str, int] = field(default_factory=dict)
     """Slurm allocation of the job, e.g. {'nodes': 2, 'tasks_per_node': 2}."""
+    rerun_of: int | None = None
+    """Index of the failed config this one reruns with changed fields (`rerun --failed <overrides>`);
+    None for a config launched as such. Written only when set."""
 
     def __post_init__(self) -> None:
         # Validate here so that an entry that exists is always one the other side can read.
@@ -450,6 +454,8 @@ class ManifestEntry:
         for key, value in self.shape.items():
             if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int):
                 raise ManifestError(f"shape must map names to integers, got {dict(self.shape)!r}")
+        if self.rerun_of is not None and (isinstance(self.rerun_of, bool) or not isinstance(self.rerun_of, int)):
+            raise ManifestError(f"rerun_of must be a config index or null, got {self.rerun_of!r}")
         # Frozen: normalise through object.__setattr__ so equal entries compare equal whatever their input.
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "output_dir", normalize_dir(self.output_dir))
@@ -469,6 +475,7 @@ class ManifestEntry:
             "reason": self.reason,
             "job_id": self.job_id,
             "shape": dict(self.shape),
+            **({"rerun_of": self.rerun_of} if self.rerun_of is not None else {}),
         }
 
     @classmethod
@@ -500,6 +507,7 @@ class ManifestEntry:
             reason=reason,
             job_id=None if job_id is None else str(job_id),
             shape=shape,
+            rerun_of=obj.get("rerun_of"),
         )
 
 

@@ -240,3 +240,40 @@ def test_a_result_of_another_config_in_a_configs_directory_is_not_its_result(tmp
     write_manifest([launched], tmp_path / "manifest.jsonl")
     (tmp_path / "0" / "result.json").write_text('{"status": "ok", "overrides": ["+a.API_KEY=***", "training.lr=0.2"]}')
     assert sweep_status(tmp_path, slurm_states={})[0].state == "done"
+
+
+def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Config 0 is refused by sbatch (a gres the cluster lacks), config 1 is queued; held: nothing runs.
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1,null", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    assert proc.returncode != 0
+    first = read_manifest(sweep_dir)
+    assert [e.status for e in first] == ["refused", "submitted"]
+
+    def rerun(*changes: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    bad = rerun("parallelism.tpp=2")
+    assert bad.returncode == EXIT_USAGE and "did you mean parallelism.tp" in bad.stderr, bad.stderr
+    assert read_manifest(sweep_dir) == first
+
+    done = rerun("cluster.gres=null", "training.train_iters=5")
+    entries = read_manifest(sweep_dir)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("rerun: config 2 (rerun of config 0): job "), done.stdout
+        assert entries[:2] == first  # the failed config stays as it was; nothing is renamed
+        added = entries[2]
+        assert (added.index, added.output_dir, added.status, added.rerun_of) == (2, "2", "submitted", 0)
+        assert added.overrides[-2:] == ("cluster.gres=null", "training.train_iters=5")
+        assert "cluster.gres=nosuch:1" not in added.overrides and "training.train_iters=3" not in added.overrides
+        # Its rerun stands for the refused config: status no longer fails, and no second rerun.
+        table = status_cli(str(sweep_dir))
+        assert table.returncode == 0, table.stdout + table.stderr
+        assert "(rerun as config 2)" in table.stdout
+        assert rerun("training.train_iters=7").stdout.strip() == "rerun: no failed configs"
+    finally:
+        subprocess.run(["scancel", *sorted({e.job_id.split("_")[0] for e in entries if e.job_id})], timeout=30)
