@@ -54,6 +54,7 @@ from train.contract import (
     normalize_dir,
     read_manifest,
     read_plan_csv,
+    recorded_overrides,
     resolve_exported,
 )
 from train.planner.memory import estimated_memory
@@ -161,6 +162,10 @@ def _col(df: pd.DataFrame, name: str, default: Any = np.nan) -> pd.Series:
 
 def _num(df: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(_col(df, name), errors="coerce").astype(float)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
 
 
 def overrides_key(overrides: Iterable[str]) -> str:
@@ -367,6 +372,8 @@ def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
             "manifest_index": [e.index for e in entries],
             "m_overrides": [list(e.overrides) for e in entries],
             "m_key": [overrides_key(e.overrides) for e in entries],
+            # What the config's own result.json records (train.contract.record_matches).
+            "m_record_key": [overrides_key(recorded_overrides(e.overrides)) for e in entries],
             "m_dir": [e.output_dir for e in entries],
             "m_status": [e.status for e in entries],
             "m_reason": [e.reason or "" for e in entries],
@@ -376,15 +383,34 @@ def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
     )
 
 
-def _merge_manifest(results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence[ManifestEntry]) -> pd.DataFrame:
-    """Results, skipped and pending rows of one sweep, with the manifest's job ids and shapes."""
+def _merge_manifest(
+    results: pd.DataFrame, plan: pd.DataFrame, entries: Sequence[ManifestEntry], warnings: list[str]
+) -> pd.DataFrame:
+    """Results, skipped and pending rows of one sweep, with the manifest's job ids and shapes.
+
+    A result counts for a config when it lies in the config's directory and records the config's
+    overrides (a record without overrides is taken at its directory's word); any other result.json
+    below the sweep directory is an older run's, left out with a warning.
+    """
     man = _manifest_frame(entries)
     parts = []
     if not results.empty:
         results = results.merge(
             man.drop(columns=["m_overrides", "m_key", "m_status", "m_reason"]),
             how="left", left_on="run_dir", right_on="m_dir",
-        ).drop(columns=["m_dir"])
+        )
+        ours = results["m_dir"].notna() & (
+            (results["config_key"] == results["m_record_key"]) | ~_col(results, "overrides", None).map(_is_list)
+        )
+        if not ours.all():
+            stale = sorted(results.loc[~ours, "run_dir"])
+            shown = ", ".join(stale[:5]) + (", ..." if len(stale) > 5 else "")
+            warnings.append(
+                f"{len(stale)} {RESULT_FILE} file(s) belong to no config of the manifest (another sweep's "
+                f"runs, or another config's in the same directory): {shown}; left out"
+            )
+        results = results[ours].drop(columns=["m_dir", "m_record_key"]).reset_index(drop=True)
+    if not results.empty:
         # The job's real shape beats anything derived from the record.
         results["nodes"] = results["m_nodes"].fillna(results["nodes"])
         parts.append(results.drop(columns=["m_nodes"]))
@@ -464,7 +490,7 @@ def load_sweep_dir(
             entries = resolve_exported(read_manifest(man_path), sweep_dir)
         except (OSError, ManifestError) as exc:
             raise AnalysisError(f"bad manifest: {exc}") from None
-        df = _merge_manifest(results, plan, entries)
+        df = _merge_manifest(results, plan, entries, warnings)
     else:
         parts = [results]
         if not plan.empty:

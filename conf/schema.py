@@ -12,7 +12,11 @@ nodes where torch may be absent.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
+import types
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -415,3 +419,39 @@ def to_plain_dict(run: RunConfig) -> dict[str, Any]:
     container = OmegaConf.to_container(OmegaConf.structured(run), enum_to_str=True)
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
+
+
+def unknown_field(key: str) -> str | None:
+    """None when the dotted `key` is a field of RunConfig, or lies below a field that holds a dict or a
+    list; otherwise one sentence naming the group and the closest fields (difflib), e.g.
+    'parallelism.tpp is not a field of parallelism; did you mean parallelism.tp?'.
+
+    For the entry points' messages: Hydra's own suggests adding the key with '+', which the schema
+    then rejects too."""
+    typ: Any = RunConfig
+    done: list[str] = []
+    for part in key.split("."):
+        if not (isinstance(typ, type) and dataclasses.is_dataclass(typ)):
+            return None
+        hints = typing.get_type_hints(typ)
+        if part not in hints:
+            group = ".".join(done)
+            prefix = f"{group}." if group else ""
+            close = difflib.get_close_matches(part, list(hints), n=3)
+            where = f"a field of {group}" if group else "a config group or field"
+            if close:
+                hint = "did you mean " + " or ".join(f"{prefix}{c}" for c in close) + "?"
+            else:
+                hint = f"{'fields' if group else 'groups'}: {', '.join(prefix + f for f in hints)}"
+            return f"{key} is not {where}; {hint}"
+        done.append(part)
+        typ = _dataclass_in(hints[part])
+    return None
+
+
+def _dataclass_in(hint: Any) -> Any:
+    """The dataclass an annotation names, also inside `X | None`; the annotation itself otherwise."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        found = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+        return found[0] if found else hint
+    return hint

@@ -1,6 +1,10 @@
 """`python -m launchers status|rerun <sweep dir>`: follow and repair a launched sweep;
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
-`python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model."""
+`python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
+
+Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed or refused configs that
+no rerun stands for (0 with --ok-if-failed); EXIT_USAGE, after one paragraph on stderr, for a
+directory that is not a sweep, a refused directory or option, or a config that does not compose."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launchers.status import format_status, rerun_failed, sweep_status
-from train.contract import EXIT_USAGE, ManifestError
+from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
+from train.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -19,11 +23,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="table of pending / running / done / failed / skipped configs")
     status.add_argument("sweep_dir")
-    rerun = sub.add_parser("rerun", help="resubmit configs of a sweep")
+    status.add_argument(
+        "--ok-if-failed", action="store_true", help="exit 0 even when configs failed (default: exit 1)"
+    )
+    rerun = sub.add_parser(
+        "rerun",
+        help="resubmit configs of a sweep",
+        description="Resubmit the failed configs of a sweep; with field=value overrides, as new configs "
+        "of the sweep with those fields changed. Example: python -m launchers rerun --failed "
+        "multirun/x training.train_iters=5",
+    )
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
         "--failed", action="store_true", required=True, help="the failed, timed-out and Slurm-refused configs (required)"
     )
+    rerun.add_argument("overrides", nargs="*", help="field=value changes: rerun as new configs with them")
     sbatch = sub.add_parser(
         "sbatch",
         help="write job array scripts (one per allocation) and their task tables, submit nothing",
@@ -55,17 +69,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument("--out", required=True, help="calibration file to write (JSON)")
     calibrate.add_argument("--nodes", type=int, nargs="+", default=[1, 2], help="node counts measured (1 2)")
     calibrate.add_argument("--min-seconds", type=float, default=0.05, help="shortest timing of each figure (s)")
+    sbatch.add_argument(
+        "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
+    )
     args = parser.parse_args(argv)
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "sbatch":
         return _sbatch(args, sys.argv[1:] if argv is None else list(argv))
+    from hydra.errors import HydraException
+
     try:
         if args.command == "status":
-            print(format_status(sweep_status(args.sweep_dir)))
-            return 0
-        entries = rerun_failed(args.sweep_dir)
-    except (FileNotFoundError, ManifestError, ValueError) as exc:
+            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
+        entries = rerun_failed(args.sweep_dir, args.overrides)
+    except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not entries:
@@ -73,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for e in entries:
         what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
-        print(f"rerun: config {e.index}: {what}")
+        origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
+        print(f"rerun: config {e.index}{origin}: {what}")
     return 0
 
 
@@ -90,6 +109,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
+    statuses = sweep_status(sweep_dir)
+    print(format_status(statuses))
+    failed = unresolved_failures(statuses)
+    if not failed or ok_if_failed:
+        return EXIT_OK
+    print(
+        f"status: {len(failed)} configs failed (python -m launchers rerun --failed {sweep_dir} resubmits "
+        "them; --ok-if-failed exits 0)",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
 
 
 def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -116,6 +147,7 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             sbatch_args=extra,
             srun_args=args.srun_arg,
             command=shlex.join(["python", "-m", "launchers", *argv]),
+            append=args.append,
         )
     except (HydraException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -57,7 +57,8 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from conf.schema import RunConfig, to_run_config
+from conf.schema import RunConfig, to_run_config, unknown_field
+from launchers.sweepdir import HYDRA_OPTIONS, claim_sweep_dir, writable_dir
 from train.contract import ManifestEntry
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ def apply_value_overrides(cfg: DictConfig, overrides: Iterable[Override]) -> Non
                     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
                     del parent[leaf]
             elif override.is_add():
+                _check_field(key, line)
                 if OmegaConf.select(cfg, key, throw_on_missing=False) is not None and not isinstance(
                     value, (dict, list)
                 ):
@@ -146,12 +148,23 @@ def apply_value_overrides(cfg: DictConfig, overrides: Iterable[Override]) -> Non
                 try:
                     OmegaConf.update(cfg, key, value, merge=True)
                 except (ConfigAttributeError, ConfigKeyError) as ex:
+                    _check_field(key, line)
                     raise ConfigCompositionException(
                         f"Could not override '{key}' (override '{line}'): no such key in the config. "
                         f"To add a new key, use +{line}"
                     ) from ex
         except OmegaConfBaseException as ex:
             raise ConfigCompositionException(f"Error merging override {line}") from ex
+
+
+def _check_field(key: str, line: str) -> None:
+    """A paragraph with "did you mean" for a key the schema does not have (conf.schema.unknown_field):
+    adding it with '+', as Hydra suggests, would only fail later."""
+    if key.split(".", 1)[0] == "hydra":
+        return
+    problem = unknown_field(key)
+    if problem is not None:
+        raise ConfigCompositionException(f"Override '{line}': {problem}")
 
 
 def is_megasweep_config(cfg: DictConfig) -> bool:
@@ -606,6 +619,17 @@ class FastValidation:
         super().__init__(**kwargs)
         self.progress_every = progress_every
 
+    def sweep(self, arguments: list[str]) -> Any:
+        # Before BasicSweeper writes multirun.yaml there: a refused directory is left as it was.
+        assert self.config is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
+        if append is None:  # a launcher that writes no manifest (not megasweep's)
+            writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
+        else:
+            claim_sweep_dir(sweep_dir, append=bool(append))
+        return super().sweep(arguments)  # type: ignore[misc]
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.hydra_context is not None and self.config is not None
         if not is_megasweep_config(self.config):
@@ -629,13 +653,25 @@ class FastValidation:
 
 
 class SweepLauncher(Launcher):
-    """What megasweep's launchers share: the sweep's Hydra context, kept by setup() for launch()."""
+    """What megasweep's launchers share: the sweep's Hydra context, kept by setup() for launch(),
+    and the claim on the sweep directory (launchers.sweepdir), made once per sweep."""
 
-    def __init__(self) -> None:
+    def __init__(self, append: bool = False) -> None:
         super().__init__()
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
+        self.append = append
+        self._first_index: int | None = None
+
+    def first_index(self, sweep_dir: Path) -> int:
+        """Index of this sweep's first config: 0, or after the configs of the sweep appended to.
+
+        Claimed at the first batch only: a sweeper's later batches find this sweep's own manifest.
+        """
+        if self._first_index is None:
+            self._first_index = claim_sweep_dir(sweep_dir, append=self.append)
+        return self._first_index
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config

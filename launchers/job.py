@@ -66,10 +66,19 @@ class TrainCommand:
         # this one (the task's wrapper process) while the trainer is still saving its checkpoint.
         _ignore_in_this_process(signal.SIGUSR1)
         # Inherited stdout/stderr: the trainer's log lines land in the task's Slurm log as they come.
-        proc = subprocess.run(list(self.argv), cwd=self.cwd, env=env, check=False)
-        if proc.returncode == EXIT_REQUEUE:
+        proc = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C: the trainer writes an `interrupted` record and exits, which subprocess.run
+            # would cut short (SIGKILL after 0.25 s). It got the terminal's SIGINT too, unless only
+            # this process was signalled: passing it on once more is harmless (ignored after one).
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
-        return proc.returncode
+        return code
 
     def failure(self, code: int) -> str:
         """The message of a trainer that exited with status `code`."""

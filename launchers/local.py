@@ -39,6 +39,7 @@ from launchers.submit import (
     check_output_dirs,
     command_for,
     entry_args_for,
+    launch_failure,
     merge_entries,
     plan_configs,
     subdir_namer,
@@ -51,11 +52,14 @@ __all__ = ["LocalLauncher"]
 class LocalLauncher(SweepLauncher):
     """Hydra launcher running each config as a local subprocess, in order (`hydra/launcher=local`).
 
-    Options (hydra.launcher.*): python (null: this interpreter), module (entry module of each run).
+    Options (hydra.launcher.*): python (null: this interpreter), module (entry module of each run),
+    append (add the configs to the sweep already in hydra.sweep.dir, with new indices; without it
+    such a directory is refused: launchers.sweepdir). A launch with nothing to run (every config
+    infeasible) fails.
     """
 
-    def __init__(self, python: str | None = None, module: str = "train") -> None:
-        super().__init__()
+    def __init__(self, python: str | None = None, module: str = "train", append: bool = False) -> None:
+        super().__init__(append)
         self.python = python
         self.module = module
 
@@ -65,7 +69,7 @@ class LocalLauncher(SweepLauncher):
             return self._launch_hydra_jobs(job_overrides, initial_job_idx)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        first = self.first_index(sweep_dir)
         settings = LaunchSettings(
             python=self.python or sys.executable,
             module=self.module,
@@ -75,7 +79,7 @@ class LocalLauncher(SweepLauncher):
             entry_args=entry_args_for(self.config),
         )
         specs, skipped = plan_configs(
-            composer, job_overrides, initial_job_idx, subdir=subdir_namer(self.config, composer)
+            composer, job_overrides, first + initial_job_idx, subdir=subdir_namer(self.config, composer)
         )
         queued = [
             ManifestEntry(
@@ -90,7 +94,8 @@ class LocalLauncher(SweepLauncher):
         entries = sorted([*skipped, *queued], key=lambda e: e.index)
         # Written before the first run, so that `status` follows the sweep while it runs.
         path = manifest_path(sweep_dir)
-        old = read_manifest(path) if initial_job_idx and path.exists() else []
+        # Earlier batches of this sweep, or the sweep it is appended to.
+        old = read_manifest(path) if path.exists() else []
         merged = merge_entries(old, entries)
         check_output_dirs(merged)
         write_manifest(merged, path)
@@ -98,6 +103,9 @@ class LocalLauncher(SweepLauncher):
             f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
             flush=True,
         )
+        failure = launch_failure(entries, sweep_dir)
+        if failure is not None:
+            raise failure
 
         outcomes: dict[int, tuple[JobStatus, Any]] = {}
         for n, spec in enumerate(specs, start=1):

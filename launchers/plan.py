@@ -28,7 +28,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 
 from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
-from train.contract import PLAN_FILE, PlanRow, write_plan_csv
+from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import format_plan_table, plan_run, rank_predictions, table_order
 
 __all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
@@ -136,7 +136,9 @@ class PlanLauncher(SweepLauncher):
 
     Options (hydra.launcher.*): world_size (devices each config is planned for; null: dp
     from the config, or 1), csv_name (file in the sweep directory), table (print one row
-    per config), progress_every (a stderr line every this many configs; 0: none).
+    per config), progress_every (a stderr line every this many configs; 0: none), append (plan
+    into a directory that holds a launched sweep, adding to its plan.csv; without it such a
+    directory is refused: launchers.sweepdir).
     """
 
     def __init__(
@@ -145,8 +147,9 @@ class PlanLauncher(SweepLauncher):
         csv_name: str = PLAN_FILE,
         table: bool = True,
         progress_every: int = 2000,
+        append: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(append)
         self.world_size = world_size
         self.csv_name = csv_name
         self.table = table
@@ -158,6 +161,12 @@ class PlanLauncher(SweepLauncher):
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        csv_file = sweep_dir / self.csv_name
+        if self._first_index is None and self.append and csv_file.is_file():
+            # Adding to a sweep: its earlier plan rows stay in the file.
+            self.rows = read_plan_csv(csv_file)
+        self.first_index(sweep_dir)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         rows, plan_seconds = plan_sweep(
             composer,
@@ -168,9 +177,7 @@ class PlanLauncher(SweepLauncher):
         # Ranks compare every row planned so far: a later batch can hold a faster layout.
         self.rows = rank_predictions([*self.rows, *rows])
         rows = self.rows[len(self.rows) - len(rows):]
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        csv_path = write_plan_csv(self.rows, sweep_dir / self.csv_name)
+        csv_path = write_plan_csv(self.rows, csv_file)
         summary = summarize(rows, composer, plan_seconds)
         if self.table:
             print(format_plan_table(table_order(rows)))

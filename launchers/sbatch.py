@@ -39,8 +39,13 @@ through the launcher). The job ids come from the array tasks themselves: each re
 when it starts, and status and the analysis read it (train.contract.resolve_exported). That
 needs no lookup by job name (names are not unique, and sacct forgets scripts): until a task
 starts, its config reads `pending`, which is all this side can know about a job submitted by
-hand. Exporting again to the same sweep directory rewrites the manifest and forgets the job
-ids recorded for its configs.
+hand.
+
+A sweep directory holds one sweep (launchers.sweepdir): exporting into one whose manifest lists
+a sweep is refused unless --append, which adds the configs under new indices (after the last
+one) and needs a --name whose scripts do not exist yet (pending tasks of the earlier scripts
+read their task tables when they start). The script and sweep directories are proved writable
+before any file is written.
 
 Torch-free, like everything the launchers import.
 """
@@ -63,6 +68,7 @@ from launchers.compose import FastComposer, parse_override
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
+    merge_entries,
     plan_configs,
     read_max_array_size,
     run_dir_override,
@@ -70,7 +76,8 @@ from launchers.submit import (
     save_launch_file,
     signal_lead_s,
 )
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, manifest_path, write_manifest
+from launchers.sweepdir import SweepDirError, SweepOptions, first_index, writable_dir
+from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
 
 __all__ = [
     "DEFAULT_OUT_DIR",
@@ -89,6 +96,7 @@ DEFAULT_OUT_DIR = Path("slurm/sweeps")
 SHOWN_SKIPPED = 10
 """Skipped configs printed in full; the rest are only in <name>.skipped.tsv."""
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+CLI_OPTIONS = SweepOptions(directory="--sweep-dir", append="--append")
 
 
 @dataclass(frozen=True)
@@ -284,6 +292,7 @@ def export_sweep(
     sbatch_args: Mapping[str, str] | None = None,
     srun_args: Sequence[str] = (),
     command: str = "python -m launchers sbatch ...",
+    append: bool = False,
 ) -> Export:
     """Write the array scripts, task tables and the skipped list of a sweep; see the module docstring."""
     if not NAME_PATTERN.fullmatch(name):
@@ -296,8 +305,10 @@ def export_sweep(
     entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
 
     composer = FastComposer.from_config_dir(config_dir, config_name)
+    first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
+    old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
     specs, skipped_entries = plan_configs(
-        composer, expand_sweep(overrides), 0, array_parallelism=array_parallelism
+        composer, expand_sweep(overrides), first, array_parallelism=array_parallelism
     )
     skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
     size = max_array_size or read_max_array_size()
@@ -306,14 +317,17 @@ def export_sweep(
         for key, members in group_by((s.key, s) for s in specs).items()
         for piece in chunk(members, size)
     ]
-
-    out_dir.mkdir(parents=True, exist_ok=True)
+    stems = [name if len(pieces) == 1 else f"{name}-{number}" for number in range(1, len(pieces) + 1)]
+    if append:
+        _check_new_scripts(out_dir, stems, name)
+    # Both directories are proved writable before any file is written: nothing is half-exported.
+    writable_dir(out_dir, option="--out-dir")
+    writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
     # Slurm opens --output itself and does not create its directory.
     (sweep_dir / ".slurm").mkdir(parents=True, exist_ok=True)
     scripts = []
     exported: list[ManifestEntry] = []
-    for number, (key, piece) in enumerate(pieces, start=1):
-        stem = name if len(pieces) == 1 else f"{name}-{number}"
+    for stem, (key, piece) in zip(stems, pieces, strict=True):
         envs = [dict(run_env(s, sweep_dir)) for s in piece]
         shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
         tasks = out_dir / f"{stem}.tasks.tsv"
@@ -375,10 +389,20 @@ def export_sweep(
         srun_args=tuple(srun_args),
     )
     save_launch_file(sweep_dir, settings, specs)
-    manifest = write_manifest(entries, manifest_path(sweep_dir))
+    manifest = write_manifest(merge_entries(old, entries), manifest_path(sweep_dir))
     return Export(
         scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir, manifest=manifest
     )
+
+
+def _check_new_scripts(out_dir: Path, stems: Sequence[str], name: str) -> None:
+    taken = [p for stem in stems for p in (out_dir / f"{stem}.sbatch", out_dir / f"{stem}.tasks.tsv") if p.exists()]
+    if taken:
+        raise SweepDirError(
+            f"--append --name {name}: {taken[0]} exists, and a task of that earlier script still to "
+            "start would read the new task table. Nothing was written. Give the added configs a "
+            "--name of their own."
+        )
 
 
 def format_export(export: Export) -> str:

@@ -35,12 +35,14 @@ from launchers.compose import (
     prepare_sweep_dir,
     sweep_composer,
 )
+from launchers.site import check_site_options
 from launchers.submit import (
     LaunchSettings,
     Submission,
     check_output_dirs,
     entry_args_for,
     entry_for,
+    launch_failure,
     merge_entries,
     plan_configs,
     read_max_array_size,
@@ -122,7 +124,12 @@ class SlurmLauncher(SweepLauncher):
     array_parallelism (the %N throttle; null: cluster.array_parallelism), max_array_size
     (null: MaxArraySize from scontrol), sbatch_args (extra sbatch options), srun_args,
     python (null: this interpreter), module (entry module of each run), job_name
-    (null: hydra.job.name).
+    (null: hydra.job.name), append (add the configs to the sweep already in hydra.sweep.dir,
+    with new indices; without it such a directory is refused: launchers.sweepdir).
+
+    The partition, account and QoS are checked with Slurm before anything is queued
+    (launchers.site). The launch fails (non-zero exit, after the manifest is written) when
+    sbatch refused any config or nothing was submitted (launchers.submit.launch_failure).
 
     Configs that are not megasweep's run as generic Hydra jobs (see submit_hydra_jobs), always
     waited for; of the options only array_parallelism, max_array_size, sbatch_args, srun_args,
@@ -139,8 +146,9 @@ class SlurmLauncher(SweepLauncher):
         python: str | None = None,
         module: str = "train",
         job_name: str | None = None,
+        append: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(append)
         self.wait = wait
         self.array_parallelism = array_parallelism
         self.max_array_size = max_array_size
@@ -177,20 +185,21 @@ class SlurmLauncher(SweepLauncher):
             )
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        first = self.first_index(sweep_dir)
         settings = self.settings()
 
         specs, skipped = plan_configs(
             composer,
             job_overrides,
-            initial_job_idx,
+            first + initial_job_idx,
             array_parallelism=self.array_parallelism,
             subdir=subdir_namer(self.config, composer),
         )
         path = manifest_path(sweep_dir)
-        old = read_manifest(path) if initial_job_idx and path.exists() else []
-        # Hydra's sweeper may launch a sweep in batches: a later batch must not reuse a directory.
+        # Earlier batches of this sweep, or the sweep it is appended to.
+        old = read_manifest(path) if path.exists() else []
         check_output_dirs(merge_entries(old, [*skipped, *(entry_for(s, "submitted") for s in specs)]))
+        check_site_options(s.key.options for s in specs)
         save_launch_file(sweep_dir, settings, specs)
         known = merge_entries(old, skipped)
         submission = submit_configs(
@@ -203,7 +212,11 @@ class SlurmLauncher(SweepLauncher):
         # Also when nothing was submitted (every config infeasible): the manifest says so.
         write_manifest(merge_entries(old, entries), path)
         self._report(entries, submission, path)
-        return self._returns(entries, submission, sweep_dir)
+        returns = self._returns(entries, submission, sweep_dir)
+        failure = launch_failure(entries, sweep_dir)
+        if failure is not None:
+            raise failure
+        return returns
 
     def _report(self, entries: Sequence[ManifestEntry], submission: Submission, path: Path) -> None:
         submitted = sum(1 for e in entries if e.status == "submitted")

@@ -1,13 +1,15 @@
 """Progress of a launched sweep, and resubmission of its failures.
 
-    python -m launchers status <sweep dir>
-    python -m launchers rerun <sweep dir> --failed
+    python -m launchers status <sweep dir> [--ok-if-failed]
+    python -m launchers rerun <sweep dir> --failed [field=value ...]
 
 The state of each config comes from what outlives the submitting process: the manifest
 (what was submitted, exported, refused or skipped, under which job id), each run's result.json
 (written by the trainer whatever happens), and Slurm (squeue for live jobs, sacct for ended
 ones). A result.json wins over Slurm: it says what the run itself saw. A job that ended without
-one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state.
+one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state. A
+result.json counts for a config only when the overrides it records are the config's
+(train.contract.record_matches): a directory may hold an older run of another config.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of an exported array script (`python -m launchers sbatch`, submitted by hand) has no
@@ -21,30 +23,64 @@ quota raised) is what a user wants; an infeasible (`skipped`) config would fail 
 again and is left alone. Exported configs are resubmitted by the launcher (submitit), with the
 settings the export saved in <sweep dir>/.megasweep/launch.json.
 
+`rerun --failed field=value ...` resubmits them changed: each failed config's overrides with
+those fields replaced (or added) is a new config of the same sweep, composed and checked by the
+rules as a launch does, under a new index (after the last one) and in its own directory; its
+manifest entry names the config it reruns (`rerun_of`). The failed config stays in the sweep as
+it was, but a later `rerun --failed` leaves it alone and `status` no longer counts it as a
+failure: its rerun stands for it.
+
 Torch-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launchers.compose import FastComposer, parse_override
 from launchers.queue import base_state, is_live, is_running, read_states
-from launchers.submit import load_launch_file, merge_entries, submit_configs
+from launchers.site import check_site_options
+from launchers.submit import (
+    ConfigSpec,
+    LaunchSettings,
+    load_launch_file,
+    merge_entries,
+    plan_configs,
+    save_launch_file,
+    submit_configs,
+)
+from launchers.sweepdir import next_index
 from train.contract import (
+    MANIFEST_FILE,
+    PLAN_FILE,
     RESULT_FILE,
     ManifestEntry,
     manifest_path,
     previous_result_name,
     read_manifest,
     read_record,
+    record_matches,
     resolve_exported,
     write_manifest,
 )
 
-__all__ = ["RERUN_STATES", "STATES", "ConfigStatus", "classify", "format_status", "rerun_failed", "sweep_status"]
+__all__ = [
+    "RERUN_STATES",
+    "STATES",
+    "ConfigStatus",
+    "NotASweep",
+    "changed_overrides",
+    "classify",
+    "format_status",
+    "read_sweep",
+    "rerun_failed",
+    "sweep_status",
+    "unresolved_failures",
+]
 
 STATES = ("pending", "running", "done", "failed", "refused", "skipped")
 RERUN_STATES = frozenset({"failed", "refused"})
@@ -64,6 +100,33 @@ class ConfigStatus:
     """As squeue/sacct last reported it; None when Slurm does not know the job (yet)."""
     detail: str
     """Why failed or skipped; empty otherwise."""
+    rerun_as: int | None = None
+    """Index of the config that reruns this failed one with changed fields; None when none does."""
+
+
+class NotASweep(ValueError):
+    """A directory that holds no sweep (the message says what it is and what reads it)."""
+
+
+def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
+    """The manifest of a sweep directory; NotASweep (one line) for anything else."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.exists():
+        raise NotASweep(f"{sweep_dir} does not exist")
+    if not sweep_dir.is_dir():
+        raise NotASweep(f"{sweep_dir} is not a directory")
+    path = manifest_path(sweep_dir)
+    if not path.is_file():
+        if (sweep_dir / PLAN_FILE).is_file():
+            raise NotASweep(
+                f"{sweep_dir} holds a dry run ({PLAN_FILE}), not a launched sweep: nothing there runs "
+                f"or can fail (python -m analysis {sweep_dir} reads the plan)"
+            )
+        raise NotASweep(
+            f"{sweep_dir} is not a sweep directory: it has no {MANIFEST_FILE} (hydra/launcher=slurm or "
+            "local, and python -m launchers sbatch, write one)"
+        )
+    return read_manifest(path)
 
 
 def classify(
@@ -93,24 +156,40 @@ def classify(
     return "failed", f"Slurm state {base_state(slurm_state)}, no result.json"
 
 
-def _record(sweep_dir: Path, entry: ManifestEntry) -> dict[str, Any] | None:
-    return read_record(sweep_dir / entry.output_dir / RESULT_FILE)
+def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str]:
+    """The config's record, or None and why a record in its directory is not its own."""
+    record = read_record(sweep_dir / entry.output_dir / RESULT_FILE)
+    if record is None or record_matches(record, entry.overrides):
+        return record, ""
+    return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
 def sweep_status(
     sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None
 ) -> list[ConfigStatus]:
-    """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given)."""
+    """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given);
+    NotASweep for a directory without one."""
     sweep_dir = Path(sweep_dir)
-    entries = resolve_exported(read_manifest(manifest_path(sweep_dir)), sweep_dir)
+    entries = resolve_exported(read_sweep(sweep_dir), sweep_dir)
     if slurm_states is None:
         slurm_states = read_states(e.job_id for e in entries if e.job_id)
+    rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None}
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
-        state, detail = classify(e, _record(sweep_dir, e), slurm)
-        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail))
+        record, foreign = _record(sweep_dir, e)
+        state, detail = classify(e, record, slurm)
+        if foreign and state in ("failed", "pending"):
+            detail = f"{detail}; {foreign}" if detail else foreign
+        if e.index in rerun_as:
+            detail = f"{detail} (rerun as config {rerun_as[e.index]})"
+        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index)))
     return out
+
+
+def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
+    """Failed and refused configs that no rerun stands for: what makes `status` exit non-zero."""
+    return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
 
 
 def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_chars: int = 100) -> str:
@@ -141,17 +220,20 @@ def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
     return {s.index: set(s.overrides) - common for s in statuses}
 
 
-def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
+def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[ManifestEntry]:
     """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result)
-    and the refused ones (sbatch refused them; see the module docstring).
+    and the refused ones (sbatch refused them; see the module docstring), except those a rerun
+    with changed fields already stands for.
 
-    Their old result.json is kept beside as result.<old job id>.json, so that `status` does
-    not read it as the new run's; finished (ok) results are not touched. The manifest is
-    rewritten after each array is queued. Returns the new manifest entries of the resubmitted
-    configs (a config Slurm refuses again comes back `refused`).
+    Without `overrides`, each goes again under its own index: its old result.json is kept beside
+    as result.<old job id>.json, so that `status` does not read it as the new run's; finished (ok)
+    results are not touched. With `overrides` (field=value), each becomes a new config (see the
+    module docstring). The manifest is rewritten after each array is queued. Returns the new
+    manifest entries of the resubmitted configs (a config Slurm refuses again comes back
+    `refused`, an infeasible changed one `skipped`).
     """
     sweep_dir = Path(sweep_dir).resolve()
-    failed = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES]
+    failed = unresolved_failures(sweep_status(sweep_dir))
     if not failed:
         return []
     settings, specs = load_launch_file(sweep_dir)
@@ -160,6 +242,9 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
         raise ValueError(
             f"{sweep_dir}: no launch record for configs {missing} (launched by another launcher?)"
         )
+    if overrides:
+        return _rerun_changed(sweep_dir, [specs[s.index] for s in failed], settings, overrides)
+    check_site_options(specs[s.index].key.options for s in failed)
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
@@ -174,3 +259,41 @@ def rerun_failed(sweep_dir: str | Path) -> list[ManifestEntry]:
     )
     write_manifest(merge_entries(before, submission.entries), path)
     return submission.entries
+
+
+def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, ...]:
+    """`old` with every field (or group) that `changes` sets replaced by the change, which comes last."""
+    keys = {parse_override(text).key_or_group for text in changes}
+    return (*(o for o in old if parse_override(o).key_or_group not in keys), *changes)
+
+
+def _rerun_changed(
+    sweep_dir: Path, failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str]
+) -> list[ManifestEntry]:
+    path = manifest_path(sweep_dir)
+    before = read_manifest(path)
+    first = next_index(before)
+    composer = _composer(settings)
+    specs, skipped = plan_configs(composer, [changed_overrides(s.overrides, changes) for s in failed], first)
+    origin = {first + i: s.index for i, s in enumerate(failed)}
+    check_site_options(s.key.options for s in specs)
+
+    def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+        return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]
+
+    known = merge_entries(before, traced(skipped))
+    save_launch_file(sweep_dir, settings, specs)
+    submission = submit_configs(
+        sweep_dir, specs, settings, on_queued=lambda queued: write_manifest(merge_entries(known, traced(queued)), path)
+    )
+    write_manifest(merge_entries(known, traced(submission.entries)), path)
+    return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index)
+
+
+def _composer(settings: LaunchSettings) -> FastComposer:
+    """A composer for the sweep's configs: the config directory and name its runs were given."""
+    from launchers.sbatch import default_config_dir
+
+    options = dict(arg.removeprefix("--").split("=", 1) for arg in settings.entry_args if "=" in arg)
+    config_dir = options.get("config-dir") or default_config_dir()
+    return FastComposer.from_config_dir(config_dir, options.get("config-name", "config"))

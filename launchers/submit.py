@@ -59,7 +59,7 @@ from conf.schema import RunConfig
 from launchers.allocation import Allocation, ArrayKey, SbatchOptions, array_key, chunk, group_by
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
-from train.contract import LAUNCH_FILE, REFUSED_PREFIX, ManifestEntry, normalize_dir
+from train.contract import LAUNCH_FILE, REFUSED_PREFIX, ManifestEntry, manifest_path, normalize_dir
 from train.planner.rules import InfeasibleConfig, validate
 
 REQUEUE_SIGNAL_LEAD_S = 120
@@ -403,6 +403,31 @@ def submit_configs(
                 on_queued(sorted(entries, key=lambda e: e.index))
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
+
+
+class LaunchFailed(CompactHydraException):
+    """A launch that queued nothing, or whose sbatch Slurm refused for some configs: the command
+    exits non-zero (Hydra prints this paragraph) after the manifest says what happened."""
+
+
+def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchFailed | None:
+    """Why this batch of a launch failed as a whole, or None: some config was refused by sbatch,
+    or none was submitted (every one infeasible)."""
+    refused = [e.index for e in entries if e.status == "refused"]
+    where = f"{manifest_path(sweep_dir)}; progress: python -m launchers status {sweep_dir}"
+    if refused:
+        return LaunchFailed(
+            f"{len(refused)} of {len(entries)} configs ({', '.join(map(str, refused[:10]))}"
+            f"{', ...' if len(refused) > 10 else ''}) were refused by sbatch, in Slurm's words above "
+            f"and in {where}. Fix the cause, then resubmit them with python -m launchers rerun "
+            f"{sweep_dir} --failed (followed by field=value overrides to change them)."
+        )
+    if not any(e.status == "submitted" for e in entries):
+        return LaunchFailed(
+            f"Nothing was submitted: all {len(entries)} configs are infeasible; the rules' reasons are "
+            f"in {manifest_path(sweep_dir)} (hydra/launcher=plan prints them as a table)."
+        )
+    return None
 
 
 def _slurm_message(stderr: str) -> str:

@@ -9,12 +9,17 @@ names included, on stderr, with exit status train.contract.EXIT_USAGE.
 A layout of more than one device started without a launcher forks its dp x tp x pp workers here
 (train.distributed.fork_local), each training with torchrun's variables into the same run
 directory, and waits for them.
+
+Ctrl-C (SIGINT, to this process or to its whole process group as a terminal sends it) stops every
+worker; the record says `interrupted`, one line on stderr says where it is, and the exit status is
+train.contract.EXIT_INTERRUPTED, without tracebacks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,17 +31,19 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 import conf  # noqa: F401  (registers the schema in Hydra's ConfigStore)
-from conf.schema import RunConfig, to_run_config
-from train.contract import EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE
+from conf.schema import RunConfig, to_run_config, unknown_field
+from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
+from train.preemption import install_interrupt_handler, interrupted
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    install_interrupt_handler()
     try:
         run = to_run_config(cfg)
     except OmegaConfBaseException as bad_override:
@@ -68,6 +75,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
+    except KeyboardInterrupt:
+        if multirun:
+            raise
+        print(f"interrupted (record: {output_dir / RESULT_FILE})", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except TrainingPreempted as preempted:
         if multirun:
             raise
@@ -91,7 +103,7 @@ def spawn_workers(
     """Run the job as `world_size` local workers; rank 0 writes the record. When a worker fails,
     the record says `error` and names it, whatever state the ended survivors left behind."""
     from train.distributed import fork_local
-    from train.trainer import TrainingPreempted, record_worker_failure, run_training
+    from train.trainer import TrainingPreempted, record_interruption, record_worker_failure, run_training
 
     _preload(run)
 
@@ -101,9 +113,21 @@ def spawn_workers(
         except TrainingPreempted as preempted:
             print(f"preempted: {preempted}", file=sys.stderr, flush=True)
             return EXIT_REQUEUE
+        except BaseException:
+            # After Ctrl-C a rank may fail in a collective its peers left: a consequence, said once.
+            if interrupted():
+                return EXIT_INTERRUPTED
+            raise
         return 0
 
     result = fork_local(worker, world_size=world_size)
+    if result.stopped_by == signal.SIGINT or result.failed_code == EXIT_INTERRUPTED:
+        record_interruption(run, output_dir=output_dir, overrides=overrides)
+        message = f"interrupted (record: {output_dir / RESULT_FILE})"
+        if multirun:
+            raise KeyboardInterrupt(message)
+        print(message, file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     if result.returncode != 0 and _preempted(result.failed_code, output_dir):
         # The workers checkpointed and stopped together on Slurm's signal; rank 0's `timeout`
         # record stands, and the exit status asks for a requeue.
@@ -148,5 +172,37 @@ def _preempted(code: int | None, output_dir: Path) -> bool:
         return False
 
 
+def check_override_keys(argv: list[str]) -> str | None:
+    """The first command-line override naming a key the schema lacks, as one line with "did you
+    mean" (conf.schema.unknown_field); None when every key exists. Hydra's own message for
+    `parallelism.tpp=2` suggests `+parallelism.tpp=2`, which the schema then rejects."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    parser = OverridesParser.create()
+    for text in args.overrides or []:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except HydraException:
+            return None  # Hydra reports bad syntax itself
+        key = override.key_or_group
+        if "/" in key or key.split(".", 1)[0] == "hydra":
+            continue
+        problem = unknown_field(key)
+        if problem is not None:
+            return f"{problem} (override '{text}')"
+    return None
+
+
 if __name__ == "__main__":
-    main()
+    if (unknown := check_override_keys(sys.argv[1:])) is not None:
+        print(f"error: {unknown}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    try:
+        main()
+    except KeyboardInterrupt:
+        # Ctrl-C before training started (imports, composition), or of a sweep: nothing to record here.
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from train.metrics import scrub_overrides
+
 # ---------------------------------------------------------------------------------------------
 # File names
 
@@ -81,6 +83,9 @@ EXIT_USAGE = 2
 EXIT_REQUEUE = 75
 """A run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL (sysexits.h, 'try again
 later'). The launcher's in-job wrapper requeues on it; the next attempt resumes."""
+EXIT_INTERRUPTED = 130
+"""A run stopped by Ctrl-C (SIGINT) after its record said `interrupted`: 128 + SIGINT, as a shell
+reports a command the signal ended, so that scripts around it stop too."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,8 +122,8 @@ def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # result.json
 
-STATUSES = ("ok", "oom", "nan", "error", "timeout")
-"""Every value a record's `status` can take."""
+STATUSES = ("ok", "oom", "nan", "error", "timeout", "interrupted")
+"""Every value a record's `status` can take (`interrupted`: stopped by Ctrl-C, SIGINT)."""
 
 
 @dataclass(frozen=True)
@@ -126,11 +131,13 @@ class RunRecord:
     """Everything result.json holds about one run (one record per run, whatever its outcome)."""
 
     status: str
-    """ok | oom | nan | error | timeout."""
+    """One of STATUSES: ok | oom | nan | error | timeout | interrupted."""
     message: str | None
     config: dict[str, Any]
     """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""
     overrides: list[str]
+    """The run's Hydra task overrides, credentials scrubbed: what ties the record to its config
+    (record_matches), whatever directory it lies in."""
     world: dict[str, int]
     """world_size, dp, tp, pp."""
     hardware: str
@@ -353,6 +360,26 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "status" in data else None
 
 
+def recorded_overrides(overrides: Iterable[str]) -> list[str]:
+    """What the record of a run launched with `overrides` holds as its overrides: Hydra's own
+    (`hydra.*`, `hydra/...`) go to Hydra's node, not to the task, and credentials are scrubbed."""
+    return scrub_overrides(o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/")))
+
+
+def record_matches(record: Mapping[str, Any], overrides: Iterable[str]) -> bool:
+    """Whether `record` (a result.json) is the record of the config launched with `overrides`.
+
+    A directory can hold a record of another config: a sweep launched again into the same
+    directory, or one whose subdir names collide across sweeps. The record's own overrides say
+    which config ran (order-free; credentials compared scrubbed, as the record keeps them). A
+    record without overrides (written before they were recorded) is taken at its directory's word.
+    """
+    recorded = record.get("overrides")
+    if not isinstance(recorded, list):
+        return True
+    return sorted(map(str, recorded)) == sorted(recorded_overrides(overrides))
+
+
 # ---------------------------------------------------------------------------------------------
 # manifest.jsonl
 #
@@ -372,6 +399,10 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
 #                 resolve_exported() puts it into the entry for the readers.
 #     refused     sbatch refused its job (unknown partition, bad gres): reason holds Slurm's words
 #     skipped     infeasible, never submitted: reason holds the rules' paragraph
+#
+# One sweep per directory: a launcher or an export refuses a directory that already has a manifest
+# unless asked to add to it; added configs take indices after the last one, never an old one's.
+# `rerun_of` marks a config added by `rerun --failed <overrides>`: the failed config it replaces.
 #
 # Manifests written before `refused` existed stored a refused sbatch as `skipped` with a reason
 # starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
@@ -405,6 +436,9 @@ class ManifestEntry:
     """Slurm job id of the run, e.g. '1234_5' for array task 5 of job 1234; None when none is known."""
     shape: Mapping[str, int] = field(default_factory=dict)
     """Slurm allocation of the job, e.g. {'nodes': 2, 'tasks_per_node': 2}."""
+    rerun_of: int | None = None
+    """Index of the failed config this one reruns with changed fields (`rerun --failed <overrides>`);
+    None for a config launched as such. Written only when set."""
 
     def __post_init__(self) -> None:
         # Validate here so that an entry that exists is always one the other side can read.
@@ -421,6 +455,8 @@ class ManifestEntry:
         for key, value in self.shape.items():
             if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int):
                 raise ManifestError(f"shape must map names to integers, got {dict(self.shape)!r}")
+        if self.rerun_of is not None and (isinstance(self.rerun_of, bool) or not isinstance(self.rerun_of, int)):
+            raise ManifestError(f"rerun_of must be a config index or null, got {self.rerun_of!r}")
         # Frozen: normalise through object.__setattr__ so equal entries compare equal whatever their input.
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "output_dir", normalize_dir(self.output_dir))
@@ -440,6 +476,7 @@ class ManifestEntry:
             "reason": self.reason,
             "job_id": self.job_id,
             "shape": dict(self.shape),
+            **({"rerun_of": self.rerun_of} if self.rerun_of is not None else {}),
         }
 
     @classmethod
@@ -471,6 +508,7 @@ class ManifestEntry:
             reason=reason,
             job_id=None if job_id is None else str(job_id),
             shape=shape,
+            rerun_of=obj.get("rerun_of"),
         )
 
 

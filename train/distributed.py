@@ -32,6 +32,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from train.contract import EXIT_INTERRUPTED
+from train.preemption import install_interrupt_handler
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -197,6 +200,8 @@ class SpawnResult:
     """The first worker seen to fail (the cause; the others were ended because of it)."""
     failed_code: int | None
     returncodes: tuple[int | None, ...]
+    stopped_by: int | None = None
+    """The signal (SIGTERM, SIGINT) that made the parent end the workers; None when none did."""
 
 
 def free_port() -> int:
@@ -327,10 +332,10 @@ def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
     code = 1
     try:
         _die_with_parent()
-        # The parent's handlers forward signals to workers; a worker gets the defaults back (the
-        # trainer installs its own).
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
+        # The parent's handlers forward signals to workers; a worker gets the default SIGTERM back
+        # (the trainer installs its own) and Ctrl-C as the trainer takes it (a record, then exit).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        install_interrupt_handler()
         os.environ.clear()
         os.environ.update(env)
         torch = sys.modules.get("torch")
@@ -340,6 +345,8 @@ def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
         code = worker()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED  # the trainer's record says so; a traceback would say nothing more
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -373,7 +380,8 @@ def _supervise(procs: Sequence[_Worker], *, poll_s: float, grace_s: float) -> Sp
         while any(p.poll() is None for p in procs):
             failed_rank = next((r for r in list(exits) if procs[r].returncode != 0), None)
             if failed_rank is not None or stop_requested:
-                _end_all(procs, grace_s=grace_s)
+                # The signal the parent got goes on to the workers: Ctrl-C stays an interruption.
+                _end_all(procs, grace_s=grace_s, sig=stop_requested[0] if stop_requested else signal.SIGTERM)
                 break
             time.sleep(poll_s)
     finally:
@@ -393,13 +401,14 @@ def _supervise(procs: Sequence[_Worker], *, poll_s: float, grace_s: float) -> Sp
         failed_rank=failed_rank,
         failed_code=failed_code,
         returncodes=codes,
+        stopped_by=stop_requested[0] if stop_requested else None,
     )
 
 
-def _end_all(procs: Sequence[_Worker], *, grace_s: float) -> None:
+def _end_all(procs: Sequence[_Worker], *, grace_s: float, sig: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:

@@ -41,6 +41,30 @@ if TYPE_CHECKING:
     from train.trainer import Progress
 
 
+_interrupted = threading.Event()
+
+
+def interrupt_once(signum: int, frame: object) -> None:
+    """SIGINT handler of the trainer's processes: KeyboardInterrupt the first time, then SIGINT is
+    ignored. A terminal's Ctrl-C reaches every process of its group (a local spawn's parent and its
+    workers), and the parent forwards it as well: a second one must not cut the record short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _interrupted.set()
+    raise KeyboardInterrupt
+
+
+def install_interrupt_handler() -> None:
+    """Ctrl-C (SIGINT) goes to interrupt_once in this process (main thread only, as Python allows)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt_once)
+
+
+def interrupted() -> bool:
+    """Whether this process got Ctrl-C (SIGINT): an error that follows is its consequence (a peer
+    that left a collective), not a failure of its own."""
+    return _interrupted.is_set()
+
+
 class TrainingTimeout(Exception):
     """Slurm asked the job to stop (SIGTERM at the time limit, or the SIGUSR1 warning)."""
 

@@ -67,6 +67,7 @@ __all__ = [
     "TrainingTimeout",
     "build_record",
     "current_rank",
+    "record_interruption",
     "record_worker_failure",
     "run_training",
 ]
@@ -202,7 +203,9 @@ def _outcome(
         status, message, failure = "oom", f"{type(exc).__name__}: {exc}", exc
     except TrainingTimeout as exc:
         status, message, failure = "timeout", str(exc), exc
-    except BaseException as exc:  # the record is written for KeyboardInterrupt too
+    except KeyboardInterrupt as exc:
+        status, message, failure = "interrupted", _interrupted_message(len(progress.iterations)), exc
+    except BaseException as exc:
         # A CPU allocator failure is an OOM, a collective timeout a timeout (train.failures).
         status, message, failure = failures.classify(exc), f"{type(exc).__name__}: {exc}", exc
     finally:
@@ -377,20 +380,7 @@ def record_worker_failure(
     """
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        layout = Layout.of(run.parallelism)
-        record = build_record(
-            run,
-            rank=Rank(layout),
-            progress=Progress(),
-            status="error",
-            message=None,
-            overrides=overrides,
-            started=datetime.now(timezone.utc),
-            wall_s=0.0,
-        )
+    record = _record_or_new(run, path, overrides, status="error")
     reports = read_oom_reports(output_dir)
     if reports:  # a worker ran out of memory: that is the answer, whoever exited first
         record["status"], record["oom"] = "oom", reports[0]
@@ -404,6 +394,41 @@ def record_worker_failure(
     record["message"] = f"{cause} (rank 0: {earlier})" if earlier else cause
     write_json_atomic(path, record)
     return record
+
+
+def record_interruption(run: RunConfig, *, output_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """Make <output_dir>/result.json say `interrupted`, for the parent of a local spawn stopped by
+    Ctrl-C: rank 0's record already says so unless a peer's failure (a collective it left) or the
+    SIGKILL after the grace time got there first; the iterations it saw are kept."""
+    path = Path(output_dir) / RESULT_FILE
+    record = _record_or_new(run, path, overrides, status="interrupted")
+    if record.get("status") != "interrupted":
+        record["status"] = "interrupted"
+        record["message"] = _interrupted_message(int(record.get("iterations_run") or 0))
+        write_json_atomic(path, record)
+    return record
+
+
+def _interrupted_message(iterations: int) -> str:
+    return f"stopped by SIGINT (Ctrl-C) after {iterations} iterations; every worker was stopped"
+
+
+def _record_or_new(run: RunConfig, path: Path, overrides: Sequence[str], *, status: str) -> dict[str, Any]:
+    """The record at `path`, or a new one with `status` when there is none (a worker SIGKILLed first)."""
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
+    except (OSError, ValueError):
+        return build_record(
+            run,
+            rank=Rank(Layout.of(run.parallelism)),
+            progress=Progress(),
+            status=status,
+            message=_interrupted_message(0) if status == "interrupted" else None,
+            overrides=overrides,
+            started=datetime.now(timezone.utc),
+            wall_s=0.0,
+        )
 
 
 def _summary_figures(record: dict[str, Any]) -> dict[str, Any]:

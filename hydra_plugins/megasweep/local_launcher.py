@@ -22,6 +22,9 @@ class LocalLauncherConf:
     module: str = "train"
     """Entry module each config runs (`python -m <module> <overrides>`); an app that is not
     megasweep's runs its own task function in this process instead."""
+    append: bool = False
+    """Add the configs to the sweep already in hydra.sweep.dir, with new indices; false refuses a
+    directory that holds a sweep (manifest.jsonl)."""
 
 
 ConfigStore.instance().store(

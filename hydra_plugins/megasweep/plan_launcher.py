@@ -26,6 +26,9 @@ class PlanLauncherConf:
     """Print one row per config to stdout."""
     progress_every: int = 2000
     """A progress line on stderr every this many configs; 0 for none (configs)."""
+    append: bool = False
+    """Plan into a directory that holds a launched sweep (manifest.jsonl), adding rows to its
+    plan.csv; false refuses such a directory."""
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="plan", node=PlanLauncherConf, provider="megasweep")

@@ -34,6 +34,9 @@ class SlurmLauncherConf:
     """Entry module each array task runs (`python -m <module> <overrides>`)."""
     job_name: str | None = None
     """Slurm job name; null: hydra.job.name."""
+    append: bool = False
+    """Add the configs to the sweep already in hydra.sweep.dir, with new indices; false refuses a
+    directory that holds a sweep (manifest.jsonl)."""
 
 
 ConfigStore.instance().store(

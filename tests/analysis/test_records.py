@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -195,3 +196,21 @@ def test_analysis_imports_without_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_results_are_matched_to_their_configs_by_overrides(tmp_path: Path) -> None:
+    """A sweep relaunched over an older one's directories: only records of its own configs count."""
+    sweep = tmp_path / "relaunched"
+    sweep.mkdir()
+    entries = [ManifestEntry(i, (f"training.lr={lr}",), str(i), "submitted") for i, lr in enumerate((0.3, 0.4))]
+    write_manifest(entries, sweep / "manifest.jsonl")
+    for i, lr in enumerate((0.1, 0.4, 0.5)):  # 0 and 2 are an older sweep's (2 is in no config's directory)
+        (sweep / str(i)).mkdir()
+        record = {"status": "ok", "overrides": [f"training.lr={lr}"], "sec_per_iter": 1.0}
+        (sweep / str(i) / "result.json").write_text(json.dumps(record))
+    loaded = load_sweeps([sweep], queue=None)
+    df = loaded.table.set_index("manifest_index")
+    assert sorted(df.index) == [0, 1]
+    assert (df.loc[0, "outcome"], df.loc[1, "outcome"]) == ("pending", "ok")
+    (warning,) = [w for w in loaded.warnings if "belong to no config" in w]
+    assert warning.startswith("2 result.json file(s)") and "0, 2" in warning

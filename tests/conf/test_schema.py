@@ -205,3 +205,16 @@ def test_infeasible_layout_exits_2_with_one_paragraph(cli_results) -> None:
     assert "parallelism.tp=3" in message
     assert message.count("\n") == 0, "one paragraph"
     assert "model.num_attention_heads=4" in message  # says what tp must divide
+
+
+def test_unknown_field_suggests_the_closest_fields() -> None:
+    from conf.schema import unknown_field
+
+    assert unknown_field("parallelism.tpp") == (
+        "parallelism.tpp is not a field of parallelism; did you mean parallelism.tp or parallelism.pp?"
+    )
+    assert unknown_field("modle.hidden_size") is not None and "did you mean model" in str(unknown_field("modle"))
+    assert "fields: parallelism.tp, parallelism.pp" in str(unknown_field("parallelism.zzzzzz"))
+    # Fields, and anything below a dict or list field, are not unknown.
+    for key in ("parallelism.tp", "model", "cluster.env.NCCL_DEBUG", "training.profile_steps"):
+        assert unknown_field(key) is None, key

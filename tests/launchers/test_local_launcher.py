@@ -8,7 +8,8 @@ from pathlib import Path
 
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
-from train.contract import read_manifest
+from tests.train.test_main import TINY_RUN, interrupt
+from train.contract import EXIT_INTERRUPTED, read_manifest
 
 
 def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:
@@ -58,3 +59,16 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     assert bad is not None and bad["status"] == "error"
     # The failure of config 0 did not stop config 1.
     assert good is not None and good["status"] == "ok"
+
+
+def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    code, stderr = interrupt(
+        ["-m", "train", "-m", "training.train_iters=100000", *TINY_RUN, "hydra/launcher=local",
+         f"hydra.sweep.dir={sweep_dir}"],
+    )  # fmt: skip
+    assert code == EXIT_INTERRUPTED and "Traceback" not in stderr, stderr
+    record = result(sweep_dir, read_manifest(sweep_dir)[0])
+    assert record is not None and record["status"] == "interrupted"
+    # The sweep's status says so, as a failure to rerun.
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"]

@@ -168,21 +168,26 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
     sweep_dir = tmp_path / "sweep"
+    # A gres the cluster does not have: sbatch itself refuses it (a partition is checked before).
     proc = sweep(
         sweep_dir,
-        f"cluster.partition=nosuch,{slurm_cluster.partition}",
+        "cluster.gres=nosuch:1,null",
         "hydra.launcher.wait=true",
         # Not the default (the index): each config's directory is named from its own config.
-        "hydra.sweep.subdir=part_${cluster.partition}",
+        "hydra.sweep.subdir=gres_${cluster.gres}",
+        check=False,
     )
     assert "1 refused by sbatch" in proc.stdout
+    # One config refused: the launch fails, once the other has run (wait) and the manifest says so.
+    assert proc.returncode != 0 and "1 of 2 configs (0) were refused by sbatch" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
     refused, ran = read_manifest(sweep_dir)
-    assert (refused.output_dir, ran.output_dir) == ("part_nosuch", f"part_{slurm_cluster.partition}")
+    assert (refused.output_dir, ran.output_dir) == ("gres_nosuch:1", "gres_None")
     assert refused.status == "refused" and refused.job_id is None
     # Slurm's own words, as sbatch printed them.
     assert refused.reason is not None and "sbatch refused" in refused.reason
-    assert "invalid partition" in refused.reason.lower(), refused.reason
+    assert "invalid generic resource" in refused.reason.lower(), refused.reason
     assert "nosuch" in proc.stderr
     assert ran.status == "submitted"
     # wait=true: the sweep returned only after the job ended, so its result is already there,
@@ -190,7 +195,7 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
     record = result(sweep_dir, ran)
     assert record is not None and record["status"] == "ok"
     dirs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert dirs == [f"part_{slurm_cluster.partition}"]
+    assert dirs == ["gres_None"]
 
 
 def test_sweep_subdir_is_resolved_per_config_and_checked(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,7 +14,14 @@ import numpy as np
 
 from launchers.status import ConfigStatus, classify, format_status, sweep_status
 from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_for_results, wait_until
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, read_manifest, write_manifest
+from train.contract import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    EXPORTED_JOBS_DIR,
+    ManifestEntry,
+    read_manifest,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -95,9 +103,9 @@ def test_status_of_exported_configs_uses_the_job_ids_their_tasks_recorded(tmp_pa
 
 
 def status_table(sweep_dir: Path) -> str:
-    """`python -m launchers status <sweep_dir>`'s output (it must exit 0)."""
+    """`python -m launchers status --ok-if-failed <sweep_dir>`'s output (it must exit 0)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "launchers", "status", str(sweep_dir)],
+        [sys.executable, "-m", "launchers", "status", "--ok-if-failed", str(sweep_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -151,18 +159,20 @@ def test_status_and_rerun_failed_against_slurm(slurm_cluster: SlurmClusterInfo, 
 
 def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    # Held, so that nothing runs: only what is queued (and refused) matters here.
-    sweep(sweep_dir, "cluster.partition=nosuch", "+hydra.launcher.sbatch_args.hold=''")
+    # Held, so that nothing runs: only what is queued (and refused) matters here. A gres the
+    # cluster lacks is refused by sbatch itself (a partition is checked before anything is queued).
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    assert proc.returncode != 0 and "were refused by sbatch" in proc.stderr
     (first,) = read_manifest(sweep_dir)
-    assert first.status == "refused" and first.reason is not None and "nosuch" in first.reason
+    assert first.status == "refused" and first.reason is not None and "generic resource" in first.reason
     table = status_table(sweep_dir)
     assert "1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 refused" in table, table
 
-    # The cause goes away (here: the launch record names a partition that exists, as if the
-    # site had created it); the config was never run, so `rerun --failed` submits it.
+    # The cause goes away (here: the launch record asks for no gres, as if the site had added
+    # it); the config was never run, so `rerun --failed` submits it.
     launch = sweep_dir / ".megasweep" / "launch.json"
     data = json.loads(launch.read_text())
-    data["configs"]["0"]["options"]["partition"] = slurm_cluster.partition
+    data["configs"]["0"]["options"]["gres"] = None
     launch.write_text(json.dumps(data))
     proc = subprocess.run(
         [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed"],
@@ -180,3 +190,90 @@ def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo,
     finally:
         if second.job_id is not None:
             subprocess.run(["scancel", second.job_id.split("_")[0]], timeout=30, check=False)
+
+
+def status_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launchers", "status", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_status_exits_non_zero_for_failures_and_for_what_is_not_a_sweep(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "plan.csv").write_text("feasible\n")
+    for name, words in (("nosuch", "does not exist"), ("empty", "is not a sweep directory"), ("plan", "dry run")):
+        proc = status_cli(str(tmp_path / name))
+        assert proc.returncode == EXIT_USAGE, proc.stderr
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr and not proc.stdout
+
+    # A local sweep's manifest (no job ids: Slurm is not asked): one done, one failed.
+    sweep_dir = tmp_path / "sweep"
+    entries = [
+        ManifestEntry(index=i, overrides=(f"training.lr={lr}",), output_dir=str(i), status="submitted")
+        for i, lr in enumerate((0.1, 0.2))
+    ]
+    sweep_dir.mkdir()
+    write_manifest(entries, sweep_dir / "manifest.jsonl")
+    for entry, status in zip(entries, ("ok", "error"), strict=True):
+        (sweep_dir / entry.output_dir).mkdir()
+        record = {"status": status, "overrides": list(entry.overrides), "message": "boom"}
+        (sweep_dir / entry.output_dir / "result.json").write_text(json.dumps(record))
+    failed = status_cli(str(sweep_dir))
+    assert failed.returncode == EXIT_FAILED and "1 done, 1 failed" in failed.stdout
+    assert "1 configs failed" in failed.stderr and "--ok-if-failed" in failed.stderr
+    assert status_cli("--ok-if-failed", str(sweep_dir)).returncode == 0
+
+
+def test_a_result_of_another_config_in_a_configs_directory_is_not_its_result(tmp_path: Path) -> None:
+    entry = ManifestEntry(index=0, overrides=("training.lr=0.2",), output_dir="0", status="submitted", job_id="9_0")
+    write_manifest([entry], tmp_path / "manifest.jsonl")
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "result.json").write_text('{"status": "ok", "overrides": ["training.lr=0.1"]}')
+    (status,) = sweep_status(tmp_path, slurm_states={"9_0": "PENDING"})
+    assert status.state == "pending" and "0/result.json is another config's (training.lr=0.1)" in status.detail
+    # Hydra's own overrides are not recorded by the run, and credentials are recorded scrubbed.
+    (tmp_path / "0" / "result.json").write_text('{"status": "ok", "overrides": ["training.lr=0.2"]}')
+    assert sweep_status(tmp_path, slurm_states={})[0].state == "done"
+    launched = dataclasses.replace(entry, overrides=("training.lr=0.2", "hydra.sweep.subdir=x", "+a.API_KEY=s"))
+    write_manifest([launched], tmp_path / "manifest.jsonl")
+    (tmp_path / "0" / "result.json").write_text('{"status": "ok", "overrides": ["+a.API_KEY=***", "training.lr=0.2"]}')
+    assert sweep_status(tmp_path, slurm_states={})[0].state == "done"
+
+
+def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Config 0 is refused by sbatch (a gres the cluster lacks), config 1 is queued; held: nothing runs.
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1,null", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    assert proc.returncode != 0
+    first = read_manifest(sweep_dir)
+    assert [e.status for e in first] == ["refused", "submitted"]
+
+    def rerun(*changes: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    bad = rerun("parallelism.tpp=2")
+    assert bad.returncode == EXIT_USAGE and "did you mean parallelism.tp" in bad.stderr, bad.stderr
+    assert read_manifest(sweep_dir) == first
+
+    done = rerun("cluster.gres=null", "training.train_iters=5")
+    entries = read_manifest(sweep_dir)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("rerun: config 2 (rerun of config 0): job "), done.stdout
+        assert entries[:2] == first  # the failed config stays as it was; nothing is renamed
+        added = entries[2]
+        assert (added.index, added.output_dir, added.status, added.rerun_of) == (2, "2", "submitted", 0)
+        assert added.overrides[-2:] == ("cluster.gres=null", "training.train_iters=5")
+        assert "cluster.gres=nosuch:1" not in added.overrides and "training.train_iters=3" not in added.overrides
+        # Its rerun stands for the refused config: status no longer fails, and no second rerun.
+        table = status_cli(str(sweep_dir))
+        assert table.returncode == 0, table.stdout + table.stderr
+        assert "(rerun as config 2)" in table.stdout
+        assert rerun("training.train_iters=7").stdout.strip() == "rerun: no failed configs"
+    finally:
+        subprocess.run(["scancel", *sorted({e.job_id.split("_")[0] for e in entries if e.job_id})], timeout=30)

@@ -147,3 +147,21 @@ def test_record_to_dict_turns_non_finite_into_null() -> None:
         "b": [None, 1.0],
         "c": "x",
     }
+
+
+def test_a_record_is_matched_to_its_config_by_its_overrides() -> None:
+    record = {"status": "ok", "overrides": ["b=2", "a=1", "+w.API_KEY=***"]}
+    assert contract.record_matches(record, ["a=1", "b=2", "+w.API_KEY=secret", "hydra.sweep.subdir=x"])
+    assert not contract.record_matches(record, ["a=1", "b=3", "+w.API_KEY=secret"])
+    assert contract.record_matches({"status": "ok"}, ["a=1"])  # older records: the directory's word
+    assert "interrupted" in contract.STATUSES and contract.EXIT_INTERRUPTED == 128 + 2
+
+
+def test_rerun_of_round_trips_and_is_written_only_when_set(tmp_path: Path) -> None:
+    plain = ManifestEntry(index=0, overrides=("a=1",), output_dir="0", status="refused")
+    rerun = ManifestEntry(index=1, overrides=("a=2",), output_dir="1", status="submitted", job_id="3", rerun_of=0)
+    write_manifest([plain, rerun], tmp_path / "manifest.jsonl")
+    assert read_manifest(tmp_path) == [plain, rerun]
+    assert "rerun_of" not in (tmp_path / "manifest.jsonl").read_text().splitlines()[0]
+    with pytest.raises(ManifestError, match="rerun_of must be a config index"):
+        ManifestEntry(index=1, overrides=(), output_dir="1", status="submitted", rerun_of="0")  # type: ignore[arg-type]

@@ -13,20 +13,26 @@ point does in a subprocess:
 
 The default run is derandomized and bounded (AGREEMENT_DRAWS); tests/bench/bench_agreement.py
 draws more.
+
+Also the entry point's own endings: Ctrl-C (a real SIGINT to a real run) and unknown keys.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from train.contract import EXIT_USAGE, RESULT_FILE, read_record
+from train.contract import EXIT_INTERRUPTED, EXIT_USAGE, RESULT_FILE, read_record
 from train.planner.plan import plan_run
 
 from .test_distributed import REPO, worker_env
@@ -155,3 +161,59 @@ def test_dp2_tp2_pp2_of_the_default_batch_trains(tmp_path: Path) -> None:
     overrides = ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "model.seq_length=32",
                  "model.hidden_size=64", "training.train_iters=2", "training.warmup_iters=1", "logger=disabled")
     check_agreement(Draw(overrides, 8), tmp_path)
+
+
+TINY_RUN = ("logger=disabled", "model.num_layers=1", "model.hidden_size=64", "model.seq_length=32")
+
+
+def interrupt(argv: Sequence[str], *, whole_group: bool = True) -> tuple[int, str]:
+    """Start `python <argv>`, wait for its first iteration line, send it SIGINT as a terminal's Ctrl-C
+    does (to its whole process group) or as `kill -INT` does (to it alone); (exit status, stderr).
+    Every process of its group must be gone by then."""
+    run = subprocess.Popen(
+        [sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:  # training is under way once an iteration is logged
+            if "iteration" in line:
+                break
+        if whole_group:
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    with pytest.raises(ProcessLookupError):  # no worker outlived the run
+        os.killpg(run.pid, 0)
+    return run.returncode, stderr
+
+
+@pytest.mark.parametrize(("tp", "whole_group"), [(2, True), (2, False), (1, True)])
+def test_ctrl_c_records_interrupted_and_stops_every_worker(tmp_path: Path, tp: int, whole_group: bool) -> None:
+    code, stderr = interrupt(
+        ["-m", "train", f"parallelism.tp={tp}", "training.train_iters=100000", *TINY_RUN, f"hydra.run.dir={tmp_path}"],
+        whole_group=whole_group,
+    )
+    assert code == EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr and stderr.strip() == f"interrupted (record: {tmp_path / RESULT_FILE})"
+    record = read_record(tmp_path / RESULT_FILE)
+    assert record is not None and record["status"] == "interrupted" and "SIGINT" in record["message"]
+    assert record["world"]["tp"] == tp
+
+
+def test_an_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
+    for override in ("parallelism.tpp=2", "+parallelism.tpp=2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", override, f"hydra.run.dir={tmp_path}"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == EXIT_USAGE
+        assert proc.stderr.strip() == (
+            f"error: parallelism.tpp is not a field of parallelism; did you mean parallelism.tp or "
+            f"parallelism.pp? (override '{override}')"
+        )
+        assert not (tmp_path / RESULT_FILE).exists()

@@ -1,0 +1,145 @@
+"""One sweep per directory: launching or exporting into a sweep is refused unless appended to,
+added configs get new indices, and an unwritable directory is one paragraph, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from analysis.records import load_sweeps
+from launchers.status import sweep_status
+from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index
+from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
+from train.contract import EXIT_USAGE, ManifestEntry, read_manifest, read_record, write_manifest
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+HOLD = "+hydra.launcher.sbatch_args.hold=''"
+"""Nothing runs: only what is queued matters (the jobs are cancelled after)."""
+UNWRITABLE = "/sys/megasweep-test/sweep"
+"""Not even root may create a directory in sysfs: an unwritable sweep directory on any machine."""
+
+
+def train_multirun(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_claim_refuses_a_sweep_and_appends_after_its_last_index(tmp_path: Path) -> None:
+    assert claim_sweep_dir(tmp_path / "new", append=False) == 0
+    entries = [ManifestEntry(index=i, overrides=(), output_dir=str(i), status="skipped") for i in (0, 4)]
+    write_manifest(entries, tmp_path / "new" / "manifest.jsonl")
+    with pytest.raises(SweepDirError, match="already holds a sweep .* hydra.launcher.append=true: .* from 5 on"):
+        claim_sweep_dir(tmp_path / "new", append=False)
+    assert first_index(tmp_path / "new", append=True) == 5
+    with pytest.raises(SweepDirError, match="cannot write there"):
+        claim_sweep_dir(UNWRITABLE, append=True)
+
+
+def test_a_launch_into_a_sweep_is_refused_unless_appended(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    sweep(sweep_dir, "training.lr=1e-4,2e-4", HOLD)
+    first = read_manifest(sweep_dir)
+    manifest, multirun = (sweep_dir / "manifest.jsonl").read_bytes(), (sweep_dir / "multirun.yaml").read_bytes()
+    try:
+        again = sweep(sweep_dir, "training.lr=3e-4", HOLD, check=False)
+        assert again.returncode != 0 and "already holds a sweep (2 configs" in again.stderr, again.stderr
+        assert "hydra.launcher.append=true" in again.stderr and "Traceback" not in again.stderr
+        # Refused before anything was written: the old sweep's files are as they were.
+        assert (sweep_dir / "manifest.jsonl").read_bytes() == manifest
+        assert (sweep_dir / "multirun.yaml").read_bytes() == multirun
+
+        sweep(sweep_dir, "training.lr=3e-4", HOLD, "hydra.launcher.append=true")
+        entries = read_manifest(sweep_dir)
+        assert entries[:2] == first
+        added = entries[2]
+        assert (added.index, added.output_dir, added.status) == (2, "2", "submitted")
+        lr = next(o for o in added.overrides if o.startswith("training.lr="))
+        assert float(lr.split("=", 1)[1]) == 3e-4
+    finally:
+        subprocess.run(["scancel", *sorted({array_of(e.job_id) for e in read_manifest(sweep_dir) if e.job_id})], timeout=30)
+
+
+def test_status_and_analysis_do_not_take_an_old_result_for_a_new_configs(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # An earlier run in the directory config 0 will get (e.g. its manifest was deleted since).
+    old = subprocess.run(
+        [sys.executable, "-m", "train", *TINY, "training.train_iters=1", "training.warmup_iters=0",
+         "training.lr=1e-4", f"hydra.run.dir={sweep_dir / '0'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert old.returncode == 0, old.stderr
+    record = read_record(sweep_dir / "0" / "result.json")
+    assert record is not None and record["status"] == "ok" and "training.lr=1e-4" in record["overrides"]
+
+    sweep(sweep_dir, "training.lr=2e-4", HOLD)
+    (entry,) = read_manifest(sweep_dir)
+    try:
+        assert entry.output_dir == "0"
+        (status,) = sweep_status(sweep_dir)
+        assert status.state == "pending" and "is another config's" in status.detail, status
+        sweeps = load_sweeps([sweep_dir])
+        assert list(sweeps.table["outcome"]) == ["pending"]
+        assert any("belong to no config of the manifest" in w for w in sweeps.warnings), sweeps.warnings
+    finally:
+        subprocess.run(["scancel", array_of(entry.job_id)], timeout=30)
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "local", "plan"])
+def test_an_unwritable_sweep_directory_is_one_paragraph(launcher: str) -> None:
+    proc = train_multirun("training.lr=1e-4,2e-4", f"hydra/launcher={launcher}", f"hydra.sweep.dir={UNWRITABLE}")
+    assert proc.returncode != 0
+    assert f"hydra.sweep.dir={UNWRITABLE}: cannot write there" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+
+
+def test_an_export_into_a_sweep_needs_append_and_a_new_name(tmp_path: Path) -> None:
+    def export(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(tmp_path / "scripts"), *args],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    sweep_dir = tmp_path / "sweep"
+    unwritable = export("--name", "a", "--sweep-dir", UNWRITABLE, "training.lr=1e-4")
+    assert unwritable.returncode == EXIT_USAGE and "cannot write there" in unwritable.stderr
+    assert not list((tmp_path / "scripts").glob("*")), "nothing half-exported"
+
+    assert export("--name", "a", "--sweep-dir", str(sweep_dir), "training.lr=1e-4,2e-4").returncode == 0
+    again = export("--name", "b", "--sweep-dir", str(sweep_dir), "training.lr=3e-4")
+    assert again.returncode == EXIT_USAGE and "already holds a sweep" in again.stderr and "--append" in again.stderr
+    same_name = export("--append", "--name", "a", "--sweep-dir", str(sweep_dir), "training.lr=3e-4")
+    assert same_name.returncode == EXIT_USAGE and "a.sbatch exists" in same_name.stderr
+    assert [e.index for e in read_manifest(sweep_dir)] == [0, 1]
+
+    added = export("--append", "--name", "b", "--sweep-dir", str(sweep_dir), "training.lr=3e-4")
+    assert added.returncode == 0, added.stderr
+    entries = read_manifest(sweep_dir)
+    assert [(e.index, e.output_dir, e.status) for e in entries] == [
+        (0, "0", "exported"), (1, "1", "exported"), (2, "2", "exported")
+    ]  # fmt: skip
+    # The added script's task runs config 2 into directory 2.
+    row = (tmp_path / "scripts" / "b.tasks.tsv").read_text().split("\t")
+    assert row[:3] == ["0", "2", "2"]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "sweeper"), [("local", "megasweep"), ("plan", "megasweep"), ("local", "basic"), ("slurm", "basic")]
+)
+def test_every_launcher_refuses_a_sweep_directory(launcher: str, sweeper: str, tmp_path: Path) -> None:
+    # With Hydra's basic sweeper the launcher's own check is the one that answers.
+    write_manifest([ManifestEntry(index=0, overrides=(), output_dir="0", status="skipped")], tmp_path / "manifest.jsonl")
+    proc = train_multirun(
+        "training.lr=1e-4", f"hydra/launcher={launcher}", f"hydra/sweeper={sweeper}", f"hydra.sweep.dir={tmp_path}"
+    )
+    assert proc.returncode != 0 and "already holds a sweep (1 configs" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [e.index for e in read_manifest(tmp_path)] == [0]
