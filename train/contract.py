@@ -13,6 +13,10 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/deepspeed_config.json       the DeepSpeed config a run used
     <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
     <run dir>/oom.rank<R>.json            OomReport of a rank that ran out of memory (trainer)
+    <cache dir>/peak-<host>.json          PeakCalibration per device, precision, cores, threads, torch (trainer)
+
+The cache directory is $MEGASWEEP_CACHE_DIR, else $XDG_CACHE_HOME/megasweep, else ~/.cache/megasweep
+(`cache_dir`): what megasweep measures once per host, not once per run.
 
 Exit codes of megasweep's commands (`python -m train`, `python -m launchers`,
 `python -m analysis`) are EXIT_*, below.
@@ -52,6 +56,24 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 OOM_REPORT_GLOB = "oom.rank*.json"
+CACHE_DIR_ENV = "MEGASWEEP_CACHE_DIR"
+"""Environment variable naming the cache directory (tests point it at a temporary one)."""
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where megasweep keeps what it measures once per host: $MEGASWEEP_CACHE_DIR, else
+    $XDG_CACHE_HOME/megasweep, else ~/.cache/megasweep (the XDG base directory convention)."""
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_DIR_ENV):
+        return Path(env[CACHE_DIR_ENV])
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "megasweep"
+
+
+def peak_cache_path(host: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The file holding host `host`'s PeakCalibrations (one per cache_key)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "unknown-host"
+    return cache_dir(environ) / f"peak-{safe}.json"
 
 
 def oom_report_name(rank: int) -> str:
@@ -201,7 +223,9 @@ class RunRecord:
     """Every rank's memory, predicted beside measured (MemoryReport.to_dict)."""
     oom: dict[str, Any] | None = None
     """Where the run ran out of memory (OomReport.to_dict of the first rank that did)."""
-    schema_version: int = 2
+    peak_calibration: dict[str, Any] | None = None
+    """hardware.peak_measured: the PeakCalibration behind peak_tflops (spread, host, cache file)."""
+    schema_version: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; non-finite floats become None (JSON has no NaN). A measurement the run
@@ -224,6 +248,7 @@ OPTIONAL_FIELDS = (
     "tensorboard_dir",
     "memory",
     "oom",
+    "peak_calibration",
 )
 """RunRecord fields present only when the run took that measurement or used that option."""
 
@@ -350,6 +375,72 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and "status" in data else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured peak, cached per host (train.calibrate)
+
+
+def peak_cache_key(*, device: str, precision: str, cores: int, threads: int, torch: str) -> str:
+    """Which calibration of a host's cache file fits a run: what changes the peak a matmul reaches."""
+    return f"{device}|{precision}|cores={cores}|threads={threads}|torch={torch}"
+
+
+@dataclass(frozen=True)
+class PeakCalibration:
+    """A matmul peak measured on one host: the cache file's entry and the record's peak_calibration."""
+
+    tflops: float
+    """The peak: the best trial, since interference only ever slows a trial down (TFLOP/s)."""
+    trials_tflops: list[float]
+    """Every timed trial's throughput, in order (TFLOP/s)."""
+    median_tflops: float
+    """Median of the trials (TFLOP/s)."""
+    min_tflops: float
+    """Slowest trial (TFLOP/s)."""
+    cv: float
+    """Coefficient of variation of the trials (std / mean, fraction)."""
+    matrix_size: int
+    """n of the timed n x n by n x n matmul (elements)."""
+    seconds: float
+    """Wall time of the calibration, warm-up included (seconds)."""
+    host: str
+    device: str
+    """'cpu', or the GPU's product name."""
+    precision: str
+    cores: int
+    """CPUs of the host (os.cpu_count)."""
+    threads: int
+    """torch intra-op threads the calibration ran with."""
+    torch: str
+    """torch version."""
+    calibrated_at: str
+    """When it was measured (ISO 8601, UTC)."""
+    cache_file: str | None = None
+    """Where it is cached; None when the cache could not be written."""
+    from_cache: bool = False
+    """True: read from the cache, measured by an earlier run on this host."""
+
+    @property
+    def key(self) -> str:
+        return peak_cache_key(
+            device=self.device, precision=self.precision, cores=self.cores, threads=self.threads, torch=self.torch
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PeakCalibration:
+        """A cached entry; ValueError when it is not one (an older or foreign file)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            calibration = cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as exc:
+            raise ValueError(f"not a peak calibration: {exc}") from None
+        if not (isinstance(calibration.tflops, int | float) and calibration.tflops > 0):
+            raise ValueError(f"not a peak calibration: tflops={calibration.tflops!r}")
+        return calibration
 
 
 # ---------------------------------------------------------------------------------------------

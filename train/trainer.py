@@ -37,7 +37,7 @@ from train.contract import (
     read_oom_reports,
     write_json_atomic,
 )
-from train.loop import train, utilization
+from train.loop import above_peak_warning, train, utilization
 from train.metrics import (
     IterationStats,
     allowlisted_env,
@@ -89,6 +89,8 @@ class Progress:
     optimizer: str | None = None
     peak_tflops: float | None = None
     peak_source: str | None = None
+    peak_calibration: dict[str, Any] | None = None
+    """The cached calibration behind a measured peak (train.contract.PeakCalibration)."""
     max_mem_source: str | None = None
     iterations: list[IterationStats] = field(default_factory=list)
     skipped: int = 0
@@ -302,6 +304,7 @@ def build_record(
         tensorboard_dir=progress.tensorboard_dir,
         memory=progress.memory_report,
         oom=progress.oom,
+        peak_calibration=progress.peak_calibration,
         **_figures(run, layout, progress),
         warnings=list(progress.warnings),  # last: _figures may add one
     )
@@ -332,6 +335,8 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             f"the batch ramp-up never reached global_batch_size={gbs} in {len(progress.iterations)} "
             f"iterations: sec/it, throughput, TFLOPs and MFU are not given (they are figures of the full batch)"
         )
+    if (above := above_peak_warning(progress)) is not None:
+        progress.warnings.append(above)
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
     per_rank = progress.max_mem_per_rank or ([] if mem is None else [mem])
     return {
