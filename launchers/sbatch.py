@@ -222,6 +222,8 @@ def render_script(
         "mem": None if opt.mem_per_node_gb is None else f"{opt.mem_per_node_gb}G",
     }
     lines += [_sbatch_line(k, v) for k, v in optional.items() if v is not None]
+    if opt.exclusive:
+        lines.append(_sbatch_line("exclusive"))
     # A site's gres string (e.g. 'gpu:a100:8') wins, as in the launcher.
     if opt.gres:
         lines.append(_sbatch_line("gres", opt.gres))

@@ -196,6 +196,14 @@ class RunRecord:
     """Global batch of every iteration run (they differ while a batch ramp-up lasts) (samples)."""
     full_batch_reached: bool = True
     """False when a batch ramp-up never reached global_batch_size: the medians are then None."""
+    sec_per_iter_min: float | None = None
+    """Fastest measured iteration (the iterations sec_per_iter's median covers) (seconds)."""
+    sec_per_iter_max: float | None = None
+    """Slowest measured iteration (seconds)."""
+    sec_per_iter_cv: float | None = None
+    """Coefficient of variation of the measured iterations' seconds (std / mean, fraction); None below 2."""
+    neighbours: dict[str, Any] = field(default_factory=dict)
+    """Other Slurm jobs running on this job's nodes: nodes, at_start, at_end (job ids); empty outside Slurm."""
     env: dict[str, str] = field(default_factory=dict)
     """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
     warnings: list[str] = field(default_factory=list)
