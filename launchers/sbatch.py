@@ -70,7 +70,14 @@ from launchers.submit import (
     save_launch_file,
     signal_lead_s,
 )
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, manifest_path, write_manifest
+from train.contract import (
+    EXPORTED_JOBS_DIR,
+    LOG_FILE,
+    SLURM_LOG_DIR,
+    ManifestEntry,
+    manifest_path,
+    write_manifest,
+)
 
 __all__ = [
     "DEFAULT_OUT_DIR",
@@ -203,7 +210,8 @@ def render_script(
         "#   task id, config index, output dir, max retries, count of env entries, KEY=VALUE env entries,",
         "#   overrides (tab-separated).",
         f"# Submit with: sbatch {shlex.quote(str(script))}",
-        f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir}/.slurm/",
+        f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir / SLURM_LOG_DIR}/; "
+        f"each run's own log: <config index>/{LOG_FILE}",
         f"# Progress: python -m launchers status {shlex.quote(str(sweep_dir))}",
         "# A run stopped by Slurm's USR1 warning checkpoints and its task requeues itself, up to the",
         "# config's cluster.max_retries times, as in a launcher-run sweep.",
@@ -230,7 +238,7 @@ def render_script(
     elif alloc.gpus_per_node:
         lines.append(_sbatch_line("gpus-per-node", alloc.gpus_per_node))
     lines += [
-        _sbatch_line("output", sweep_dir / ".slurm" / "%A_%a.out"),
+        _sbatch_line("output", sweep_dir / SLURM_LOG_DIR / "%A_%a.out"),
         _sbatch_line("chdir", cwd),
     ]
     # As the launcher submits (launchers.submit.executor_parameters); the user's own options win.
@@ -311,7 +319,7 @@ def export_sweep(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # Slurm opens --output itself and does not create its directory.
-    (sweep_dir / ".slurm").mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
     scripts = []
     exported: list[ManifestEntry] = []
     for number, (key, piece) in enumerate(pieces, start=1):

@@ -15,6 +15,9 @@ job id in the manifest; its array task records one when it starts (train.contrac
 resolve_exported), and until then the config is `pending` (queued or not yet submitted: this
 side cannot tell which).
 
+Every failed config's log is named below the table: the run directory's own log (LOG_FILE, the
+trainer's output), else Slurm's output of its job (a job that died before the trainer started).
+
 `rerun --failed` resubmits the `failed` and the `refused` configs: a refused sbatch is a
 config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
@@ -34,7 +37,10 @@ from typing import Any
 from launchers.queue import base_state, is_live, is_running, read_states
 from launchers.submit import load_launch_file, merge_entries, submit_configs
 from train.contract import (
+    LOG_FILE,
     RESULT_FILE,
+    SLURM_LOG_DIR,
+    SUBMITIT_DIR,
     ManifestEntry,
     manifest_path,
     previous_result_name,
@@ -64,6 +70,8 @@ class ConfigStatus:
     """As squeue/sacct last reported it; None when Slurm does not know the job (yet)."""
     detail: str
     """Why failed or skipped; empty otherwise."""
+    log: str | None = None
+    """A failed config's log (see the module docstring); None otherwise, or when there is none."""
 
 
 def classify(
@@ -97,6 +105,19 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> dict[str, Any] | None:
     return read_record(sweep_dir / entry.output_dir / RESULT_FILE)
 
 
+def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
+    """The log that says what happened to a config's run: its own, else its Slurm job's output."""
+    own = sweep_dir / entry.output_dir / LOG_FILE
+    if own.is_file():
+        return own
+    if not entry.job_id:
+        return None
+    # Exported scripts write <array>_<task>.out; submitit writes <job>_<task>_log.out per srun task.
+    slurm = [sweep_dir / SLURM_LOG_DIR / f"{entry.job_id}.out"]
+    slurm += sorted((sweep_dir / SUBMITIT_DIR / entry.job_id).glob("*_0_log.out"))
+    return next((p for p in slurm if p.is_file()), None)
+
+
 def sweep_status(
     sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None
 ) -> list[ConfigStatus]:
@@ -109,7 +130,8 @@ def sweep_status(
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         state, detail = classify(e, _record(sweep_dir, e), slurm)
-        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail))
+        log = run_log(sweep_dir, e) if state == "failed" else None
+        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, None if log is None else str(log)))
     return out
 
 
@@ -130,6 +152,8 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     finished = counts["done"] + counts["failed"] + counts["refused"]
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
+    # Before the bar, which stays the last line: where to look first when a config failed.
+    lines += [f"log of failed config {s.index}: {s.log or 'none found'}" for s in statuses if s.state == "failed"]
     lines.append(
         f"[{bar}] {finished}/{total} finished: " + ", ".join(f"{counts[state]} {state}" for state in STATES)
     )

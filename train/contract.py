@@ -13,6 +13,10 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/deepspeed_config.json       the DeepSpeed config a run used
     <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
     <run dir>/oom.rank<R>.json            OomReport of a rank that ran out of memory (trainer)
+    <run dir>/train.log                   the run's console output, iteration lines included (launchers.job)
+    <run dir>/train.rank<R>.log           the console output of srun task R > 0 (launchers.job)
+    <sweep dir>/.submitit/<job id>/       submitit's scripts and Slurm logs of the launcher's jobs
+    <sweep dir>/.slurm/<job id>.out       Slurm logs of an exported array script's tasks
     <cache dir>/peak-<host>.json          PeakCalibration per device, precision, cores, threads, torch (trainer)
 
 The cache directory is $MEGASWEEP_CACHE_DIR, else $XDG_CACHE_HOME/megasweep, else ~/.cache/megasweep
@@ -56,8 +60,19 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 OOM_REPORT_GLOB = "oom.rank*.json"
+LOG_FILE = "train.log"
+"""A run's console output (rank 0's, or all ranks' of a local spawn), in its run directory."""
+SUBMITIT_DIR = ".submitit"
+"""Per-job folders of submitit (scripts, pickles, Slurm's output) in a launcher's sweep directory."""
+SLURM_LOG_DIR = ".slurm"
+"""Slurm's output of an exported array script's tasks, <array>_<task>.out, in the sweep directory."""
 CACHE_DIR_ENV = "MEGASWEEP_CACHE_DIR"
 """Environment variable naming the cache directory (tests point it at a temporary one)."""
+
+
+def rank_log_name(rank: int) -> str:
+    """Name of the console output of srun task `rank` > 0 (rank 0's is LOG_FILE)."""
+    return LOG_FILE if rank == 0 else f"train.rank{rank}.log"
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
