@@ -132,7 +132,8 @@ def timed_step(
         nan_iters=int(diverged),
         samples_per_s=batch / elapsed,
         tflops=tflops,
-        mfu=None if tflops is None or progress.peak_tflops is None else tflops / progress.peak_tflops,
+        # The ratio even above 1 (note_above_peak warns): a hidden MFU would read as 'not measured'.
+        mfu=None if tflops is None or not progress.peak_tflops else tflops / progress.peak_tflops,
         max_mem_gib=max_memory_gib(s.device),
     )
 
