@@ -4,6 +4,13 @@ Same work = same model, global batch size and sequence length: one iteration the
 tokens whatever the layout, so seconds per iteration is time to train. The fastest layout is the
 one with the lowest seconds per iteration, not the highest TFLOPs per device: a layout on fewer
 devices can run each one harder and still finish later (the BLOOM notes' 40-node vs 48-node tables).
+
+A winner is called only when its margin is larger than the noise: the runs' iterations spread
+(their coefficient of variation, RunRecord.sec_per_iter_cv), and a margin smaller than the two
+runs' combined spread, sqrt(CV_best^2 + CV_runner_up^2), could go either way on a rerun. Then
+the recommendation says so and names the configs to repeat (the top few within the noise), with
+more measured iterations and whole nodes. Runs that shared their nodes with other Slurm jobs are
+pointed out: their timings include their neighbours' load.
 """
 
 from __future__ import annotations
@@ -12,10 +19,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from analysis.records import FAILED
-from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_size
+from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_size
+
+RERUN_TOP = 3
+"""Configs a recommendation inside the noise suggests repeating, at most (the best included)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,10 @@ class Candidate:
     mem_gib: float | None
     mem_capacity_gib: float | None
     overrides: str
+    sec_cv: float | None = None
+    """Spread of the run's measured iterations (std / mean, fraction); None when unknown."""
+    neighbours: int = 0
+    """Other Slurm jobs seen on the run's nodes during training."""
 
     @property
     def label(self) -> str:
@@ -77,6 +92,16 @@ class Recommendation:
     """The fastest layout of each node count, fewest nodes first; empty when there is one node count."""
     candidates: int
     excluded: tuple[str, ...]
+    noise_pct: float | None = None
+    """Combined spread of the best and the runner-up, sqrt(CV_best^2 + CV_runner_up^2) (%); None when
+    either is unknown."""
+    close: tuple[Candidate, ...] = ()
+    """Runs after the best whose seconds per iteration are within the noise of its own, fastest first."""
+
+    @property
+    def decided(self) -> bool:
+        """Whether the margin over the runner-up is larger than the noise (or the noise is unknown)."""
+        return self.margin_pct is None or self.noise_pct is None or self.margin_pct > self.noise_pct
 
 
 def _opt_float(v: object) -> float | None:
@@ -100,7 +125,26 @@ def _candidate(row: pd.Series) -> Candidate:
         mem_gib=_opt_float(row["mem_gib"]),
         mem_capacity_gib=_opt_float(row["mem_capacity_gib"]),
         overrides=str(row["config_key"]),
+        sec_cv=_opt_float(row["sec_cv"]),
+        neighbours=int(n) if (n := _opt_float(row["neighbour_jobs"])) is not None else 0,
     )
+
+
+def _noise_pct(a: Candidate, b: Candidate) -> float | None:
+    """The combined spread of two runs (%): a difference of their medians smaller than it is noise."""
+    if a.sec_cv is None or b.sec_cv is None:
+        return None
+    return 100.0 * math.hypot(a.sec_cv, b.sec_cv)
+
+
+def _within_noise(best: Candidate, others: pd.DataFrame) -> tuple[Candidate, ...]:
+    """The runs of `others` (sorted, fastest first) within the noise of `best`; vectorised, since a
+    group may hold thousands of runs and only a few are close."""
+    if best.sec_cv is None or others.empty:
+        return ()
+    gap = others["sec_per_iter"] / best.sec_per_iter - 1.0
+    noise = np.hypot(best.sec_cv, others["sec_cv"].astype(float))
+    return tuple(_candidate(r) for _, r in others[gap <= noise].iterrows())
 
 
 def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ...]:
@@ -166,6 +210,8 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 per_nodes=per_nodes,
                 candidates=len(runs),
                 excluded=_excluded(group, masks),
+                noise_pct=None if runner_up is None else _noise_pct(best, runner_up),
+                close=_within_noise(best, runs.iloc[1:]),
             )
         )
     return recs
@@ -192,6 +238,38 @@ def _figures(c: Candidate) -> str:
     return f"{c.sec_per_iter:.2f} s/it{tflops}{mfu}"
 
 
+def _noise_text(r: Recommendation) -> str:
+    assert r.runner_up is not None
+    if r.noise_pct is None:
+        return "noise unknown (a run has fewer than two measured iterations), so the margin is not checked against it"
+    spreads = f"CV {format_cv(r.best.sec_cv)} and {format_cv(r.runner_up.sec_cv)}, combined {r.noise_pct:.1f}%"
+    if r.decided:
+        return f"outside the noise ({spreads})"
+    return f"inside the noise: their iterations spread by more ({spreads}), so a rerun could swap them"
+
+
+def _repeat_advice(r: Recommendation) -> list[str]:
+    """Which configs to repeat, and how, to tell the runs inside the noise apart."""
+    top = [r.best, *r.close][:RERUN_TOP]
+    lines = [
+        f"- to decide: repeat the top {len(top)} (within the noise of each other) with more measured iterations "
+        "(training.train_iters) on whole nodes (cluster.exclusive=true); training.repeats does not exist, so "
+        "rerun each as its own sweep, e.g. `python -m train -m hydra/launcher=slurm training.train_iters=<more> "
+        "<its overrides>`:"
+    ]
+    lines += [f"  - {c.label}: {c.overrides or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
+    return lines
+
+
+def _neighbour_notes(r: Recommendation) -> list[str]:
+    shared = [(what, c) for what, c in (("best", r.best), ("runner-up", r.runner_up)) if c is not None and c.neighbours]
+    return [
+        f"- the {what} shared its nodes with {c.neighbours} other Slurm job(s) while it trained: its timing "
+        "includes their load (cluster.exclusive=true asks for whole nodes)"
+        for what, c in shared
+    ]
+
+
 def format_recommendations(recs: Sequence[Recommendation]) -> str:
     """Plain text (also valid markdown) for the console and results.md."""
     if not recs:
@@ -200,17 +278,22 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
     for r in recs:
         seq = "" if r.seq_length is None else f", sequence {r.seq_length}"
         size = f" ({r.size})" if r.size else ""
+        work = f"{r.model}{size}, GBS {r.global_batch_size}{seq}"
+        where = f"{_figures(r.best)} [{r.best.sweep}/{r.best.run_dir}]"
         lines = [
-            f"Fastest for {r.model}{size}, GBS {r.global_batch_size}{seq}: {r.best.label}: {_figures(r.best)}"
-            f" [{r.best.sweep}/{r.best.run_dir}]"
+            f"Fastest for {work}: {r.best.label}: {where}" if r.decided
+            else f"No clear winner for {work}: {r.best.label} measured fastest: {where}"
         ]
         if r.runner_up is not None and r.margin_pct is not None:
             lines.append(
                 f"- margin: {r.margin_pct:.1f}% faster per iteration than the runner-up, "
-                f"{r.runner_up.label}: {_figures(r.runner_up)}"
+                f"{r.runner_up.label}: {_figures(r.runner_up)}; {_noise_text(r)}"
             )
         else:
             lines.append("- margin: none; it is the only run that qualifies")
+        if not r.decided:
+            lines += _repeat_advice(r)
+        lines += _neighbour_notes(r)
         if r.highest_tflops.run_dir != r.best.run_dir or r.highest_tflops.sweep != r.best.sweep:
             slower = 100.0 * (r.highest_tflops.sec_per_iter / r.best.sec_per_iter - 1.0)
             lines.append(

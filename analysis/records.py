@@ -89,6 +89,8 @@ CORE_COLUMNS: tuple[str, ...] = (
     "seq_length",
     "size_params",  # parameters of the model (the record's count, else train.planner.sizes)
     "sec_per_iter",
+    "sec_cv",  # spread of the measured iterations' seconds: std / mean (fraction; NaN when unknown)
+    "neighbour_jobs",  # other Slurm jobs seen on the run's nodes during training (count; NaN outside Slurm)
     "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
     "mfu",
     "pflops",  # aggregate PetaFLOP/s = tflops x devices / 1024, as the BLOOM notes write it
@@ -315,6 +317,8 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     per_node = _num(df, "config.hardware.devices_per_node").where(lambda s: s > 0, 1.0)
     # SLURM_NNODES is what the job had; the division is what it needed (a CPU run has no Slurm).
     df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(np.ceil(df["devices"] / per_node))
+    df["sec_cv"] = _num(df, "sec_per_iter_cv")
+    df["neighbour_jobs"] = _neighbour_counts(df)
     df["tflops"] = _num(df, "tflops_per_device")
     df["mfu"] = _num(df, "mfu")
     df["pflops"] = df["tflops"] * df["devices"] / 1024
@@ -331,6 +335,17 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["mem_pred_gib"], estimated = _per_config(df)
     df["size_params"] = _num(df, "params").fillna(estimated)
     return df
+
+
+def _neighbour_counts(df: pd.DataFrame) -> pd.Series:
+    """Distinct jobs a record saw on its nodes at the start or the end of training (NaN: not sampled)."""
+    start, end = _col(df, "neighbours.at_start", None), _col(df, "neighbours.at_end", None)
+    counts = [
+        float(len({*(a if isinstance(a, list) else ()), *(b if isinstance(b, list) else ())}))
+        if isinstance(a, list) or isinstance(b, list) else np.nan
+        for a, b in zip(start, end, strict=True)
+    ]
+    return pd.Series(counts, index=df.index, dtype=float)
 
 
 def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:

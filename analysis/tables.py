@@ -6,7 +6,10 @@ Formatting conventions, as the seeds write them:
   'GB' like the seeds: whole GiB from 10 GiB up ('47GB'), one decimal below ('0.4GB') so that
   small and CPU runs do not all read '0GB'. A failed or skipped config shows its outcome there
   instead (OOM, NaN, timeout, fail, skipped), with Sec/it and TFLOPs empty, as the seeds' OOM rows.
-- Size: parameters as papers write them (1.3B, 181B); Sec/it two decimals (three below 1 s);
+- Size: parameters as papers write them (1.3B, 181B); Sec/it two decimals (three below 1 s); CV
+  (the measured iterations' std / mean, in percent, one decimal) beside it, so that a difference
+  between two rows can be read against their noise; Notes say when other Slurm jobs shared a run's
+  nodes;
   TFLOPs per device two decimals (four below 1); MFU in percent, one decimal.
 - Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
   failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
@@ -22,7 +25,8 @@ import pandas as pd
 from analysis.records import outcome_counts
 from train.planner.plan import format_params
 
-SEED_COLUMNS = ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "TFLOPs", "MFU", "Notes")
+SEED_COLUMNS = ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "CV", "TFLOPs", "MFU", "Notes")
+"""The seeds' columns, plus CV: the spread of a run's timed iterations, which the seeds did not show."""
 OUTCOME_TEXT = {
     "ok": "ok",
     "oom": "OOM",
@@ -86,6 +90,14 @@ def format_tflops(tflops: float | None) -> str:
     return f"{tflops:.2f}" if tflops >= 1 else f"{tflops:.4f}"
 
 
+def format_cv(cv: float | None) -> str:
+    """'3.2%': the spread of a run's measured iterations; '' when unknown (fewer than two)."""
+    if _missing(cv):
+        return ""
+    assert cv is not None
+    return f"{100 * cv:.1f}%"
+
+
 def format_mfu(mfu: float | None) -> str:
     if _missing(mfu):
         return ""
@@ -138,7 +150,9 @@ def varying_overrides(df: pd.DataFrame) -> pd.Series:
 def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     reason = df["reason"].fillna("").astype(str)
     reason = reason.where(reason.str.len() <= _MAX_REASON, reason.str.slice(0, _MAX_REASON - 3) + "...")
-    parts = [df["date"].fillna("").astype(str), varying_overrides(df), reason]
+    neighbours = pd.to_numeric(df["neighbour_jobs"], errors="coerce").fillna(0).astype(int)
+    beside = neighbours.map(lambda n: f"beside {n} other job(s)" if n else "")
+    parts = [df["date"].fillna("").astype(str), beside, varying_overrides(df), reason]
     if multi_sweep:
         parts.insert(0, df["sweep"].astype(str))
     notes = pd.Series("", index=df.index, dtype=object)
@@ -164,6 +178,7 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
             "GBS": _int_text(done["gbs"]),
             "Mem": mem,
             "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
+            "CV": done["sec_cv"].map(format_cv).where(ok, ""),
             "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
             "MFU": done["mfu"].map(format_mfu).where(ok, ""),
             "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
@@ -215,7 +230,8 @@ def summary_line(df: pd.DataFrame) -> str:
 MEM_FOOTNOTE = (
     "* Mem = measured peak memory per device (max over ranks and iterations), GiB (2^30 bytes) written GB "
     "as the seeds do: whole GiB from 10 GiB, one decimal below. Sec/it = median seconds per iteration after "
-    "warm-up. TFLOPs = model TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak."
+    "warm-up. CV = their spread (std / mean): differences smaller than the CVs are noise. TFLOPs = model "
+    "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak."
 )
 
 
@@ -481,6 +497,7 @@ __all__ = [
     "SEED_COLUMNS",
     "ZERO_COLUMNS",
     "ZERO_FOOTNOTE",
+    "format_cv",
     "format_mem",
     "format_mfu",
     "format_sec",

@@ -244,6 +244,8 @@ class ClusterConfig:
     """Generic resources per node, e.g. 'gpu:8' (--gres); null requests none."""
     constraint: str | None = None
     """Node feature constraint (--constraint)."""
+    exclusive: bool = True
+    """Whole nodes per job (--exclusive), so no other job's work distorts a run's timings (on | off)."""
     time_limit_min: int = 60
     """Wall-clock limit per job (minutes)."""
     cpus_per_task: int = 1
@@ -251,7 +253,7 @@ class ClusterConfig:
     mem_per_node_gb: int | None = None
     """Host memory per node (GB, --mem); null uses the site default."""
     array_parallelism: int = 256
-    """Most tasks of one array running at once (the %N throttle)."""
+    """Most tasks of one array running at once (the %N throttle) (tasks)."""
     max_retries: int = 2
     """Requeues allowed after preemption or time limit, per task."""
     setup: list[str] = field(default_factory=list)

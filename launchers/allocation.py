@@ -86,6 +86,8 @@ class SbatchOptions:
     array_parallelism: int
     setup: tuple[str, ...]
     """Shell lines run in the batch script before srun (module loads, venv activation)."""
+    exclusive: bool = False
+    """Whole nodes (--exclusive); False for launch records written before the option existed."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayK
         mem_per_node_gb=c.mem_per_node_gb,
         array_parallelism=array_parallelism if array_parallelism is not None else c.array_parallelism,
         setup=tuple(c.setup),
+        exclusive=c.exclusive,
     )
     return ArrayKey(allocation=allocation_of(run), options=options)
 

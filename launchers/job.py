@@ -13,23 +13,32 @@ SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record 
 result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
 `timeout` record stands and the job fails.
 
+Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
+for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
+echoes that file to its own output as it grows, so Slurm's log (or the local launcher's console)
+still shows the iteration lines. The trainer writes the file itself, not through a pipe: a wrapper
+that Slurm ends first must not take the trainer's output, or its record, down with it.
+
 Torch-free: torch is imported only by the trainer it starts.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name
+from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name
 
 __all__ = ["TrainCommand", "main", "slurm_job_id"]
 
@@ -65,20 +74,14 @@ class TrainCommand:
         # Slurm's USR1 warning reaches every process of the step; its default action would kill
         # this one (the task's wrapper process) while the trainer is still saving its checkpoint.
         _ignore_in_this_process(signal.SIGUSR1)
-        # Inherited stdout/stderr: the trainer's log lines land in the task's Slurm log as they come.
-        proc = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env)
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C: the trainer writes an `interrupted` record and exits, which subprocess.run
-            # would cut short (SIGKILL after 0.25 s). It got the terminal's SIGINT too, unless only
-            # this process was signalled: passing it on once more is harmless (ignored after one).
-            proc.send_signal(signal.SIGINT)
-            proc.wait()
-            raise
+        code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
         return code
+
+    def log_path(self, environ: Mapping[str, str]) -> Path:
+        """This srun task's log in the run directory (see the module docstring)."""
+        return Path(self.output_dir) / rank_log_name(int(environ.get("SLURM_PROCID", "0") or 0))
 
     def failure(self, code: int) -> str:
         """The message of a trainer that exited with status `code`."""
@@ -120,6 +123,52 @@ class TrainCommand:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_REQUEUE)
+
+
+ECHO_INTERVAL_S = 0.2
+"""How often the task copies what the trainer added to its log to its own output (seconds)."""
+
+
+def run_logged(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], log: Path) -> int:
+    """Run `argv` with stdout and stderr appended to `log`, echoing the file to this process's stdout
+    while it runs; the exit status."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # Unbuffered: stdout and stderr share the file, and a line must land in it when it is printed.
+    env = {**env, "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED") or "1"}
+    with open(log, "ab") as out:
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        job = slurm_job_id(os.environ) or "no Slurm job"
+        out.write(f"megasweep: {started} ({job}): {' '.join(argv)}\n".encode())
+        out.flush()
+        offset = out.tell()
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with open(log, "rb") as follow, subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=out) as proc:
+            follow.seek(offset)
+            try:
+                while proc.poll() is None:
+                    _echo(follow, decode)
+                    time.sleep(ECHO_INTERVAL_S)
+            except KeyboardInterrupt:
+                # Ctrl-C: the trainer writes an `interrupted` record and exits; killing it would cut
+                # that short. It got the terminal's SIGINT too, unless only this process was
+                # signalled: passing it on once more is harmless (ignored after one).
+                proc.send_signal(signal.SIGINT)
+                proc.wait()
+                _echo(follow, decode)
+                raise
+            except BaseException:  # as subprocess.run: the trainer does not outlive an interrupted task
+                proc.kill()
+                raise
+            _echo(follow, decode)
+    return proc.returncode
+
+
+def _echo(follow: BinaryIO, decode: codecs.IncrementalDecoder) -> None:
+    # Text, not bytes: a launcher's (or a test's) stdout may have no binary buffer.
+    text = decode.decode(follow.read())
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 def _ignore_in_this_process(signum: signal.Signals) -> None:

@@ -77,7 +77,15 @@ from launchers.submit import (
     signal_lead_s,
 )
 from launchers.sweepdir import SweepDirError, SweepOptions, first_index, writable_dir
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.contract import (
+    EXPORTED_JOBS_DIR,
+    LOG_FILE,
+    SLURM_LOG_DIR,
+    ManifestEntry,
+    manifest_path,
+    read_manifest,
+    write_manifest,
+)
 
 __all__ = [
     "DEFAULT_OUT_DIR",
@@ -211,7 +219,8 @@ def render_script(
         "#   task id, config index, output dir, max retries, count of env entries, KEY=VALUE env entries,",
         "#   overrides (tab-separated).",
         f"# Submit with: sbatch {shlex.quote(str(script))}",
-        f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir}/.slurm/",
+        f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir / SLURM_LOG_DIR}/; "
+        f"each run's own log: <config index>/{LOG_FILE}",
         f"# Progress: python -m launchers status {shlex.quote(str(sweep_dir))}",
         "# A run stopped by Slurm's USR1 warning checkpoints and its task requeues itself, up to the",
         "# config's cluster.max_retries times, as in a launcher-run sweep.",
@@ -230,13 +239,15 @@ def render_script(
         "mem": None if opt.mem_per_node_gb is None else f"{opt.mem_per_node_gb}G",
     }
     lines += [_sbatch_line(k, v) for k, v in optional.items() if v is not None]
+    if opt.exclusive:
+        lines.append(_sbatch_line("exclusive"))
     # A site's gres string (e.g. 'gpu:a100:8') wins, as in the launcher.
     if opt.gres:
         lines.append(_sbatch_line("gres", opt.gres))
     elif alloc.gpus_per_node:
         lines.append(_sbatch_line("gpus-per-node", alloc.gpus_per_node))
     lines += [
-        _sbatch_line("output", sweep_dir / ".slurm" / "%A_%a.out"),
+        _sbatch_line("output", sweep_dir / SLURM_LOG_DIR / "%A_%a.out"),
         _sbatch_line("chdir", cwd),
     ]
     # As the launcher submits (launchers.submit.executor_parameters); the user's own options win.
@@ -324,7 +335,7 @@ def export_sweep(
     writable_dir(out_dir, option="--out-dir")
     writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
     # Slurm opens --output itself and does not create its directory.
-    (sweep_dir / ".slurm").mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
     scripts = []
     exported: list[ManifestEntry] = []
     for stem, (key, piece) in zip(stems, pieces, strict=True):

@@ -17,6 +17,9 @@ job id in the manifest; its array task records one when it starts (train.contrac
 resolve_exported), and until then the config is `pending` (queued or not yet submitted: this
 side cannot tell which).
 
+Every failed config's log is named below the table: the run directory's own log (LOG_FILE, the
+trainer's output), else Slurm's output of its job (a job that died before the trainer started).
+
 `rerun --failed` resubmits the `failed` and the `refused` configs: a refused sbatch is a
 config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
@@ -55,9 +58,12 @@ from launchers.submit import (
 )
 from launchers.sweepdir import next_index
 from train.contract import (
+    LOG_FILE,
     MANIFEST_FILE,
     PLAN_FILE,
     RESULT_FILE,
+    SLURM_LOG_DIR,
+    SUBMITIT_DIR,
     ManifestEntry,
     manifest_path,
     previous_result_name,
@@ -102,6 +108,9 @@ class ConfigStatus:
     """Why failed or skipped; empty otherwise."""
     rerun_as: int | None = None
     """Index of the config that reruns this failed one with changed fields; None when none does."""
+    log: str | None = None
+    """A failed config's log (see the module docstring); None otherwise, or when there is none."""
+
 
 
 class NotASweep(ValueError):
@@ -164,6 +173,19 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | Non
     return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
+def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
+    """The log that says what happened to a config's run: its own, else its Slurm job's output."""
+    own = sweep_dir / entry.output_dir / LOG_FILE
+    if own.is_file():
+        return own
+    if not entry.job_id:
+        return None
+    # Exported scripts write <array>_<task>.out; submitit writes <job>_<task>_log.out per srun task.
+    slurm = [sweep_dir / SLURM_LOG_DIR / f"{entry.job_id}.out"]
+    slurm += sorted((sweep_dir / SUBMITIT_DIR / entry.job_id).glob("*_0_log.out"))
+    return next((p for p in slurm if p.is_file()), None)
+
+
 def sweep_status(
     sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None
 ) -> list[ConfigStatus]:
@@ -183,7 +205,9 @@ def sweep_status(
             detail = f"{detail}; {foreign}" if detail else foreign
         if e.index in rerun_as:
             detail = f"{detail} (rerun as config {rerun_as[e.index]})"
-        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index)))
+        log = run_log(sweep_dir, e) if state == "failed" else None
+        out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
+                                None if log is None else str(log)))  # fmt: skip
     return out
 
 
@@ -209,6 +233,8 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     finished = counts["done"] + counts["failed"] + counts["refused"]
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
+    # Before the bar, which stays the last line: where to look first when a config failed.
+    lines += [f"log of failed config {s.index}: {s.log or 'none found'}" for s in statuses if s.state == "failed"]
     lines.append(
         f"[{bar}] {finished}/{total} finished: " + ", ".join(f"{counts[state]} {state}" for state in STATES)
     )

@@ -356,6 +356,7 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
         "constraint": opt.constraint,
         "mem": opt.mem_per_node_gb,
         "setup": list(opt.setup) or None,
+        "exclusive": True if opt.exclusive else None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     # A site's gres string (e.g. 'gpu:a100:8') wins; otherwise ask for the allocation's GPUs.

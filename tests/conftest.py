@@ -7,6 +7,10 @@ running pytest by hand keeps the cluster warm between runs.
 
 Every test that uses the fixture gets the `slurm` marker, so `pytest -m "not slurm"` skips them all.
 MEGASWEEP_SKIP_SLURM=1 skips them too (a machine where the cluster cannot run).
+
+Every test session gets its own megasweep cache directory (the CPU peak's calibration,
+train.calibrate): no test reads or writes the developer's ~/.cache/megasweep, and the processes and
+Slurm jobs the tests start inherit the variable.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from train.contract import CACHE_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_SCRIPTS = REPO / "slurm"
@@ -83,6 +89,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def megasweep_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This session's cache directory, exported as MEGASWEEP_CACHE_DIR (see the module docstring)."""
+    path = tmp_path_factory.mktemp("megasweep-cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_DIR_ENV, str(path))
+    try:
+        yield path
+    finally:
+        patch.undo()
 
 
 @pytest.fixture(scope="session")

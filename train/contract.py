@@ -13,6 +13,14 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/deepspeed_config.json       the DeepSpeed config a run used
     <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
     <run dir>/oom.rank<R>.json            OomReport of a rank that ran out of memory (trainer)
+    <run dir>/train.log                   the run's console output, iteration lines included (launchers.job)
+    <run dir>/train.rank<R>.log           the console output of srun task R > 0 (launchers.job)
+    <sweep dir>/.submitit/<job id>/       submitit's scripts and Slurm logs of the launcher's jobs
+    <sweep dir>/.slurm/<job id>.out       Slurm logs of an exported array script's tasks
+    <cache dir>/peak-<host>.json          PeakCalibration per device, precision, cores, threads, torch (trainer)
+
+The cache directory is $MEGASWEEP_CACHE_DIR, else $XDG_CACHE_HOME/megasweep, else ~/.cache/megasweep
+(`cache_dir`): what megasweep measures once per host, not once per run.
 
 Exit codes of megasweep's commands (`python -m train`, `python -m launchers`,
 `python -m analysis`) are EXIT_*, below.
@@ -55,6 +63,35 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 OOM_REPORT_GLOB = "oom.rank*.json"
+LOG_FILE = "train.log"
+"""A run's console output (rank 0's, or all ranks' of a local spawn), in its run directory."""
+SUBMITIT_DIR = ".submitit"
+"""Per-job folders of submitit (scripts, pickles, Slurm's output) in a launcher's sweep directory."""
+SLURM_LOG_DIR = ".slurm"
+"""Slurm's output of an exported array script's tasks, <array>_<task>.out, in the sweep directory."""
+CACHE_DIR_ENV = "MEGASWEEP_CACHE_DIR"
+"""Environment variable naming the cache directory (tests point it at a temporary one)."""
+
+
+def rank_log_name(rank: int) -> str:
+    """Name of the console output of srun task `rank` > 0 (rank 0's is LOG_FILE)."""
+    return LOG_FILE if rank == 0 else f"train.rank{rank}.log"
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where megasweep keeps what it measures once per host: $MEGASWEEP_CACHE_DIR, else
+    $XDG_CACHE_HOME/megasweep, else ~/.cache/megasweep (the XDG base directory convention)."""
+    env = os.environ if environ is None else environ
+    if env.get(CACHE_DIR_ENV):
+        return Path(env[CACHE_DIR_ENV])
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "megasweep"
+
+
+def peak_cache_path(host: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The file holding host `host`'s PeakCalibrations (one per cache_key)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host) or "unknown-host"
+    return cache_dir(environ) / f"peak-{safe}.json"
 
 
 def oom_report_name(rank: int) -> str:
@@ -182,6 +219,14 @@ class RunRecord:
     """Global batch of every iteration run (they differ while a batch ramp-up lasts) (samples)."""
     full_batch_reached: bool = True
     """False when a batch ramp-up never reached global_batch_size: the medians are then None."""
+    sec_per_iter_min: float | None = None
+    """Fastest measured iteration (the iterations sec_per_iter's median covers) (seconds)."""
+    sec_per_iter_max: float | None = None
+    """Slowest measured iteration (seconds)."""
+    sec_per_iter_cv: float | None = None
+    """Coefficient of variation of the measured iterations' seconds (std / mean, fraction); None below 2."""
+    neighbours: dict[str, Any] = field(default_factory=dict)
+    """Other Slurm jobs running on this job's nodes: nodes, at_start, at_end (job ids); empty outside Slurm."""
     env: dict[str, str] = field(default_factory=dict)
     """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
     warnings: list[str] = field(default_factory=list)
@@ -209,7 +254,9 @@ class RunRecord:
     """Every rank's memory, predicted beside measured (MemoryReport.to_dict)."""
     oom: dict[str, Any] | None = None
     """Where the run ran out of memory (OomReport.to_dict of the first rank that did)."""
-    schema_version: int = 2
+    peak_calibration: dict[str, Any] | None = None
+    """hardware.peak_measured: the PeakCalibration behind peak_tflops (spread, host, cache file)."""
+    schema_version: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; non-finite floats become None (JSON has no NaN). A measurement the run
@@ -232,6 +279,7 @@ OPTIONAL_FIELDS = (
     "tensorboard_dir",
     "memory",
     "oom",
+    "peak_calibration",
 )
 """RunRecord fields present only when the run took that measurement or used that option."""
 
@@ -378,6 +426,72 @@ def record_matches(record: Mapping[str, Any], overrides: Iterable[str]) -> bool:
     if not isinstance(recorded, list):
         return True
     return sorted(map(str, recorded)) == sorted(recorded_overrides(overrides))
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured peak, cached per host (train.calibrate)
+
+
+def peak_cache_key(*, device: str, precision: str, cores: int, threads: int, torch: str) -> str:
+    """Which calibration of a host's cache file fits a run: what changes the peak a matmul reaches."""
+    return f"{device}|{precision}|cores={cores}|threads={threads}|torch={torch}"
+
+
+@dataclass(frozen=True)
+class PeakCalibration:
+    """A matmul peak measured on one host: the cache file's entry and the record's peak_calibration."""
+
+    tflops: float
+    """The peak: the best trial, since interference only ever slows a trial down (TFLOP/s)."""
+    trials_tflops: list[float]
+    """Every timed trial's throughput, in order (TFLOP/s)."""
+    median_tflops: float
+    """Median of the trials (TFLOP/s)."""
+    min_tflops: float
+    """Slowest trial (TFLOP/s)."""
+    cv: float
+    """Coefficient of variation of the trials (std / mean, fraction)."""
+    matrix_size: int
+    """n of the timed n x n by n x n matmul (elements)."""
+    seconds: float
+    """Wall time of the calibration, warm-up included (seconds)."""
+    host: str
+    device: str
+    """'cpu', or the GPU's product name."""
+    precision: str
+    cores: int
+    """CPUs of the host (os.cpu_count)."""
+    threads: int
+    """torch intra-op threads the calibration ran with."""
+    torch: str
+    """torch version."""
+    calibrated_at: str
+    """When it was measured (ISO 8601, UTC)."""
+    cache_file: str | None = None
+    """Where it is cached; None when the cache could not be written."""
+    from_cache: bool = False
+    """True: read from the cache, measured by an earlier run on this host."""
+
+    @property
+    def key(self) -> str:
+        return peak_cache_key(
+            device=self.device, precision=self.precision, cores=self.cores, threads=self.threads, torch=self.torch
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PeakCalibration:
+        """A cached entry; ValueError when it is not one (an older or foreign file)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            calibration = cls(**{k: v for k, v in data.items() if k in names})
+        except TypeError as exc:
+            raise ValueError(f"not a peak calibration: {exc}") from None
+        if not (isinstance(calibration.tflops, int | float) and calibration.tflops > 0):
+            raise ValueError(f"not a peak calibration: tflops={calibration.tflops!r}")
+        return calibration
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from torch import nn
 
 from conf.schema import Precision, RunConfig
 from train import flopcheck, memory, power, profiling
-from train.calibrate import measure_peak_tflops
 from train.data import TokenSource, get_batch
 from train.engine import Batch, NativeEngine, StepResult
 from train.metrics import IterationStats, format_log_line
@@ -79,8 +78,11 @@ def train(
         count_model_states(s, progress)
         consumed = stats.consumed_samples
         progress.iterations.append(stats)
-        if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters):
+        above_peak = note_above_peak(stats, progress)
+        if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters or above_peak):
             print(format_log_line(stats), flush=True)
+            if above_peak:
+                print(f"warning: {above_peak}", flush=True)
         sink(stats)
         if stats.nan_iters:
             meter.stop(tokens=0)
@@ -130,7 +132,8 @@ def timed_step(
         nan_iters=int(diverged),
         samples_per_s=batch / elapsed,
         tflops=tflops,
-        mfu=utilization(tflops, progress, "MFU", warn=False),
+        # The ratio even above 1 (note_above_peak warns): a hidden MFU would read as 'not measured'.
+        mfu=None if tflops is None or not progress.peak_tflops else tflops / progress.peak_tflops,
         max_mem_gib=max_memory_gib(s.device),
     )
 
@@ -274,7 +277,11 @@ def announce(run: RunConfig, progress: Progress, *, device: torch.device) -> Non
 
 def banner(run: RunConfig, progress: Progress) -> str:
     params = progress.params or 0
-    peak = "unknown" if progress.peak_tflops is None else f"{progress.peak_tflops:.3f} ({progress.peak_source})"
+    peak = "unknown" if progress.peak_tflops is None else f"{progress.peak_tflops:.4g} ({progress.peak_source})"
+    if (cal := progress.peak_calibration) is not None:
+        trials = len(cal["trials_tflops"])
+        where = "cached in" if cal["from_cache"] else "calibrated now, cached in"
+        peak += f" [best of {trials} trials, cv {100 * cal['cv']:.1f}%; {where} {cal['cache_file'] or 'nothing'}]"
     par = run.parallelism
     return (
         f"megasweep: {run.model.name} ({_name(run.model.kind)}, {params / 1e6:.2f}M params) on "
@@ -293,8 +300,7 @@ def finish(
     rank: Rank,
     progress: Progress,
 ) -> None:
-    """After the last step: every rank's peak memory, energy over the measured steps, the profile,
-    and on a measured peak a second calibration."""
+    """After the last step: every rank's peak memory, energy over the measured steps, the profile."""
     progress.max_mem_per_rank = gather_memory(max_memory_gib(s.device), rank)
     if progress.memory is not None:
         report = memory.gather_report(
@@ -306,11 +312,6 @@ def finish(
     tokens = measured * run.model.seq_length
     progress.power = power.gather(meter.stop(tokens=tokens), rank.layout.world_size).to_dict()
     progress.profile = profiler.record()
-    if progress.peak_source == "measured":
-        # Any calibration is a lower bound on the peak (interference only slows it down), so
-        # a second one after training tightens it for the record's MFU on a shared node.
-        peak = measure_peak_tflops(s.device, run.parallelism.precision)
-        progress.peak_tflops = max(progress.peak_tflops or 0.0, peak)
 
 
 def count_model_states(s: Setup, progress: Progress) -> None:
@@ -321,10 +322,10 @@ def count_model_states(s: Setup, progress: Progress) -> None:
         probe.states = memory.model_state_bytes(s.engine.model, s.engine.optimizer)
 
 
-def utilization(tflops: float | None, progress: Progress, what: str, *, warn: bool = True) -> float | None:
-    """MFU/HFU, or None (with a warning in the record) when the peak is unknown or exceeded.
+def utilization(tflops: float | None, progress: Progress, what: str) -> float | None:
+    """The record's MFU/HFU, or None (with a warning in the record) when the peak is unknown or exceeded.
 
-    Above 100% means the peak or the FLOPs count is wrong (a noisy calibration, say); the
+    Above 100% means the peak or the FLOPs count is wrong (a calibration under load, say); the
     run's own figures are still right, so the record keeps them and flags the ratio.
     """
     if tflops is None:
@@ -332,9 +333,36 @@ def utilization(tflops: float | None, progress: Progress, what: str, *, warn: bo
     try:
         return flops.utilization(tflops, progress.peak_tflops)
     except flops.ImpossibleUtilization as exc:
-        if warn:  # the medians' figure only; one noisy iteration is not worth a warning
-            progress.warnings.append(f"{what} not recorded: {exc}")
+        progress.warnings.append(f"{what} not recorded: {exc}")
         return None
+
+
+def note_above_peak(stats: IterationStats, progress: Progress) -> str | None:
+    """The log's warning for an iteration faster than the peak allows (None for any other), naming
+    both figures.
+
+    The log line still shows the ratio above 100%: a hidden MFU reads as 'not measured', while the
+    real news is that the peak is too low. The record says it once (above_peak_warning)."""
+    if stats.mfu is None or stats.mfu <= 1.0 or stats.tflops is None:
+        return None
+    return (
+        f"iteration {stats.iteration}: {stats.tflops:.4g} TFLOP/s per device is above the "
+        f"{progress.peak_source or 'given'} peak of {progress.peak_tflops:.4g} TFLOP/s (MFU {100 * stats.mfu:.0f}%): "
+        "the peak is too low for this run (a calibration under load, or a wrong datasheet figure)"
+    )
+
+
+def above_peak_warning(progress: Progress) -> str | None:
+    """The record's one warning about the iterations that ran above the peak, or None."""
+    above = [it for it in progress.iterations if it.mfu is not None and it.mfu > 1.0 and it.tflops is not None]
+    if not above:
+        return None
+    top = max(above, key=lambda it: it.mfu or 0.0)
+    return (
+        f"{len(above)} of {len(progress.iterations)} iterations ran above the {progress.peak_source or 'given'} "
+        f"peak of {progress.peak_tflops:.4g} TFLOP/s per device (up to {top.tflops:.4g} TFLOP/s, MFU "
+        f"{100 * (top.mfu or 0.0):.0f}%, iteration {top.iteration}): the peak is too low for this run"
+    )
 
 
 def autocast(run: RunConfig, device: torch.device) -> torch.autocast:

@@ -42,7 +42,8 @@ class IterationStats:
     tflops: float | None
     """Achieved model TFLOP/s per device (per-GEMM count, the MFU numerator)."""
     mfu: float | None
-    """Fraction of the peak, 0..1; None when the peak is unknown."""
+    """Fraction of the peak; None when the peak is unknown. Above 1 means the peak is too low (a
+    calibration under load): the loop warns with both figures rather than hide the ratio."""
     max_mem_gib: float
 
 
@@ -90,6 +91,27 @@ def median_after_warmup(values: Sequence[float | None], warmup: int) -> float | 
 
 
 @dataclass(frozen=True)
+class Spread:
+    """How far a set of timings (or throughputs) spreads around its median."""
+
+    n: int
+    min: float
+    median: float
+    max: float
+    cv: float | None
+    """Sample standard deviation / mean (fraction); None for fewer than 2 values or a zero mean."""
+
+
+def spread(values: Sequence[float]) -> Spread | None:
+    """min, median, max and coefficient of variation of `values`; None when there are none."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    cv = statistics.stdev(values) / mean if len(values) > 1 and mean > 0 else None
+    return Spread(len(values), min(values), statistics.median(values), max(values), cv)
+
+
+@dataclass(frozen=True)
 class Medians:
     """Steady-state figures of a run: medians over the iterations after warm-up."""
 
@@ -103,6 +125,8 @@ class Medians:
     """Hardware FLOPs (recomputed forwards included) per second per device (TFLOP/s)."""
     tflops_per_device_megatron_eq3: float | None
     """Megatron-LM's Eq. 3 estimate per second per device, as Megatron-DeepSpeed prints it (TFLOP/s)."""
+    sec_spread: Spread | None = None
+    """Spread of the same iterations' seconds (the noise a comparison of medians must beat)."""
 
 
 def summarize(
@@ -130,6 +154,7 @@ def summarize(
     sec = median_after_warmup([it.elapsed_s for it in kept], 0)
     if sec is None or sec <= 0 or not kept:
         return Medians(len(kept), None, None, None, None, None, None)
+    sec_spread = spread([it.elapsed_s for it in kept])
     gbs = kept[-1].global_batch_size
     samples_per_s = gbs / sec
 
@@ -145,6 +170,7 @@ def summarize(
         tflops_per_device=tflops("model"),
         tflops_per_device_hardware=tflops("hardware"),
         tflops_per_device_megatron_eq3=tflops("megatron_eq3"),
+        sec_spread=sec_spread,
     )
 
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
 from train import distributed, memory, parallel
-from train.calibrate import measure_peak_tflops
+from train.calibrate import cached_peak
 from train.data import TokenSource, make_source
 from train.dp import GradSync
 from train.ds_config import deepspeed_config, write_deepspeed_config
@@ -115,7 +115,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if is_auto_micro_batch(par):
         run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
-    progress.peak_tflops, progress.peak_source = resolve_peak(run, device)
+    resolve_peak(run, device, progress)
     probe = memory.MemoryProbe(rank.global_rank, rank.coords.pp, memory.predict_rank(run, rank), baseline)
     progress.memory = probe
     if par.engine == Engine.deepspeed:
@@ -286,12 +286,19 @@ def setup_device(run: RunConfig, progress: Progress) -> torch.device:
     return device
 
 
-def resolve_peak(run: RunConfig, device: torch.device) -> tuple[float | None, str | None]:
-    """(peak TFLOP/s per device, 'measured' | 'datasheet'), or (None, None) when unknown."""
+def resolve_peak(run: RunConfig, device: torch.device, progress: Progress) -> None:
+    """progress.peak_tflops and peak_source ('measured' | 'datasheet'; None when unknown), once: the
+    log lines and the record use this one figure. A measured peak is this host's cached calibration
+    (train.calibrate), kept with its spread in progress.peak_calibration."""
     if run.hardware.peak_measured:
-        return measure_peak_tflops(device, run.parallelism.precision), "measured"
-    peak = flops.peak_tflops(run.hardware, run.parallelism.precision)
-    return peak, ("datasheet" if peak is not None else None)
+        calibration, warning = cached_peak(device, run.parallelism.precision)
+        progress.peak_tflops, progress.peak_source = calibration.tflops, "measured"
+        progress.peak_calibration = calibration.to_dict()
+        if warning is not None:
+            progress.warnings.append(warning)
+        return
+    progress.peak_tflops = flops.peak_tflops(run.hardware, run.parallelism.precision)
+    progress.peak_source = "datasheet" if progress.peak_tflops is not None else None
 
 
 def _cpu_name() -> str:

@@ -37,7 +37,7 @@ from train.contract import (
     read_oom_reports,
     write_json_atomic,
 )
-from train.loop import train, utilization
+from train.loop import above_peak_warning, train, utilization
 from train.metrics import (
     IterationStats,
     allowlisted_env,
@@ -47,6 +47,7 @@ from train.metrics import (
     secret_values,
     summarize,
 )
+from train.neighbours import NeighbourWatch, neighbour_warning
 from train.planner import flops
 from train.planner.layout import Layout, Rank
 from train.planner.rules import InfeasibleConfig, advise, validate
@@ -90,6 +91,8 @@ class Progress:
     optimizer: str | None = None
     peak_tflops: float | None = None
     peak_source: str | None = None
+    peak_calibration: dict[str, Any] | None = None
+    """The cached calibration behind a measured peak (train.contract.PeakCalibration)."""
     max_mem_source: str | None = None
     iterations: list[IterationStats] = field(default_factory=list)
     skipped: int = 0
@@ -115,6 +118,8 @@ class Progress:
     memory_not_measured: str | None = None
     oom: dict[str, Any] | None = None
     """The OomReport of the rank that ran out of memory first."""
+    neighbours: dict[str, Any] = field(default_factory=dict)
+    """Other Slurm jobs on the job's nodes at the start and end of training (train.neighbours)."""
 
     def losses(self) -> list[float]:
         """Every step's loss so far: the earlier attempts' (from the checkpoint), then this one's."""
@@ -196,6 +201,8 @@ def _outcome(
     """(status, message, the exception to raise after the record) of one training attempt."""
     status, message = "error", None
     failure: BaseException | None = None
+    # One squeue per job, from the rank that writes the record.
+    watch = NeighbourWatch(os.environ) if rank.lead else None
     try:
         with timeout_signals(defer=run.training.save_interval > 0) as stop:
             status = train(run, rank=rank, progress=progress, sink=sinks, output_dir=output_dir, stop=stop)
@@ -210,6 +217,9 @@ def _outcome(
         status, message, failure = failures.classify(exc), f"{type(exc).__name__}: {exc}", exc
     finally:
         distributed.destroy_process_group()
+        if watch is not None:
+            progress.neighbours = watch.stop()
+            progress.warnings += [w for w in [neighbour_warning(progress.neighbours)] if w]
     if status == "nan":
         message = f"loss or gradient norm became NaN/inf at iteration {len(progress.iterations)}; training stopped"
     return status, message, failure
@@ -305,6 +315,8 @@ def build_record(
         tensorboard_dir=progress.tensorboard_dir,
         memory=progress.memory_report,
         oom=progress.oom,
+        peak_calibration=progress.peak_calibration,
+        neighbours=progress.neighbours,
         **_figures(run, layout, progress),
         warnings=list(progress.warnings),  # last: _figures may add one
     )
@@ -335,14 +347,20 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             f"the batch ramp-up never reached global_batch_size={gbs} in {len(progress.iterations)} "
             f"iterations: sec/it, throughput, TFLOPs and MFU are not given (they are figures of the full batch)"
         )
+    if (above := above_peak_warning(progress)) is not None:
+        progress.warnings.append(above)
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
     per_rank = progress.max_mem_per_rank or ([] if mem is None else [mem])
+    spread = medians.sec_spread
     return {
         "flops_per_iteration": fpi,
         "flops_conventions": dict(flops.FLOPS_CONVENTIONS),
         "measured_iterations": medians.measured_iterations,
         "full_batch_reached": full_reached,
         "sec_per_iter": medians.sec_per_iter,
+        "sec_per_iter_min": None if spread is None else spread.min,
+        "sec_per_iter_max": None if spread is None else spread.max,
+        "sec_per_iter_cv": None if spread is None else spread.cv,
         "samples_per_s": medians.samples_per_s,
         "tokens_per_s_per_device": medians.tokens_per_s_per_device,
         "tflops_per_device": medians.tflops_per_device,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,8 @@ import pytest
 from analysis.recommend import Constraints, format_recommendations, recommend
 from analysis.records import load_sweeps
 from tests.analysis.golden.build import build_sweep, fixture
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _two_layouts() -> dict:
@@ -70,3 +74,44 @@ def test_nothing_qualifies(tmp_path: Path) -> None:
     df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
     assert recommend(df, Constraints(max_nodes=8)) == []
     assert format_recommendations([]).startswith("No recommendation")
+
+
+def test_a_margin_inside_the_noise_is_no_winner_and_names_what_to_repeat(tmp_path: Path) -> None:
+    # Seed 001's two fastest layouts, 161.96 and 172.36 s/it (6.4% apart), as if each run's
+    # iterations had spread by 5%: sqrt(5^2 + 5^2) = 7.1% of noise, more than the margin.
+    data = copy.deepcopy(fixture())
+    noisy = {"n48_pp12_mbs2": 0.05, "n48_pp6_mbs2": 0.05, "n44_pp11_mbs2": 0.01}
+    for run in data["runs"]:
+        if run["name"] in noisy:
+            run["sec_cv"] = noisy[run["name"]]
+        if run["name"] == "n48_pp12_mbs2":
+            run["neighbours"] = {"nodes": "node[1-48]", "at_start": ["77_1", "78"], "at_end": ["78"]}
+    sweep = build_sweep(tmp_path / "s", data)
+    # The command line, as a user runs it on a sweep directory.
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", str(sweep), "--no-plots", "--no-queue"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "No clear winner for bloom_200b_l80_h14400 (203B), GBS 2048, sequence 2048: DP=4 TP=8 PP=12" in out
+    assert "Fastest for" not in out
+    assert "6.4% faster per iteration than the runner-up" in out
+    assert "inside the noise" in out and "CV 5.0% and 5.0%, combined 7.1%" in out
+    # The top two are within each other's noise; 186.65 s/it is 15% away, outside 5.1%.
+    assert "repeat the top 2" in out and "training.train_iters" in out and "cluster.exclusive=true" in out
+    assert "parallelism.pp=12" in out and "parallelism.pp=6" in out
+    assert "the best shared its nodes with 2 other Slurm job(s)" in out
+    table = (sweep / "analysis" / "results.md").read_text()
+    assert "| 161.96 | 5.0% |" in table and "beside 2 other job(s)" in table
+
+
+def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
+    data = _two_layouts()
+    for run in data["runs"]:
+        run["sec_cv"] = 0.03  # 4.2% of noise against a 20.6% margin
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    (rec,) = recommend(df)
+    assert rec.decided and rec.noise_pct == pytest.approx(100 * (2 * 0.03**2) ** 0.5)
+    text = format_recommendations([rec])
+    assert text.startswith("Fastest for") and "outside the noise (CV 3.0% and 3.0%, combined 4.2%)" in text

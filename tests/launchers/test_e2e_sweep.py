@@ -162,7 +162,9 @@ def test_sweep_of_layouts_runs_on_emulated_nodes_and_is_analysed(
         timeout=120,
     )
     assert analysed.returncode == 0, analysed.stdout + analysed.stderr
-    assert "Fastest for tiny" in analysed.stdout, analysed.stdout
+    # Tiny runs on two shared cores are noisy: a winner is called only outside the runs' spread.
+    first = next(line for line in analysed.stdout.splitlines() if " for tiny " in line)
+    assert first.startswith(("Fastest for tiny", "No clear winner for tiny")), analysed.stdout
     rows = results_table(out / "results.md")
     # A row per config: the layout's DP/TP/PP and node count for the eight that ran, the reason for tp=3.
     assert len(rows) == len(LAYOUTS), rows

@@ -352,3 +352,26 @@ def test_launcher_modules_import_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60, env={**os.environ})
+
+
+def oversubscribe(job: str) -> str:
+    """What Slurm holds of a job's node sharing: NO for --exclusive."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    match = re.search(r"OverSubscribe=(\w+)", shown)
+    assert match is not None, shown
+    return match.group(1)
+
+
+def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Held: only what Slurm was asked for is checked. Exclusive or not: two allocations, two arrays.
+    proc = sweep(sweep_dir, "cluster.exclusive=true,false", "+hydra.launcher.sbatch_args.hold=''")
+    entries = read_manifest(sweep_dir)
+    arrays = [array_of(e.job_id) for e in entries]
+    try:
+        assert "2 submitted in 2 array(s)" in proc.stdout
+        assert [oversubscribe(a) for a in arrays] == ["NO", "YES"]
+    finally:
+        subprocess.run(["scancel", *arrays], timeout=30, check=False)

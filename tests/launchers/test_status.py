@@ -18,6 +18,8 @@ from train.contract import (
     EXIT_FAILED,
     EXIT_USAGE,
     EXPORTED_JOBS_DIR,
+    LOG_FILE,
+    SUBMITIT_DIR,
     ManifestEntry,
     read_manifest,
     write_manifest,
@@ -277,3 +279,30 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
         assert rerun("training.train_iters=7").stdout.strip() == "rerun: no failed configs"
     finally:
         subprocess.run(["scancel", *sorted({e.job_id.split("_")[0] for e in entries if e.job_id})], timeout=30)
+
+
+def test_each_run_keeps_its_log_and_status_names_the_failed_ones(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    # Config 0 trains; config 1's trainer fails on a missing token file, with its traceback in its log.
+    sweep(sweep_dir, "training.data_path=null,/nonexistent/tokens.bin", "hydra.launcher.wait=true", check=False)
+    entries = read_manifest(sweep_dir)
+    ok_log, failed_log = (sweep_dir / e.output_dir / LOG_FILE for e in entries)
+    text = ok_log.read_text()
+    assert "iteration        3/       3 |" in text and "result: " in text
+    assert not list(sweep_dir.glob("*/__main__.log"))  # Hydra's empty file is gone
+    assert "nonexistent" in failed_log.read_text()
+    table = status_table(sweep_dir)
+    assert f"log of failed config 1: {failed_log}" in table.splitlines()
+    assert "log of failed config 0" not in table
+
+    # A job that fails before the trainer starts (srun refuses an option): Slurm's own log is the one.
+    early = tmp_path / "early"
+    sweep(early, "hydra.launcher.srun_args=[--no-such-srun-option]", check=False)
+    (entry,) = read_manifest(early)
+    wait_until("status to show the job failed", lambda: "1 failed" in status_table(early), 60)
+    line = next(x for x in status_table(early).splitlines() if x.startswith("log of failed config 0: "))
+    slurm_log = Path(line.split(": ", 1)[1])
+    assert slurm_log.parent == early / SUBMITIT_DIR / str(entry.job_id)
+    assert "no-such-srun-option" in slurm_log.read_text()

@@ -17,6 +17,7 @@ from train.metrics import (
     scrub,
     scrub_overrides,
     secret_values,
+    spread,
     summarize,
 )
 
@@ -119,8 +120,19 @@ def test_summarize_derives_throughput_from_median_time() -> None:
     assert m.tflops_per_device == pytest.approx(1.0)
     assert m.tflops_per_device_hardware == pytest.approx(1.5)
     assert m.tflops_per_device_megatron_eq3 is None
+    # The spread of the same three measured iterations (2, 1, 4 s), warm-up left out.
+    assert m.sec_spread is not None and (m.sec_spread.min, m.sec_spread.median, m.sec_spread.max) == (1.0, 2.0, 4.0)
+    assert m.sec_spread.cv == pytest.approx(1.5275252 / (7 / 3))
     empty = summarize(its[:2], warmup=2, seq_length=256, devices=1, flops_per_iteration={"model": 1.0})
     assert empty.sec_per_iter is None and empty.measured_iterations == 0
+
+
+def test_spread_needs_two_values_for_a_cv() -> None:
+    assert spread([]) is None
+    one = spread([3.0])
+    assert one is not None and (one.n, one.min, one.max, one.cv) == (1, 3.0, 3.0, None)
+    same = spread([2.0, 2.0])
+    assert same is not None and same.cv == 0.0
 
 
 def test_env_allowlist_and_scrubbing() -> None:

@@ -92,6 +92,12 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
         skipped_iterations=0,
         final_loss=None if status == "nan" else 11.5,
         sec_per_iter=sec,
+        # The two measured iterations below (after the 1.2x warm-up) take the same time: no spread,
+        # unless the spec gives one.
+        sec_per_iter_min=sec * (1 - spec.get("sec_cv", 0.0)) if sec else None,
+        sec_per_iter_max=sec * (1 + spec.get("sec_cv", 0.0)) if sec else None,
+        sec_per_iter_cv=spec.get("sec_cv", 0.0) if sec else None,
+        neighbours=spec.get("neighbours", {}),
         samples_per_s=gbs / sec if sec else None,
         tokens_per_s_per_device=gbs * run.model.seq_length / sec / world if sec else None,
         tflops_per_device=tflops,

@@ -1,0 +1,75 @@
+"""train.neighbours on the real local cluster: a run records the jobs that shared its node, and the
+spread of its timed iterations, in result.json."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.launchers.test_slurm_launcher import TINY
+from train.contract import RESULT_FILE, read_record
+from train.neighbours import NeighbourWatch, own_job_ids, running_on_nodes
+
+from .test_distributed import REPO
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+
+def test_outside_slurm_there_are_no_neighbours() -> None:
+    assert running_on_nodes({}) is None
+    assert NeighbourWatch({"PATH": "/usr/bin"}).stop() == {}
+    assert own_job_ids({"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2"}) == {"12", "10_2"}
+
+
+def sbatch_sleeper(node: str) -> str:
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--nodelist={node}", "--time=5", "--job-name=neighbour", "--output=/dev/null",
+         "--wrap", "sleep 300"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    return out.strip().split(";")[0]
+
+
+def state(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+
+
+def test_a_slurm_run_records_its_neighbours_and_its_spread(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    node = slurm_cluster.nodes[-1]
+    sleeper = sbatch_sleeper(node)
+    try:
+        deadline = time.monotonic() + 60
+        while state(sleeper) != "RUNNING":
+            assert time.monotonic() < deadline, f"job {sleeper} did not start on {node}"
+            time.sleep(0.5)
+        out = tmp_path / "run"
+        # A real Slurm job on the sleeper's node, as srun runs each task of a sweep.
+        proc = subprocess.run(
+            ["srun", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--time=5",
+             sys.executable, "-m", "train", *TINY, "hardware.peak_measured=false",
+             "hardware.peak_tflops_fp32=10.0", f"hydra.run.dir={out}"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        subprocess.run(["scancel", sleeper], timeout=30, check=False)
+    record = read_record(out / RESULT_FILE)
+    assert record is not None and record["status"] == "ok"
+    neighbours = record["neighbours"]
+    assert neighbours["nodes"] == node
+    assert sleeper in neighbours["at_start"] and sleeper in neighbours["at_end"]
+    own = record["env"]["SLURM_JOB_ID"]
+    assert own not in neighbours["at_start"] + neighbours["at_end"]
+    assert any(sleeper in w and "other Slurm jobs ran on this job's nodes" in w for w in record["warnings"])
+    # Two measured iterations (TINY: 3, one warm-up): their spread around the median.
+    assert record["sec_per_iter_min"] <= record["sec_per_iter"] <= record["sec_per_iter_max"]
+    assert record["sec_per_iter_min"] == pytest.approx(min(record["iteration_times_s"][1:]))
+    assert record["sec_per_iter_cv"] is not None and record["sec_per_iter_cv"] >= 0
