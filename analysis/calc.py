@@ -387,7 +387,7 @@ def predict(run: RunConfig, *, devices: int, stack: str | None = None) -> tuple[
     dp = devices // (par.tp * par.pp)
     try:
         prediction = predict_time(run.model, par, run.hardware, dp=dp, stack=Stack(stack) if stack else None)
-    except UnknownHardwareFigure as exc:
+    except (UnknownHardwareFigure, ValueError, TypeError, KeyError) as exc:
         raise CalcError(f"predict=true cannot predict on this hardware: {exc}.") from exc
     return prediction.sec_per_iter, dict(prediction.parts)
 

@@ -7,7 +7,7 @@ into three groups, the pipeline bubble shared among them as the stage time is:
 - communication: TP, PP and DP transfers.
 
 A least-squares fit of measured = f_compute x compute + f_memory x memory + f_comm x communication
-(factors kept positive; a group no run exercises is left at 1) says how far each part of the model
+(factors kept non-negative; a group no run exercises is left at 1) says how far each part of the model
 is from this site, e.g. f_compute = 1.3: GEMMs ran 30% slower than predicted, so
 hardware.gemm_efficiency / 1.3 predicts them. It prints the factors, each run's predicted, fitted
 and measured seconds, and the mean absolute error before and after. Learning from what was
@@ -68,12 +68,20 @@ class Fit:
         return statistics.mean(abs((self.fitted(p) if fitted else p.predicted) / p.measured - 1) for p in self.points)
 
 
+STEP_PARTS = ("dp_comm", "optimizer", "offload")
+"""Parts paid once per step, outside the pipeline's stage times."""
+
+
 def _groups(parts: dict[str, float]) -> dict[str, float]:
-    steady = {g: sum(parts.get(k, 0.0) for k in keys) for g, keys in GROUPS.items()}
-    total = sum(steady.values())
-    # The bubble is idle slots of whole stage times: it scales with whatever a stage spends.
-    scale = 1.0 + parts.get("bubble", 0.0) / total if total > 0 else 1.0
-    return {g: v * scale for g, v in steady.items()}
+    groups = {g: sum(parts.get(k, 0.0) for k in keys) for g, keys in GROUPS.items()}
+    # The bubble is idle slots of whole stage times: shared as a stage spends, the parts paid once
+    # per step left out of the shares.
+    in_stage = {g: sum(parts.get(k, 0.0) for k in keys if k not in STEP_PARTS) for g, keys in GROUPS.items()}
+    total = sum(in_stage.values())
+    if total > 0:
+        for g in groups:
+            groups[g] += parts.get("bubble", 0.0) * in_stage[g] / total
+    return groups
 
 
 def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
@@ -83,15 +91,22 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
         if not sweep.is_dir():
             raise AnalysisError(f"{sweep} is not a directory: give sweep directories")
         for path in find_result_files(sweep):
-            record = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                skipped.append(f"{path}: not a readable record ({exc})")
+                continue
             measured = record.get("sec_per_iter")
             if record.get("status") != "ok" or not isinstance(measured, int | float) or not measured > 0:
+                continue
+            if not isinstance(record.get("config"), dict):
+                skipped.append(f"{path}: the record has no config")
                 continue
             run = to_run_config(record["config"])
             dp = int(record.get("world", {}).get("dp") or 1)
             try:
                 parts = predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts
-            except (UnknownHardwareFigure, ValueError) as exc:
+            except (UnknownHardwareFigure, ValueError, TypeError, KeyError) as exc:
                 skipped.append(f"{path.parent}: {exc}")
                 continue
             p = run.parallelism
@@ -105,11 +120,24 @@ def fit(data: list[Point]) -> Fit:
     if not data:
         raise AnalysisError("no finished run with a measured sec/it and a prediction: nothing to fit")
     used = [g for g in GROUPS if any(p.groups[g] > 0 for p in data)]
-    a = np.array([[p.groups[g] for g in used] for p in data])
     y = np.array([p.measured for p in data])
-    solution, *_ = np.linalg.lstsq(a, y, rcond=None)
+    if np.linalg.matrix_rank(np.array([[p.groups[g] for g in used] for p in data])) < len(used):
+        raise AnalysisError(
+            f"{len(data)} runs cannot separate the {len(used)} factors ({', '.join(used)}): measure layouts "
+            "that differ in how much they compute, move through memory and communicate"
+        )
+    # Non-negative least squares by elimination: a group whose factor comes out negative is
+    # dropped (its factor 0) and the others are fitted again without it.
     factors = dict.fromkeys(GROUPS, 1.0)
-    factors.update({g: float(max(f, 1e-3)) for g, f in zip(used, solution, strict=True)})
+    while used:
+        a = np.array([[p.groups[g] for g in used] for p in data])
+        solution, *_ = np.linalg.lstsq(a, y, rcond=None)
+        if (solution >= 0).all():
+            factors.update({g: float(f) for g, f in zip(used, solution, strict=True)})
+            break
+        dropped = used[int(np.argmin(solution))]
+        factors[dropped] = 0.0
+        used = [g for g in used if g != dropped]
     return Fit(factors, data)
 
 

@@ -101,14 +101,21 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from launchers.calibrate import main as calibrate_main
 
-    if any(n < 1 for n in args.nodes):
-        print(f"error: --nodes {args.nodes}: node counts are positive, e.g. --nodes 1 2", file=sys.stderr)
+    if not args.nodes or any(n not in (1, 2) for n in args.nodes):
+        print(f"error: --nodes {args.nodes}: node counts are positive and at most 2 (inside a node, and "
+              "between two nodes, is what the time model's links need), e.g. --nodes 1 2", file=sys.stderr)
         return EXIT_USAGE
     try:
         return calibrate_main(args.overrides, out=Path(args.out), nodes=args.nodes, min_seconds=args.min_seconds)
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RuntimeError as exc:  # submitit: a calibration job failed or did not complete
+        print(f"error: a calibration job failed: {str(exc).strip().splitlines()[-1]} (its log is under "
+              f"{Path(args.out).parent / '.submitit'})", file=sys.stderr)
+        return EXIT_FAILED
+
+
 def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
     statuses = sweep_status(sweep_dir)
     print(format_status(statuses))

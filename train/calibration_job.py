@@ -73,21 +73,27 @@ def best_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds:
     return best
 
 
-def collective_seconds(fn: Callable[[], object], *, min_seconds: float, trials: int) -> float:
+def collective_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
     """best_seconds for a collective: every rank must call it equally often, so the count of calls
     per trial is agreed first (the slowest rank's first timing decides it)."""
+    # NCCL returns when a collective is queued: synchronise around every timing on a GPU.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(2):
         fn()
+    sync()
     tic = time.perf_counter()
     fn()
-    first = torch.tensor([time.perf_counter() - tic], dtype=torch.float64)
+    sync()
+    first = torch.tensor([time.perf_counter() - tic], dtype=torch.float64, device=device)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     calls = max(1, math.ceil(min_seconds / max(first.item(), 1e-9)))
     best = float("inf")
     for _ in range(trials):
+        sync()
         tic = time.perf_counter()
         for _ in range(calls):
             fn()
+        sync()
         best = min(best, (time.perf_counter() - tic) / calls)
     return best
 
@@ -156,8 +162,10 @@ def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torc
     if op == "all_reduce":
         return lambda: dist.all_reduce(x, group=group)
     if op == "all_gather":
-        out = torch.empty(n * size, dtype=torch.float32, device=device)
-        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+        # nbytes is the whole gathered message, as for the other collectives.
+        shard = torch.ones(n // size, dtype=torch.float32, device=device)
+        gathered = torch.empty(n, dtype=torch.float32, device=device)
+        return lambda: dist.all_gather_into_tensor(gathered, shard, group=group)
     if op == "reduce_scatter":
         out = torch.empty(n // size, dtype=torch.float32, device=device)
         return lambda: dist.reduce_scatter_tensor(out, x, group=group)
@@ -229,14 +237,14 @@ def _collectives(
         peer = (rank + half) % world
     else:
         group, scope, ranks = None, "intra", world
-        peer = rank ^ 1 if world > 1 else None
+        peer = rank ^ 1 if (rank ^ 1) < world else None
     out = []
     for op in COLLECTIVES:
         for nbytes in spec.message_bytes:
             fn = _collective(op, nbytes, group, peer, device)
             if fn is None:
                 continue
-            seconds = collective_seconds(fn, **timing)
+            seconds = collective_seconds(fn, device=device, **timing)
             n = 2 if op == "send_recv" else ranks
             out.append(asdict(CollectiveTiming(op, scope, n, nbytes, seconds)))
             dist.barrier()

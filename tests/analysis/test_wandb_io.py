@@ -154,7 +154,7 @@ def test_record_fields_come_from_config_and_summary(trainer_sweep: Path) -> None
     record = run_to_record(run)
     assert record["world"] == {"world_size": 1, "dp": 1, "tp": 1, "pp": 1}  # rank / local_rank dropped
     assert record["hardware"] == "cpu" and isinstance(record["config"]["hardware"], dict)
-    assert set(record["config"]) == {"model", "parallelism", "hardware", "cluster", "logger", "training"}
+    assert set(record["config"]) == {"model", "parallelism", "hardware", "cluster", "logger", "training", "search"}
     assert record["status"] == "ok" and record["wandb_has_result"] is True
     # A field the trainer may add later (overrides in config, message in summary) flows through.
     later = WandbRun(

@@ -6,7 +6,7 @@ links as they will in training): the seconds of each GEMM the candidate layouts 
 input gradient and weight gradient shapes), the memory bandwidth of a large copy, the cost of a
 tiny op (dispatch and launch), and all-reduce, reduce-scatter, all-gather and send/recv times by
 message size, inside a node and across nodes. This module is the file's schema and the lookups
-train.planner.perf makes; train.calibrate measures.
+train.planner.perf makes; train.calibration_job measures.
 
 Collective times are reduced to the two numbers of the ring model the time model uses: the latency
 of one ring step and the bus bandwidth, a least-squares fit of t = steps x latency + moved bytes /

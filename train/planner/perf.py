@@ -311,8 +311,8 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
     e, precision = _act_bytes(par.precision), Precision(par.precision)
     stage = _Stage()
     if first:
-        # Lookup and position add (read, write), backward a scatter-add of the same size;
-        # the vocabulary-parallel lookup is summed over TP.
+        # Lookup, position add and the backward's scatter-add, each counted as an add of b*s*h
+        # elements (forward and backward); the vocabulary-parallel lookup is summed over TP.
         stage.add("memory_bound", sum(_pointwise([("add", tokens * h)] * 3, mach, e)))
         stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
     if last:
@@ -326,7 +326,7 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
 
 
 def _dp_seconds(
-    model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, dp: int, stage: int, stack: Stack
+    model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, dp: int, stage: int, stack: Stack, micro_batches: int
 ) -> float:
     """The DP gradient reduction and ZeRO's parameter all-gather of one rank of `stage` (s)."""
     n = stage_numel(model, tp=par.tp, stage=stage, num_stages=par.pp)
@@ -340,10 +340,16 @@ def _dp_seconds(
     if stack == Stack.megatron_deepspeed:
         # DeepSpeed's 2022 BF16_Optimizer all-reduces fp32 gradients, then all-gathers 16-bit weights.
         return _ring(mach, 4 * n, dp, span, passes=2) + (_ring(mach, e * n, dp, span, passes=1) if zero else 0.0)
-    # DeepSpeed ZeRO reduces 16-bit gradients; stages 1-2 all-gather updated 16-bit weights.
+    # DeepSpeed ZeRO reduces 16-bit gradients; stage 1 reduce-scatters them once per step, stages 2
+    # and 3 after every micro-batch's backward (its gradients are partitioned as they are produced),
+    # and stage 3 gathers the parameters for every forward and backward besides; the updated 16-bit
+    # weights are all-gathered after the step.
     if zero == 0:
         return _ring(mach, e * n, dp, span, passes=2)
-    return _ring(mach, e * n, dp, span, passes=1) * 2
+    scatter = _ring(mach, e * n, dp, span, passes=1)
+    gather = _ring(mach, e * n, dp, span, passes=1)
+    per_step = (micro_batches if zero >= 2 else 1) * scatter + gather
+    return per_step + (2 * micro_batches * gather if zero == 3 else 0.0)
 
 
 def predict_time(
@@ -360,11 +366,14 @@ def predict_time(
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
     layer = _layer(model, par, mach, stack, causal_skip)
     p2p_bytes = par.mbs * model.seq_length * model.hidden_size * _act_bytes(par.precision)
-    # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP).
-    p2p = 0.0
-    if par.pp > 1:
-        link = _link(mach, par.tp * dp * 2)
-        p2p = link.latency + p2p_bytes / link.bandwidth
+    # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP): the
+    # boundary after stage s crosses nodes when its two sides sit on different nodes.
+    width = par.tp * dp
+
+    def p2p(boundary: int) -> float:
+        crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
+        link = _link(mach, 2 * mach.per_node if crosses else 1)
+        return link.latency + p2p_bytes / link.bandwidth
     stages = []
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1
@@ -375,7 +384,8 @@ def predict_time(
         # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
         # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
         per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
-        stage.add("pp_comm", per_neighbour * ((s > 0) + (s < par.pp - 1)) * p2p)
+        neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
+        stage.add("pp_comm", per_neighbour * sum(neighbours))
         held = stage_numel(model, tp=par.tp, stage=s, num_stages=par.pp)
         stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
         if stack == Stack.megasweep and Precision(par.precision) != Precision.fp32:
@@ -387,7 +397,7 @@ def predict_time(
     parts = {k: m * v for k, v in slowest.parts.items()}
     parts["bubble"] = (par.pp - 1) * slowest.total
     worst_stage = max(range(par.pp), key=lambda st: stage_numel(model, tp=par.tp, stage=st, num_stages=par.pp))
-    dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack)
+    dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep:
         # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
         dp_time = max(dp_time - 2 / 3 * (slowest.parts["gemm"] + slowest.parts["attention"]), 0.0)

@@ -58,8 +58,10 @@ def _flops(model: ModelConfig, global_batch_size: int, recompute: Recompute, tp:
 def _prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> TimePrediction | None:
     try:
         return predict_time(model, par, hw, dp=dp)
-    except UnknownHardwareFigure:
-        return None  # a CPU's peak and bandwidth are measured, not known to the planner
+    except (UnknownHardwareFigure, ValueError, TypeError, KeyError):
+        # A CPU's peak and bandwidth are measured, not known to the planner; an unreadable
+        # calibration file leaves the row unpredicted too (analysis.calc predict=true says why).
+        return None
 
 
 def _predicted(

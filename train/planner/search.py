@@ -85,6 +85,7 @@ def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
         f"parallelism.recompute={Recompute(par.recompute).value}",
         f"parallelism.zero_stage={par.zero_stage}",
         f"parallelism.engine={Engine(par.engine).value}",
+        "parallelism.rampup_batch_size=null",  # planned without ramp-up: launched without it
     )
 
 

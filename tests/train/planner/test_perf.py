@@ -255,3 +255,23 @@ def test_bloom_hidden_13824_beats_14400() -> None:
     per_param = {h: bloom_prediction(r) / (r[1] ** 2 * r[2]) for h, r in rows.items()}
     assert per_param[H13824] < per_param[H14400]
     assert math.isfinite(per_param[H13824])
+
+
+def test_a_pipeline_boundary_between_nodes_runs_at_the_network_share() -> None:
+    # tp=2 x dp=2 = 4 devices per stage, 8 per node: the boundary after stage 1 (devices 7 | 8) crosses
+    # nodes, the others do not; only that one gets slower when the network does.
+    layout = par(tp=2, pp=4, global_batch_size=8, micro_batch_size=1)
+    deep = replace(MODEL, num_layers=8)
+    base = predict_time(deep, layout, HW, dp=2)
+    slow_net = predict_time(deep, layout, replace(HW, inter_node_bw_gbs=8.0), dp=2)
+    slow_nvl = predict_time(deep, layout, replace(HW, intra_node_bw_gbs=10.0), dp=2)
+    assert slow_net.parts["pp_comm"] > base.parts["pp_comm"]
+    # (the parts are the slowest stage's: the last one, with the logits, until the network slows)
+    assert max(slow_net.stage_seconds[1:3]) > max(base.stage_seconds[1:3])
+    assert slow_nvl.parts["pp_comm"] > base.parts["pp_comm"]  # the in-node boundaries
+
+
+def test_zero_3_gathers_parameters_every_micro_batch() -> None:
+    layout = par(engine="deepspeed", global_batch_size=8, micro_batch_size=1, zero_stage=1)
+    one, three = (predict_time(MODEL, replace(layout, zero_stage=z), HW, dp=2).parts["dp_comm"] for z in (1, 3))
+    assert three > 4 * one
