@@ -155,7 +155,11 @@ def spawn_workers(
 
 def _preload(run: RunConfig) -> None:
     """Import, once in the parent, what every forked worker would otherwise import on its own:
-    DTensor for TP, DCP to checkpoint."""
+    DTensor for TP, DCP to checkpoint, and torch._dynamo, which torch imports on the first call of
+    a `torch._disable_dynamo` function: each worker's optimizer constructor (add_param_group) and
+    the meta-device build's embedding init are such calls, about 3 s of CPU in every worker."""
+    import torch._dynamo  # noqa: F401
+
     par = run.parallelism
     if par.tp > 1:
         import torch.distributed.tensor.parallel  # noqa: F401
