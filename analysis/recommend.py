@@ -11,6 +11,11 @@ runs' combined spread, sqrt(CV_best^2 + CV_runner_up^2), could go either way on 
 the recommendation says so and names the configs to repeat (the top few within the noise), with
 more measured iterations and whole nodes. Runs that shared their nodes with other Slurm jobs are
 pointed out: their timings include their neighbours' load.
+
+When the time model predicted every compared run (records.py's pred_sec_per_iter, the dry run's
+prediction), the recommendation also says whether the layout it predicted fastest measured fastest,
+and if not, how much slower that layout ran and where the model ranked the measured fastest: what a
+search that measures only its predicted top K would have missed.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.records import FAILED
-from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_size
+from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size
 
 RERUN_TOP = 3
 """Configs a recommendation inside the noise suggests repeating, at most (the best included)."""
@@ -64,6 +69,8 @@ class Candidate:
     """Spread of the run's measured iterations (std / mean, fraction); None when unknown."""
     neighbours: int = 0
     """Other Slurm jobs seen on the run's nodes during training."""
+    pred_sec_per_iter: float | None = None
+    """Seconds per iteration the time model predicts for the run's config; None when it cannot."""
 
     @property
     def label(self) -> str:
@@ -97,6 +104,19 @@ class Recommendation:
     either is unknown."""
     close: tuple[Candidate, ...] = ()
     """Runs after the best whose seconds per iteration are within the noise of its own, fastest first."""
+    predicted_best: Candidate | None = None
+    """The compared run the time model predicted fastest (`best` when the model ranked it first); None
+    unless the model predicted every compared run and there were at least two."""
+    predicted_rank: int | None = None
+    """Where the model ranked `best` among the compared runs by predicted time (1 = fastest; ties share
+    the better place); None as for predicted_best."""
+
+    @property
+    def predicted_best_slower_pct(self) -> float | None:
+        """How much longer per iteration the predicted fastest run measured than the measured fastest (%)."""
+        if self.predicted_best is None:
+            return None
+        return 100.0 * (self.predicted_best.sec_per_iter / self.best.sec_per_iter - 1.0)
 
     @property
     def decided(self) -> bool:
@@ -127,7 +147,23 @@ def _candidate(row: pd.Series) -> Candidate:
         overrides=str(row["config_key"]),
         sec_cv=_opt_float(row["sec_cv"]),
         neighbours=int(n) if (n := _opt_float(row["neighbour_jobs"])) is not None else 0,
+        pred_sec_per_iter=_opt_float(row.get("pred_sec_per_iter")),
     )
+
+
+def _prediction_check(runs: pd.DataFrame, best: Candidate) -> tuple[Candidate | None, int | None]:
+    """(the run predicted fastest, the measured best's predicted rank) among `runs` (sorted, measured
+    fastest first); (None, None) unless there are two or more and the model predicted them all."""
+    if len(runs) < 2 or "pred_sec_per_iter" not in runs.columns:
+        return None, None
+    pred = runs["pred_sec_per_iter"].astype(float)
+    if not (pred > 0).all():
+        return None, None
+    rank = int((pred < pred.iloc[0]).sum()) + 1
+    if rank == 1:
+        return best, rank
+    by_pred = runs.assign(_pred=pred).sort_values(["_pred", *TIE_BREAK], kind="mergesort")
+    return _candidate(by_pred.iloc[0]), rank
 
 
 def _noise_pct(a: Candidate, b: Candidate) -> float | None:
@@ -196,6 +232,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         if runs["nodes"].nunique() > 1:
             firsts = runs.drop_duplicates("nodes", keep="first").sort_values("nodes", kind="mergesort")
             per_nodes = tuple(_candidate(r) for _, r in firsts.iterrows())
+        predicted_best, predicted_rank = _prediction_check(runs, best)
         recs.append(
             Recommendation(
                 model=str(model),
@@ -212,6 +249,8 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 excluded=_excluded(group, masks),
                 noise_pct=None if runner_up is None else _noise_pct(best, runner_up),
                 close=_within_noise(best, runs.iloc[1:]),
+                predicted_best=predicted_best,
+                predicted_rank=predicted_rank,
             )
         )
     return recs
@@ -270,6 +309,35 @@ def _neighbour_notes(r: Recommendation) -> list[str]:
     ]
 
 
+def _prediction_text(r: Recommendation) -> list[str]:
+    """Whether the predicted fastest was the measured fastest; nothing unless every compared run was predicted."""
+    pb, best = r.predicted_best, r.best
+    if pb is None or r.predicted_rank is None or pb.pred_sec_per_iter is None or best.pred_sec_per_iter is None:
+        return []
+
+    def predicted(c: Candidate) -> str:
+        assert c.pred_sec_per_iter is not None
+        err = format_err(c.sec_per_iter / c.pred_sec_per_iter - 1.0)
+        return f"predicted {format_sec(c.pred_sec_per_iter)} s/it, Err {err}"
+
+    if r.predicted_rank == 1:
+        return [
+            f"- prediction: the time model also predicted it fastest of the {r.candidates} "
+            f"({predicted(best)}): the predicted best was the measured best"
+        ]
+    slower = r.predicted_best_slower_pct
+    assert slower is not None
+    noise = " (inside the noise of the measured fastest: a rerun could swap them)" if any(
+        (c.sweep, c.run_dir) == (pb.sweep, pb.run_dir) for c in r.close
+    ) else ""
+    return [
+        f"- prediction: the predicted best was not the measured best: the time model predicted {pb.label} "
+        f"fastest ({predicted(pb)}), which measured {format_sec(pb.sec_per_iter)} s/it, {slower:.1f}% slower "
+        f"per iteration than the measured fastest{noise}; the model ranked the measured fastest "
+        f"{r.predicted_rank} of {r.candidates} ({predicted(best)})"
+    ]
+
+
 def format_recommendations(recs: Sequence[Recommendation]) -> str:
     """Plain text (also valid markdown) for the console and results.md."""
     if not recs:
@@ -294,6 +362,7 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
         if not r.decided:
             lines += _repeat_advice(r)
         lines += _neighbour_notes(r)
+        lines += _prediction_text(r)
         if r.highest_tflops.run_dir != r.best.run_dir or r.highest_tflops.sweep != r.best.sweep:
             slower = 100.0 * (r.highest_tflops.sec_per_iter / r.best.sec_per_iter - 1.0)
             lines.append(

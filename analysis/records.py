@@ -15,7 +15,9 @@ config becomes one row whose `outcome` is one of OUTCOMES:
 
 Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
 and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
-records again. Torch-free.
+records again. The planner's predictions of each recorded config (memory, and seconds per iteration
+from the dry run's time model, train.planner.plan.time_prediction) are computed here too, once per
+distinct config. Torch-free.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from train.contract import (
     resolve_exported,
 )
 from train.planner.memory import estimated_memory
+from train.planner.plan import time_prediction
 from train.planner.sizes import total_params
 
 GIB = 2**30
@@ -90,6 +93,9 @@ CORE_COLUMNS: tuple[str, ...] = (
     "size_params",  # parameters of the model (the record's count, else train.planner.sizes)
     "sec_per_iter",
     "sec_cv",  # spread of the measured iterations' seconds: std / mean (fraction; NaN when unknown)
+    "pred_sec_per_iter",  # the time model's seconds per iteration of the config, as the dry run predicts it (NaN: see pred_reason)
+    "pred_error",  # sec_per_iter / pred_sec_per_iter - 1 (fraction; > 0: ran slower than predicted; NaN unless both known)
+    "pred_reason",  # why a run's config has no pred_sec_per_iter, in one line ('' when predicted)
     "neighbour_jobs",  # other Slurm jobs seen on the run's nodes during training (count; NaN outside Slurm)
     "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
     "mfu",
@@ -256,6 +262,30 @@ def _predict(
 
 
 @functools.lru_cache(maxsize=1 << 14)
+def _predict_time(
+    model_items: tuple[tuple[str, Any], ...],
+    par_items: tuple[tuple[str, Any], ...],
+    hw_items: tuple[tuple[str, Any], ...],
+    dp: int,
+) -> tuple[float, str]:
+    """(seconds per iteration, '') the dry run's time model predicts for a recorded config, or
+    (NaN, why not). The recorded hardware config carries hardware.calibration when the sweep was
+    planned with one, so the prediction reads the same measurements the plan did."""
+    if not hw_items:
+        return math.nan, "the record holds no hardware config"
+    try:
+        model = _build(ModelConfig, dict(model_items))
+        par = _build(ParallelismConfig, dict(par_items))
+        hw = _build(HardwareConfig, dict(hw_items))
+    except (TypeError, ValueError) as exc:
+        return math.nan, f"the record's config cannot be read ({exc})"
+    prediction = time_prediction(model, par, hw, dp)
+    if isinstance(prediction, str):
+        return math.nan, prediction
+    return prediction.sec_per_iter, ""
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def _params(model_items: tuple[tuple[str, Any], ...], tp: int) -> float:
     try:
         return float(total_params(_build(ModelConfig, dict(model_items)), tp))
@@ -267,18 +297,30 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-def _per_config(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """Predicted memory and model size, computed once per distinct (model, parallelism, dp)."""
+@dataclass(frozen=True)
+class _Predicted:
+    """What the planner predicts of each record's config."""
+
+    mem_gib: pd.Series
+    params: pd.Series
+    sec_per_iter: pd.Series
+    reason: pd.Series
+    """Why sec_per_iter is NaN ('' where it is known)."""
+
+
+def _per_config(df: pd.DataFrame) -> _Predicted:
+    """Predicted memory, model size and seconds per iteration, computed once per distinct
+    (model, parallelism, hardware, dp) config."""
     mcols = [c for c in df.columns if c.startswith("config.model.")]
     pcols = [c for c in df.columns if c.startswith("config.parallelism.")]
     hcols = [c for c in df.columns if c.startswith("config.hardware.")]
-    pred = pd.Series(np.nan, index=df.index)
-    params = pd.Series(np.nan, index=df.index)
     if not mcols or df.empty:
-        return pred, params
+        nan = pd.Series(np.nan, index=df.index)
+        why = pd.Series("the record holds no model config", index=df.index, dtype=object)
+        return _Predicted(nan, nan.copy(), nan.copy(), why)
     key = _join_str(df, [*mcols, *pcols, *hcols, "dp", "tp"])
     first = df.loc[~key.duplicated()]
-    pred_by_key, params_by_key = {}, {}
+    pred_by_key, params_by_key, time_by_key = {}, {}, {}
     # One Python step per distinct config (sweeps repeat models and layouts), not per record.
     for idx in first.index:
         row = first.loc[idx]
@@ -290,7 +332,17 @@ def _per_config(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         ok = isinstance(dp, int) and dp > 0 and isinstance(tp, int) and tp > 0
         pred_by_key[key[idx]] = _predict(m_items, _freeze(p_items), h_items, dp) if ok else math.nan
         params_by_key[key[idx]] = _params(m_items, tp) if ok else math.nan
-    return key.map(pred_by_key).astype(float), key.map(params_by_key).astype(float)
+        time_by_key[key[idx]] = (
+            _predict_time(m_items, _freeze(p_items), h_items, dp) if ok
+            else (math.nan, "the record holds no positive world.dp and world.tp")
+        )
+    times = key.map(time_by_key)
+    return _Predicted(
+        mem_gib=key.map(pred_by_key).astype(float),
+        params=key.map(params_by_key).astype(float),
+        sec_per_iter=times.map(lambda t: t[0]).astype(float),
+        reason=times.map(lambda t: t[1]).astype(object),
+    )
 
 
 def _freeze(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
@@ -332,8 +384,13 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     ).fillna(0.0)
     started = _col(df, "started_at", "").fillna("").astype(str)
     df["date"] = started.str.slice(5, 10)
-    df["mem_pred_gib"], estimated = _per_config(df)
-    df["size_params"] = _num(df, "params").fillna(estimated)
+    predicted = _per_config(df)
+    df["mem_pred_gib"] = predicted.mem_gib
+    df["size_params"] = _num(df, "params").fillna(predicted.params)
+    df["pred_sec_per_iter"] = predicted.sec_per_iter
+    df["pred_reason"] = predicted.reason
+    measured = _num(df, "sec_per_iter").where(df["outcome"] == "ok")
+    df["pred_error"] = (measured / df["pred_sec_per_iter"] - 1.0).where((measured > 0) & (df["pred_sec_per_iter"] > 0))
     return df
 
 
@@ -375,6 +432,8 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
             "gbs": plan["global_batch_size"].astype(float),
             "size_params": plan["params"].astype(float).where(plan["params"] > 0),
             "mem_pred_gib": plan["mem_gib"].astype(float),
+            # The dry run's own prediction: a config not run yet still shows what it is expected to take.
+            "pred_sec_per_iter": plan["pred_sec_per_iter"].astype(float),
             "mem_capacity_gib": plan["mem_capacity_gib"].astype(float),
         }
     )
@@ -520,7 +579,7 @@ def load_sweep_dir(
     for name in CORE_COLUMNS:
         if name not in df.columns:
             df[name] = "" if name in ("run_dir", "reason", "date", "job_id", "queue_state", "model") else np.nan
-    for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware"):
+    for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware", "pred_reason"):
         # An all-missing column reads as float64, which refuses a "" fill: go through object.
         df[name] = df[name].astype(object).where(df[name].notna(), "").astype(str)
     df["layout_key"] = _join_str(df, _LAYOUT_FIELDS)

@@ -11,6 +11,9 @@ Formatting conventions, as the seeds write them:
   between two rows can be read against their noise; Notes say when other Slurm jobs shared a run's
   nodes;
   TFLOPs per device two decimals (four below 1); MFU in percent, one decimal.
+- Pred s/it (as Sec/it) and Err (measured over predicted - 1, signed percent, one decimal) beside each
+  finished run: the time model against the measurement. A run the model cannot predict reads 'n/a',
+  and why is said once under the table, not on every row.
 - Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
   failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
 """
@@ -25,8 +28,14 @@ import pandas as pd
 from analysis.records import outcome_counts
 from train.planner.plan import format_params
 
-SEED_COLUMNS = ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "CV", "TFLOPs", "MFU", "Notes")
-"""The seeds' columns, plus CV: the spread of a run's timed iterations, which the seeds did not show."""
+SEED_COLUMNS = (
+    "Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem", "Sec/it", "CV", "Pred s/it", "Err", "TFLOPs", "MFU",
+    "Notes",
+)  # fmt: skip
+"""The seeds' columns, plus CV (the spread of a run's timed iterations) and Pred s/it and Err (the time
+model's prediction and measured / predicted - 1), which the seeds did not show."""
+NOT_PREDICTED = "n/a"
+"""Pred s/it of a finished run the time model cannot predict (results.md says why, once)."""
 OUTCOME_TEXT = {
     "ok": "ok",
     "oom": "OOM",
@@ -105,6 +114,15 @@ def format_mfu(mfu: float | None) -> str:
     return f"{100 * mfu:.1f}%"
 
 
+def format_err(err: float | None) -> str:
+    """'+12.3%': measured over predicted seconds per iteration - 1 (+: ran slower); '' when unknown."""
+    if _missing(err):
+        return ""
+    assert err is not None
+    # + 0.0 turns a rounded -0.0 into 0.0: '+0.0%', not '-0.0%'.
+    return f"{round(100 * err, 1) + 0.0:+.1f}%"
+
+
 def _int_text(s: pd.Series) -> pd.Series:
     return s.map(lambda v: "" if _missing(v) else str(int(v)))
 
@@ -179,6 +197,8 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
             "Mem": mem,
             "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
             "CV": done["sec_cv"].map(format_cv).where(ok, ""),
+            "Pred s/it": done["pred_sec_per_iter"].map(format_sec).replace("", NOT_PREDICTED).where(ok, ""),
+            "Err": done["pred_error"].map(format_err).where(ok, ""),
             "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
             "MFU": done["mfu"].map(format_mfu).where(ok, ""),
             "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
@@ -231,8 +251,18 @@ MEM_FOOTNOTE = (
     "* Mem = measured peak memory per device (max over ranks and iterations), GiB (2^30 bytes) written GB "
     "as the seeds do: whole GiB from 10 GiB, one decimal below. Sec/it = median seconds per iteration after "
     "warm-up. CV = their spread (std / mean): differences smaller than the CVs are noise. TFLOPs = model "
-    "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak."
+    "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak. Pred s/it = the time model's "
+    "seconds per iteration for the run's recorded config (train.planner.perf, as the dry run predicts it). "
+    "Err = Sec/it / Pred s/it - 1: positive when the run was slower than predicted."
 )
+
+
+def prediction_notes(df: pd.DataFrame) -> list[str]:
+    """Why finished runs read 'n/a' in Pred s/it: one line per distinct reason, with how many runs."""
+    done = df[(df["outcome"] == "ok") & df["pred_sec_per_iter"].isna()]
+    reasons = done["pred_reason"].fillna("").astype(str).replace("", "no prediction recorded")
+    counts = sorted(reasons.value_counts().items(), key=lambda item: (-item[1], item[0]))
+    return [f"* {NOT_PREDICTED} in Pred s/it ({n} run(s)): {why}" for why, n in counts]
 
 
 def results_markdown(
@@ -252,6 +282,7 @@ def results_markdown(
         markdown_table(results_table(df), left=("Notes",)),
         "",
         MEM_FOOTNOTE,
+        *prediction_notes(df),
         "",
         "## Recommendation",
         "",
@@ -496,8 +527,10 @@ __all__ = [
     "OUTCOME_TEXT",
     "SEED_COLUMNS",
     "ZERO_COLUMNS",
+    "NOT_PREDICTED",
     "ZERO_FOOTNOTE",
     "format_cv",
+    "format_err",
     "format_mem",
     "format_mfu",
     "format_sec",
@@ -506,6 +539,7 @@ __all__ = [
     "markdown_table",
     "missing_markdown",
     "pflops_aggregate",
+    "prediction_notes",
     "results_markdown",
     "results_table",
     "scaling_frame",

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.recommend import Constraints, format_recommendations, recommend
+from analysis.recommend import Constraints, Recommendation, format_recommendations, recommend
 from analysis.records import load_sweeps
-from tests.analysis.golden.build import build_sweep, fixture
+from analysis.tables import format_err, format_sec
+from tests.analysis.golden.build import build_sweep, fixture, predicted_sweep_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,3 +116,60 @@ def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
     assert rec.decided and rec.noise_pct == pytest.approx(100 * (2 * 0.03**2) ** 0.5)
     text = format_recommendations([rec])
     assert text.startswith("Fastest for") and "outside the noise (CV 3.0% and 3.0%, combined 4.2%)" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Predicted best against measured best
+
+
+def _predicted(tmp_path: Path, factors: list[float]) -> tuple[Recommendation, list[float], list[float]]:
+    """The recommendation over PREDICTED_LAYOUTS measured at factors x prediction; predictions; measured."""
+    data, predicted = predicted_sweep_data(factors)
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    return rec, predicted, [run["sec_per_iter"] for run in data["runs"]]
+
+
+def test_the_predicted_best_that_measured_best_is_said_so(tmp_path: Path) -> None:
+    # Every run 10-20% slower than predicted, the predicted order kept.
+    rec, predicted, measured = _predicted(tmp_path, [1.1, 1.15, 1.2, 1.12, 1.18])
+    fastest = min(range(len(measured)), key=measured.__getitem__)
+    assert fastest == min(range(len(predicted)), key=predicted.__getitem__)
+    assert rec.best.sec_per_iter == measured[fastest] and rec.best.pred_sec_per_iter == predicted[fastest]
+    assert rec.predicted_rank == 1 and rec.predicted_best == rec.best and rec.predicted_best_slower_pct == 0.0
+    text = format_recommendations([rec])
+    assert (
+        f"- prediction: the time model also predicted it fastest of the {len(measured)} "
+        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(measured[fastest] / predicted[fastest] - 1)}): "
+        "the predicted best was the measured best"
+    ) in text
+
+
+def test_a_predicted_best_that_measured_slower_is_named_with_how_much_slower(tmp_path: Path) -> None:
+    _, predicted = predicted_sweep_data([1.0] * 5)
+    favourite = min(range(len(predicted)), key=predicted.__getitem__)
+    # The model's favourite measured slowest of all (10% behind the slowest prediction), the others as predicted.
+    factors = [1.1 * max(predicted) / p if i == favourite else 1.0 for i, p in enumerate(predicted)]
+    rec, predicted, measured = _predicted(tmp_path, factors)
+    fastest = min(range(len(measured)), key=measured.__getitem__)
+    assert fastest != favourite
+    rank = 1 + sum(p < predicted[fastest] for p in predicted)
+    slower = 100 * (measured[favourite] / measured[fastest] - 1)
+    assert rec.predicted_best is not None and rec.predicted_best.sec_per_iter == measured[favourite]
+    assert rec.predicted_rank == rank and rec.predicted_best_slower_pct == pytest.approx(slower)
+    text = format_recommendations([rec])
+    assert (
+        f"- prediction: the predicted best was not the measured best: the time model predicted "
+        f"{rec.predicted_best.label} fastest (predicted {format_sec(predicted[favourite])} s/it, Err "
+        f"{format_err(factors[favourite] - 1)}), "
+        f"which measured {format_sec(measured[favourite])} s/it, {slower:.1f}% slower per iteration than the "
+        f"measured fastest; the model ranked the measured fastest {rank} of {len(measured)} "
+        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(measured[fastest] / predicted[fastest] - 1)})"
+    ) in text
+
+
+def test_no_prediction_line_unless_every_compared_run_was_predicted(tmp_path: Path) -> None:
+    # The BLOOM fixture's hardware lacks the memory bandwidth the time model needs.
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    (rec,) = recommend(df)
+    assert rec.predicted_best is None and rec.predicted_rank is None
+    assert "prediction:" not in format_recommendations([rec])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,10 +14,22 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.records import AnalysisError, load_sweeps, outcome_counts
-from analysis.tables import results_table, summary_line
-from tests.analysis.golden.build import build_sweep, fixture
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_manifest
+from analysis.records import AnalysisError, load_sweeps, outcome_counts, write_results_csv
+from analysis.tables import prediction_notes, results_markdown, results_table, summary_line
+from conf.schema import Precision, RunConfig
+from tests.analysis.golden.build import (
+    build_sweep,
+    fixture,
+    hardware_conf,
+    make_record,
+    overrides_of,
+    predicted_sweep_data,
+    run_config,
+)
+from tests.train.planner.test_calibration import MODEL as CAL_MODEL
+from tests.train.planner.test_calibration import calibration
+from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_json_atomic, write_manifest
+from train.planner.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,3 +228,63 @@ def test_results_are_matched_to_their_configs_by_overrides(tmp_path: Path) -> No
     assert (df.loc[0, "outcome"], df.loc[1, "outcome"]) == ("pending", "ok")
     (warning,) = [w for w in loaded.warnings if "belong to no config" in w]
     assert warning.startswith("2 result.json file(s)") and "0, 2" in warning
+
+
+# ---------------------------------------------------------------------------------------------
+# Predicted beside measured: the dry run's time model for each recorded config
+
+
+def test_each_run_is_predicted_as_the_dry_run_predicts_its_config(tmp_path: Path) -> None:
+    factors = [1.2, 0.9, 1.0, 1.5, 1.1]
+    data, predicted = predicted_sweep_data(factors)
+    sweep = build_sweep(tmp_path / "s", data)
+    df = load_sweeps([sweep], queue=None).table.set_index("run_dir")
+    for i, pred in enumerate(predicted):
+        row = df.loc[f"runs/{i}"]
+        # The record's config, read back from result.json, predicts what plan_run predicted from the RunConfig.
+        assert row["pred_sec_per_iter"] == pred and row["pred_reason"] == ""
+        assert row["pred_error"] == pytest.approx(row["sec_per_iter"] / pred - 1)
+        assert row["pred_error"] == pytest.approx(factors[i] - 1)
+    # results.csv carries both columns.
+    write_results_csv(df.reset_index(), tmp_path / "results.csv")
+    csv = pd.read_csv(tmp_path / "results.csv").set_index("run_dir")
+    assert csv.loc["runs/3", "pred_sec_per_iter"] == pytest.approx(predicted[3])
+    assert csv.loc["runs/3", "pred_error"] == pytest.approx(0.5)
+
+
+def _cpu_sweep(root: Path, hardware: dict[str, object]) -> tuple[Path, list[RunConfig]]:
+    """Two finished runs of a tiny fp32 model on CPU processes (dp=1 and dp=2), result.json only."""
+    runs = []
+    for i, dp in enumerate((1, 2)):
+        layout = {"dp": dp, "tp": 1, "pp": 1, "mbs": 1, "gbs": 2}
+        base = run_config(dataclasses.asdict(CAL_MODEL), hardware, layout)
+        run = dataclasses.replace(base, parallelism=dataclasses.replace(base.parallelism, precision=Precision.fp32))
+        spec = {"layout": layout, "sec_per_iter": 0.01 * (i + 1), "tflops": 0.001, "mem_gib": 0.3}
+        (root / f"runs/{i}").mkdir(parents=True)
+        write_json_atomic(root / f"runs/{i}/result.json", make_record(run, spec, overrides_of(layout, "m")))
+        runs.append(run)
+    return root, runs
+
+
+def test_an_uncalibrated_cpu_run_is_not_predicted_and_the_table_says_why_once(tmp_path: Path) -> None:
+    sweep, _ = _cpu_sweep(tmp_path / "cpu", hardware_conf("cpu"))
+    df = load_sweeps([sweep], queue=None).table
+    assert df["pred_sec_per_iter"].isna().all() and df["pred_error"].isna().all()
+    # A CPU's peak is measured at run time: the planner cannot know it without a calibration file.
+    assert df["pred_reason"].str.contains("peak_measured=true").all()
+    assert (results_table(df)["Pred s/it"] == "n/a").all()
+    (note,) = prediction_notes(df)
+    assert note.startswith("* n/a in Pred s/it (2 run(s)): ") and df["pred_reason"].iloc[0] in note
+    md = results_markdown(df, labels=("cpu",), recommendation="")
+    assert md.count(df["pred_reason"].iloc[0]) == 1
+
+
+def test_a_sweep_planned_with_a_calibration_is_predicted_from_it(tmp_path: Path) -> None:
+    hardware = {**hardware_conf("cpu"), "calibration": str(calibration(tmp_path))}
+    sweep, runs = _cpu_sweep(tmp_path / "cpu", hardware)
+    df = load_sweeps([sweep], queue=None).table.set_index("run_dir")
+    for i, run in enumerate(runs):
+        planned = plan_run(run, world_size=run.parallelism.dp)
+        assert math.isfinite(planned.pred_sec_per_iter)
+        assert df.loc[f"runs/{i}", "pred_sec_per_iter"] == planned.pred_sec_per_iter
+    assert not prediction_notes(df)

@@ -13,6 +13,8 @@ import pytest
 from analysis.recommend import format_recommendations, recommend
 from analysis.records import load_sweeps
 from analysis.tables import (
+    SEED_COLUMNS,
+    format_err,
     format_mem,
     format_sec,
     format_size,
@@ -25,7 +27,7 @@ from analysis.tables import (
     zero_frame,
     zero_markdown,
 )
-from tests.analysis.golden.build import EXPECTED_MD, GOLDEN, build_sweep, fixture
+from tests.analysis.golden.build import EXPECTED_MD, GOLDEN, build_sweep, fixture, predicted_sweep_data
 
 
 def _markdown(sweep: Path) -> str:
@@ -90,6 +92,8 @@ def test_size_sec_tflops_formats() -> None:
     assert format_size(1.3e9) == "1.3B" and format_size(181e9) == "181B" and format_size(float("nan")) == ""
     assert format_sec(189.064) == "189.06" and format_sec(0.0456) == "0.046"
     assert format_tflops(91.666) == "91.67" and format_tflops(0.01234) == "0.0123"
+    assert format_err(0.1234) == "+12.3%" and format_err(-0.05) == "-5.0%" and format_err(-1e-9) == "+0.0%"
+    assert format_err(float("nan")) == ""
 
 
 def test_varying_overrides_go_to_notes(tmp_path: Path) -> None:
@@ -301,3 +305,17 @@ def test_zero_setting_of_a_run_without_record_comes_from_its_overrides(tmp_path:
     # Without any trace of its engine setting the run cannot be placed: it is left out.
     lost["overrides"] = [[]]
     assert len(zero_frame(pd.concat([df, lost], ignore_index=True))) == len(zero_frame(df))
+
+
+def test_pred_and_err_columns_beside_the_measurement(tmp_path: Path) -> None:
+    factors = [1.2, 0.9, 1.0, 1.5, 1.1]
+    data, predicted = predicted_sweep_data(factors)
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    table = results_table(df)
+    assert list(table.columns) == list(SEED_COLUMNS)
+    measured = [run["sec_per_iter"] for run in data["runs"]]
+    expected = {format_sec(m): (format_sec(p), format_err(m / p - 1)) for m, p in zip(measured, predicted, strict=True)}
+    assert {row["Sec/it"]: (row["Pred s/it"], row["Err"]) for _, row in table.iterrows()} == expected
+    assert sorted(table["Err"]) == sorted(format_err(f - 1) for f in factors)
+    # Every run predicted: no 'n/a' and no note saying why.
+    assert "n/a" not in _markdown(tmp_path / "s")

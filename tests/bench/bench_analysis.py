@@ -29,8 +29,11 @@ def _template() -> dict:
     run = RunConfig(
         model=ModelConfig(name="gpt_1.3b", num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=2048),
         parallelism=ParallelismConfig(global_batch_size=1024),
+        # The figures the time model needs (conf/hardware/a100_80gb.yaml's), so that every record is
+        # predicted as well as loaded.
         hardware=HardwareConfig(name="a100_80gb", device_type="cuda", peak_tflops_bf16=312.0, memory_gib=79.15,
-                                devices_per_node=8),
+                                devices_per_node=8, num_sms=108, memory_bw_gbs=2039.0, intra_node_bw_gbs=300.0,
+                                inter_node_bw_gbs=200.0),
     )
     return RunRecord(
         status="ok", message=None, config=to_plain_dict(run), overrides=[], world={}, hardware="a100_80gb",

@@ -55,27 +55,39 @@ def _flops(model: ModelConfig, global_batch_size: int, recompute: Recompute, tp:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> TimePrediction | None:
+def _prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> TimePrediction | str:
     try:
         return predict_time(model, par, hw, dp=dp)
-    except (UnknownHardwareFigure, ValueError, TypeError, KeyError):
+    except (UnknownHardwareFigure, ValueError) as exc:
         # A CPU's peak and bandwidth are measured, not known to the planner; an unreadable
-        # calibration file leaves the row unpredicted too (analysis.calc predict=true says why).
-        return None
+        # calibration file leaves the row unpredicted too. The message says which.
+        return str(exc)
+    except (TypeError, KeyError, ZeroDivisionError) as exc:
+        return f"the time model cannot read this config ({type(exc).__name__}: {exc})"
+
+
+def time_prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> TimePrediction | str:
+    """The time model's prediction of `par` on `dp` replicas of `hw`, as the dry run makes it, or
+    one line saying why there is none (a CPU's peak is measured at run time, a figure is unknown,
+    the calibration file is unreadable). Memoised: layouts differing only in fields the time model
+    does not read share one prediction, so a sweep (or an analysis) of thousands is cheap."""
+    mbs = requested_micro_batch(par)
+    if isinstance(mbs, str):
+        return f"parallelism.micro_batch_size={mbs!r} was never resolved to a size, which the time model needs"
+    key = ParallelismConfig(
+        tp=par.tp, pp=par.pp, micro_batch_size=mbs, global_batch_size=par.global_batch_size,
+        zero_stage=par.zero_stage, offload=par.offload, recompute=par.recompute, precision=par.precision,
+        engine=par.engine,
+    )  # fmt: skip
+    return _prediction(model, key, hw, dp)
 
 
 def _predicted(
     model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int, model_flops: float, devices: int
 ) -> tuple[float, float, float]:
     """(seconds per iteration, model TFLOP/s per device, MFU) the time model predicts; NaN when unknown."""
-    # Only the fields the time model reads: layouts differing in anything else share a prediction.
-    key = ParallelismConfig(
-        tp=par.tp, pp=par.pp, micro_batch_size=par.mbs, global_batch_size=par.global_batch_size,
-        zero_stage=par.zero_stage, offload=par.offload, recompute=par.recompute, precision=par.precision,
-        engine=par.engine,
-    )  # fmt: skip
-    prediction = _prediction(model, key, hw, dp)
-    if prediction is None or not devices:
+    prediction = time_prediction(model, par, hw, dp)
+    if isinstance(prediction, str) or not devices:
         return NAN, NAN, NAN
     tflops = model_flops / (prediction.sec_per_iter * devices) / 1e12
     peak = peak_tflops(hw, Precision(par.precision))
@@ -251,4 +263,4 @@ def format_plan_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_params", "format_plan_table", "plan_run", "rank_predictions", "table_order"]
+__all__ = ["format_params", "format_plan_table", "plan_run", "rank_predictions", "table_order", "time_prediction"]

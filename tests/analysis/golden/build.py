@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from conf.schema import (
     Engine,
     HardwareConfig,
@@ -29,6 +31,7 @@ from train.contract import (
     write_manifest,
     write_plan_csv,
 )
+from train.planner.plan import plan_run
 
 GOLDEN = Path(__file__).resolve().parent
 FIXTURE = GOLDEN / "sweep.json"
@@ -161,3 +164,44 @@ def _plan_row(run: RunConfig, spec: dict[str, Any], overrides: list[str], *, fea
     )
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps the time model predicts: the real conf/hardware figures, layouts the planner accepts.
+
+CONF = GOLDEN.parents[2] / "conf"
+GPT = {"name": "gpt_1.3b", "num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16, "seq_length": 2048}
+"""A GPT whose 24 layers split evenly over the pipeline stages of PREDICTED_LAYOUTS."""
+PREDICTED_LAYOUTS = (
+    {"dp": 8, "tp": 1, "pp": 1, "mbs": 2, "gbs": 512},
+    {"dp": 4, "tp": 2, "pp": 1, "mbs": 4, "gbs": 512},
+    {"dp": 2, "tp": 2, "pp": 2, "mbs": 4, "gbs": 512},
+    {"dp": 4, "tp": 1, "pp": 2, "mbs": 2, "gbs": 512},
+    {"dp": 8, "tp": 2, "pp": 1, "mbs": 4, "gbs": 512},
+)
+"""One and two nodes of eight A100s, all training the same work (GPT, GBS 512)."""
+
+
+def hardware_conf(name: str) -> dict[str, Any]:
+    """conf/hardware/<name>.yaml as a dict: the figures a user's sweep records."""
+    data = OmegaConf.to_container(OmegaConf.load(CONF / "hardware" / f"{name}.yaml"))
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def predicted_sweep_data(factors: list[float]) -> tuple[dict[str, Any], list[float]]:
+    """PREDICTED_LAYOUTS on a100_80gb as fixture data, run i measured at factors[i] x the dry run's
+    prediction (plan_run, as `python -m train --dry-run` plans the config); and those predictions."""
+    hardware = hardware_conf("a100_80gb")
+    runs, predicted = [], []
+    for i, (layout, factor) in enumerate(zip(PREDICTED_LAYOUTS, factors, strict=True)):
+        world = layout["dp"] * layout["tp"] * layout["pp"]
+        row = plan_run(run_config(GPT, hardware, layout), world_size=world)
+        assert row.feasible, row.reasons
+        sec = factor * row.pred_sec_per_iter
+        predicted.append(row.pred_sec_per_iter)
+        runs.append({
+            "name": f"layout{i}", "nodes": row.nodes, "layout": layout, "params": row.params, "sec_per_iter": sec,
+            "tflops": row.model_flops_per_iter / (sec * world) / 1e12, "mem_gib": 20.0,
+        })  # fmt: skip
+    return {"model": GPT, "hardware": hardware, "runs": runs}, predicted
