@@ -16,7 +16,7 @@ import pytest
 from conf.schema import HardwareConfig, ModelConfig, Offload, ParallelismConfig, Precision, Recompute
 from train.planner.flops import layer_gemms, logits_gemm
 from train.planner.memory import Stack
-from train.planner.perf import PARTS, UnknownHardwareFigure, predict_time
+from train.planner.perf import PARTS, TimePrediction, UnknownHardwareFigure, predict_time
 
 from .test_memory import load_hardware
 
@@ -210,13 +210,18 @@ BLOOM_SEC_PER_ITER: list[tuple[str, int, int, int, int, int, int, int, int, int,
 ]
 
 
-def bloom_prediction(row: tuple[str, int, int, int, int, int, int, int, int, int, float]) -> float:
+def bloom_time(row: tuple[str, int, int, int, int, int, int, int, int, int, float]) -> TimePrediction:
     _, hidden, layers, heads, zero, dp, tp, pp, mbs, gbs, _ = row
     model = ModelConfig(name="bloom", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                         seq_length=2048, vocab_size=250680)
     layout = ParallelismConfig(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, zero_stage=zero,
                                recompute=Recompute.full, precision=Precision.bf16)
-    return predict_time(model, layout, load_hardware("a100_80gb"), dp=dp, stack=Stack.megatron_deepspeed).sec_per_iter
+    # Jean Zay: the A100 80GB defaults with the network the BLOOM notes ran on (4 x Omni-Path 100 Gb/s).
+    return predict_time(model, layout, load_hardware("a100_80gb_jean_zay"), dp=dp, stack=Stack.megatron_deepspeed)
+
+
+def bloom_prediction(row: tuple[str, int, int, int, int, int, int, int, int, int, float]) -> float:
+    return bloom_time(row).sec_per_iter
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
@@ -240,19 +245,20 @@ def test_bloom_seconds_per_iteration_error_and_order(capsys: pytest.CaptureFixtu
               + ", ".join(f"{k} {t:+.2f}" for k, t in taus.items())
               + f"; mean tau {statistics.mean(taus.values()):+.2f}")
     assert len(errors) == 73
-    # Measured with datasheet figures and the efficiencies conf/hardware/a100_80gb.yaml cites, the
-    # model is about 30% fast: what it leaves out of Megatron-DeepSpeed's 2022 step is not yet
-    # known (issue 12's target is 10%). These bounds hold the model where it is, so a change that
-    # makes it worse fails; every prediction is below the measurement (no overhead is invented).
-    assert mae <= 0.31
+    # With datasheet figures, the efficiencies conf/hardware/a100_80gb.yaml cites and Jean Zay's
+    # network, the model is about 22% fast: what it leaves out of Megatron-DeepSpeed's 2022 step is
+    # not yet known (issue 12's target is 10%). These bounds hold the model where it is, so a change
+    # that makes it worse fails; every prediction is below the measurement (no overhead is invented).
+    assert mae <= 0.23
     assert max(errors[i] for i, r in enumerate(BLOOM_SEC_PER_ITER) if not r[0].startswith("max 18B")) < 0
     assert statistics.mean(taus.values()) > 0.25
 
 
 def test_bloom_hidden_13824_beats_14400() -> None:
-    # The notes' tile and wave argument: 13824 = 864 x 16 runs faster per FLOP than 14400.
+    # The notes' tile and wave argument: 13824 = 864 x 16 runs its GEMMs faster per FLOP than 14400.
+    # (Their whole step is 27% faster per parameter; the model's GEMMs explain a few percent of it.)
     rows = {r[1]: r for r in BLOOM_SEC_PER_ITER if r[0] in ("48 nodes", "NHIDDEN") and r[7] == 10 and r[8] == 1}
-    per_param = {h: bloom_prediction(r) / (r[1] ** 2 * r[2]) for h, r in rows.items()}
+    per_param = {h: bloom_time(r).parts["gemm"] / (r[1] ** 2 * r[2]) for h, r in rows.items()}
     assert per_param[H13824] < per_param[H14400]
     assert math.isfinite(per_param[H13824])
 
