@@ -301,3 +301,21 @@ def test_zero_setting_of_a_run_without_record_comes_from_its_overrides(tmp_path:
     # Without any trace of its engine setting the run cannot be placed: it is left out.
     lost["overrides"] = [[]]
     assert len(zero_frame(pd.concat([df, lost], ignore_index=True))) == len(zero_frame(df))
+
+
+def test_console_listings_are_bounded_and_say_where_the_rest_is(tmp_path: Path) -> None:
+    from analysis.tables import missing_markdown, planned_markdown
+
+    sweep = build_sweep(tmp_path / "s", drop=("n48_pp6_mbs2", "n40_pp10_mbs2"))
+    df = load_sweeps([sweep], queue=None).table
+    pending = int((df["outcome"] == "pending").sum())
+    assert pending == 3
+    shown = missing_markdown(df, limit=1).splitlines()
+    assert len(shown) == 2 + 1 + 1 and shown[-1] == f"... {pending - 1} more in results.md"
+    assert "more in" not in missing_markdown(df)
+    assert planned_markdown(df) == ""  # launched configs are never 'planned'
+    (sweep / "manifest.jsonl").unlink()
+    unlaunched = load_sweeps([sweep], queue=None).table
+    planned = planned_markdown(unlaunched, limit=2).splitlines()
+    assert planned[0].startswith("| Nodes |") and "Pred sec/it" in planned[0]
+    assert len(planned) == 2 + 2 + 1 and planned[-1] == "... 1 more in results.csv"
