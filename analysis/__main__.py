@@ -13,7 +13,9 @@ writes into OUT (default <first sweep dir>/analysis): results.csv (every field),
 (the seeds' table, the recommendation, scaling, the ZeRO comparison when the sweeps vary
 parallelism.engine, zero_stage or offload, what is missing), scaling.csv, zero.csv (with the
 ZeRO comparison) and the PNG plots.
-It prints the recommendation and what is still missing. The second form writes compare.md and
+It prints the recommendation, what a dry run planned and nobody ran (a plan directory: plan.csv and
+no manifest), what is still missing (at most CONSOLE_ROWS of each) and which plots had nothing
+measured to draw (those are not written). The second form writes compare.md and
 compare.csv (default OUT: <after sweep>/analysis) and prints the comparison. (A sweep directory
 literally named 'compare' is given as ./compare.) The third fits the time model's efficiency factors
 to the measured runs and prints the fit and its residuals (analysis.calibrate).
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
     from analysis.records import Sweeps
 
 
+CONSOLE_ROWS = 20
+"""Rows of the planned and missing configs the console shows; results.md and results.csv have all (rows)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,9 +118,10 @@ def _compare_parser() -> argparse.ArgumentParser:
 def analyse(argv: Sequence[str]) -> int:
     from analysis.plots import write_plots
     from analysis.recommend import Constraints, format_recommendations, recommend
-    from analysis.records import write_results_csv
+    from analysis.records import MISSING, write_results_csv
     from analysis.tables import (
         missing_markdown,
+        planned_markdown,
         results_markdown,
         scaling_frame,
         scaling_markdown,
@@ -133,7 +138,16 @@ def analyse(argv: Sequence[str]) -> int:
     out = args.out or default_out
     out.mkdir(parents=True, exist_ok=True)
     constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
-    rec_text = format_recommendations(recommend(df, constraints))
+    recs = recommend(df, constraints)
+    rec_text = format_recommendations(recs)
+    planned = int((df["outcome"] == "planned").sum())
+    if not recs and planned and df["outcome"].isin(("planned", "skipped")).all():
+        skipped = len(df) - planned
+        rec_text = (
+            f"No recommendation: nothing has run. This is a dry run: {planned} config(s) planned, not run"
+            + (f", {skipped} skipped as infeasible" if skipped else "")
+            + "; the fastest predicted are listed under 'Planned, not run'."
+        )
     scaling = scaling_frame(df)
     scaling_md = scaling_markdown(scaling)
     zero = zero_frame(df)
@@ -149,8 +163,9 @@ def analyse(argv: Sequence[str]) -> int:
     if not zero.empty:
         zero.to_csv(out / "zero.csv", index=False)
         written.append(out / "zero.csv")
-    plots = [] if args.no_plots else write_plots(df, out)
-    written += plots
+    plots = write_plots(df, out) if not args.no_plots else None
+    plot_files = list(plots.written) if plots else []
+    written += plot_files
     if args.wandb_log:
         from analysis.wandb_io import log_analysis, resolve_destination
 
@@ -158,7 +173,7 @@ def analyse(argv: Sequence[str]) -> int:
             df, labels=sweeps.labels, project=args.wandb_project, entity=args.wandb_entity, group=args.wandb_group
         )
         run_dir, warning = log_analysis(df, dest=dest, out_dir=out, recommendation=rec_text,
-                                        results_markdown=md, plots=plots)
+                                        results_markdown=md, plots=plot_files)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         if run_dir:
@@ -166,12 +181,19 @@ def analyse(argv: Sequence[str]) -> int:
     print(summary_line(df))
     print()
     print(rec_text)
-    missing = df["outcome"].isin(("pending", "running"))
+    if planned:
+        print()
+        print(f"Planned, not run ({planned} feasible config(s) of a dry run, never launched; "
+              f"the fastest predicted first, with the plan's predictions):")
+        print(planned_markdown(df, limit=CONSOLE_ROWS))
+    missing = df["outcome"].isin(MISSING)
     if missing.any():
         print()
         print(f"Missing ({int(missing.sum())} config(s) still pending or running):")
-        print(missing_markdown(df))
+        print(missing_markdown(df, limit=CONSOLE_ROWS))
     print()
+    if plots is not None and plots.skipped:
+        print(plots.skipped_line())
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.records import NOT_RUN
 from analysis.tables import OUTCOME_TEXT, format_sec, format_tflops, markdown_table
 
 MATCH_KEYS = {"overrides": "config_key", "layout": "layout_key"}
@@ -35,7 +36,7 @@ class Comparison:
 
 def _side(df: pd.DataFrame, key: str) -> pd.DataFrame:
     # A config run twice in one sweep keeps its fastest successful run.
-    side = df[~df["outcome"].isin(("pending", "running"))].copy()
+    side = df[~df["outcome"].isin(NOT_RUN)].copy()
     side["_ok"] = side["outcome"] == "ok"
     side = side.sort_values([key, "_ok", "sec_per_iter"], ascending=[True, False, True], kind="mergesort")
     side = side.drop_duplicates(key, keep="first")

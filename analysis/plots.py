@@ -1,15 +1,22 @@
 """PNG plots of a sweep (matplotlib, Agg backend: no display on login nodes).
 
-- tflops_mfu.png: TFLOPs per device and MFU of each successful layout (the fastest MAX_BARS).
+- tflops_mfu.png: TFLOPs per device (bars, left axis) and MFU (points, right axis) of each successful
+  layout, the fastest MAX_BARS by seconds per iteration. When every run shares one peak the two axes
+  are one scale (MFU = TFLOPs / peak), so that a point sits on its bar's top.
 - sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
-  estimate of the same config, with the y = x line: whether the planner's memory model can be trusted.
+  estimate of the same config, with the y = x line and a line at each hardware's usable capacity:
+  whether the planner's memory model can be trusted, and how close the runs came to running out.
 
+A plot with nothing measured to draw (a dry run's directory, a sweep still running) is not written:
+write_plots says which and why, and removes a stale file of that name from an earlier analysis.
 Every figure has the same fixed size (FIGSIZE at DPI), so that tests and reports can rely on it.
+The *_figure functions return the open figure (the caller closes it); write_plots saves them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +26,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis.tables import sort_results  # noqa: E402
 
@@ -26,6 +35,27 @@ FIGSIZE = (10.0, 6.0)
 DPI = 100
 MAX_BARS = 40
 PLOT_FILES = ("tflops_mfu.png", "sec_per_iter_vs_nodes.png", "memory_measured_vs_predicted.png")
+# Runs whose peaks (TFLOPs / MFU) differ by less than this share one peak: one scale for both axes.
+_SAME_PEAK = 0.01
+
+
+class NothingToPlot(Exception):
+    """The table holds nothing measured for this plot; str() says what is missing."""
+
+
+@dataclass(frozen=True)
+class Plots:
+    """What write_plots did: the files written, and the plots left out with the reason."""
+
+    written: tuple[Path, ...]
+    skipped: tuple[tuple[str, str], ...]
+    """(file name, why it was not drawn)."""
+
+    def skipped_line(self) -> str:
+        """'plots not drawn: name (why); ...', '' when every plot was drawn."""
+        if not self.skipped:
+            return ""
+        return "plots not drawn: " + "; ".join(f"{name} ({why})" for name, why in self.skipped)
 
 
 def _layout_labels(runs: pd.DataFrame) -> list[str]:
@@ -34,109 +64,149 @@ def _layout_labels(runs: pd.DataFrame) -> list[str]:
 
     text = "n" + i(runs["nodes"]) + " dp" + i(runs["dp"]) + " tp" + i(runs["tp"]) + " pp" + i(runs["pp"])
     text = text + " mbs" + i(runs["mbs"])
+    if runs["model"].nunique() > 1:
+        text = runs["model"].astype(str) + " " + text
     if runs["sweep"].nunique() > 1:
         text = runs["sweep"].astype(str) + ": " + text
     return text.tolist()
 
 
-def _finish(fig: plt.Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)  # no bbox_inches='tight': the pixel size stays FIGSIZE x DPI
-    plt.close(fig)
-    return path
+def _shared_peak(runs: pd.DataFrame) -> float | None:
+    """The peak (TFLOP/s) every run's MFU is measured against, when they all share one; else None."""
+    peaks = (runs["tflops"] / runs["mfu"]).replace([np.inf, -np.inf], np.nan).dropna()
+    peaks = peaks[peaks > 0]
+    if peaks.empty or len(peaks) != len(runs):
+        return None
+    low, high = float(peaks.min()), float(peaks.max())
+    return high if (high - low) <= _SAME_PEAK * high else None
 
 
-def _empty(ax: plt.Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
-
-
-def plot_tflops_mfu(df: pd.DataFrame, path: Path) -> Path:
+def tflops_mfu_figure(df: pd.DataFrame) -> Figure:
     """Bars of TFLOPs per device per layout (fastest first), MFU as points on a second axis."""
     runs = sort_results(df[(df["outcome"] == "ok") & df["tflops"].notna()]).head(MAX_BARS)
-    fig, ax = plt.subplots(figsize=FIGSIZE)
     if runs.empty:
-        _empty(ax, "no successful run with TFLOPs")
-    else:
-        x = np.arange(len(runs))
-        ax.bar(x, runs["tflops"], color="tab:blue", label="TFLOPs per device")
-        ax.set_ylabel("model TFLOP/s per device")
-        ax.set_xticks(x, _layout_labels(runs), rotation=60, ha="right", fontsize=7)
-        if runs["mfu"].notna().any():
-            ax2 = ax.twinx()
-            ax2.plot(x, 100 * runs["mfu"], "o-", color="tab:orange", label="MFU")
-            ax2.set_ylabel("MFU (%)")
-            ax2.set_ylim(0, max(100.0, float(100 * runs["mfu"].max()) * 1.1))
-        ax.set_title(f"TFLOPs and MFU per layout (fastest {len(runs)}, by seconds per iteration)")
+        raise NothingToPlot("no successful run with a measured TFLOPs")
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    x = np.arange(len(runs))
+    tflops = runs["tflops"].astype(float).to_numpy()
+    bars = ax.bar(x, tflops, color="tab:blue", label="TFLOPs per device (left axis)")
+    top = float(np.nanmax(tflops)) * 1.15 or 1.0
+    ax.set_ylim(0, top)
+    ax.set_ylabel("model TFLOP/s per device")
+    ax.set_xlabel("layout: nodes, DP, TP, PP, micro-batch (fastest first, by seconds per iteration)")
+    ax.set_xticks(x, _layout_labels(runs), rotation=60, ha="right", fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    handles: list = [bars]
+    mfu = 100 * runs["mfu"].astype(float)
+    if mfu.notna().any():
+        ax2 = ax.twinx()
+        peak = _shared_peak(runs)
+        if peak is not None:
+            # One scale: the right axis is the left one divided by the peak.
+            ax2.set_ylim(0, 100 * top / peak)
+            ax2.set_ylabel(f"MFU (% of the {peak:.4g} TFLOP/s peak)")
+        else:
+            ax2.set_ylim(0, float(mfu.max()) * 1.15 or 1.0)
+            ax2.set_ylabel("MFU (% of each run's peak)")
+        (points,) = ax2.plot(x, mfu.to_numpy(), "o", color="tab:orange", markeredgecolor="black",
+                            label="MFU (right axis)")
+        handles.append(points)
+    ax.legend(handles=handles, loc="upper right", fontsize=8)
+    ax.set_title(f"TFLOPs per device and MFU per layout (fastest {len(runs)} successful runs)")
     fig.tight_layout()
-    return _finish(fig, path)
+    return fig
 
 
-def plot_sec_vs_nodes(df: pd.DataFrame, path: Path) -> Path:
+def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
     """Seconds per iteration against nodes: every run as a point, the fastest per node count joined."""
     runs = df[(df["outcome"] == "ok") & df["sec_per_iter"].notna() & df["nodes"].notna()]
-    fig, ax = plt.subplots(figsize=FIGSIZE)
     if runs.empty:
-        _empty(ax, "no successful run with seconds per iteration")
-    else:
-        work = runs["model"].astype(str) + " GBS " + runs["gbs"].map(lambda v: str(int(v)))
-        for i, (name, group) in enumerate(runs.groupby(work, sort=True)):
-            color = f"C{i % 10}"
-            ax.scatter(group["nodes"], group["sec_per_iter"], color=color, alpha=0.6, s=25)
-            best = group.groupby("nodes")["sec_per_iter"].min()
-            ax.plot(best.index, best.to_numpy(), "-", color=color, label=f"{name} (fastest per node count)")
-        ax.set_xlabel("nodes")
-        ax.set_ylabel("seconds per iteration (lower is better)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("Seconds per iteration against node count")
+        raise NothingToPlot("no successful run with a measured seconds per iteration")
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    work = runs["model"].astype(str) + " GBS " + runs["gbs"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
+    for i, (name, group) in enumerate(runs.groupby(work, sort=True)):
+        color = f"C{i % 10}"
+        ax.scatter(group["nodes"], group["sec_per_iter"], color=color, alpha=0.6, s=25)
+        best = group.groupby("nodes")["sec_per_iter"].min()
+        ax.plot(best.index, best.to_numpy(), "-", color=color, label=f"{name}: fastest per node count (dots: every run)")
+    ax.set_xlabel("nodes")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("seconds per iteration (s, lower is better)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Seconds per iteration against node count")
     fig.tight_layout()
-    return _finish(fig, path)
+    return fig
 
 
-def plot_memory(df: pd.DataFrame, path: Path) -> Path:
-    """Measured peak memory per device against the planner's prediction, y = x and capacity marked.
+def memory_figure(df: pd.DataFrame) -> Figure:
+    """Measured peak memory per device against the planner's prediction, y = x and capacities marked.
 
     OOM runs have no measurement: they are drawn as crosses at the usable capacity, so that a
     prediction below the capacity for a run that ran out of memory stands out.
     """
-    fig, ax = plt.subplots(figsize=FIGSIZE)
     measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna()]
     oom = df[(df["outcome"] == "oom") & df["mem_pred_gib"].notna() & df["mem_capacity_gib"].notna()]
     if measured.empty and oom.empty:
-        _empty(ax, "no run with both a measured and a predicted peak memory")
-    else:
-        ok = measured["outcome"] == "ok"
-        ax.scatter(measured.loc[ok, "mem_pred_gib"], measured.loc[ok, "mem_gib"], color="tab:blue", label="ok")
+        raise NothingToPlot("no run with both a measured and a predicted peak memory")
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ok = measured["outcome"] == "ok"
+    ax.scatter(measured.loc[ok, "mem_pred_gib"], measured.loc[ok, "mem_gib"], color="tab:blue", label="run ok")
+    if (~ok).any():
         ax.scatter(measured.loc[~ok, "mem_pred_gib"], measured.loc[~ok, "mem_gib"], color="tab:red",
-                   marker="s", label="failed (not OOM)")
-        if not oom.empty:
-            ax.scatter(oom["mem_pred_gib"], oom["mem_capacity_gib"], color="black", marker="x", s=60,
-                       label="OOM (at usable capacity)")
-        values = pd.concat([measured["mem_pred_gib"], measured["mem_gib"], oom["mem_pred_gib"]])
-        top = float(values.max()) * 1.1 if len(values) else 1.0
-        ax.plot([0, top], [0, top], "--", color="gray", label="prediction = measurement")
-        caps = df["mem_capacity_gib"].dropna().unique()
-        for cap in caps[:3]:
-            ax.axhline(cap, color="tab:green", alpha=0.4, linestyle=":")
-        ax.set_xlim(0, top)
-        ax.set_ylim(0, max(top, float(caps.max()) * 1.05 if len(caps) else top))
-        ax.set_xlabel("predicted peak per device, train.planner.memory (GiB)")
-        ax.set_ylabel("measured peak per device (GiB)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("Measured against predicted peak memory (dotted: usable capacity)")
+                   marker="s", label="run failed (not OOM)")
+    if not oom.empty:
+        ax.scatter(oom["mem_pred_gib"], oom["mem_capacity_gib"], color="black", marker="x", s=60,
+                   label="OOM (drawn at the usable capacity)")
+    ran = pd.concat([measured, oom])
+    values = pd.concat([measured["mem_pred_gib"], measured["mem_gib"], oom["mem_pred_gib"]])
+    top = float(values.max()) * 1.1 if len(values) else 1.0
+    ax.plot([0, top], [0, top], "--", color="gray", label="prediction = measurement")
+    # The capacities of the hardware the plotted runs had, at most three (one per kind of device).
+    caps = ran[["hardware", "mem_capacity_gib"]].dropna().drop_duplicates().sort_values("mem_capacity_gib")
+    for i, (hw, cap) in enumerate(caps.head(3).itertuples(index=False, name=None)):
+        ax.axhline(cap, color=f"C{2 + i}", linestyle=":", linewidth=2,
+                   label=f"usable capacity of {hw or 'the device'}: {cap:.1f} GiB")
+    cap_top = float(caps["mem_capacity_gib"].head(3).max()) * 1.05 if len(caps) else 0.0
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, max(top, cap_top))
+    ax.set_xlabel("predicted peak per device, train.planner.memory (GiB)")
+    ax.set_ylabel("measured peak per device (GiB)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("Measured against predicted peak memory per device, and the usable capacity")
     fig.tight_layout()
-    return _finish(fig, path)
+    return fig
 
 
-def write_plots(df: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """All plots into out_dir (PLOT_FILES); returns their paths."""
+def write_plots(df: pd.DataFrame, out_dir: Path) -> Plots:
+    """The plots with something measured to draw into out_dir (PLOT_FILES); the others named with why."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = dict(zip(("tflops", "sec", "mem"), PLOT_FILES, strict=True))
-    return [
-        plot_tflops_mfu(df, out_dir / names["tflops"]),
-        plot_sec_vs_nodes(df, out_dir / names["sec"]),
-        plot_memory(df, out_dir / names["mem"]),
-    ]
+    written, skipped = [], []
+    for name, figure in zip(PLOT_FILES, (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure), strict=True):
+        path = out_dir / name
+        try:
+            fig = figure(df)
+        except NothingToPlot as why:
+            # An earlier analysis's plot of this name would now be read as this one's.
+            path.unlink(missing_ok=True)
+            skipped.append((name, str(why)))
+            continue
+        fig.savefig(path, dpi=DPI)  # no bbox_inches='tight': the pixel size stays FIGSIZE x DPI
+        plt.close(fig)
+        written.append(path)
+    return Plots(written=tuple(written), skipped=tuple(skipped))
 
 
-__all__ = ["DPI", "FIGSIZE", "PLOT_FILES", "plot_memory", "plot_sec_vs_nodes", "plot_tflops_mfu", "write_plots"]
+__all__ = [
+    "DPI",
+    "FIGSIZE",
+    "PLOT_FILES",
+    "NothingToPlot",
+    "Plots",
+    "memory_figure",
+    "sec_vs_nodes_figure",
+    "tflops_mfu_figure",
+    "write_plots",
+]

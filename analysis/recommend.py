@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.records import FAILED
+from analysis.records import FAILED, MISSING
 from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size
 
 RERUN_TOP = 3
@@ -190,9 +190,12 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
         counts = failed["outcome"].value_counts()
         kinds = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in FAILED if o in counts.index)
         notes.append(f"{len(failed)} did not finish ({kinds})")
-    missing = int(group["outcome"].isin(("pending", "running")).sum())
+    missing = int(group["outcome"].isin(MISSING).sum())
     if missing:
         notes.append(f"{missing} still pending or running")
+    planned = int((group["outcome"] == "planned").sum())
+    if planned:
+        notes.append(f"{planned} planned, not run")
     unmeasured = int(((group["outcome"] == "ok") & ~(group["sec_per_iter"] > 0)).sum())
     if unmeasured:
         notes.append(f"{unmeasured} finished without a measured iteration")

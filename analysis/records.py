@@ -9,9 +9,12 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   without writing one
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
     skipped                       infeasible in plan.csv or skipped in the manifest (reason says why)
-    pending, running              submitted or exported (manifest), or planned (plan.csv, no
-                                  manifest), no result yet; an exported config's job id is the one
-                                  its array task recorded (train.contract.resolve_exported)
+    pending, running              submitted or exported (manifest), no result yet; an exported
+                                  config's job id is the one its array task recorded
+                                  (train.contract.resolve_exported)
+    planned                       feasible in a dry run's plan.csv, never launched (no manifest
+                                  entry, no result): planned, not run; it carries the plan's
+                                  predictions (pred_sec_per_iter, pred_tflops, pred_mfu)
 
 Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
 and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
@@ -65,9 +68,12 @@ from train.planner.sizes import total_params
 
 GIB = 2**30
 
-OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running")
+OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running", "planned")
 FAILED = ("oom", "nan", "timeout", "fail", "refused", "skipped")
 MISSING = ("pending", "running")
+"""Launched, no result yet: Slurm may still give one."""
+NOT_RUN = (*MISSING, "planned")
+"""No result, and none is a failure: launched and not finished, or only planned."""
 
 # The record's status -> outcome; anything unknown is a failure of some kind.
 _STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail"}
@@ -417,7 +423,7 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(
         {
             "source": "plan",
-            "outcome": np.where(plan["feasible"], "pending", "skipped"),
+            "outcome": np.where(plan["feasible"], "planned", "skipped"),
             "reason": plan["reasons"].map("; ".join),
             "config_key": plan["overrides"].fillna("").astype(str).str.split(" ").map(overrides_key),
             "overrides": plan["overrides"].fillna("").astype(str).str.split(" ").map(lambda o: [x for x in o if x]),
@@ -432,9 +438,11 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
             "gbs": plan["global_batch_size"].astype(float),
             "size_params": plan["params"].astype(float).where(plan["params"] > 0),
             "mem_pred_gib": plan["mem_gib"].astype(float),
-            # The dry run's own prediction: a config not run yet still shows what it is expected to take.
-            "pred_sec_per_iter": plan["pred_sec_per_iter"].astype(float),
             "mem_capacity_gib": plan["mem_capacity_gib"].astype(float),
+            # The dry run's own predictions: all a config not run yet has until it runs.
+            "pred_sec_per_iter": plan["pred_sec_per_iter"].astype(float),
+            "pred_tflops": plan["pred_tflops"].astype(float),
+            "pred_mfu": plan["pred_mfu"].astype(float),
         }
     )
     return out
@@ -568,7 +576,8 @@ def load_sweep_dir(
     else:
         parts = [results]
         if not plan.empty:
-            # Without a manifest, a feasible planned config with no result is still to be run.
+            # Without a manifest nothing says a feasible planned config was ever launched: without a
+            # result it is planned, not run (a dry run's directory holds only these and the skips).
             done = set(results["config_key"]) if not results.empty else set()
             parts.append(plan[(plan["outcome"] == "skipped") | ~plan["config_key"].isin(done)])
         parts = [p for p in parts if not p.empty]
@@ -631,6 +640,7 @@ __all__ = [
     "CORE_COLUMNS",
     "FAILED",
     "MISSING",
+    "NOT_RUN",
     "OUTCOMES",
     "AnalysisError",
     "QueueLookup",

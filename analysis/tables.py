@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from analysis.records import outcome_counts
+from analysis.records import MISSING, NOT_RUN, outcome_counts
 from train.planner.plan import format_params
 
 SEED_COLUMNS = (
@@ -46,9 +46,11 @@ OUTCOME_TEXT = {
     "skipped": "skipped",
     "pending": "pending",
     "running": "running",
+    "planned": "planned, not run",
 }
 _ORDER = {
-    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "refused": 5.5, "skipped": 6, "pending": 7, "running": 8
+    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "refused": 5.5, "skipped": 6, "pending": 7, "running": 8,
+    "planned": 8.5,
 }
 # Overrides whose value has its own column: repeating them in Notes would be noise.
 _SHOWN_KEYS = {
@@ -181,8 +183,8 @@ def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
 
 
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The finished and skipped configs as the seeds' columns (strings), sorted; missing runs left out."""
-    done = sort_results(df[~df["outcome"].isin(("pending", "running"))])
+    """The finished and skipped configs as the seeds' columns (strings), sorted; configs not run left out."""
+    done = sort_results(df[~df["outcome"].isin(NOT_RUN)])
     ok = done["outcome"] == "ok"
     mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
     table = pd.DataFrame(
@@ -221,12 +223,22 @@ def markdown_table(table: pd.DataFrame, *, left: Sequence[str] = ()) -> str:
     return "\n".join([line(cols), "| " + " | ".join(rule) + " |", *(line(r) for r in cells)])
 
 
-def missing_markdown(df: pd.DataFrame) -> str:
-    """What is not there yet: the configs still pending or running, with their job ids and directories."""
-    missing = df[df["outcome"].isin(("pending", "running"))]
+def _more_line(rows: int, limit: int | None, where: str) -> str:
+    return f"\n... {rows - limit:,} more in {where}" if limit is not None and rows > limit else ""
+
+
+def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
+    """What is not there yet: the configs still pending or running, with their job ids and directories
+    (the first `limit` of them, and how many more; None: all)."""
+    missing = df[df["outcome"].isin(MISSING)]
     if missing.empty:
+        planned = int((df["outcome"] == "planned").sum())
+        if planned:
+            return f"Nothing launched and unfinished: the {planned} planned config(s) were never launched."
         return "Nothing missing: every config has a result or was skipped."
     missing = missing.sort_values(["sweep", "manifest_index", "run_dir", "config_key"], kind="mergesort")
+    more = _more_line(len(missing), limit, "results.md")
+    missing = missing if limit is None else missing.head(limit)
     table = pd.DataFrame(
         {
             "State": missing["outcome"].where(missing["queue_state"] == "", missing["queue_state"]),
@@ -237,7 +249,44 @@ def missing_markdown(df: pd.DataFrame) -> str:
     )
     if df["sweep"].nunique() > 1:
         table.insert(0, "Sweep", missing["sweep"].astype(str).to_numpy())
-    return markdown_table(table.reset_index(drop=True), left=tuple(table.columns))
+    return markdown_table(table.reset_index(drop=True), left=tuple(table.columns)) + more
+
+
+PLANNED_SHOWN = 100
+"""Planned configs results.md lists (fastest predicted first); results.csv has all of them (rows)."""
+
+
+def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> str:
+    """The configs a dry run planned and nobody ran, fastest predicted first, with the plan's
+    predictions: what to launch, and what to expect of it. '' when there are none."""
+    planned = df[df["outcome"] == "planned"]
+    if planned.empty:
+        return ""
+    pred = planned["pred_sec_per_iter"] if "pred_sec_per_iter" in planned.columns else pd.Series(math.nan, planned.index)
+    mfu = planned["pred_mfu"] if "pred_mfu" in planned.columns else pd.Series(math.nan, planned.index)
+    planned = planned.assign(_pred=pred.astype(float), _mfu=mfu.astype(float))
+    planned = planned.sort_values(["_pred", *[c for c in TIE_BREAK if c in planned.columns]], kind="mergesort",
+                                  na_position="last")
+    more = _more_line(len(planned), limit, "results.csv")
+    planned = planned if limit is None else planned.head(limit)
+    table = pd.DataFrame(
+        {
+            "Nodes": _int_text(planned["nodes"]),
+            "Size": planned["size_params"].map(format_size),
+            "DP": _int_text(planned["dp"]),
+            "TP": _int_text(planned["tp"]),
+            "PP": _int_text(planned["pp"]),
+            "MBS": _int_text(planned["mbs"]),
+            "GBS": _int_text(planned["gbs"]),
+            "Pred mem": planned["mem_pred_gib"].map(format_mem),
+            "Pred sec/it": planned["_pred"].map(format_sec),
+            "Pred MFU": planned["_mfu"].map(format_mfu),
+            "Overrides": _escape(planned["config_key"].astype(str)),
+        }
+    )
+    if df["sweep"].nunique() > 1:
+        table.insert(0, "Sweep", planned["sweep"].astype(str).to_numpy())
+    return markdown_table(table.reset_index(drop=True), left=("Overrides", "Sweep")) + more
 
 
 def summary_line(df: pd.DataFrame) -> str:
@@ -293,6 +342,19 @@ def results_markdown(
         parts += ["## Scaling", "", scaling.rstrip(), ""]
     if zero:
         parts += ["## ZeRO comparison", "", zero.rstrip(), ""]
+    planned = planned_markdown(df)
+    if planned:
+        parts += [
+            "## Planned, not run",
+            "",
+            f"{int((df['outcome'] == 'planned').sum())} feasible config(s) a dry run planned (plan.csv) and nobody "
+            "launched: no measurement, only the planner's predictions (Pred: memory per device, seconds per "
+            "iteration, MFU; empty where the hardware's figures are measured at run time). Launch the same "
+            "sweep with hydra/launcher=slurm or local to measure them.",
+            "",
+            planned,
+            "",
+        ]
     parts += ["## Missing", "", missing_markdown(df), ""]
     return "\n".join(parts)
 
@@ -525,6 +587,7 @@ def pflops_aggregate(tflops_per_device: pd.Series | float, devices: pd.Series | 
 __all__ = [
     "MEM_FOOTNOTE",
     "OUTCOME_TEXT",
+    "PLANNED_SHOWN",
     "SEED_COLUMNS",
     "ZERO_COLUMNS",
     "NOT_PREDICTED",
@@ -539,6 +602,7 @@ __all__ = [
     "markdown_table",
     "missing_markdown",
     "pflops_aggregate",
+    "planned_markdown",
     "prediction_notes",
     "results_markdown",
     "results_table",

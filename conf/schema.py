@@ -274,6 +274,8 @@ class LoggerConfig:
     """W&B entity (user or team); null uses the client's default."""
     wandb_group: str | None = None
     """W&B group; null means the sweep's name, so one sweep's runs are grouped."""
+    wandb_init_timeout_s: float = 30.0
+    """Longest wandb.init may wait for its service and, online, the server; then offline (seconds)."""
     tensorboard: bool = False
     """Also write TensorBoard event files in the run directory."""
 

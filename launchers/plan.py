@@ -2,9 +2,11 @@
 
     python -m train -m model=gpt_1.3b,gpt_13b parallelism.tp=1,2,4,8 hydra/launcher=plan
 
-prints one row per config (feasible, or the reasons it is not; parameters; predicted
-memory per device; GEMM quantization efficiency; FLOPs per iteration), a summary line,
-and writes the same rows to plan.csv in the sweep directory (hydra.sweep.dir).
+prints the feasible configs, fastest predicted first (at most hydra.launcher.top of them; parameters,
+predicted memory per device, GEMM quantization efficiency, FLOPs and time per iteration), the
+infeasible ones counted by the rule they break with one example each, and a summary line; plan.csv
+in the sweep directory (hydra.sweep.dir) gets every row. The console stays a screenful however
+many configs the sweep holds: the file is where all of them are.
 
 A plan must take seconds for 10,000 configs, so configs come from the shared
 FastComposer (one Hydra compose per distinct group choice, not per job) and the planner
@@ -29,9 +31,19 @@ from hydra.errors import HydraException
 
 from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
-from train.planner.plan import format_plan_table, plan_run, rank_predictions, table_order
+from train.planner.plan import (
+    RuleCount,
+    format_plan_table,
+    infeasible_by_rule,
+    plan_run,
+    rank_predictions,
+    table_order,
+)
 
-__all__ = ["PlanLauncher", "PlanSummary", "plan_sweep", "progress_printer", "summarize"]
+__all__ = ["PlanLauncher", "PlanSummary", "format_plan_report", "plan_sweep", "progress_printer", "summarize"]
+
+DEFAULT_TOP = 30
+"""Feasible rows the console shows by default: a screenful (rows)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ class PlanSummary:
     """Time spent in the planner (seconds)."""
     hydra_compositions: int
     """Full Hydra compositions: one per distinct choice of config groups (compositions)."""
+    by_rule: tuple[RuleCount, ...] = ()
+    """The infeasible configs per broken rule, most common first (train.planner.plan.infeasible_by_rule)."""
 
     @property
     def seconds(self) -> float:
@@ -70,6 +84,14 @@ class PlanSummary:
             f"planning {self.plan_seconds:.2f} s"
         )
 
+    def rules_line(self) -> str:
+        """'infeasible: 10 configs: [memory] 4, [heads_divisible_by_tp] 4, ...'; '' when all are feasible."""
+        if not self.infeasible:
+            return ""
+        counts = ", ".join(f"[{c.rule or 'other'}] {c.configs:,}" for c in self.by_rule)
+        several = " (a config can break several rules)" if sum(c.configs for c in self.by_rule) > self.infeasible else ""
+        return f"infeasible: {self.infeasible:,} configs: {counts}{several}"
+
 
 def summarize(rows: Sequence[PlanRow], composer: FastComposer, plan_seconds: float) -> PlanSummary:
     """Counts of feasible and infeasible rows, with the composer's and the planner's times."""
@@ -82,7 +104,31 @@ def summarize(rows: Sequence[PlanRow], composer: FastComposer, plan_seconds: flo
         compose_seconds=stats.seconds,
         plan_seconds=plan_seconds,
         hydra_compositions=stats.bases,
+        by_rule=tuple(infeasible_by_rule(rows)),
     )
+
+
+def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: int | None, csv_name: str) -> str:
+    """What the console shows of a plan: the `top` fastest feasible rows (None: all) under a header,
+    then the infeasible configs by rule with one example each. Its length depends on `top` and the
+    number of rules, never on the number of configs."""
+    feasible = table_order([r for r in rows if r.feasible])
+    shown = feasible if top is None else feasible[:top]
+    lines = []
+    if shown:
+        lines.append(format_plan_table(shown))
+    if not feasible:
+        lines.append("no feasible config")
+    elif len(shown) < len(feasible):
+        lines.append(
+            f"... {len(feasible) - len(shown):,} more feasible config(s), slower or unpredicted, in {csv_name} "
+            f"(hydra.launcher.top=N shows N, null all)"
+        )
+    if summary.infeasible:
+        lines.append(summary.rules_line())
+        for c in summary.by_rule:
+            lines.append(f"  [{c.rule or 'other'}] e.g. {c.example.overrides or '(no overrides)'}: {c.message}")
+    return "\n".join(lines)
 
 
 def plan_sweep(
@@ -135,8 +181,9 @@ class PlanLauncher(SweepLauncher):
     """Hydra launcher that plans each job instead of running it (`hydra/launcher=plan`).
 
     Options (hydra.launcher.*): world_size (devices each config is planned for; null: dp
-    from the config, or 1), csv_name (file in the sweep directory), table (print one row
-    per config), progress_every (a stderr line every this many configs; 0: none), append (plan
+    from the config, or 1), csv_name (file in the sweep directory), table (print the feasible
+    rows and the infeasible ones by rule), top (feasible rows printed, fastest first; null: all),
+    progress_every (a stderr line every this many configs; 0: none), append (plan
     into a directory that holds a launched sweep, adding to its plan.csv; without it such a
     directory is refused: launchers.sweepdir).
     """
@@ -148,11 +195,18 @@ class PlanLauncher(SweepLauncher):
         table: bool = True,
         progress_every: int = 2000,
         append: bool = False,
+        top: int | None = DEFAULT_TOP,
     ) -> None:
         super().__init__(append)
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise HydraException(
+                f"hydra.launcher.top={top}: the plan table shows a whole number of feasible rows, 0 or more; "
+                f"null shows them all"
+            )
         self.world_size = world_size
         self.csv_name = csv_name
         self.table = table
+        self.top = top
         self.progress_every = progress_every
         # Rows of every batch so far: a sweeper may launch in several batches, plan.csv has them all.
         self.rows: list[PlanRow] = []
@@ -180,7 +234,9 @@ class PlanLauncher(SweepLauncher):
         csv_path = write_plan_csv(self.rows, csv_file)
         summary = summarize(rows, composer, plan_seconds)
         if self.table:
-            print(format_plan_table(table_order(rows)))
+            print(format_plan_report(rows, summary, top=self.top, csv_name=self.csv_name))
+        elif summary.infeasible:
+            print(summary.rules_line())
         # A sweeper may launch in batches: later ones say which jobs they hold.
         jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
         print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)

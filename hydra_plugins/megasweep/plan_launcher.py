@@ -23,7 +23,9 @@ class PlanLauncherConf:
     csv_name: str = PLAN_FILE
     """File the rows are written to, in hydra.sweep.dir."""
     table: bool = True
-    """Print one row per config to stdout."""
+    """Print the feasible configs (fastest first) and the infeasible ones counted by rule to stdout."""
+    top: int | None = _plan.DEFAULT_TOP
+    """Feasible rows printed, fastest predicted first; null prints all; plan.csv has every row (rows)."""
     progress_every: int = 2000
     """A progress line on stderr every this many configs; 0 for none (configs)."""
     append: bool = False

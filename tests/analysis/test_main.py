@@ -168,3 +168,43 @@ def test_zero_sweep_on_slurm_renders_the_zero_comparison(slurm_cluster: SlurmClu
         samples, tflops = cells[str(row.variant)]
         assert samples == f"{row.samples_per_s:.2f}"
         assert tflops == (f"{row.tflops:.2f}" if row.tflops >= 0.01 else f"{row.tflops:.2e}")
+
+
+def test_a_dry_runs_directory_is_planned_not_run_and_draws_no_empty_plots(tmp_path: Path) -> None:
+    from tests.launchers.test_plan import run_train
+    from train.contract import read_plan_csv
+
+    # A real dry run: feasible layouts with predictions (A100), infeasible ones (tp=3, pp=3) skipped.
+    sweep = tmp_path / "plan"
+    planned = run_train("-m", "model=gpt_350m", "hardware=a100_80gb", "parallelism.tp=1,2,3,4",
+                        "parallelism.pp=1,3,4", "hydra/launcher=plan", "hydra.launcher.world_size=16",
+                        "hydra.launcher.table=false", f"hydra.sweep.dir={sweep}")
+    assert planned.returncode == 0, planned.stderr
+    rows = read_plan_csv(sweep / "plan.csv")
+    feasible = [r for r in rows if r.feasible]
+    assert 0 < len(feasible) < len(rows)
+    # A stale plot of an earlier analysis is not left to pass for this one's.
+    (sweep / "analysis").mkdir()
+    (sweep / "analysis" / "tflops_mfu.png").write_bytes(b"old")
+
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--no-queue"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = f"{len(rows)} configs: {len(rows) - len(feasible)} skipped, {len(feasible)} planned, not run"
+    assert proc.stdout.startswith(summary + "\n"), proc.stdout
+    assert "pending" not in proc.stdout and "Missing" not in proc.stdout
+    assert f"This is a dry run: {len(feasible)} config(s) planned, not run" in proc.stdout
+    assert f"Planned, not run ({len(feasible)} feasible config(s)" in proc.stdout
+    # The planned configs, fastest predicted first, with the plan's figures.
+    fastest = min(feasible, key=lambda r: r.pred_sec_per_iter)
+    listed = [line for line in proc.stdout.splitlines() if "hardware=a100_80gb model=gpt_350m" in line]
+    assert len(listed) == len(feasible)
+    assert f"parallelism.pp={fastest.pp} parallelism.tp={fastest.tp}" in listed[0]
+    assert f"{100 * fastest.pred_mfu:.1f}%" in listed[0]
+    # No plot: nothing was measured; the console says so, and no PNG is left behind.
+    assert "plots not drawn: tflops_mfu.png (no successful run" in proc.stdout
+    out = sweep / "analysis"
+    assert not list(out.glob("*.png"))
+    md = (out / "results.md").read_text()
+    assert summary + "." in md and "## Planned, not run" in md and "pending" not in md
+    assert md.count("hardware=a100_80gb model=gpt_350m") == len(feasible)

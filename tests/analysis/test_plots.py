@@ -1,13 +1,27 @@
-"""The PNG plots are written and are real images: the right size, not blank."""
+"""The PNG plots: real images of the right size, with legends, labelled axes with units and the device
+capacity; plots with nothing measured are not drawn."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
-from analysis.plots import DPI, FIGSIZE, PLOT_FILES, write_plots
+from analysis.plots import (
+    DPI,
+    FIGSIZE,
+    PLOT_FILES,
+    NothingToPlot,
+    memory_figure,
+    sec_vs_nodes_figure,
+    tflops_mfu_figure,
+    write_plots,
+)
 from analysis.records import load_sweeps
 from tests.analysis.golden.build import build_sweep
 
@@ -23,10 +37,28 @@ def _colours(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def plots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+def table(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     root = tmp_path_factory.mktemp("plots")
-    df = load_sweeps([build_sweep(root / "s")], queue=None).table
-    return write_plots(df, root / "out")
+    return load_sweeps([build_sweep(root / "s")], queue=None).table
+
+
+@pytest.fixture(scope="module")
+def plots(table: pd.DataFrame, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    written = write_plots(table, tmp_path_factory.mktemp("out"))
+    assert written.skipped == ()
+    return list(written.written)
+
+
+@pytest.fixture()
+def close_figures() -> Iterator[None]:
+    yield
+    plt.close("all")
+
+
+def _legend(fig: Figure) -> list[str]:
+    texts = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert texts, "no legend"
+    return texts
 
 
 def test_all_plots_written(plots: list[Path]) -> None:
@@ -41,7 +73,75 @@ def test_plot_is_a_drawn_image(plots: list[Path], name: str) -> None:
     assert _colours(path) > 50
 
 
-def test_empty_selection_still_gives_an_image(tmp_path: Path) -> None:
-    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
-    paths = write_plots(df[df["outcome"] != "ok"].assign(mem_gib=float("nan")), tmp_path / "out")
-    assert all(_colours(p) > 5 for p in paths)
+@pytest.mark.usefixtures("close_figures")
+def test_tflops_and_mfu_per_layout_share_one_scale_when_the_runs_share_a_peak(table: pd.DataFrame) -> None:
+    fig = tflops_mfu_figure(table)
+    ax, ax2 = fig.axes
+    assert _legend(fig) == ["TFLOPs per device (left axis)", "MFU (right axis)"]
+    assert "TFLOP/s" in ax.get_ylabel() and "layout" in ax.get_xlabel()
+    ok = table[(table["outcome"] == "ok") & table["tflops"].notna()]
+    # One bar per successful layout, labelled with its layout.
+    assert len(ax.patches) == len(ok)
+    assert all(t.get_text().startswith("n") and " tp" in t.get_text() for t in ax.get_xticklabels())
+    # The golden runs are all A100 bf16: one peak, so the MFU axis is the TFLOPs axis over it and a
+    # point sits on its bar's top.
+    peak = float((ok["tflops"] / ok["mfu"]).median())
+    assert f"{peak:.4g} TFLOP/s peak" in ax2.get_ylabel() and "%" in ax2.get_ylabel()
+    assert ax.get_ylim()[0] == ax2.get_ylim()[0] == 0
+    assert ax2.get_ylim()[1] == pytest.approx(100 * ax.get_ylim()[1] / peak, rel=1e-3)
+    (points,) = ax2.lines
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert sorted(points.get_ydata()) == pytest.approx([100 * h / peak for h in heights], rel=0.01)
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_mfu_gets_its_own_scale_when_peaks_differ(table: pd.DataFrame) -> None:
+    # One run measured against half the peak (another precision, another device): no common scale.
+    first = table.index[(table["outcome"] == "ok") & table["mfu"].notna()][0]
+    mixed = table.copy()
+    mixed.loc[first, "mfu"] = 2 * mixed.loc[first, "mfu"]
+    _, ax2 = tflops_mfu_figure(mixed).axes
+    assert ax2.get_ylabel() == "MFU (% of each run's peak)"
+    assert ax2.get_ylim()[1] >= 100 * mixed["mfu"].max()
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_memory_plot_marks_the_usable_capacity(table: pd.DataFrame) -> None:
+    fig = memory_figure(table)
+    (ax,) = fig.axes
+    assert "(GiB)" in ax.get_xlabel() and "(GiB)" in ax.get_ylabel()
+    legend = _legend(fig)
+    capacity = float(table["mem_capacity_gib"].dropna().iloc[0])
+    label = f"usable capacity of a100_80gb: {capacity:.1f} GiB"
+    assert label in legend and "prediction = measurement" in legend and "run ok" in legend
+    (line,) = [ln for ln in ax.lines if ln.get_label() == label]
+    assert list(line.get_ydata()) == [capacity, capacity]
+    # The capacity is inside the drawn range, the runs' measurements too.
+    assert ax.get_ylim()[1] > capacity >= table["mem_gib"].max()
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_seconds_against_nodes_has_a_legend_and_units(table: pd.DataFrame) -> None:
+    fig = sec_vs_nodes_figure(table)
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "nodes" and "(s" in ax.get_ylabel()
+    (entry,) = _legend(fig)
+    assert entry.startswith("bloom_200b_l80_h14400 GBS 2048")
+    assert ax.get_ylim()[0] == 0
+
+
+def test_nothing_measured_draws_nothing_and_says_why(table: pd.DataFrame, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # A stale plot from an earlier analysis of the same directory must not survive as this one's.
+    write_plots(table, out)
+    unmeasured = table[table["outcome"] != "ok"].assign(mem_gib=float("nan"))
+    unmeasured = unmeasured[unmeasured["outcome"] != "oom"]
+    result = write_plots(unmeasured, out)
+    assert result.written == ()
+    assert [name for name, _ in result.skipped] == list(PLOT_FILES)
+    assert not any((out / name).exists() for name in PLOT_FILES)
+    line = result.skipped_line()
+    assert line.startswith("plots not drawn: tflops_mfu.png (no successful run")
+    for figure in (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure):
+        with pytest.raises(NothingToPlot):
+            figure(unmeasured)

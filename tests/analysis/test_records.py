@@ -73,9 +73,15 @@ def test_skipped_row_comes_from_plan_and_manifest_with_reason(sweep: Path) -> No
 def test_plan_csv_without_manifest_gives_skips_and_unrun_configs(sweep: Path) -> None:
     (sweep / "manifest.jsonl").unlink()
     df = load_sweeps([sweep], queue=None).table
-    # The planned config with no result (the fixture's pending run) is still missing without a manifest.
-    assert outcome_counts(df)["skipped"] == 1 and outcome_counts(df)["pending"] == 1
+    # Without a manifest nothing says the fixture's pending config was launched: planned, not run.
+    assert outcome_counts(df)["skipped"] == 1 and outcome_counts(df)["planned"] == 1
+    assert "pending" not in outcome_counts(df)
     assert len(df) == 11
+    planned = df[df["outcome"] == "planned"].iloc[0]
+    # It keeps the plan's layout and the planner's predictions (NaN where the plan predicted nothing).
+    assert (planned["tp"], planned["pp"], planned["mbs"]) == (8, 11, 4)
+    assert "pred_sec_per_iter" in df.columns
+    assert summary_line(df).endswith(", 1 planned, not run")
 
 
 def test_in_progress_sweep_reports_pending_runs(tmp_path: Path) -> None:

@@ -319,3 +319,21 @@ def test_pred_and_err_columns_beside_the_measurement(tmp_path: Path) -> None:
     assert sorted(table["Err"]) == sorted(format_err(f - 1) for f in factors)
     # Every run predicted: no 'n/a' and no note saying why.
     assert "n/a" not in _markdown(tmp_path / "s")
+
+
+def test_console_listings_are_bounded_and_say_where_the_rest_is(tmp_path: Path) -> None:
+    from analysis.tables import missing_markdown, planned_markdown
+
+    sweep = build_sweep(tmp_path / "s", drop=("n48_pp6_mbs2", "n40_pp10_mbs2"))
+    df = load_sweeps([sweep], queue=None).table
+    pending = int((df["outcome"] == "pending").sum())
+    assert pending == 3
+    shown = missing_markdown(df, limit=1).splitlines()
+    assert len(shown) == 2 + 1 + 1 and shown[-1] == f"... {pending - 1} more in results.md"
+    assert "more in" not in missing_markdown(df)
+    assert planned_markdown(df) == ""  # launched configs are never 'planned'
+    (sweep / "manifest.jsonl").unlink()
+    unlaunched = load_sweeps([sweep], queue=None).table
+    planned = planned_markdown(unlaunched, limit=2).splitlines()
+    assert planned[0].startswith("| Nodes |") and "Pred sec/it" in planned[0]
+    assert len(planned) == 2 + 2 + 1 and planned[-1] == "... 1 more in results.csv"

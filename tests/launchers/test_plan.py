@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,8 @@ from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
 from launchers.plan import plan_sweep
-from train.contract import PlanRow
-from train.planner.plan import plan_run
+from train.contract import PlanRow, read_plan_csv
+from train.planner.plan import format_plan_table, plan_run, table_order
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_MAIN = REPO / "train" / "__main__.py"
@@ -66,8 +67,12 @@ def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
     assert tiny_tp1["feasible"] == "True" and tiny_tp1["reasons"] == ""
     assert int(tiny_tp1["params"]) > 1_000_000 and float(tiny_tp1["mem_gib"]) > 0
 
-    # The same rows on the console, one per config, and the summary.
-    assert proc.stdout.count("INFEASIBLE") == sum(r["feasible"] == "False" for r in rows)
+    # The feasible rows on the console, one per config; the infeasible ones counted by rule, and the summary.
+    assert proc.stdout.count("\nok ") == sum(r["feasible"] == "True" for r in rows)
+    assert "INFEASIBLE" not in proc.stdout
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("infeasible: ")]
+    assert line.startswith(f"infeasible: {sum(r['feasible'] == 'False' for r in rows)} configs: ")
+    assert "[heads_divisible_by_tp] 2" in line  # the two tp=3 configs
     assert "plan: 6 configs:" in proc.stdout
     # Nothing ran: no job directories, no results.
     assert not list(sweep_dir.rglob("result.json"))
@@ -99,6 +104,95 @@ def test_plan_of_a_thousand_configs(tmp_path: Path) -> None:
     assert 0 < feasible < 1000
     assert f"plan: 1,000 configs: {feasible:,} feasible" in proc.stdout
     assert "INFEASIBLE" not in proc.stdout  # table=false: summary only
+
+
+def test_top_limits_the_table_and_infeasible_configs_are_counted_by_rule(tmp_path: Path) -> None:
+    # Predictable hardware, so that the table is ordered by predicted time; tp=3, pp=3, the 13B model
+    # without enough devices and the small global batch break several different rules.
+    sweep_dir = tmp_path / "sweep"
+    proc = run_train(
+        "-m",
+        "model=gpt_350m,gpt_13b",
+        "hardware=a100_80gb",
+        "parallelism.tp=1,2,3,4",
+        "parallelism.pp=1,3,4",
+        "parallelism.micro_batch_size=1,4",
+        "hydra/launcher=plan",
+        "hydra.launcher.world_size=16",
+        "hydra.launcher.top=3",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = read_plan_csv(sweep_dir / "plan.csv")
+    assert len(rows) == 48  # plan.csv has every row, whatever the console shows
+    feasible = [r for r in rows if r.feasible]
+    infeasible = [r for r in rows if not r.feasible]
+    assert len(feasible) > 3 and infeasible
+
+    # The three fastest feasible rows, fastest first, and nothing else of the rows.
+    shown = table_order(feasible)[:3]
+    assert all(r.pred_sec_per_iter > 0 for r in shown)
+    assert [r.pred_sec_per_iter for r in shown] == sorted(r.pred_sec_per_iter for r in shown)
+    assert max(r.pred_sec_per_iter for r in shown) <= min(r.pred_sec_per_iter for r in feasible if r not in shown)
+    assert format_plan_table(shown) + "\n" in proc.stdout
+    assert proc.stdout.count("\nok ") == 3 and "INFEASIBLE" not in proc.stdout
+    assert f"... {len(feasible) - 3} more feasible config(s)" in proc.stdout
+
+    # One count per rule, as plan.csv's reasons have them, most common first.
+    expected: dict[str, int] = {}
+    for row in infeasible:
+        for rule in {re.match(r"\[(\w+)\]", reason).group(1) for reason in row.reasons}:  # type: ignore[union-attr]
+            expected[rule] = expected.get(rule, 0) + 1
+    assert len(expected) >= 4
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("infeasible: ")]
+    assert line.startswith(f"infeasible: {len(infeasible)} configs: ")
+    printed = {rule: int(n) for rule, n in re.findall(r"\[(\w+)\] (\d+)", line)}
+    assert printed == expected
+    assert list(printed.values()) == sorted(printed.values(), reverse=True)
+    # One example line per rule, naming a config that breaks it.
+    examples = [x for x in proc.stdout.splitlines() if x.startswith("  [")]
+    assert [re.match(r"  \[(\w+)\] e\.g\. ", x).group(1) for x in examples] == list(printed)  # type: ignore[union-attr]
+    by_overrides = {r.overrides: r for r in infeasible}
+    for rule, example in zip(printed, examples, strict=True):
+        overrides = example.split(" e.g. ", 1)[1].split(": ", 1)[0]
+        assert any(reason.startswith(f"[{rule}]") for reason in by_overrides[overrides].reasons)
+
+
+def test_console_output_stays_bounded_for_a_large_plan(tmp_path: Path) -> None:
+    # 800 configs: the console gets the default 30 rows and a line per rule, not a row per config.
+    proc = run_train(
+        "-m",
+        "parallelism.tp=1,2,3,4,8",
+        "parallelism.pp=1,2,3,4,8",
+        "parallelism.micro_batch_size=1,2,4,8",
+        "model=gpt_350m,gpt_1.3b,gpt_13b,gpt_30b",
+        "training.lr=1e-4,2e-4",
+        "hardware=a100_80gb",
+        "parallelism.global_batch_size=512",
+        "hydra/launcher=plan",
+        "hydra.launcher.world_size=64",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = read_plan_csv(tmp_path / "plan.csv")
+    assert len(rows) == 800 and sum(r.feasible for r in rows) > 30
+    lines = proc.stdout.splitlines()
+    rules = len({reason.split("]")[0] for r in rows for reason in r.reasons})
+    # Header, 30 rows, the 'more' line, the rules line and its examples, the summary (and the torch probe).
+    assert len(lines) <= 1 + 30 + 1 + 1 + rules + 2
+    assert proc.stdout.count("\nok ") == 30
+    assert len(proc.stdout) < 40_000
+
+
+def test_top_null_prints_every_feasible_row_and_a_negative_top_is_refused(tmp_path: Path) -> None:
+    args = ("-m", "model=tiny", "parallelism.pp=1,2,3,4", "hydra/launcher=plan")
+    proc = run_train(*args, "hydra.launcher.top=null", f"hydra.sweep.dir={tmp_path / 'all'}")
+    assert proc.returncode == 0, proc.stderr
+    feasible = [r for r in read_plan_csv(tmp_path / "all" / "plan.csv") if r.feasible]
+    assert proc.stdout.count("\nok ") == len(feasible) == 3 and "more feasible" not in proc.stdout
+    proc = run_train(*args, "hydra.launcher.top=-1", f"hydra.sweep.dir={tmp_path / 'neg'}")
+    assert proc.returncode != 0
+    assert "hydra.launcher.top=-1" in proc.stderr and "null shows them all" in proc.stderr
 
 
 @pytest.mark.usefixtures("hydra_restore_singletons")

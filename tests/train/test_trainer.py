@@ -155,7 +155,9 @@ def test_wandb_offline_run_directory(offline_run: tuple[Path, dict[str, Any]]) -
     assert list(runs[0].glob("run-*.wandb"))  # the log `wandb sync` uploads
 
 
-def test_wandb_failure_never_stops_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_failure_never_stops_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     import wandb
 
     def broken_init(*args: object, **kwargs: object) -> None:
@@ -163,28 +165,11 @@ def test_wandb_failure_never_stops_training(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(wandb, "init", broken_init)
-    with pytest.warns(RuntimeWarning, match="W&B is down"):
-        record = run_training(compose_run("logger=offline"), output_dir=tmp_path, overrides=[])
+    record = run_training(compose_run("logger=offline"), output_dir=tmp_path, overrides=[])
     assert record["status"] == "ok" and record["iterations_run"] == 3
-    assert any("wandb init failed" in w for w in record["warnings"])
-
-
-def test_wandb_log_failure_disables_wandb_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.wandb_log import WandbLogger
-
-    class FlakyRun:
-        calls = 0
-
-        def log(self, *args: object, **kwargs: object) -> None:
-            FlakyRun.calls += 1
-            raise OSError("disk full")
-
-    logger = WandbLogger(compose_run().logger, config={}, output_dir=tmp_path)
-    logger.run = FlakyRun()
-    with pytest.warns(RuntimeWarning, match="disk full"):
-        logger.log({"loss": 1.0}, step=1)
-    logger.log({"loss": 1.0}, step=2)  # no second warning, no second call
-    assert FlakyRun.calls == 1 and not logger.enabled
+    assert any("wandb init failed" in w and "W&B is down" in w for w in record["warnings"])
+    # Said once, on one line (the fallback itself: tests/train/test_wandb_log.py).
+    assert capfd.readouterr().err.count("warning: wandb init failed") == 1
 
 
 def test_wandb_mode_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from conf.schema import (
     HardwareConfig,
@@ -30,7 +31,7 @@ from train.planner.flops import hardware_flops_per_iteration, model_flops_per_it
 from train.planner.layout import shown_dp
 from train.planner.memory import estimated_memory, usable_bytes
 from train.planner.perf import TimePrediction, UnknownHardwareFigure, predict_time
-from train.planner.rules import Violation, advise, resolve_auto_micro_batch, validate
+from train.planner.rules import RULES, Violation, advise, reason_rule, resolve_auto_micro_batch, validate
 from train.planner.shapes import shape_report
 from train.planner.sizes import total_params
 
@@ -190,6 +191,43 @@ def table_order(rows: Sequence[PlanRow]) -> list[PlanRow]:
     return sorted(rows, key=key)
 
 
+@dataclass(frozen=True)
+class RuleCount:
+    """How many infeasible configs break one rule, with the first of them as an example."""
+
+    rule: str
+    """Rule identifier (train.planner.rules.RULES)."""
+    configs: int
+    """Infeasible configs breaking it (configs)."""
+    example: PlanRow
+    """The first such config, in the rows' order."""
+
+    @property
+    def message(self) -> str:
+        """The example's reason for this rule, without the '[rule] ' prefix."""
+        text = next(r for r in self.example.reasons if reason_rule(r) == self.rule)
+        return text[len(self.rule) + 3:] if text.startswith(f"[{self.rule}] ") else text
+
+
+def infeasible_by_rule(rows: Sequence[PlanRow]) -> list[RuleCount]:
+    """Per broken rule, the infeasible rows breaking it: most common first, ties in RULES order.
+
+    A row breaking two rules counts under both, so the counts can add up to more than the rows.
+    """
+    counts: dict[str, int] = {}
+    examples: dict[str, PlanRow] = {}
+    for row in rows:
+        if row.feasible:
+            continue
+        # A rule named twice in one row (two offending fields) is one config.
+        for rule in dict.fromkeys(reason_rule(r) for r in row.reasons):
+            counts[rule] = counts.get(rule, 0) + 1
+            examples.setdefault(rule, row)
+    order = {rule: i for i, rule in enumerate(RULES)}
+    ranked = sorted(counts, key=lambda rule: (-counts[rule], order.get(rule, len(order)), rule))
+    return [RuleCount(rule, counts[rule], examples[rule]) for rule in ranked]
+
+
 # --------------------------------------------------------------------------------------
 # Console table
 
@@ -263,4 +301,13 @@ def format_plan_table(rows: Sequence[PlanRow]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["format_params", "format_plan_table", "plan_run", "rank_predictions", "table_order", "time_prediction"]
+__all__ = [
+    "RuleCount",
+    "format_params",
+    "format_plan_table",
+    "infeasible_by_rule",
+    "plan_run",
+    "rank_predictions",
+    "table_order",
+    "time_prediction",
+]

@@ -108,6 +108,18 @@ class Advisory:
         return f"[{self.rule}] {self.message}"
 
 
+def reason_rule(reason: str) -> str:
+    """The rule a Violation's or Advisory's text names ('[memory] Predicted ...' -> 'memory'); '' for none.
+
+    plan.csv keeps reasons as text (train.contract.PlanRow): this reads the rule back from it.
+    """
+    if reason.startswith("["):
+        end = reason.find("]")
+        if end > 1:
+            return reason[1:end]
+    return ""
+
+
 class InfeasibleConfig(ValueError):
     """A run that cannot start; str() is one paragraph listing every violation."""
 

@@ -225,3 +225,38 @@ def test_feasible_rows_carry_the_time_model_and_are_ranked_for_the_same_work() -
     assert [r.pred_rank for r in shown] == [1, 2, 3, 0, 0]
     assert not shown[-1].feasible
     assert "pred s/it" in format_plan_table(shown)
+
+
+def test_infeasible_rows_are_counted_by_rule_with_an_example() -> None:
+    from train.planner.plan import infeasible_by_rule
+    from train.planner.rules import reason_rule
+
+    rows = [
+        plan_run(compose_run(*overrides))
+        for overrides in (
+            (),  # feasible: not counted
+            ("parallelism.tp=3",),  # tp=3: heads, hidden and ffn all indivisible
+            ("parallelism.tp=3", "parallelism.pp=3"),  # ... and pp=3 for 4 layers, on 9 devices
+            ("parallelism.pp=3",),
+            ("model=gpt3_175b", "hardware=a100_80gb"),  # memory
+        )
+    ]
+    counts = infeasible_by_rule(rows)
+    by_rule = {c.rule: c.configs for c in counts}
+    # Each count is the rows whose reasons name the rule, as validate() judged them.
+    for rule, n in by_rule.items():
+        assert n == sum(any(reason_rule(r) == rule for r in row.reasons) for row in rows)
+    assert by_rule["heads_divisible_by_tp"] == 2 and by_rule["layers_divisible_by_pp"] == 2
+    assert by_rule["memory"] == 1
+    assert [c.configs for c in counts] == sorted(by_rule.values(), reverse=True)
+    for c in counts:
+        assert not c.example.feasible and any(r == f"[{c.rule}] {c.message}" for r in c.example.reasons)
+    assert infeasible_by_rule(rows[:1]) == []
+
+
+def test_reason_rule_reads_the_rule_back_from_a_reason() -> None:
+    from train.planner.rules import reason_rule
+
+    (violation, *_) = validate(compose_run("parallelism.tp=3"))
+    assert reason_rule(str(violation)) == violation.rule == "heads_divisible_by_tp"
+    assert reason_rule("no brackets here") == "" and reason_rule("[] empty") == ""
