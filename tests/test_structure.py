@@ -83,10 +83,18 @@ def test_on_disk_names_are_defined_once() -> None:
     names = {
         contract.RESULT_FILE,
         contract.PLAN_FILE,
+        contract.SEARCH_FILE,
         contract.MANIFEST_FILE,
+        contract.STATE_DIR,
         contract.LAUNCH_FILE,
         contract.EXPORTED_JOBS_DIR,
         contract.DS_CONFIG_FILE,
+        contract.TENSORBOARD_DIR,
+        contract.CHECKPOINT_DIR,
+        contract.LOG_FILE,
+        contract.SUBMITIT_DIR,
+        contract.SLURM_LOG_DIR,
+        contract.CACHE_DIR_ENV,
     }
     defining = REPO / "train" / "contract.py"
     found = []
