@@ -229,7 +229,10 @@ def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation |
 
 
 def _tp_alternatives(model: ModelConfig, tp: int) -> str:
-    return f"Valid tp for this model: {_fmt(_nearest(valid_tp(model), tp))}."
+    return (
+        "tp must be one of the divisors common to the heads, hidden and FFN widths. "
+        f"Valid tp for this model: {_fmt(_nearest(valid_tp(model), tp))}."
+    )
 
 
 def _check_hidden_heads(m: ModelConfig) -> Violation | None:
