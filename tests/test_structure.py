@@ -186,3 +186,12 @@ def test_package_docstrings_list_every_module() -> None:
         there |= {p.parent.name for p in (REPO / package).glob("*/__init__.py")}
         assert there - listed - dotted == set(), f"{package}/__init__.py's docstring does not list them"
         assert listed - there == set(), f"{package}/__init__.py's docstring lists modules that do not exist"
+
+
+def test_the_loop_has_no_engine_branch() -> None:
+    # What differs between engines is behind train.engine's interface, not an isinstance in the loop.
+    tree = ast.parse((REPO / "train" / "loop.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert names & {"NativeEngine", "DeepSpeedEngine", "Engine"} == set()
