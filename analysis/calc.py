@@ -47,15 +47,16 @@ from train.planner.flops import (
     ImpossibleUtilization,
     achieved_tflops,
     hardware_flops_per_iteration,
-    layer_gemms,
     megatron_eq3_flops_per_iteration,
     model_flops_per_iteration,
     mpt_flops_per_seq,
     peak_tflops,
     utilization,
 )
+from train.planner.layout import Layout
 from train.planner.memory import Stack
 from train.planner.perf import UnknownHardwareFigure, predict_time
+from train.planner.rules import validate
 from train.planner.sizes import total_params
 
 STACKS = tuple(s.value for s in Stack)
@@ -227,29 +228,32 @@ def _one_paragraph(exc: BaseException) -> str:
     return "; ".join(part.rstrip(",").rstrip(".") for part in parts)
 
 
-def check_layout(run: RunConfig, devices: int) -> None:
-    """The device count must hold whole model replicas (tp x pp each), and match dp when dp is fixed."""
+LAYOUT_RULES = (
+    "positive",
+    "hidden_divisible_by_heads",
+    "heads_divisible_by_tp",
+    "hidden_divisible_by_tp",
+    "ffn_divisible_by_tp",
+    "world_size",
+)
+"""The rules (train.planner.rules) a measured figure's layout must pass to be counted: the model's
+shapes split by tp, and `devices` (the world size) holding whole replicas. Batch, memory and engine
+rules are not the calculator's business: the figure was measured, whatever the planner thinks."""
+
+
+def check_layout(run: RunConfig, devices: int) -> Layout:
+    """The layout of `run` on `devices` devices, or CalcError naming each broken layout rule."""
     par = run.parallelism
-    replica = par.tp * par.pp
-    if par.tp < 1 or par.pp < 1:
-        raise CalcError(
-            f"parallelism.tp={par.tp} and parallelism.pp={par.pp} are invalid: "
-            "both must be positive integers."
-        )
-    if devices % replica:
-        raise CalcError(
-            f"devices={devices} does not fit the layout: devices must be a multiple of parallelism.tp x "
-            f"parallelism.pp = {par.tp} x {par.pp} = {replica}, e.g. devices={replica} or "
-            f"devices={replica * max(1, -(-devices // replica))}."
-        )
-    # Raises ValueError (reported as bad input) when tp does not split the heads or the MLP evenly.
-    layer_gemms(run.model, micro_batch_size=par.mbs, tp=par.tp)
-    if par.dp is not None and par.dp * replica != devices:
-        raise CalcError(
-            f"devices={devices} contradicts parallelism.dp={par.dp}: devices must equal dp x tp x pp = "
-            f"{par.dp} x {par.tp} x {par.pp} = {par.dp * replica}; give devices={par.dp * replica} "
-            f"or leave parallelism.dp=null."
-        )
+    broken = [v for v in validate(run, world_size=devices) if v.rule in LAYOUT_RULES]
+    if broken:
+        message = " ".join(str(v) for v in broken)
+        if any(v.rule == "world_size" for v in broken) and par.dp is not None:
+            # The rule names world sizes; the calculator's argument for it is `devices`.
+            message += (
+                f" Or keep parallelism.dp={par.dp} and give devices={Layout.of(par).world_size}."
+            )
+        raise CalcError(f"the layout cannot run (devices={devices} is its world size): {message}")
+    return Layout.of(par, devices)
 
 
 def calculate(run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm") -> CalcResult:
@@ -384,7 +388,7 @@ def _prediction_lines(result: CalcResult) -> list[str]:
 def predict(run: RunConfig, *, devices: int, stack: str | None = None) -> tuple[float, dict[str, float]]:
     """The time model's seconds per iteration of `run` on `devices` devices, and its parts."""
     par = run.parallelism
-    dp = devices // (par.tp * par.pp)
+    dp = Layout.of(par, devices).dp
     try:
         prediction = predict_time(run.model, par, run.hardware, dp=dp, stack=Stack(stack) if stack else None)
     except (UnknownHardwareFigure, ValueError, TypeError, KeyError) as exc:

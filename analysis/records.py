@@ -62,6 +62,7 @@ from train.contract import (
     recorded_overrides,
     resolve_exported,
 )
+from train.planner.layout import Layout
 from train.planner.memory import estimated_memory
 from train.planner.plan import time_prediction
 from train.planner.sizes import total_params
@@ -356,6 +357,21 @@ def _freeze(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
     return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in items)
 
 
+def _layout_nodes(df: pd.DataFrame) -> pd.Series:
+    """Nodes each record's layout occupies (train.planner.layout.Layout.nodes); NaN where the record
+    has no whole degrees."""
+
+    def nodes(dp: Any, tp: Any, pp: Any, per_node: Any) -> float:
+        degrees, dpn = [_plain(d) for d in (dp, tp, pp)], _plain(per_node)
+        if not all(isinstance(d, int) and d > 0 for d in degrees):
+            return math.nan
+        return float(Layout(*degrees).nodes(dpn if isinstance(dpn, int) else 1))
+
+    per_node = _num(df, "config.hardware.devices_per_node")
+    values = [nodes(*row) for row in zip(df["dp"], df["tp"], df["pp"], per_node, strict=True)]
+    return pd.Series(values, index=df.index, dtype=float)
+
+
 def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     if not records:
         return pd.DataFrame()
@@ -372,9 +388,8 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["mbs"] = _num(df, "config.parallelism.micro_batch_size")
     df["gbs"] = _num(df, "config.parallelism.global_batch_size")
     df["seq_length"] = _num(df, "config.model.seq_length")
-    per_node = _num(df, "config.hardware.devices_per_node").where(lambda s: s > 0, 1.0)
-    # SLURM_NNODES is what the job had; the division is what it needed (a CPU run has no Slurm).
-    df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(np.ceil(df["devices"] / per_node))
+    # SLURM_NNODES is what the job had; the layout's nodes are what it needed (a CPU run has no Slurm).
+    df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(_layout_nodes(df))
     df["sec_cv"] = _num(df, "sec_per_iter_cv")
     df["neighbour_jobs"] = _neighbour_counts(df)
     df["tflops"] = _num(df, "tflops_per_device")

@@ -20,7 +20,7 @@ load_sweeps), so that a sweep whose files are gone can still be analysed. The ru
 What a W&B run cannot give back, because the trainer does not put it there (yet): the overrides
 (so config_key is empty), the failure message, the model's counted parameters (the analysis then
 falls back to train.planner.sizes), the per-rank peak memory, the Slurm environment (nodes then come from
-devices / devices_per_node). wandb is imported inside the functions: the analysis stays usable
+the layout, Layout.nodes). wandb is imported inside the functions: the analysis stays usable
 (and fast to start) without it.
 """
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
-from train.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ManifestError
+from train.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,7 +112,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except RuntimeError as exc:  # submitit: a calibration job failed or did not complete
         print(f"error: a calibration job failed: {str(exc).strip().splitlines()[-1]} (its log is under "
-              f"{Path(args.out).parent / '.submitit'})", file=sys.stderr)
+              f"{Path(args.out).parent / SUBMITIT_DIR})", file=sys.stderr)
         return EXIT_FAILED
 
 

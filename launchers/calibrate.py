@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conf.schema import Engine, RunConfig
+from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
     Calibration,
@@ -140,7 +141,7 @@ def calibrate(
     # One job after the other: jobs that share a machine's cores would time each other.
     timings, collectives, device = [], [], ""
     for n in nodes:
-        executor = submitit.SlurmExecutor(folder=folder / ".submitit" / "%j", python=sys.executable)
+        executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
         executor.update_parameters(**_executor_parameters(run, n))
         job = executor.submit(_run_task, spec)
         print(f"calibrate: {n} node(s): job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)

@@ -50,7 +50,7 @@ from launchers.submit import (
     subdir_namer,
     submit_configs,
 )
-from train.contract import ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.contract import SUBMITIT_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
 
 __all__ = ["GENERIC_TIME_LIMIT_MIN", "SlurmLauncher", "generic_executor_parameters", "submit_hydra_jobs"]
 
@@ -95,7 +95,7 @@ def submit_hydra_jobs(
     nums = [initial_job_idx + i for i in range(len(job_overrides))]
     queued: list[Any] = []
     for piece in chunk(list(zip(job_overrides, nums, strict=True)), settings.max_array_size):
-        executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j", python=settings.python)
+        executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
         executor.update_parameters(**generic_executor_parameters(settings, array_parallelism))
         queued.extend(executor.map_array(job, [list(o) for o, _ in piece], [n for _, n in piece]))
     returns = []

@@ -59,7 +59,16 @@ from conf.schema import RunConfig
 from launchers.allocation import Allocation, ArrayKey, SbatchOptions, array_key, chunk, group_by
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
-from train.contract import LAUNCH_FILE, REFUSED_PREFIX, ManifestEntry, manifest_path, normalize_dir
+from train.contract import (
+    LAUNCH_FILE,
+    REFUSED_PREFIX,
+    SLURM_LOG_DIR,
+    STATE_DIR,
+    SUBMITIT_DIR,
+    ManifestEntry,
+    manifest_path,
+    normalize_dir,
+)
 from train.planner.rules import InfeasibleConfig, validate
 
 REQUEUE_SIGNAL_LEAD_S = 120
@@ -266,8 +275,8 @@ def _checked_subdir(template: str, index: int, value: str) -> str:
         )
     if any(p.startswith(".") for p in parts):
         raise CompactHydraException(
-            f"{where}: a directory starting with '.' is hidden from the analysis (and .megasweep, "
-            ".submitit, .slurm are the launcher's own); name it without a leading dot"
+            f"{where}: a directory starting with '.' is hidden from the analysis (and {STATE_DIR}, "
+            f"{SUBMITIT_DIR}, {SLURM_LOG_DIR} are the launcher's own); name it without a leading dot"
         )
     return path
 
@@ -388,7 +397,7 @@ def submit_configs(
     groups = group_by((spec.key, spec) for spec in specs)
     for key, members in groups.items():
         for piece in chunk(members, settings.max_array_size):
-            executor = submitit.SlurmExecutor(folder=sweep_dir / ".submitit" / "%j", python=settings.python)
+            executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
             executor.update_parameters(**executor_parameters(key, settings))
             try:
                 queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])

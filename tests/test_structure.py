@@ -1,5 +1,5 @@
 """The code's shape, checked: no import cycles, one definition of each on-disk name, short loop
-functions, and the launchers independent of the analysis.
+functions, the launchers independent of the analysis, and README's layout table naming every module.
 
 Read from the source with `ast`, so these checks see what a reader sees, and import nothing.
 """
@@ -7,6 +7,7 @@ Read from the source with `ast`, so these checks see what a reader sees, and imp
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,10 +84,18 @@ def test_on_disk_names_are_defined_once() -> None:
     names = {
         contract.RESULT_FILE,
         contract.PLAN_FILE,
+        contract.SEARCH_FILE,
         contract.MANIFEST_FILE,
+        contract.STATE_DIR,
         contract.LAUNCH_FILE,
         contract.EXPORTED_JOBS_DIR,
         contract.DS_CONFIG_FILE,
+        contract.TENSORBOARD_DIR,
+        contract.CHECKPOINT_DIR,
+        contract.LOG_FILE,
+        contract.SUBMITIT_DIR,
+        contract.SLURM_LOG_DIR,
+        contract.CACHE_DIR_ENV,
     }
     defining = REPO / "train" / "contract.py"
     found = []
@@ -124,3 +133,65 @@ def test_the_loop_modules_functions_fit_on_a_screen() -> None:
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{rel}:{node.name} ({length} lines)")
     assert long == [], "functions longer than a screen: " + ", ".join(long)
+
+
+LAYOUT_PACKAGES = ("train", "train/planner", "launchers", "analysis", "hydra_plugins/megasweep")
+
+
+def _without_parentheses(text: str) -> str:
+    out, depth = [], 0
+    for ch in text:
+        depth += ch == "("
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ")" and depth > 0
+    return "".join(out)
+
+
+def readme_layout() -> dict[str, set[str]]:
+    """Modules README's "Layout" table names, by package directory: a row's backticked names outside
+    parentheses (what is inside them describes a module), and a row whose path is a module itself."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        path = cells[0].strip("`").rstrip("/")
+        if path.endswith(".py"):
+            named.setdefault(str(Path(path).parent), set()).add(Path(path).stem)
+        else:
+            named.setdefault(path, set()).update(re.findall(r"`([^`]+)`", _without_parentheses(cells[1])))
+    return named
+
+
+def test_readme_layout_names_every_module() -> None:
+    named = readme_layout()
+    for package in LAYOUT_PACKAGES:
+        modules_there = {p.stem for p in (REPO / package).glob("*.py") if p.stem != "__init__"}
+        listed = named.get(package, set())
+        assert modules_there - listed == set(), f"README's layout table does not name {package}/ modules"
+        assert listed - modules_there == set(), f"README's layout table names {package}/ modules that do not exist"
+
+
+def test_package_docstrings_list_every_module() -> None:
+    # Each package's docstring lists its modules one a line ("    name   what it holds"); the
+    # train package names its torch-free parts (train.planner, train.contract) in its prose.
+    for package in ("train", "train/planner", "launchers", "analysis"):
+        doc = ast.get_docstring(ast.parse((REPO / package / "__init__.py").read_text()), clean=False) or ""
+        listed = set(re.findall(r"^    (\w+) ", doc, flags=re.MULTILINE))
+        dotted = set(re.findall(rf"\b{package.replace('/', '.')}\.(\w+)", doc))
+        there = {p.stem for p in (REPO / package).glob("*.py") if p.stem != "__init__"}
+        there |= {p.parent.name for p in (REPO / package).glob("*/__init__.py")}
+        assert there - listed - dotted == set(), f"{package}/__init__.py's docstring does not list them"
+        assert listed - there == set(), f"{package}/__init__.py's docstring lists modules that do not exist"
+
+
+def test_the_loop_has_no_engine_branch() -> None:
+    # What differs between engines is behind train.engine's interface, not an isinstance in the loop.
+    tree = ast.parse((REPO / "train" / "loop.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert names & {"NativeEngine", "DeepSpeedEngine", "Engine"} == set()

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conf.schema import RunConfig, to_plain_dict
-from train.contract import write_json_atomic
+from train.contract import CHECKPOINT_DIR, write_json_atomic
 from train.dp import DistributedOptimizer
 
 LATEST = "latest"
@@ -82,7 +82,7 @@ def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int) -> str:
 
 def checkpoint_root(run: RunConfig, output_dir: Path) -> Path:
     return (
-        Path(run.training.checkpoint_dir) if run.training.checkpoint_dir else Path(output_dir) / "checkpoints"
+        Path(run.training.checkpoint_dir) if run.training.checkpoint_dir else Path(output_dir) / CHECKPOINT_DIR
     )
 
 

@@ -12,10 +12,12 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
     <run dir>/deepspeed_config.json       the DeepSpeed config a run used
     <run dir>/tensorboard/                TensorBoard event files (logger.tensorboard=true)
+    <run dir>/checkpoints/                checkpoints, unless training.checkpoint_dir puts them elsewhere
     <run dir>/oom.rank<R>.json            OomReport of a rank that ran out of memory (trainer)
     <run dir>/train.log                   the run's console output, iteration lines included (launchers.job)
     <run dir>/train.rank<R>.log           the console output of srun task R > 0 (launchers.job)
     <sweep dir>/.submitit/<job id>/       submitit's scripts and Slurm logs of the launcher's jobs
+    <sweep dir>/search.csv                every layout the search judged (hydra/sweeper=layouts)
     <sweep dir>/.slurm/<job id>.out       Slurm logs of an exported array script's tasks
     <cache dir>/peak-<host>.json          PeakCalibration per device, precision, cores, threads, torch (trainer)
 
@@ -55,18 +57,22 @@ RESULT_FILE = "result.json"
 PLAN_FILE = "plan.csv"
 SEARCH_FILE = "search.csv"
 MANIFEST_FILE = "manifest.jsonl"
-LAUNCH_FILE = ".megasweep/launch.json"
-EXPORTED_JOBS_DIR = ".megasweep/jobs"
+STATE_DIR = ".megasweep"
+"""The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR)."""
+LAUNCH_FILE = f"{STATE_DIR}/launch.json"
+EXPORTED_JOBS_DIR = f"{STATE_DIR}/jobs"
 """Where an exported script's array tasks record their job ids (one file per config index)."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
-
+CHECKPOINT_DIR = "checkpoints"
+"""A run's checkpoint root in its run directory when training.checkpoint_dir is not set (train.checkpoint)."""
 
 OOM_REPORT_GLOB = "oom.rank*.json"
 LOG_FILE = "train.log"
 """A run's console output (rank 0's, or all ranks' of a local spawn), in its run directory."""
 SUBMITIT_DIR = ".submitit"
-"""Per-job folders of submitit (scripts, pickles, Slurm's output) in a launcher's sweep directory."""
+"""Per-job folders of submitit (scripts, pickles, Slurm's output) in a launcher's sweep directory
+(`launchers calibrate`: beside its --out file)."""
 SLURM_LOG_DIR = ".slurm"
 """Slurm's output of an exported array script's tasks, <array>_<task>.out, in the sweep directory."""
 CACHE_DIR_ENV = "MEGASWEEP_CACHE_DIR"

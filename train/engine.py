@@ -5,6 +5,7 @@ The loop (train.loop) sees only this interface, so it has no engine branches:
     engine.step(batches, iteration=i) -> StepResult   forward/backward, reduce, clip, update
     engine.optimizer                                   whose param_groups carry the learning rate
     engine.checkpoint_state()                          what train.checkpoint saves and restores
+    engine.model_states()                              the rank's model-state bytes, where countable
 
 NativeEngine is megasweep's own torch.distributed code (train.loop.train_step over the parallel
 state train.setup built: DP gradient reduction and ZeRO-1, DTensor TP, the pipeline schedule,
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from conf.schema import RunConfig
+from train import memory
 from train.planner import flops
 from train.planner.layout import Layout
 
@@ -57,6 +59,12 @@ class Engine(Protocol):
         """model, optimizer and scaler, as train.checkpoint.Checkpointer.save takes them."""
         ...
 
+    def model_states(self) -> memory.ModelStates | None:
+        """This rank's weights, gradients, optimizer states and master copies, counted from its
+        tensors as they are now (after a step: Adam's states exist); None where the engine's
+        tensors are its own to lay out (the record then says what was not measured)."""
+        ...
+
 
 @dataclass
 class NativeEngine:
@@ -78,6 +86,9 @@ class NativeEngine:
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler}
+
+    def model_states(self) -> memory.ModelStates | None:
+        return memory.model_state_bytes(self.model, self.optimizer)
 
 
 @dataclass
@@ -111,6 +122,11 @@ class DeepSpeedEngine:
     def checkpoint_state(self) -> dict[str, Any]:
         # The rules refuse training.save_interval > 0 with engine=deepspeed (`deepspeed_checkpoint`).
         raise NotImplementedError("engine=deepspeed does not checkpoint (rule deepspeed_checkpoint)")
+
+    def model_states(self) -> memory.ModelStates | None:
+        # ZeRO's flat partitions and offloaded states are DeepSpeed's own buffers, not the
+        # parameters' tensors that train.memory counts (setup's memory_not_measured says so).
+        return None
 
 
 def deepspeed_profile_record(figures: dict[str, Any], run: RunConfig, *, layout: Layout) -> dict[str, Any]:

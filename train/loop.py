@@ -26,7 +26,7 @@ from torch import nn
 from conf.schema import Precision, RunConfig
 from train import flopcheck, memory, power, profiling
 from train.data import TokenSource, get_batch
-from train.engine import Batch, NativeEngine, StepResult
+from train.engine import Batch, StepResult
 from train.metrics import IterationStats, format_log_line
 from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
 from train.optim import lr_at, set_lr
@@ -316,10 +316,10 @@ def finish(
 
 def count_model_states(s: Setup, progress: Progress) -> None:
     """After this process's first step (Adam's states exist, the gradients are not yet dropped):
-    the bytes of the rank's model states, counted from its tensors (native engine)."""
+    the bytes of the rank's model states, as its engine counts them."""
     probe = progress.memory
-    if probe is not None and probe.states is None and isinstance(s.engine, NativeEngine):
-        probe.states = memory.model_state_bytes(s.engine.model, s.engine.optimizer)
+    if probe is not None and probe.states is None:
+        probe.states = s.engine.model_states()
 
 
 def utilization(tflops: float | None, progress: Progress, what: str) -> float | None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from analysis.calc import main
+from analysis.calc import LAYOUT_RULES, compose_run, main
 from conf.schema import ModelConfig, Recompute
 from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from train.planner.rules import validate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,6 +189,24 @@ def test_bad_input_is_one_clear_paragraph(
     assert err.startswith("error: ") and err.count("\n") == 1  # one paragraph, one line
     assert key in err and hint in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "world_size"),
+    [
+        (["parallelism.tp=3", "devices=3"], 3),
+        (["parallelism.tp=2", "devices=3"], 3),
+        (["parallelism.dp=2", "devices=4"], 4),
+    ],
+)
+def test_layout_errors_are_the_rules_own(capsys: pytest.CaptureFixture[str], args: list[str], world_size: int) -> None:
+    # The calculator judges a layout with train.planner.rules, so it names the same rules, in the same
+    # words, as the dry run and the trainer do for that world size.
+    status, _, err = run_main(capsys, *args, "sec_per_iter=1")
+    run = compose_run(args[:1])
+    expected = [v for v in validate(run, world_size=world_size) if v.rule in LAYOUT_RULES]
+    assert status == 2 and expected
+    assert all(str(v) in err for v in expected)
 
 
 def test_cli_bad_input_exits_2_without_traceback() -> None:

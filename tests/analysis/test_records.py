@@ -29,6 +29,7 @@ from tests.analysis.golden.build import (
 from tests.train.planner.test_calibration import MODEL as CAL_MODEL
 from tests.train.planner.test_calibration import calibration
 from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_json_atomic, write_manifest
+from train.planner.layout import Layout
 from train.planner.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +83,21 @@ def test_plan_csv_without_manifest_gives_skips_and_unrun_configs(sweep: Path) ->
     assert (planned["tp"], planned["pp"], planned["mbs"]) == (8, 11, 4)
     assert "pred_sec_per_iter" in df.columns
     assert summary_line(df).endswith(", 1 planned, not run")
+
+
+def test_nodes_without_slurm_come_from_the_layout(sweep: Path) -> None:
+    # No manifest and no SLURM_NNODES (a run outside Slurm): the layout says how many nodes it needs,
+    # a partial node counting as one.
+    (sweep / "manifest.jsonl").unlink()
+    path = sweep / "runs/2/result.json"
+    record = json.loads(path.read_text())
+    record["env"] = {}
+    record["config"]["hardware"]["devices_per_node"] = 5
+    path.write_text(json.dumps(record))
+    r = load_sweeps([sweep], queue=None).table.set_index("run_dir").loc["runs/2"]
+    layout = Layout(dp=8, tp=8, pp=6)
+    assert (r["dp"], r["tp"], r["pp"], r["devices"]) == (8, 8, 6, layout.world_size)
+    assert r["nodes"] == layout.nodes(5) > layout.world_size / 5
 
 
 def test_in_progress_sweep_reports_pending_runs(tmp_path: Path) -> None:

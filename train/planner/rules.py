@@ -241,7 +241,10 @@ def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation |
 
 
 def _tp_alternatives(model: ModelConfig, tp: int) -> str:
-    return f"Valid tp for this model: {_fmt(_nearest(valid_tp(model), tp))}."
+    return (
+        "tp must be one of the divisors common to the heads, hidden and FFN widths. "
+        f"Valid tp for this model: {_fmt(_nearest(valid_tp(model), tp))}."
+    )
 
 
 def _check_hidden_heads(m: ModelConfig) -> Violation | None:
@@ -379,18 +382,36 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
         out.append(
             Violation("warmup_iters", negative, f"{listed}: a warm-up is 0 or more iterations. Use 0 for none.")
         )
-    elif not bad and tr.warmup_iters >= tr.train_iters:
-        out.append(
-            Violation(
-                "warmup_iters",
-                {"training.warmup_iters": tr.warmup_iters, "training.train_iters": tr.train_iters},
-                f"training.warmup_iters={tr.warmup_iters} is not below training.train_iters={tr.train_iters}: "
-                f"the warm-up iterations are left out of sec/it, TFLOPs and MFU, so no iteration would be "
-                f"measured. Use warmup_iters at most {tr.train_iters - 1}, or train_iters at least "
-                f"{tr.warmup_iters + 1}.",
-            )
-        )
+    elif not bad:
+        longer = _warmups_longer_than_the_run(tr)
+        if longer is not None:
+            out.append(longer)
     return out
+
+
+def _warmups_longer_than_the_run(tr: TrainingConfig) -> Violation | None:
+    # Both warm-ups in one violation: one rule, `warmup_iters`, and one report per rule.
+    fields: dict[str, object] = {}
+    problems: list[str] = []
+    if tr.warmup_iters >= tr.train_iters:
+        fields["training.warmup_iters"] = tr.warmup_iters
+        problems.append(
+            f"training.warmup_iters={tr.warmup_iters} is not below training.train_iters={tr.train_iters}: "
+            f"the warm-up iterations are left out of sec/it, TFLOPs and MFU, so no iteration would be "
+            f"measured. Use warmup_iters at most {tr.train_iters - 1}, or train_iters at least "
+            f"{tr.warmup_iters + 1}."
+        )
+    if tr.lr_warmup_iters > tr.train_iters:
+        fields["training.lr_warmup_iters"] = tr.lr_warmup_iters
+        problems.append(
+            f"training.lr_warmup_iters={tr.lr_warmup_iters} is longer than training.train_iters={tr.train_iters}: "
+            f"the learning rate would still be rising when the run ends, so it never reaches training.lr "
+            f"and its decay never starts (Megatron-LM refuses such a schedule too). Use lr_warmup_iters at "
+            f"most {tr.train_iters}, or train_iters at least {tr.lr_warmup_iters}."
+        )
+    if not problems:
+        return None
+    return Violation("warmup_iters", {**fields, "training.train_iters": tr.train_iters}, " ".join(problems))
 
 
 def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:

@@ -78,11 +78,14 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     """Every rule the run breaks, by direct arithmetic (no cascade suppression)."""
     m, p, hw, tr = run.model, run.parallelism, run.hardware, run.training
     broken: set[str] = set()
-    # A run takes steps, logs every log_interval of them, and measures at least one after its warm-up.
+    # A run takes steps, logs every log_interval of them, measures at least one after its warm-up,
+    # and reaches its peak learning rate.
     steps_ok = _pos(tr.train_iters) and _pos(tr.log_interval)
     if not steps_ok:
         broken.add("train_iters")
-    if tr.warmup_iters < 0 or tr.lr_warmup_iters < 0 or (steps_ok and tr.warmup_iters >= tr.train_iters):
+    if tr.warmup_iters < 0 or tr.lr_warmup_iters < 0 or (
+        steps_ok and (tr.warmup_iters >= tr.train_iters or tr.lr_warmup_iters > tr.train_iters)
+    ):
         broken.add("warmup_iters")
     # Rules on fields that positivity does not cover hold or break whatever the sizes are.
     if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)):
@@ -234,8 +237,14 @@ def any_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         memory_reserve_gib=0.0,
         devices_per_node=draw(st.sampled_from([1, 2, 4, 6, 8])),
     )
+    training = TrainingConfig(
+        train_iters=draw(st.integers(-1, 12)),
+        warmup_iters=draw(st.integers(-1, 12)),
+        lr_warmup_iters=draw(st.integers(-1, 16)),
+        log_interval=draw(st.integers(0, 3)),
+    )
     world = draw(st.none() | st.integers(1, 64))
-    return RunConfig(model=model, parallelism=par, hardware=hw), world
+    return RunConfig(model=model, parallelism=par, hardware=hw, training=training), world
 
 
 @st.composite
@@ -306,8 +315,14 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         memory_reserve_gib=0.0,
         devices_per_node=pick(st.sampled_from([tp, 2 * tp, 8]), st.integers(1, 8)),  # type: ignore[arg-type]
     )
+    iters = draw(st.integers(1, 12))
+    training = TrainingConfig(
+        train_iters=iters,
+        warmup_iters=pick(st.integers(0, iters - 1), st.integers(-1, 14)),  # type: ignore[arg-type]
+        lr_warmup_iters=pick(st.integers(0, iters), st.integers(-1, 16)),  # type: ignore[arg-type]
+    )
     world = pick(st.sampled_from([None, dp * tp * pp]), st.integers(1, 40))
-    return RunConfig(model=model, parallelism=par, hardware=hw), world  # type: ignore[return-value]
+    return RunConfig(model=model, parallelism=par, hardware=hw, training=training), world  # type: ignore[return-value]
 
 
 @PROPERTY
@@ -414,6 +429,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         iters = draw(st.integers(1, 20))
         training = draw(st.sampled_from([
             {"train_iters": iters, "warmup_iters": iters + draw(st.integers(0, 5))},
+            {"train_iters": iters, "warmup_iters": 0, "lr_warmup_iters": iters + draw(st.integers(1, 5))},
+            {"train_iters": iters, "warmup_iters": iters, "lr_warmup_iters": iters + 1},
             {"warmup_iters": -1},
             {"lr_warmup_iters": -2},
         ]))
@@ -570,6 +587,21 @@ def test_hidden_not_divisible_by_heads_lists_heads_and_hidden_sizes() -> None:
     assert heads and all(100 % a == 0 for a in heads)
     hiddens = _listed(v.message, "or hidden_size for 8 heads")
     assert hiddens == [88, 96, 104, 112]
+
+
+def test_warmups_longer_than_the_run() -> None:
+    # Timing warm-up: at least one measured iteration must remain.
+    v = _one(make_run(training={"train_iters": 5, "warmup_iters": 5}))
+    assert v.rule == "warmup_iters" and "Use warmup_iters at most 4, or train_iters at least 6." in v.message
+    # Learning-rate warm-up: it may end on the last step (the peak is reached), not after it.
+    assert validate(make_run(training={"train_iters": 5, "warmup_iters": 1, "lr_warmup_iters": 5})) == []
+    v = _one(make_run(training={"train_iters": 5, "warmup_iters": 1, "lr_warmup_iters": 8}))
+    assert v.rule == "warmup_iters" and v.fields == {"training.lr_warmup_iters": 8, "training.train_iters": 5}
+    assert "never reaches training.lr" in v.message
+    assert "Use lr_warmup_iters at most 5, or train_iters at least 8." in v.message
+    # Both at once: one violation of the one rule, saying both.
+    v = _one(make_run(training={"train_iters": 5, "warmup_iters": 6, "lr_warmup_iters": 9}))
+    assert "warmup_iters at most 4" in v.message and "lr_warmup_iters at most 5" in v.message
 
 
 def test_world_size_not_multiple_of_model_parallel() -> None:
