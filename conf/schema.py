@@ -138,6 +138,8 @@ class ParallelismConfig:
     """What ZeRO keeps in host memory (none | optimizer | params)."""
     recompute: Recompute = Recompute.none
     """Activation recomputation (none | selective | full)."""
+    sequence_parallel: bool = False
+    """Shard norms and residuals along the sequence over TP (Korthikanti et al. 2022); needs tp > 1."""
     precision: Precision = Precision.bf16
     """Compute precision (bf16 | fp16 | fp32)."""
     engine: Engine = Engine.native
@@ -328,6 +330,8 @@ class SearchConfig:
     """Recompute modes to try (none | selective | full)."""
     zero_stages: list[int] = field(default_factory=lambda: [0, 1])
     """ZeRO stages to try (0-3; stages 2 and 3 run on DeepSpeed)."""
+    sequence_parallel: list[bool] = field(default_factory=lambda: [False, True])
+    """Sequence-parallel settings to try where tp > 1 on the native engine (false | true)."""
     top_k: int = 3
     """Fastest predicted layouts handed to the launcher (layouts)."""
     show: int = 20

@@ -218,6 +218,14 @@ def forward_backward(
     return loss.detach()
 
 
+def boundary_shape(run: RunConfig) -> tuple[int, int, int]:
+    """[b, s, h] of the activation one pipeline stage sends the next: under sequence parallelism,
+    this TP rank's s / tp tokens only."""
+    par = run.parallelism
+    seq = run.model.seq_length // par.tp if par.sequence_parallel else run.model.seq_length
+    return (par.mbs, seq, run.model.hidden_size)
+
+
 def pipeline_forward_backward(
     state: ParallelState, batches: Sequence[Batch], *, normalizer: int, run: RunConfig
 ) -> torch.Tensor:
@@ -228,7 +236,7 @@ def pipeline_forward_backward(
     assert state.stage is not None and state.loss_fn is not None and state.links is not None
     state.loss_fn.normalizer = normalizer
     device = batches[0][0].device
-    shape = (run.parallelism.mbs, run.model.seq_length, run.model.hidden_size)
+    shape = boundary_shape(run)
     with autocast(run, device):
         losses = one_f_one_b(
             state.stage, batches, links=state.links, loss_fn=state.loss_fn, activation_shape=shape, device=device

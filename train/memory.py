@@ -37,11 +37,17 @@ GIB = 2**30
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     """(data pointer, bytes) of the storage under `t` (a DTensor's shard), None for an empty one."""
+    t = local(t)
+    # An async collective's result (DTensor's all-gather under sequence parallelism) is a wrapper
+    # whose own storage is invalid; the gathered tensor it wraps is what autograd keeps.
+    inner = getattr(t, "elem", None)
+    if isinstance(inner, torch.Tensor):
+        t = inner
     try:
-        storage = local(t).untyped_storage()
+        storage = t.untyped_storage()
+        return (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else None
     except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
         return None
-    return (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else None
 
 
 def _unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -240,16 +246,13 @@ def measure_stage_activations(
     """saved_activation_bytes of one micro-batch through this rank's stage, as the loop runs it:
     token ids into a first stage (else a received fp32 activation), the loss on a last stage, under
     the run's autocast. The values are synthetic (a private generator): only their sizes matter."""
-    from train.loop import autocast
+    from train.loop import autocast, boundary_shape
 
     m, b = run.model, run.parallelism.mbs
     gen = torch.Generator().manual_seed(run.training.seed)
     tokens, labels = torch.randint(0, m.vocab_size, (2, b, m.seq_length), generator=gen).to(device).unbind()
     labels = labels.clone()  # its own storage, as the loop's labels have
-    if first:
-        x = tokens.clone()
-    else:
-        x = torch.zeros(b, m.seq_length, m.hidden_size, device=device, requires_grad=True)
+    x = tokens.clone() if first else torch.zeros(boundary_shape(run), device=device, requires_grad=True)
 
     def forward() -> torch.Tensor:
         with autocast(run, device):

@@ -50,7 +50,7 @@ def _group(mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
 # Tensor parallelism.
 
 
-def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
+def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Megatron's layer split: qkv and fc_in by output columns, proj and fc_out by input rows, so
     each layer needs one all-reduce forward (after proj / fc_out) and one backward.
 
@@ -58,21 +58,38 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
     the attention code infers the local head count from the shard's width. The word embedding
     (and the tied output layer with it, and BERT's decoder bias) is split by vocabulary rows:
     use lm_loss_fn(model) for the loss of the logit slice the model then returns.
+
+    With `sequence_parallel` (Korthikanti et al. 2022) the residual stream between the matmuls is
+    [b, s / tp, h] on each rank: the LayerNorms (and BERT's head transform) run on this rank's
+    tokens with replicated weights, each all-reduce becomes a reduce-scatter after proj / fc_out and
+    an all-gather before qkv / fc_in, the summed embedding is cut to this rank's tokens before the
+    first layer, and the output layer gathers the tokens back. A pipeline stage then sends and
+    receives its sequence shard.
     """
     if tp_mesh.size() == 1:
         return
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         ParallelStyle,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
 
+    # The sequence dimension of [b, s, h].
+    seq = Shard(1)
     plan: dict[str, ParallelStyle] = {}
     for name, module in model.named_modules():
         if name.endswith(_COLWISE + _ROWWISE) and isinstance(module, nn.Linear):
-            plan[name] = ColwiseParallel() if name.endswith(_COLWISE) else RowwiseParallel()
+            if name.endswith(_COLWISE):
+                plan[name] = ColwiseParallel(input_layouts=seq) if sequence_parallel else ColwiseParallel()
+            else:
+                plan[name] = RowwiseParallel(output_layouts=seq) if sequence_parallel else RowwiseParallel()
+        elif sequence_parallel and (isinstance(module, nn.LayerNorm) or name.endswith("lm_head.dense")):
+            # Per-token modules: their replicated weights' gradients, partial sums over this rank's
+            # tokens, are summed over TP by DTensor.
+            plan[name] = SequenceParallel()
         if name.endswith("attn.qkv") and isinstance(module, nn.Linear):
             head_dim = getattr(model.get_submodule(name.rsplit(".", 1)[0]), "head_dim", 1)
             heads = module.out_features // (3 * head_dim)
@@ -88,6 +105,15 @@ def apply_tp(model: nn.Module, *, tp_mesh: DeviceMesh) -> None:
         return DTensor.from_local(local, tp_mesh, [Shard(0)], run_check=False)
 
     _split_vocabulary(model, tp=tp, rank=rank, group=tp_mesh.get_group(), shard=shard)
+    layers = getattr(model, "layers", None)
+    if sequence_parallel and getattr(model, "wpe", None) is not None and layers:
+        # The embeddings (word + position) are summed whole on every rank, as Megatron does; the
+        # first layer takes this rank's tokens (no communication), and their gradient is gathered.
+        def scatter_tokens(_: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            whole = DTensor.from_local(args[0], tp_mesh, [Replicate()], run_check=False)
+            return (whole.redistribute(tp_mesh, [seq]).to_local(), *args[1:])
+
+        next(iter(layers.values())).register_forward_pre_hook(scatter_tokens)
 
 
 def apply_tp_plain(model: nn.Module, *, tp_group: dist.ProcessGroup) -> None:
@@ -235,9 +261,16 @@ class VocabParallelEmbedding(nn.Module):
     def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's slice of the logits, [b, s, rows] (a plain tensor: the pipeline schedule
         passes it to the loss as it is)."""
-        return F.linear(
-            _EnterTP.apply(x, self.group), local(self.weight), None if bias is None else local(bias)
-        )
+        if is_dtensor(x):
+            # Sequence parallel: gather the tokens, whose gradients, each rank's share of the
+            # vocabulary, are then reduce-scattered back to the tokens' ranks.
+            from torch.distributed.tensor import Partial, Replicate
+
+            whole = x.redistribute(x.device_mesh, [Replicate()])  # type: ignore[attr-defined]
+            x = whole.to_local(grad_placements=[Partial()])
+        else:
+            x = _EnterTP.apply(x, self.group)
+        return F.linear(x, local(self.weight), None if bias is None else local(bias))
 
     def extra_repr(self) -> str:
         return f"rows {self.start}..{self.start + self.rows - 1}, dim {self.weight.shape[1]}"

@@ -10,7 +10,7 @@ import pytest
 from train.trainer import run_training
 
 from .test_distributed import TINY
-from .test_parallel import RTOL, launch
+from .test_parallel import RTOL, assert_memory_as_predicted, launch
 from .test_trainer import compose_run
 
 BERT = ("model=bert_345m", *TINY, "model.kind=bert", "model.name=bert_tiny")
@@ -26,3 +26,7 @@ def test_bert_tp2_matches_one_process(tmp_path: Path, monkeypatch: pytest.Monkey
     assert tp2["status"] == "ok" and tp2["world"] == {"world_size": 2, "dp": 1, "tp": 2, "pp": 1}
     assert tp2["config"]["model"]["kind"] == "bert" and tp2["params"] == single["params"]
     assert tp2["losses"] == pytest.approx(single["losses"], rel=RTOL)
+    # Sequence parallel: the head's dense, GELU and LayerNorm also run on each rank's tokens.
+    sp = launch(tmp_path, "tp2_sp", *BERT, "parallelism.tp=2", "parallelism.sequence_parallel=true")
+    assert sp["status"] == "ok" and sp["losses"] == pytest.approx(single["losses"], rel=RTOL)
+    assert_memory_as_predicted(sp)

@@ -109,8 +109,10 @@ def test_one_process_resume_equals_uninterrupted(tmp_path: Path, uninterrupted: 
         (("parallelism.dp=2", "parallelism.zero_stage=1"), f"1:{STOP_AT}", True),
         (("parallelism.tp=2",), f"0:{STOP_AT}", False),
         (("parallelism.pp=2",), f"1:{STOP_AT}", False),
+        # The LayerNorm weights are then replicated DTensors, saved once.
+        (("parallelism.tp=2", "parallelism.sequence_parallel=true"), f"1:{STOP_AT}", False),
     ],
-    ids=["dp2_zero1", "tp2", "pp2"],
+    ids=["dp2_zero1", "tp2", "pp2", "tp2_sp"],
 )
 def test_layout_resume_equals_uninterrupted(
     tmp_path: Path, uninterrupted: dict[str, Any], overrides: tuple[str, ...], signal_at: str, exact: bool

@@ -78,6 +78,8 @@ GRID = {
     "tp2": ("parallelism.tp=2",),
     "pp2": ("parallelism.pp=2",),
     "dp2_tp2_pp2_zero1": ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.zero_stage=1"),
+    "tp2_sp": ("parallelism.tp=2", "parallelism.sequence_parallel=true"),
+    "tp2_pp2_sp": ("parallelism.tp=2", "parallelism.pp=2", "parallelism.sequence_parallel=true"),
 }
 
 
@@ -152,7 +154,7 @@ def test_one_process_every_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name", list(GRID))
 def test_layout_every_rank_every_mode(tmp_path: Path, name: str) -> None:
     run = compose_run(*TINY, *GRID[name])
-    world = 8 if name.startswith("dp2_tp2_pp2") else 2
+    world = 8 if name.startswith("dp2_tp2_pp2") else 4 if name.startswith("tp2_pp2") else 2
     mp.start_processes(_worker, args=(world, free_port(), run, str(tmp_path)), nprocs=world, start_method="spawn")
     errors = sorted(tmp_path.glob("*.error"))
     assert not errors, errors[0].read_text()

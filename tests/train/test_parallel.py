@@ -68,12 +68,18 @@ def test_stage_layers_split_evenly() -> None:
     [
         ("dp2", ("parallelism.dp=2",)),
         ("tp2", ("parallelism.tp=2",)),
+        ("tp2_sp", ("parallelism.tp=2", "parallelism.sequence_parallel=true")),
         ("pp2", ("parallelism.pp=2",)),
         (
             "dp2_tp2_pp2_zero1",
             ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.zero_stage=1"),
         ),
         # One micro-batch per replica and step (gbs 8 = mbs 4 x dp 2) on two stages.
+        # Sequence parallel across a stage boundary, with the attention core recomputed.
+        (
+            "tp2_pp2_sp_selective",
+            ("parallelism.tp=2", "parallelism.pp=2", "parallelism.sequence_parallel=true", "parallelism.recompute=selective"),
+        ),
         ("dp2_tp2_pp2_one_micro_batch", ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.micro_batch_size=4")),
     ],
 )

@@ -82,6 +82,12 @@ c = 4 bytes in fp32, 2 under autocast:
                so selective recompute saves little here)
     full       the layer's input, 4·sbh
 
+Sequence parallel (train.parallel.apply_tp): the residual stream is a rank's s/t tokens, so the
+LayerNorms' inputs and statistics (and the final norm's, and BERT's head transform up to its
+LayerNorm), a full-recompute layer's input and the pipeline's stage boundary tensors divide by t.
+The GEMM inputs do not: the QKV, MLP-in and output-layer GEMMs save the all-gathered c·sbh that
+they multiply (Megatron saves the shard and gathers it again in backward; DTensor does not).
+
 Under autocast each GEMM also saves its 16-bit weight copy (c·weights): once per autocast region,
 and the trainer's regions hold one micro-batch (pp = 1) or one step (pipelines), so once per stage;
 with full recompute only the output layer's copy is saved (the layers' are recast when recomputed).
@@ -112,7 +118,7 @@ Large Transformer Models", section 4; 16-bit, dropout masks 1 byte)
 
 plus the first stage's embedding dropout mask (s·b·h), the last stage's final-LN and output-layer
 inputs (2·2·sbh) and fp32 logits (4·s·b·V/t), and, while one layer is recomputed, its whole `none`
-working set. DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py) keeps each in-flight
+working set. Sequence parallel divides the 10·sbh term by t too (s·b·h·34/t, the paper's Table 2). DeepSpeed's pipeline engine (deepspeed/runtime/pipe/engine.py) keeps each in-flight
 micro-batch's stage output in its pipe buffers until the backward (2·sbh, non-last stages);
 Megatron-LM's own schedule frees it (deallocate_output_tensor), DeepSpeed's did not.
 
@@ -473,6 +479,7 @@ def _activations(
     layers = len(stage_layers(model.num_layers, stage=stage, num_stages=pp))
     b, s, h = par.mbs, model.seq_length, model.hidden_size
     sbh = s * b * h
+    boundary = sbh / _seq_shards(par)  # a stage's input or output: its tokens of the residual stream
     vocab_shard = s * b * padded_vocab_size(model, par.tp) / par.tp
     recompute = Recompute(par.recompute)
     if traits.activations == "megasweep":
@@ -488,18 +495,18 @@ def _activations(
         if last:
             peak += _FP32 * vocab_shard  # the fp32 gradient of the logits, backward's first tensor
         if pp > 1 and traits.pipeline == "megasweep":
-            peak += _pipeline_buffers(sbh, in_flight=in_flight, first=first, last=last)
+            peak += _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last)
         return _Activations(per_mb, peak)
     # Megatron (Korthikanti et al.), 16-bit activations and 1-byte dropout masks.
-    kept, core = _korthikanti_terms(model, par.mbs, par.tp, par.precision)
+    kept, core = _korthikanti_terms(model, par)
     w = _act_bytes(par.precision)
-    per_layer = {Recompute.none: kept + core, Recompute.selective: kept, Recompute.full: w * sbh}[recompute]
+    per_layer = {Recompute.none: kept + core, Recompute.selective: kept, Recompute.full: w * boundary}[recompute]
     stored = layers * per_layer
     if first:
         stored += _MASK * sbh  # the embedding's dropout mask
     if pp > 1 and not last and traits.pipeline == "deepspeed":
-        stored += w * sbh  # the stage output DeepSpeed's pipe buffers keep until the backward
-    working = {Recompute.none: 0.0, Recompute.selective: core, Recompute.full: kept + core - w * sbh}[recompute]
+        stored += w * boundary  # the stage output DeepSpeed's pipe buffers keep until the backward
+    working = {Recompute.none: 0.0, Recompute.selective: core, Recompute.full: kept + core - w * boundary}[recompute]
     peak = _with_accumulation(in_flight, stored, working, params, w, m)
     if last:
         head_inputs = 5 if model.kind == ModelKind.bert else 2
@@ -525,7 +532,8 @@ def _megasweep_layer(model: ModelConfig, par: ParallelismConfig, recompute: Reco
     sbh, bs = s * b * h, s * b
     c = _act_bytes(par.precision)
     heads = model.num_attention_heads // t
-    norm_inputs = 2 * (_FP32 * sbh + 2 * _FP32 * bs)  # fp32 residual in, mean and rstd
+    local = _seq_shards(par)  # sequence parallel: the residual stream holds s / t tokens
+    norm_inputs = 2 * (_FP32 * sbh + 2 * _FP32 * bs) / local  # fp32 residual in, mean and rstd
     gemm_inputs = 2 * c * sbh  # the two LayerNorm outputs the QKV and MLP-in GEMMs read
     attention = c * 3 * sbh / t + c * sbh / t  # QKV output (q, k, v views), SDPA output
     lse = _FP32 * b * heads * s
@@ -535,7 +543,7 @@ def _megasweep_layer(model: ModelConfig, par: ParallelismConfig, recompute: Reco
         return none, 0.0
     if recompute == Recompute.selective:
         return none - lse, lse
-    return _FP32 * sbh, none - _FP32 * sbh
+    return _FP32 * sbh / local, none - _FP32 * sbh / local
 
 
 def _megasweep_ends(model: ModelConfig, par: ParallelismConfig, *, first: bool, last: bool) -> float:
@@ -551,10 +559,14 @@ def _megasweep_ends(model: ModelConfig, par: ParallelismConfig, *, first: bool, 
         if t > 1:
             out += _MASK * bs  # the vocabulary-parallel lookup's mask of this rank's tokens
     if last:
-        out += _FP32 * sbh + 2 * _FP32 * bs + c * sbh  # final norm: input, statistics, output read by a GEMM
+        local = _seq_shards(par)  # sequence parallel: per-token work on s / t tokens until the logits
+        out += (_FP32 * sbh + 2 * _FP32 * bs) / local  # final norm: input, statistics
         if model.kind == ModelKind.bert:
-            # dense output (GELU input), GELU output (LayerNorm input, fp32), statistics, LN output cast
-            out += c * sbh + _FP32 * sbh + 2 * _FP32 * bs + c * sbh
+            # final norm output (dense input), dense output (GELU input), GELU output (LayerNorm
+            # input, fp32), statistics; then the LN output the decoder GEMM reads, gathered
+            out += (c * sbh + c * sbh + _FP32 * sbh + 2 * _FP32 * bs) / local + c * sbh
+        else:
+            out += c * sbh  # the final norm output the output-layer GEMM reads, gathered
         if t > 1:
             out += _FP32 * vocab_shard + _INT64 * bs + 2 * _MASK * bs  # softmax, index, two masks
         else:
@@ -573,14 +585,20 @@ def _pipeline_buffers(sbh: float, *, in_flight: int, first: bool, last: bool) ->
     return out
 
 
-def _korthikanti_terms(model: ModelConfig, mbs: int, tp: int, precision: Precision) -> tuple[float, float]:
+def _korthikanti_terms(model: ModelConfig, par: ParallelismConfig) -> tuple[float, float]:
     """(kept, core): one layer's activation bytes outside and inside the attention core."""
-    w = _act_bytes(precision)
-    s, h, a = model.seq_length, model.hidden_size, model.num_attention_heads
+    w = _act_bytes(par.precision)
+    s, h, a, mbs, tp = model.seq_length, model.hidden_size, model.num_attention_heads, par.mbs, par.tp
     sbh = s * mbs * h
-    kept = sbh * (8 * w / 2 + 2 * _MASK + 24 * w / 2 / tp)
+    # The norms', dropouts' and residual's 10·sbh (16-bit) are sharded too under sequence parallel.
+    kept = sbh * ((8 * w / 2 + 2 * _MASK) / _seq_shards(par) + 24 * w / 2 / tp)
     core = a * s * s * mbs * (4 * w / 2 + _MASK) / tp
     return kept, core
+
+
+def _seq_shards(par: ParallelismConfig) -> int:
+    """Over how many ranks the residual stream's tokens are split: tp under sequence parallel, else 1."""
+    return par.tp if par.sequence_parallel else 1
 
 
 def _act_bytes(precision: Precision) -> int:
@@ -668,13 +686,13 @@ def layer_activation_bytes(
     traits = TRAITS[Stack(stack) if stack is not None else stack_of(par)]
     if traits.activations == "megasweep":
         return _megasweep_layer(model, par, Recompute(par.recompute))[0]
-    kept, core = _korthikanti_terms(model, par.mbs, par.tp, par.precision)
+    kept, core = _korthikanti_terms(model, par)
     recompute = Recompute(par.recompute)
     if recompute == Recompute.none:
         return kept + core
     if recompute == Recompute.selective:
         return kept
-    return _act_bytes(par.precision) * model.seq_length * par.mbs * model.hidden_size
+    return _act_bytes(par.precision) * model.seq_length * par.mbs * model.hidden_size / _seq_shards(par)
 
 
 __all__ = [

@@ -18,6 +18,9 @@ a constant fitted to one table:
 - TP: per layer and micro-batch two all-reduces of b*s*h elements forward and two backward
   (Megatron's f and g operators), two more when full recompute re-runs the forward; a ring moves
   2(t-1)/t of the bytes, at intra-node bus bandwidth when the TP group fits in a node.
+- sequence parallel (Korthikanti et al. 2022): each all-reduce becomes a reduce-scatter and an
+  all-gather of the same bytes (the same time on a ring), and the LayerNorms and residual adds run
+  on this rank's s/t tokens; a stage boundary carries b*s*h/t.
 - PP: one send/recv of b*s*h per neighbouring stage and micro-batch each way (Megatron's 1F1B pairs
   a send with the opposite receive; DeepSpeed's pipe engine does not), and the 1F1B bubble: (p-1)
   micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
@@ -284,14 +287,16 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     dense_f, dense_b = _gemm_seconds([g for g in gemms if g.name not in ATTENTION_CORE], mach, precision)
     core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
     tokens, heads = b * s, model.num_attention_heads // t
+    # The residual stream's tokens on this rank: s/t under sequence parallel.
+    local = tokens // t if par.sequence_parallel else tokens
     # The pointwise ops: two LayerNorms, GeLU on the f/t activations, two residual adds; megasweep's
     # attention also copies its heads back into a [b, s, h/t] layout, Megatron's explicit core runs
     # the fused softmax over the s x s scores (which SDPA keeps on chip).
-    ops = [("layer_norm", tokens * h)] * 2 + [("gelu", tokens * (model.ffn // t))] + [("add", tokens * h)] * 2
+    ops = [("layer_norm", local * h)] * 2 + [("gelu", tokens * (model.ffn // t))] + [("add", local * h)] * 2
     ops += [("softmax", b * heads * s * s)] if stack == Stack.megatron_deepspeed else [("add", tokens * (h // t))]
     fwd_mem, bwd_mem = _pointwise(ops, mach, e)
     softmax_f = _pointwise([("softmax", b * heads * s * s)], mach, e)[0] if stack == Stack.megatron_deepspeed else 0.0
-    ar = _ring(mach, tokens * h * e, t, t, passes=2)
+    ar = _tp_collective(mach, tokens * h * e, t, sequence_parallel=par.sequence_parallel)
     stage = _Stage()
     stage.add("gemm", dense_f + dense_b)
     stage.add("attention", core_f + core_b)
@@ -303,6 +308,14 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     elif recompute == Recompute.selective:
         stage.add("recompute", core_f + softmax_f)
     return stage
+
+
+def _tp_collective(mach: _Machine, nbytes: float, t: int, *, sequence_parallel: bool) -> float:
+    """One of Megatron's f / g operators on `nbytes`: an all-reduce, or under sequence parallel a
+    reduce-scatter and an all-gather (the two halves of a ring all-reduce, so the same time)."""
+    if sequence_parallel:
+        return 2 * _ring(mach, nbytes, t, t, passes=1)
+    return _ring(mach, nbytes, t, t, passes=2)
 
 
 def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: bool, last: bool) -> _Stage:
@@ -318,10 +331,13 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
     if last:
         stage.add("gemm", sum(_gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)))
         logits = tokens * padded_vocab_size(model, t) // t
-        norms = [("layer_norm", tokens * h)] * (2 if model.kind == ModelKind.bert else 1)
+        local = tokens // t if par.sequence_parallel else tokens
+        norms = [("layer_norm", local * h)] * (2 if model.kind == ModelKind.bert else 1)
         stage.add("memory_bound", sum(_pointwise([*norms, ("cross_entropy", logits)], mach, e)))
-        # The logits' input gradient is summed over TP; the loss's max and sum are b*s floats.
-        stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2) + 3 * _ring(mach, tokens * 4, t, t, passes=2))
+        # The logits' input gradient is summed over TP (sequence parallel: the input gathered, its
+        # gradient reduce-scattered); the loss's max and sum are b*s floats.
+        head = _tp_collective(mach, tokens * h * e, t, sequence_parallel=par.sequence_parallel)
+        stage.add("tp_comm", head + 3 * _ring(mach, tokens * 4, t, t, passes=2))
     return stage
 
 
@@ -365,7 +381,9 @@ def predict_time(
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
     layer = _layer(model, par, mach, stack, causal_skip)
-    p2p_bytes = par.mbs * model.seq_length * model.hidden_size * _act_bytes(par.precision)
+    # Under sequence parallel a stage sends its TP rank's tokens only.
+    sent_tokens = model.seq_length // par.tp if par.sequence_parallel else model.seq_length
+    p2p_bytes = par.mbs * sent_tokens * model.hidden_size * _act_bytes(par.precision)
     # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP): the
     # boundary after stage s crosses nodes when its two sides sit on different nodes.
     width = par.tp * dp

@@ -78,7 +78,7 @@ def time_prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConf
     key = ParallelismConfig(
         tp=par.tp, pp=par.pp, micro_batch_size=mbs, global_batch_size=par.global_batch_size,
         zero_stage=par.zero_stage, offload=par.offload, recompute=par.recompute, precision=par.precision,
-        engine=par.engine,
+        engine=par.engine, sequence_parallel=par.sequence_parallel,
     )  # fmt: skip
     return _prediction(model, key, hw, dp)
 

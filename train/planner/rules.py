@@ -58,6 +58,8 @@ RULES: tuple[str, ...] = (
     "heads_divisible_by_tp",
     "hidden_divisible_by_tp",
     "ffn_divisible_by_tp",
+    "sequence_parallel_needs_tp",
+    "seq_divisible_by_tp",
     "vocab_padding",
     "layers_divisible_by_pp",
     "world_size",
@@ -71,6 +73,7 @@ RULES: tuple[str, ...] = (
     "deepspeed_fp16_on_cpu",
     "native_zero_stage",
     "native_offload",
+    "sequence_parallel_native_only",
     "precision_supported",
     "micro_batch_auto",
     "memory",
@@ -294,6 +297,40 @@ def _check_ffn_tp(m: ModelConfig, tp: int) -> Violation | None:
         {"parallelism.tp": tp, "model.ffn_hidden_size": m.ffn},
         f"parallelism.tp={tp} does not divide model.ffn_hidden_size={shown} (each TP rank holds an equal "
         f"slice of the MLP's inner width). {_tp_alternatives(m, tp)}",
+    )
+
+
+def _sequence_parallel_tps(m: ModelConfig) -> list[int]:
+    """TP degrees above 1 that split this model's heads, widths and tokens."""
+    return [t for t in valid_tp(m) if t > 1 and m.seq_length % t == 0]
+
+
+def _check_sequence_parallel_tp(m: ModelConfig, par: ParallelismConfig) -> Violation | None:
+    if not par.sequence_parallel or par.tp > 1:
+        return None
+    tps = _sequence_parallel_tps(m)
+    listed = f"tp in {_fmt(_nearest(tps, 2))}" if tps else "a tp above 1 (none splits this model)"
+    return Violation(
+        "sequence_parallel_needs_tp",
+        {"parallelism.sequence_parallel": True, "parallelism.tp": par.tp},
+        f"parallelism.sequence_parallel=true with parallelism.tp={par.tp}: sequence parallelism splits the "
+        f"tokens between the matmuls over the tensor-parallel ranks, and one rank has no one to split "
+        f"them with. Use sequence_parallel=false with tp=1, or {listed}.",
+    )
+
+
+def _check_seq_tp(m: ModelConfig, par: ParallelismConfig) -> Violation | None:
+    if not par.sequence_parallel or par.tp == 1 or m.seq_length % par.tp == 0:
+        return None
+    tps = _sequence_parallel_tps(m)
+    listed = _fmt(_nearest(tps, par.tp)) if tps else "none"
+    return Violation(
+        "seq_divisible_by_tp",
+        {"parallelism.tp": par.tp, "model.seq_length": m.seq_length, "parallelism.sequence_parallel": True},
+        f"parallelism.sequence_parallel=true with parallelism.tp={par.tp}, which does not divide "
+        f"model.seq_length={m.seq_length} (each TP rank holds an equal share of the tokens between the "
+        f"matmuls). Valid tp with sequence parallel for this model: {listed}, or seq_length "
+        f"{_fmt(_multiples_near(m.seq_length, par.tp))}, or sequence_parallel=false.",
     )
 
 
@@ -638,6 +675,19 @@ def _check_native_offload(par: ParallelismConfig) -> Violation | None:
     )
 
 
+def _check_sequence_parallel_engine(par: ParallelismConfig) -> Violation | None:
+    if not par.sequence_parallel or par.engine != Engine.deepspeed:
+        return None
+    return Violation(
+        "sequence_parallel_native_only",
+        {"parallelism.engine": "deepspeed", "parallelism.sequence_parallel": True},
+        "parallelism.sequence_parallel=true with parallelism.engine=deepspeed: the DeepSpeed engine's "
+        "tensor parallelism (plain tensors and explicit all-reduces, train.parallel.apply_tp_plain) has "
+        "no sequence-parallel split. Use engine=native with sequence_parallel=true, or "
+        "sequence_parallel=false with engine=deepspeed.",
+    )
+
+
 def _peak(hw: HardwareConfig, precision: Precision) -> float | None:
     peak: float | None = getattr(hw, f"peak_tflops_{precision.value}")
     return peak
@@ -815,6 +865,10 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         out.append(_check_hidden_heads(m))
     if model_ok and tp_ok:
         out += [_check_heads_tp(m, par.tp), _check_hidden_tp(m, par.tp), _check_ffn_tp(m, par.tp)]
+    if tp_ok:
+        out.append(_check_sequence_parallel_tp(m, par))
+    if tp_ok and ok("model.seq_length"):
+        out.append(_check_seq_tp(m, par))
     out.append(_check_vocab(m, par.tp if tp_ok else None))
     if ok("model.num_layers", "parallelism.pp"):
         out.append(_check_layers_pp(m, par.pp))
@@ -851,7 +905,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         out.append(_check_deepspeed_layout(par))
     out.append(_check_deepspeed_checkpoint(par, run.training))
     out.append(_check_deepspeed_fp16(par, hw))
-    out += [_check_native_zero(par), _check_native_offload(par)]
+    out += [_check_native_zero(par), _check_native_offload(par), _check_sequence_parallel_engine(par)]
     out.append(_check_precision(par, hw))
 
     # The estimate needs sane shapes and a known dp; structural problems are reported first.

@@ -1,4 +1,5 @@
-"""Layout search: every dp x tp x pp x micro-batch x recompute x ZeRO layout the planner accepts on
+"""Layout search: every dp x tp x pp x micro-batch x recompute x ZeRO layout (with and without
+sequence parallelism where tp > 1) the planner accepts on
 the searched node counts, ranked by the time model (`hydra/sweeper=layouts`).
 
 Each candidate is judged by `plan_run`, the same judge as the dry run and the trainer, so a layout
@@ -68,11 +69,14 @@ def layouts(run: RunConfig, search: SearchConfig) -> Iterator[tuple[int, Paralle
                         for zero in search.zero_stages:
                             if zero and dp == 1:
                                 continue  # ZeRO over one replica is the same layout as no ZeRO
-                            yield devices, dataclasses.replace(
-                                base, tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, recompute=Recompute(recompute),
-                                zero_stage=zero, engine=Engine.deepspeed if zero >= 2 else Engine.native,
-                                rampup_batch_size=None,
-                            )  # fmt: skip
+                            # Sequence parallel splits tokens over TP, in the native engine only.
+                            sps = sorted(set(search.sequence_parallel)) if tp > 1 and zero < 2 else [False]
+                            for sp in sps or [False]:
+                                yield devices, dataclasses.replace(
+                                    base, tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, recompute=Recompute(recompute),
+                                    zero_stage=zero, engine=Engine.deepspeed if zero >= 2 else Engine.native,
+                                    rampup_batch_size=None, sequence_parallel=sp,
+                                )  # fmt: skip
 
 
 def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
@@ -85,6 +89,7 @@ def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
         f"parallelism.recompute={Recompute(par.recompute).value}",
         f"parallelism.zero_stage={par.zero_stage}",
         f"parallelism.engine={Engine(par.engine).value}",
+        f"parallelism.sequence_parallel={str(par.sequence_parallel).lower()}",
         "parallelism.rampup_batch_size=null",  # planned without ramp-up: launched without it
     )
 
@@ -120,14 +125,15 @@ def _breakdown(candidate: Candidate, top: int = 3) -> str:
 
 def format_search(result: SearchResult, show: int) -> str:
     """The `show` fastest layouts with time, memory and where the time goes, then the rejections."""
-    header = ("rank", "nodes", "DP", "TP", "PP", "MBS", "recompute", "ZeRO", "pred s/it", "pred MFU %",
+    header = ("rank", "nodes", "DP", "TP", "PP", "SP", "MBS", "recompute", "ZeRO", "pred s/it", "pred MFU %",
               "mem GiB / cap", "where the time goes")  # fmt: skip
     lines = [header]
     for c in result.ranked[:show]:
         r, par = c.row, c.run.parallelism
         mfu = "-" if math.isnan(r.pred_mfu) else f"{100 * r.pred_mfu:.1f}"
         lines.append((
-            str(r.pred_rank), str(r.nodes), str(r.dp), str(r.tp), str(r.pp), str(r.micro_batch_size),
+            str(r.pred_rank), str(r.nodes), str(r.dp), str(r.tp), str(r.pp), "yes" if par.sequence_parallel else "-",
+            str(r.micro_batch_size),
             Recompute(par.recompute).value, str(par.zero_stage), f"{r.pred_sec_per_iter:.4g}", mfu,
             f"{r.mem_gib:.1f} / {r.mem_capacity_gib:.1f}", _breakdown(c),
         ))  # fmt: skip

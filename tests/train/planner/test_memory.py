@@ -156,6 +156,11 @@ def test_megasweep_layer_activations_by_hand() -> None:
     # SDPA stores no scores: selective recompute spares only the log-sum-exp.
     assert layer_activation_bytes(HAND, par(recompute=Recompute.selective)) == SBH * 64 + stats
     assert layer_activation_bytes(HAND, par(recompute=Recompute.full)) == 4 * SBH
+    # Sequence parallel: the LN inputs and their statistics (and a full-recompute layer's input) are
+    # this rank's s/t tokens; the GEMMs still save the gathered LN outputs.
+    sp = par(tp=2, sequence_parallel=True)
+    assert layer_activation_bytes(HAND, sp) == SBH * (8 / 2 + 8 + 24) + stats / 2 + lse / 2
+    assert layer_activation_bytes(HAND, replace(sp, recompute=Recompute.full)) == 2 * SBH
 
 
 def test_stage_extras_and_autocast_weight_copies() -> None:
@@ -216,6 +221,9 @@ def test_korthikanti_layer_activations_by_hand() -> None:
     assert layer(recompute=Recompute.selective) == KEPT
     assert layer(recompute=Recompute.full) == 2 * SBH
     assert layer(tp=2) == SBH * (10 + 12 + 5)
+    # Table 2: sequence parallel divides the 10sbh too, 34sbh/t with selective recompute.
+    assert layer(tp=2, sequence_parallel=True, recompute=Recompute.selective) == SBH * 34 / 2
+    assert layer(tp=2, sequence_parallel=True, recompute=Recompute.full) == 2 * SBH / 2
 
 
 # ----------------------------------------------------------------------------- DeepSpeed's states

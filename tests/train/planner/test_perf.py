@@ -69,6 +69,30 @@ def test_tensor_parallel_all_reduces_by_hand() -> None:
     assert predict_time(wide, par(tp=16), HW, dp=1).parts["tp_comm"] > 10 * p.parts["tp_comm"]
 
 
+def test_sequence_parallel_shards_the_memory_bound_ops_and_keeps_the_tp_traffic() -> None:
+    for layout in (dict(tp=2), dict(tp=4, global_batch_size=8, recompute=Recompute.full)):
+        plain = predict_time(MODEL, par(**layout), HW, dp=1)
+        sp = predict_time(MODEL, par(**layout, sequence_parallel=True), HW, dp=1)
+        # Reduce-scatter + all-gather: the two halves of the ring all-reduce, the same bytes and time.
+        assert sp.parts["tp_comm"] == pytest.approx(plain.parts["tp_comm"])
+        assert sp.parts["memory_bound"] < plain.parts["memory_bound"]
+        for part in ("gemm", "attention"):
+            assert sp.parts[part] == pytest.approx(plain.parts[part])
+    # By hand, tp=2 in bf16: per layer the two LayerNorms (2 elements moved each) and two residual
+    # adds (3 each) run on s/t tokens; forward and a backward of twice the bytes: 3 passes; and the
+    # final LayerNorm likewise. Nothing else changes.
+    plain, sp = predict_time(MODEL, par(tp=2), HW, dp=1), predict_time(MODEL, par(tp=2, sequence_parallel=True), HW, dp=1)
+    tokens, h, e = 2 * 256, 512, 2
+    per_layer = 3 * (2 * 2 + 2 * 3) * tokens * h * e / 1000e9
+    final_norm = 3 * 2 * tokens * h * e / 1000e9
+    assert plain.parts["memory_bound"] - sp.parts["memory_bound"] == pytest.approx((4 * per_layer + final_norm) / 2)
+    # A pipeline boundary carries one TP rank's tokens.
+    piped = dict(tp=2, pp=2, global_batch_size=8)
+    assert predict_time(MODEL, par(**piped, sequence_parallel=True), HW, dp=1).parts["pp_comm"] == pytest.approx(
+        predict_time(MODEL, par(**piped), HW, dp=1).parts["pp_comm"] / 2
+    )
+
+
 def test_full_recompute_repeats_the_forward_and_selective_the_attention_core() -> None:
     none = predict_time(MODEL, par(), HW, dp=1)
     full = predict_time(MODEL, par(recompute=Recompute.full), HW, dp=1)

@@ -111,6 +111,9 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("native_zero_stage")
     if not deepspeed and p.offload != Offload.none:
         broken.add("native_offload")
+    # Sequence parallelism splits the tokens over TP, in the native engine's DTensor TP only.
+    if deepspeed and p.sequence_parallel:
+        broken.add("sequence_parallel_native_only")
     peak = {"bf16": hw.peak_tflops_bf16, "fp16": hw.peak_tflops_fp16, "fp32": hw.peak_tflops_fp32}[p.precision]
     if peak is None and not hw.peak_measured:
         broken.add("precision_supported")
@@ -141,6 +144,10 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("ffn_divisible_by_tp")
     if ok("layers", "pp") and m.num_layers % p.pp:
         broken.add("layers_divisible_by_pp")
+    if ok("tp") and p.sequence_parallel and p.tp == 1:
+        broken.add("sequence_parallel_needs_tp")
+    if ok("seq", "tp") and p.sequence_parallel and m.seq_length % p.tp:
+        broken.add("seq_divisible_by_tp")
     dp: int | None = None
     if not ok("tp", "pp", "dp", "world"):
         pass  # no dp to speak of
@@ -223,6 +230,7 @@ def any_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         recompute=draw(st.sampled_from(list(Recompute))),
         precision=draw(st.sampled_from(list(Precision))),
         engine=draw(st.sampled_from(list(Engine))),
+        sequence_parallel=draw(st.booleans()),
     )
     peaks = st.none() | st.just(100.0)
     hw = HardwareConfig(
@@ -270,13 +278,15 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
     deepspeed = engine == Engine.deepspeed
     zero = pick(st.integers(0, 3 if deepspeed else 1), st.integers(-1, 4))
     precision = draw(st.sampled_from(list(Precision)))
+    sp = pick(st.booleans() if tp > 1 and not deepspeed else st.just(False), st.booleans())
+    seq = st.builds(lambda k: tp * k, st.integers(1, 4)) if sp else st.integers(1, 8)
     model = ModelConfig(
         name="n",
         num_layers=pick(st.builds(lambda j: pp * j, st.integers(1, 3)), st.integers(0, 8)),  # type: ignore[arg-type]
         hidden_size=pick(st.builds(lambda d: heads * d, st.integers(1, 4)), st.integers(1, 40)),  # type: ignore[arg-type]
         num_attention_heads=heads,
         ffn_hidden_size=pick(st.none() | st.builds(lambda n: tp * n, st.integers(1, 8)), st.integers(0, 40)),  # type: ignore[arg-type]
-        seq_length=draw(st.integers(1, 8)),
+        seq_length=pick(seq, st.integers(1, 8)),  # type: ignore[arg-type]
         vocab_size=pick(st.integers(1, 200), st.integers(-1, 200)),  # type: ignore[arg-type]
         make_vocab_size_divisible_by=pick(st.sampled_from([1, 8, 64]), st.integers(-1, 8)),  # type: ignore[arg-type]
     )
@@ -300,6 +310,7 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         recompute=draw(st.sampled_from(list(Recompute))),
         precision=precision,
         engine=engine,  # type: ignore[arg-type]
+        sequence_parallel=sp,  # type: ignore[arg-type]
     )
     measured = draw(st.booleans())
     devices = ["cuda"] if deepspeed and precision == Precision.fp16 else ["cpu", "cuda"]
@@ -410,6 +421,13 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         model = draw(tp_split_model(tp))
         model["ffn_hidden_size"] = tp * draw(st.integers(0, 4)) + draw(st.integers(1, tp - 1))
         par = {"tp": tp}
+    elif rule == "sequence_parallel_needs_tp":
+        par = {"sequence_parallel": True, "tp": 1}
+    elif rule == "seq_divisible_by_tp":
+        tp = draw(st.sampled_from([2, 4]))
+        model = draw(tp_split_model(tp))
+        model["seq_length"] = tp * draw(st.integers(0, 3)) + draw(st.integers(1, tp - 1))
+        par = {"tp": tp, "sequence_parallel": True}
     elif rule == "vocab_padding":
         field = draw(st.sampled_from(["vocab_size", "make_vocab_size_divisible_by"]))
         model = {field: draw(st.integers(-4, 0))}
@@ -486,6 +504,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         par = {"zero_stage": draw(st.sampled_from([2, 3]))}
     elif rule == "native_offload":
         par = {"offload": Offload.optimizer, "zero_stage": 1}
+    elif rule == "sequence_parallel_native_only":
+        par = {"engine": Engine.deepspeed, "tp": 2, "sequence_parallel": True, "zero_stage": draw(st.integers(0, 3))}
     elif rule == "precision_supported":
         precision = draw(st.sampled_from(list(Precision)))
         par = {"precision": precision}
@@ -510,6 +530,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
 def _render(value: object) -> str:
     if value is None:
         return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, Enum):
         return str(value.value)
     return str(value)
@@ -667,6 +689,18 @@ def test_offload_messages() -> None:
     assert "parallelism.offload=params requires ZeRO stage 3" in v.message
     assert validate(make_run(par={**ds, "offload": Offload.params, "zero_stage": 3})) == []
     assert validate(make_run(par={**ds, "offload": Offload.optimizer, "zero_stage": 1})) == []
+
+
+def test_sequence_parallel_rules_list_tp_that_split_the_tokens() -> None:
+    # BASE_MODEL: 4 heads, hidden 32, ffn 128, seq 8.
+    v = _one(make_run(par={"sequence_parallel": True}))
+    assert v.rule == "sequence_parallel_needs_tp" and "tp in 2, 4" in v.message
+    v = _one(make_run(model={"seq_length": 6}, par={"tp": 4, "sequence_parallel": True}))
+    assert v.rule == "seq_divisible_by_tp"
+    assert "Valid tp with sequence parallel for this model: 2" in v.message and "seq_length 4, 8" in v.message
+    assert validate(make_run(model={"seq_length": 6}, par={"tp": 2, "sequence_parallel": True})) == []
+    v = _one(make_run(par={"engine": Engine.deepspeed, "tp": 2, "sequence_parallel": True}))
+    assert v.rule == "sequence_parallel_native_only" and "Use engine=native with sequence_parallel=true" in v.message
 
 
 def test_engine_rules_name_the_engine_that_can_run_it() -> None:

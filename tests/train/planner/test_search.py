@@ -19,7 +19,7 @@ def gpt_1_3b() -> object:
 def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
     run = gpt_1_3b()
     search = SearchConfig(nodes=[1, 2], micro_batch_sizes=[1, 4], recompute=[Recompute.none, Recompute.full],
-                          zero_stages=[0, 1])
+                          zero_stages=[0, 1], sequence_parallel=[False])
     seen = list(layouts(run, search))  # type: ignore[arg-type]
     # 8 devices: (tp, pp) over 10 ordered factorisations; 16 devices: 15; 24 layers allow every pp here.
     shapes = {(d, p.dp, p.tp, p.pp) for d, p in seen}
@@ -29,8 +29,14 @@ def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
     assert not any(p.zero_stage and p.dp == 1 for _, p in seen)
     replicas = sum(1 for s in shapes if s[1] > 1)
     assert len(seen) == (len(shapes) + replicas) * 2 * 2
-    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2])))  # type: ignore[arg-type]
-    assert deep and all(p.engine == Engine.deepspeed for _, p in deep)
+    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], sequence_parallel=[False, True])))  # type: ignore[arg-type]
+    assert deep and all(p.engine == Engine.deepspeed and not p.sequence_parallel for _, p in deep)
+    # Sequence parallel doubles the native layouts with tp > 1, and only those.
+    both = list(layouts(run, dataclasses.replace(search, sequence_parallel=[False, True])))  # type: ignore[arg-type]
+    assert {p for _, p in both if not p.sequence_parallel} == {p for _, p in seen}
+    assert {dataclasses.replace(p, sequence_parallel=False) for _, p in both if p.sequence_parallel} == {
+        p for _, p in seen if p.tp > 1
+    }
 
 
 def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_overrides() -> None:
