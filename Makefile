@@ -52,13 +52,18 @@ cluster-up:
 cluster-down:
 	bash slurm/cluster-down.sh
 
+# pytest-xdist workers: the Slurm tests keep to one of them (tests/conftest.py), so the other runs
+# the process-only tests while Slurm jobs wait in the queue or sleep out their signals.
+PYTEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+
 # As root: bring the cluster up, run pytest, and bring it down whatever pytest returns.
 # Not root: plain pytest; the Slurm tests skip themselves and say why.
 test: install-test lint
-	@if [ "$$(id -u)" -ne 0 ]; then $(VENV)/bin/pytest; exit; fi; \
+	@if [ "$$(id -u)" -ne 0 ]; then $(PYTEST); exit; fi; \
 	trap 'bash slurm/cluster-down.sh' EXIT; \
 	bash slurm/cluster-up.sh || echo "make test: slurm/cluster-up.sh failed; the Slurm tests will report why"; \
-	$(VENV)/bin/pytest
+	$(PYTEST)
 
 bench: install-test
 	$(PY) -m tests.bench

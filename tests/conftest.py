@@ -89,6 +89,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+            # Under `pytest -n N --dist loadgroup` (make test) the Slurm tests run one after another on
+            # one worker: they share the one cluster and its queue, and some read it whole. The other
+            # worker meanwhile runs the tests that need only processes of their own.
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session", autouse=True)
