@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.records import AnalysisError, load_sweeps, outcome_counts
+from analysis.records import AnalysisError, _flatten, _join_str, load_sweeps, outcome_counts
 from analysis.tables import results_table, summary_line
 from tests.analysis.golden.build import build_sweep, fixture
 from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_manifest
@@ -214,3 +214,21 @@ def test_results_are_matched_to_their_configs_by_overrides(tmp_path: Path) -> No
     assert (df.loc[0, "outcome"], df.loc[1, "outcome"]) == ("pending", "ok")
     (warning,) = [w for w in loaded.warnings if "belong to no config" in w]
     assert warning.startswith("2 result.json file(s)") and "0, 2" in warning
+
+
+def test_records_flatten_as_pandas_json_normalize_does() -> None:
+    # Nested dicts to dotted keys, plain values first, empty dicts gone, lists whole, a dotted key
+    # that collides with a flattened one: the same columns, values and order as pandas.json_normalize.
+    records = [
+        {"a": 1, "b": {"c": {"d": [1, 2]}, "e": {}}, "f": None, "b.x": "top", "g": {"h": {"i": True}}, "j": [{"k": 1}]},
+        {"b": {"x": "nested", "c": {"d": []}}, "a": 2.5, "z": {}},
+    ]
+    expected = pd.json_normalize(records, sep=".")
+    flat = pd.DataFrame([_flatten(r) for r in records])
+    assert list(flat.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(flat, expected)
+
+
+def test_keys_tell_true_from_one_and_print_integral_floats_as_ints() -> None:
+    df = pd.DataFrame({"x": [True, 1, 1.0, 2.5, None, [1, 2]], "y": ["a", "a", "b", float("nan"), "c", "d"]})
+    assert list(_join_str(df, ["x", "y"])) == ["True|a", "1|a", "1|b", "2.5|", "|c", "[1, 2]|d"]

@@ -54,6 +54,14 @@ SAME_AS_HYDRA = [
     pytest.param(
         ["logger=disabled", "training.train_iters=100", "training.data_path=/data/x.bin"], id="logger"
     ),
+    # Each group's value overrides, evaluated on that group's node alone (FastComposer._node_effect).
+    pytest.param(
+        ["training.lr=1.000000e-06", "search.top_k=3", "logger.wandb_project=x", "hardware.num_sms=132",
+         "model.kind=bert", "cluster.exclusive=false", "parallelism.optimizer=torch"],
+        id="every-group",
+    ),
+    pytest.param(["training={lr:0.5,train_iters:7}"], id="group-node-merge"),
+    pytest.param(["~training"], id="group-node-deleted"),  # the schema's defaults, as to_run_config fills them
     # Not independent: the composer must notice and compose these in order.
     pytest.param(["parallelism.tp=2", "parallelism.tp=4"], id="same-key-twice"),
     pytest.param(["parallelism={tp:2}", "parallelism.pp=4"], id="nested-keys"),
@@ -137,6 +145,9 @@ BAD = [
         ["model=gpt_1.3b", "parallelism.tp=2", "parallelism.pp=x"], "parallelism.pp=x", id="among-good"
     ),
     pytest.param(["parallelism.tp=2", "parallelism.tp=x"], "parallelism.tp=x", id="in-order-path"),
+    # A group's whole node replaced or deleted: not a value of the group, refused as Hydra refuses it.
+    pytest.param(["training=5"], "training", id="node-replaced"),
+    pytest.param(["training=null"], "training", id="node-null"),
 ]
 
 
