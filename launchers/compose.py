@@ -54,7 +54,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, RunMode, TaskFunction
-from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
+from omegaconf import DictConfig, OmegaConf, ValueNode, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from conf.schema import RunConfig, to_field_config, to_run_config, unknown_field
@@ -222,6 +222,8 @@ class _Item:
     """What it may touch, for the independence test: the path, or the top-level key outside RunConfig."""
     exact_only: bool
     """A sweep or an interpolated value: only an in-order composition is exact."""
+    leaf: bool = False
+    """`key=value` with a plain value on a leaf field of RunConfig (FastComposer._leaf_effect)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,10 @@ class _Job:
 
 class _NotIndependent(Exception):
     pass
+
+
+class _Unusual(Exception):
+    """An override the leaf shortcut does not handle exactly (FastComposer._leaf_effect)."""
 
 
 def _contains_interpolation(value: Any) -> bool:
@@ -448,6 +454,12 @@ class FastComposer:
                 # Keys outside RunConfig still collide with each other (`++foo=1 +foo.x=2`).
                 span=path or (key.split(".", 1)[0],),
                 exact_only=override.is_sweep_override() or _contains_interpolation(value),
+                leaf=(
+                    len(path) > 1
+                    and path == tuple(key.split("."))
+                    and not (override.is_add() or override.is_force_add() or override.is_delete())
+                    and isinstance(value, str | int | float | bool)
+                ),
             )
             self._items[text] = item
         return item
@@ -549,6 +561,13 @@ class FastComposer:
             for flag in ("struct", "readonly"):
                 root._set_flag(flag, base.task._get_flag(flag))
             base.nodes[top] = root
+        if item.leaf:
+            effect = self._leaf_effect(base, item, top, root)
+            if effect is not None:
+                return effect
+            root = base.nodes.get(top)
+            if root is None:
+                return None
         expected = OmegaConf.get_type(root, top)
         cfg = copy.deepcopy(root)
         try:
@@ -559,6 +578,36 @@ class FastComposer:
             return _Effect(value=_get_path(to_field_config(top, node), item.path[1:]))
         except Exception:  # noqa: BLE001  (the whole-config evaluation says what is wrong, exactly)
             return None
+
+    def _leaf_effect(self, base: _Base, item: _Item, top: str, root: DictConfig) -> _Effect | None:
+        """`key=value` on a leaf field, set in place on the group's own root and read back, then undone.
+
+        Copying even one group's node costs a millisecond; setting one value through OmegaConf
+        (which checks and converts it as for the whole config) and setting the old one back costs
+        a tenth of that. The value is what OmegaConf.to_object puts in the dataclass for a leaf: the
+        node's own value. Anything unusual (an error, a node that is replaced rather than set, a
+        missing value, an old value that does not come back) gives None, and a root that may have
+        changed is dropped, to be copied afresh from the base.
+        """
+        key = item.override.key_or_group
+        parent_key, _, name = key.rpartition(".")
+        parent = OmegaConf.select(root, parent_key, throw_on_missing=False)
+        node = parent._get_node(name) if isinstance(parent, DictConfig) else None
+        if not isinstance(node, ValueNode) or node._is_missing() or node._is_interpolation():
+            return None
+        old = node._value()
+        try:
+            apply_value_overrides(root, [item.override])
+            if parent._get_node(name) is not node or node._is_missing() or node._is_interpolation():
+                raise _Unusual
+            value = node._value()
+            OmegaConf.update(root, key, old, merge=True)
+            if parent._get_node(name) is not node or type(node._value()) is not type(old) or node._value() != old:
+                raise _Unusual
+        except Exception:  # noqa: BLE001  (see the docstring: the slower ways decide)
+            del base.nodes[top]
+            return None
+        return _Effect(value=value)
 
     def _assemble(self, base: _Base, job: _Job) -> RunConfig:
         # Every override is evaluated first, in order, so that the first bad one is the one reported.
