@@ -134,9 +134,9 @@ def bench_in_process() -> None:
         f"  compose (cold): {first:.2f} s = {stats.bases} Hydra compositions + {stats.evaluations} override "
         f"evaluations + {n:,} assemblies ({stats.exact} composed in full)"
     )
-    print(f"  compose (warm): {again:.2f} s, {1e6 * again / n:.0f} us/config")
+    print(f"  compose again (the launcher after the sweeper's check: each RunConfig kept): {again:.2f} s")
     print(
-        f"  plan_sweep (warm compose + plan_run): {total:.2f} s, of which plan_run {planning:.2f} s "
+        f"  plan_sweep (compose again + plan_run): {total:.2f} s, of which plan_run {planning:.2f} s "
         f"({1e6 * planning / n:.0f} us/config)"
     )
     print(
