@@ -139,31 +139,63 @@ class Sweeps:
 # Finding and parsing files
 
 
-def find_result_files(sweep_dir: Path) -> list[Path]:
-    """Every result.json below sweep_dir, in sorted order (so that tables are reproducible)."""
+def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
+    """(directory, its path relative to sweep_dir) of every result.json below sweep_dir, in the
+    order of their paths' parts (as sorted Paths: tables are reproducible).
+
+    Strings, not Paths: a sweep of 10,000 runs would spend a good part of its loading in pathlib.
+    """
+    top = os.fspath(sweep_dir)
     found = []
-    for root, dirs, files in os.walk(sweep_dir):
+    for root, dirs, files in os.walk(top):
         # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         if RESULT_FILE in files:
-            found.append(Path(root) / RESULT_FILE)
-    return sorted(found)
+            # os.walk joins names onto `top` as given, so what follows it is the relative path.
+            rel = root[len(top) :].lstrip(os.sep).replace(os.sep, "/")
+            found.append((root, rel))
+    return sorted(found, key=lambda found: [part for part in found[1].split("/") if part])
+
+
+def find_result_files(sweep_dir: Path) -> list[Path]:
+    """Every result.json below sweep_dir, in sorted order (so that tables are reproducible)."""
+    return [Path(root) / RESULT_FILE for root, _ in _result_dirs(sweep_dir)]
+
+
+def _flatten(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as one flat row, exactly as pandas.json_normalize(records, sep=".") flattens it:
+    the top level's plain values first, then nested dicts' values under dotted keys (an empty
+    dict leaves no key), lists kept whole. Several times faster than pandas' recursion."""
+    flat = {key: value for key, value in record.items() if not isinstance(value, dict)}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            _flatten_into(value, f"{key}.", flat)
+    return flat
+
+
+def _flatten_into(node: dict[str, Any], prefix: str, flat: dict[str, Any]) -> None:
+    for key, value in node.items():
+        if isinstance(value, dict):
+            _flatten_into(value, f"{prefix}{key}.", flat)
+        else:
+            flat[f"{prefix}{key}"] = value
 
 
 def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """Every readable result record below sweep_dir, flattened (_flatten), with its `run_dir`."""
     records = []
-    for path in find_result_files(sweep_dir):
+    for root, rel in _result_dirs(sweep_dir):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            with open(os.path.join(root, RESULT_FILE), "rb") as f:
+                record = json.loads(f.read().decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            warnings.append(f"{path}: not a readable result record ({exc}); ignored")
+            warnings.append(f"{Path(root) / RESULT_FILE}: not a readable result record ({exc}); ignored")
             continue
         if not isinstance(record, dict) or "status" not in record:
-            warnings.append(f"{path}: not a result record (no 'status'); ignored")
+            warnings.append(f"{Path(root) / RESULT_FILE}: not a result record (no 'status'); ignored")
             continue
-        rel = path.parent.relative_to(sweep_dir).as_posix()
-        record["run_dir"] = normalize_dir(rel)
-        records.append(record)
+        record["run_dir"] = normalize_dir(rel or ".")
+        records.append(_flatten(record))
     return records
 
 
@@ -205,12 +237,25 @@ _LAYOUT_FIELDS = (
 
 
 def _join_str(df: pd.DataFrame, names: Sequence[str]) -> pd.Series:
-    out = pd.Series("", index=df.index, dtype=object)
-    for i, name in enumerate(names):
-        values = _col(df, name, "").astype(object)
-        # Integral floats (columns that held a NaN somewhere) print as ints, so that keys match across sweeps.
-        text = values.map(_key_text)
-        out = text if i == 0 else out + "|" + text
+    # Integral floats (columns that held a NaN somewhere) print as ints, so that keys match across sweeps.
+    columns = [_texts(_col(df, name, "").astype(object)) for name in names]
+    return pd.Series(["|".join(parts) for parts in zip(*columns, strict=True)], index=df.index, dtype=object)
+
+
+def _texts(values: pd.Series) -> list[str]:
+    """_key_text of each value, computed once per distinct value (a sweep's columns repeat a few)."""
+    known: dict[tuple[type, Any], str] = {}
+    out = []
+    for v in values:
+        try:
+            # By type too: True, 1 and 1.0 are one dict key but print differently.
+            key = (type(v), v)
+            text = known.get(key)
+            if text is None:
+                text = known[key] = _key_text(v)
+        except TypeError:  # unhashable (a list)
+            text = _key_text(v)
+        out.append(text)
     return out
 
 
@@ -375,7 +420,7 @@ def _layout_nodes(df: pd.DataFrame) -> pd.Series:
 def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     if not records:
         return pd.DataFrame()
-    df = pd.json_normalize(records, sep=".")
+    df = pd.DataFrame(records)  # rows already flat (_read_records)
     status = _col(df, "status", "error").astype(str)
     df["source"] = "result"
     df["outcome"] = status.map(_STATUS_OUTCOME).fillna("fail")
@@ -645,8 +690,14 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
     """results.csv: every column; list-valued cells (losses, overrides) as JSON text."""
     out = df.copy()
     for name in out.columns:
-        if out[name].dtype == object and out[name].map(lambda v: isinstance(v, list | dict)).any():
-            out[name] = out[name].map(lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
+        if out[name].dtype != object:
+            continue
+        # A plain scan stops at the first list; Series.map would call a lambda on every cell of every column.
+        values = out[name].tolist()
+        if any(isinstance(v, list | dict) for v in values):
+            out[name] = pd.Series(
+                [json.dumps(v) if isinstance(v, list | dict) else v for v in values], index=out.index, dtype=object
+            )
     out.to_csv(path, index=False)
     return path
 

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, Node, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 
 
 class ModelKind(str, Enum):
@@ -420,6 +420,36 @@ def to_run_config(cfg: DictConfig | dict[str, Any]) -> RunConfig:
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, RunConfig)
     return obj
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(RunConfig)
+
+
+def to_field_config(name: str, node: DictConfig) -> Any:
+    """One group of a composed config (`name`, a RunConfig field; `node`, its node) converted as
+    `to_run_config` converts it: the same dataclass as `to_run_config(cfg).<name>`, without
+    converting the other groups (a group's conversion reads only its own node; no interpolations).
+
+    A node typed by the field's own dataclass (every group Hydra composes on the schema) is
+    instantiated as it stands: merging it into the schema first, as to_run_config does, would
+    check the same typed fields a second time. Any other node goes through that merge.
+    """
+    cls = _field_types()[name]
+    typed: DictConfig | ListConfig = node
+    if OmegaConf.get_type(node) is not cls:
+        data = OmegaConf.to_container(node, resolve=True)
+        # merge() copies its first argument, so the cached schema node is never modified.
+        typed = OmegaConf.merge(_field_schema(name), data)
+    obj = OmegaConf.to_object(typed)
+    assert isinstance(obj, cls)
+    return obj
+
+
+@functools.cache
+def _field_schema(name: str) -> DictConfig:
+    return _writable(_field_types()[name])
 
 
 def to_plain_dict(run: RunConfig) -> dict[str, Any]:

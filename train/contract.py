@@ -634,7 +634,11 @@ class ManifestEntry:
 
 def normalize_dir(path: str) -> str:
     """A relative directory in one spelling ('./a//b/' -> 'a/b'), so that paths from both sides match."""
-    parts = [p for p in PurePosixPath(path.replace(os.sep, "/")).parts if p not in ("", ".")]
+    path = path.replace(os.sep, "/")
+    if path.startswith("/"):  # PurePosixPath keeps the root ('/' or '//') as a part of its own
+        parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
+    else:  # the same parts, without pathlib's cost (an analysis normalizes every run's directory)
+        parts = [p for p in path.split("/") if p not in ("", ".")]
     return "/".join(parts) or "."
 
 

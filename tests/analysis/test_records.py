@@ -14,7 +14,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.records import AnalysisError, load_sweeps, outcome_counts, write_results_csv
+from analysis.records import (
+    AnalysisError,
+    _flatten,
+    _join_str,
+    load_sweeps,
+    outcome_counts,
+    write_results_csv,
+)
 from analysis.tables import prediction_notes, results_markdown, results_table, summary_line
 from conf.schema import Precision, RunConfig
 from tests.analysis.golden.build import (
@@ -310,3 +317,21 @@ def test_a_sweep_planned_with_a_calibration_is_predicted_from_it(tmp_path: Path)
         assert math.isfinite(planned.pred_sec_per_iter)
         assert df.loc[f"runs/{i}", "pred_sec_per_iter"] == planned.pred_sec_per_iter
     assert not prediction_notes(df)
+
+
+def test_records_flatten_as_pandas_json_normalize_does() -> None:
+    # Nested dicts to dotted keys, plain values first, empty dicts gone, lists whole, a dotted key
+    # that collides with a flattened one: the same columns, values and order as pandas.json_normalize.
+    records = [
+        {"a": 1, "b": {"c": {"d": [1, 2]}, "e": {}}, "f": None, "b.x": "top", "g": {"h": {"i": True}}, "j": [{"k": 1}]},
+        {"b": {"x": "nested", "c": {"d": []}}, "a": 2.5, "z": {}},
+    ]
+    expected = pd.json_normalize(records, sep=".")
+    flat = pd.DataFrame([_flatten(r) for r in records])
+    assert list(flat.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(flat, expected)
+
+
+def test_keys_tell_true_from_one_and_print_integral_floats_as_ints() -> None:
+    df = pd.DataFrame({"x": [True, 1, 1.0, 2.5, None, [1, 2]], "y": ["a", "a", "b", float("nan"), "c", "d"]})
+    assert list(_join_str(df, ["x", "y"])) == ["True|a", "1|a", "1|b", "2.5|", "|c", "[1, 2]|d"]

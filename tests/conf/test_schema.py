@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 import conf  # noqa: F401  (registers the schema)
 from conf import schema
-from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config
+from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
@@ -143,6 +143,20 @@ def test_to_run_config_returns_frozen_dataclasses() -> None:
         first = dataclasses.fields(obj)[0].name
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, first, getattr(obj, first))
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_a_group_converts_alone_as_in_the_whole_config() -> None:
+    cfg = compose("config", overrides=["model=gpt_1.3b", "cluster=generic_gpu", "parallelism.tp=2"])
+    run = to_run_config(cfg)
+    for f in dataclasses.fields(RunConfig):
+        node = cfg._get_node(f.name)
+        # The typed node as composed, and the same content as a plain, untyped node (merged onto the schema).
+        plain = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+        for given in (node, plain):
+            assert to_field_config(f.name, given) == getattr(run, f.name), f.name
+    with pytest.raises(KeyError):
+        to_field_config("hydra", cfg._get_node("model"))
 
 
 # --------------------------------------------------------------------------------------

@@ -54,6 +54,14 @@ SAME_AS_HYDRA = [
     pytest.param(
         ["logger=disabled", "training.train_iters=100", "training.data_path=/data/x.bin"], id="logger"
     ),
+    # Each group's value overrides, evaluated on that group's node alone (FastComposer._node_effect).
+    pytest.param(
+        ["training.lr=1.000000e-06", "search.top_k=3", "logger.wandb_project=x", "hardware.num_sms=132",
+         "model.kind=bert", "cluster.exclusive=false", "parallelism.optimizer=torch"],
+        id="every-group",
+    ),
+    pytest.param(["training={lr:0.5,train_iters:7}"], id="group-node-merge"),
+    pytest.param(["~training"], id="group-node-deleted"),  # the schema's defaults, as to_run_config fills them
     # Not independent: the composer must notice and compose these in order.
     pytest.param(["parallelism.tp=2", "parallelism.tp=4"], id="same-key-twice"),
     pytest.param(["parallelism={tp:2}", "parallelism.pp=4"], id="nested-keys"),
@@ -122,6 +130,29 @@ def test_sampled_sweep_matches_hydra(composer: FastComposer, reference) -> None:
         assert run == reference(overrides), overrides
 
 
+def test_values_set_on_a_shared_node_do_not_leak_between_jobs(reference) -> None:
+    # Leaf values are set in place on one node per group and set back (FastComposer._leaf_effect):
+    # each job, before and after others, must still compose exactly as Hydra composes it alone.
+    batch = [
+        ["parallelism.tp=2", "parallelism.dp=8"],
+        ["parallelism.tp=4", "parallelism.recompute=full", "cluster.exclusive=false"],
+        # Whole-node merges read every field of the node the leaves were set on.
+        ["parallelism={pp:2}", "training={train_iters:7}", "cluster={partition:x}"],
+        ["parallelism.tp=x"],  # refused: the node it was tried on must come back intact
+        ["model.name='a b'", "model.ffn_hidden_size=100", "hardware.memory_gib=40"],
+        ["parallelism.precision=fp16", "training.lr=1.000000e-06"],
+        ["model={num_layers:3}", "hardware={num_sms:7}", "parallelism={zero_stage:1}"],
+    ]
+    for order in (batch, batch[::-1]):
+        composer = FastComposer.from_config_dir(CONF_DIR)
+        for overrides in order:
+            if overrides == ["parallelism.tp=x"]:
+                with pytest.raises(HydraException):
+                    composer.run_config(overrides)
+                continue
+            assert composer.run_config(overrides) == reference(overrides), overrides
+
+
 BAD = [
     pytest.param(["model.foo=1"], "model.foo", id="unknown-key"),
     pytest.param(["parallelism.tp=abc"], "parallelism.tp=abc", id="wrong-type"),
@@ -137,6 +168,9 @@ BAD = [
         ["model=gpt_1.3b", "parallelism.tp=2", "parallelism.pp=x"], "parallelism.pp=x", id="among-good"
     ),
     pytest.param(["parallelism.tp=2", "parallelism.tp=x"], "parallelism.tp=x", id="in-order-path"),
+    # A group's whole node replaced or deleted: not a value of the group, refused as Hydra refuses it.
+    pytest.param(["training=5"], "training", id="node-replaced"),
+    pytest.param(["training=null"], "training", id="node-null"),
 ]
 
 

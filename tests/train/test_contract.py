@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -165,3 +165,12 @@ def test_rerun_of_round_trips_and_is_written_only_when_set(tmp_path: Path) -> No
     assert "rerun_of" not in (tmp_path / "manifest.jsonl").read_text().splitlines()[0]
     with pytest.raises(ManifestError, match="rerun_of must be a config index"):
         ManifestEntry(index=1, overrides=(), output_dir="1", status="submitted", rerun_of="0")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "path", ["a/b", "./a//b/", "a/./b", ".", "", "./", "a/../b", "runs/12", "/abs/x/", "//net/x", "a/b/.", "../up"]
+)
+def test_normalize_dir_spells_a_directory_as_its_posix_parts(path: str) -> None:
+    # The parts pathlib sees, without the cost of pathlib for the relative ones.
+    parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
+    assert contract.normalize_dir(path) == ("/".join(parts) or ".")

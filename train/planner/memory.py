@@ -150,7 +150,6 @@ from conf.schema import (
     Recompute,
 )
 from train.planner.inventory import (
-    ParamSpec,
     module_sizes,
     stage_buckets,
     stage_layers,
@@ -333,12 +332,12 @@ def stage_memory(
     traits = TRAITS[stack]
     fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch if fused_optimizer is None else fused_optimizer
     m = micro_batches if micro_batches is not None else _micro_batches(par, dp)
-    params = stage_params(model, tp=par.tp, stage=stage, num_stages=par.pp)
+    tensors = _stage_tensors(model, par.tp, stage, par.pp)
     if traits.states == "megasweep":
-        states = _megasweep_states(params, par, dp=dp, stage=stage, fused=fused)
+        states = _megasweep_states(model, tensors, par, dp=dp, stage=stage, fused=fused)
     else:
-        states = _deepspeed_states(params, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
-    acts = _activations(model, par, traits, stage=stage, micro_batches=m, params=params)
+        states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
+    acts = _activations(model, par, traits, stage=stage, micro_batches=m, tensors=tensors)
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
     allocated = resident + max([held, *(b for _, b in states.transients)])
@@ -354,7 +353,7 @@ def stage_memory(
         stack=stack.value,
         stage=_role(stage, par.pp),
         stage_index=stage,
-        params_on_device=sum(p.numel for p in params),
+        params_on_device=tensors.numel,
         weights=states.weights,
         gradients=states.gradients,
         optimizer=states.optimizer,
@@ -385,6 +384,62 @@ def device_reading(estimate: MemoryEstimate, hw: HardwareConfig) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# A stage's tensors, summed once.
+
+
+@dataclass(frozen=True)
+class _StageTensors:
+    """What the estimate reads of a stage's parameter list (inventory.stage_params), computed once
+    per (model, tp, stage, stages): a sweep estimates thousands of layouts on the same stages, and
+    walking a list of hundreds of tensors each time was most of a plan's time."""
+
+    count: int
+    """Tensors (each has its own step counter)."""
+    numel: int
+    """Elements of all of them."""
+    largest: int
+    """Elements of the largest tensor (0 without tensors)."""
+    largest_module: int
+    """Elements of the largest module's own tensors (inventory.module_sizes; 0 without tensors)."""
+    gemm_numel: int
+    """Elements of the GEMM operands (autocast's 16-bit copies)."""
+    gemm_wte_numel: int
+    """Elements of the word embedding's GEMM operand (the copy full recompute still saves)."""
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_tensors(model: ModelConfig, tp: int, stage: int, num_stages: int) -> _StageTensors:
+    params = stage_params(model, tp=tp, stage=stage, num_stages=num_stages)
+    return _StageTensors(
+        count=len(params),
+        numel=sum(p.numel for p in params),
+        largest=max((p.numel for p in params), default=0),
+        largest_module=max(module_sizes(params), default=0),
+        gemm_numel=sum(p.numel for p in params if p.gemm),
+        gemm_wte_numel=sum(p.numel for p in params if p.gemm and "wte" in p.name),
+    )
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _bucket_numels(model: ModelConfig, tp: int, stage: int, num_stages: int) -> tuple[int, ...]:
+    """Elements of each fp32 gradient bucket train.dp builds for this stage, before padding.
+
+    Which tensors share a bucket does not depend on dp (only bytes and dtypes decide), so the
+    buckets are planned once per stage and padded for each dp (_bucket_totals)."""
+    params = stage_params(model, tp=tp, stage=stage, num_stages=num_stages)
+    tied = tied_word_embedding(stage=stage, num_stages=num_stages)
+    return tuple(b.numel for b in stage_buckets(params, dp=1, element_bytes=_FP32, tied=tied))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _bucket_totals(model: ModelConfig, tp: int, stage: int, num_stages: int, dp: int) -> tuple[int, int]:
+    """(padded elements, buckets) of this stage's buckets at this dp: each bucket's elements rounded
+    up to a multiple of dp, as inventory.BucketPlan.padded."""
+    numels = _bucket_numels(model, tp, stage, num_stages)
+    return sum(-(-n // dp) * dp for n in numels), len(numels)
+
+
+# ---------------------------------------------------------------------------------------------
 # Model states.
 
 
@@ -399,25 +454,26 @@ class _States:
     transients: tuple[tuple[str, float], ...]
 
 
-def _megasweep_states(params: list[ParamSpec], par: ParallelismConfig, *, dp: int, stage: int, fused: bool) -> _States:
-    total = sum(p.numel for p in params)
+def _megasweep_states(
+    model: ModelConfig, tensors: _StageTensors, par: ParallelismConfig, *, dp: int, stage: int, fused: bool
+) -> _States:
+    total = tensors.numel
     weights = _FP32 * total
     if dp == 1:  # no reduction: each parameter's own .grad
         gradients, buffers = float(_FP32 * total), 0.0
-        optimizer, master = 8.0 * total + _FP32 * len(params), 0.0
+        optimizer, master = 8.0 * total + _FP32 * tensors.count, 0.0
         stepped = total
     else:
-        buckets = stage_buckets(params, dp=dp, element_bytes=_FP32, tied=tied_word_embedding(stage=stage, num_stages=par.pp))
-        padded = sum(b.padded for b in buckets)
+        padded, buckets = _bucket_totals(model, par.tp, stage, par.pp, dp)
         if par.zero_stage >= 1:
             # Megatron's distributed optimizer: reduced slices, fp32 main slices, Adam on the slices.
             gradients, buffers = float(_FP32 * padded // dp), float(_FP32 * padded)
-            optimizer = 8.0 * padded / dp + _FP32 * len(buckets)
+            optimizer = 8.0 * padded / dp + _FP32 * buckets
             master = float(_FP32 * padded // dp)
             stepped = padded // dp
         else:  # the reduced flat buckets back the parameters' gradients
             gradients, buffers = float(_FP32 * padded), 0.0
-            optimizer, master = 8.0 * total + _FP32 * len(params), 0.0
+            optimizer, master = 8.0 * total + _FP32 * tensors.count, 0.0
             stepped = total
     # foreach AdamW (torch's multi-tensor path) materialises sqrt(v) for the whole list it steps.
     transients = () if fused else (("foreach Adam's sqrt(v)", float(_FP32 * stepped)),)
@@ -425,13 +481,13 @@ def _megasweep_states(params: list[ParamSpec], par: ParallelismConfig, *, dp: in
 
 
 def _deepspeed_states(
-    params: list[ParamSpec], par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int
+    tensors: _StageTensors, par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int
 ) -> _States:
-    total = sum(p.numel for p in params)
+    total = tensors.numel
     c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
     n = dp if par.zero_stage >= 1 else 1
     offload = Offload(par.offload)
-    largest_module = max(module_sizes(params), default=0)
+    largest_module = tensors.largest_module
     weights = float(c * total)
     if par.zero_stage == 3:
         partition = 0.0 if offload == Offload.params else c * total / dp
@@ -448,7 +504,7 @@ def _deepspeed_states(
     else:
         partition = total / n
         if norm_copy:
-            transients.append(("gradient-norm copy", norm_copy * min(max((p.numel for p in params), default=0), partition)))
+            transients.append(("gradient-norm copy", norm_copy * min(tensors.largest, partition)))
         # The partition's gradients flattened, then converted to fp32 (both alive during the conversion).
         flat = c * partition + (_FP32 * partition if c != _FP32 else 0.0)
         transients.append(("fp32 gradient partition and its flat source", flat))
@@ -471,7 +527,7 @@ class _Activations:
 
 def _activations(
     model: ModelConfig, par: ParallelismConfig, traits: StackTraits, *, stage: int, micro_batches: int,
-    params: list[ParamSpec],
+    tensors: _StageTensors,
 ) -> _Activations:
     pp, m = par.pp, micro_batches
     in_flight = min(pp - stage, m)
@@ -488,10 +544,10 @@ def _activations(
         c = _act_bytes(par.precision)
         copies = 0.0
         if c != _FP32:  # autocast's 16-bit GEMM operand copies, saved once per stage
-            copies = c * sum(p.numel for p in params if p.gemm and (recompute != Recompute.full or "wte" in p.name))
+            copies = c * (tensors.gemm_numel if recompute != Recompute.full else tensors.gemm_wte_numel)
         stored = layers * per_layer + extras
         per_mb = stored + copies
-        peak = _with_accumulation(in_flight, stored, working * (layers > 0), params, _FP32, m) + copies
+        peak = _with_accumulation(in_flight, stored, working * (layers > 0), tensors.largest, _FP32, m) + copies
         if last:
             peak += _FP32 * vocab_shard  # the fp32 gradient of the logits, backward's first tensor
         if pp > 1 and traits.pipeline == "megasweep":
@@ -507,7 +563,7 @@ def _activations(
     if pp > 1 and not last and traits.pipeline == "deepspeed":
         stored += w * boundary  # the stage output DeepSpeed's pipe buffers keep until the backward
     working = {Recompute.none: 0.0, Recompute.selective: core, Recompute.full: kept + core - w * boundary}[recompute]
-    peak = _with_accumulation(in_flight, stored, working, params, w, m)
+    peak = _with_accumulation(in_flight, stored, working, tensors.largest, w, m)
     if last:
         head_inputs = 5 if model.kind == ModelKind.bert else 2
         peak += head_inputs * w * sbh + _FP32 * vocab_shard
@@ -516,13 +572,13 @@ def _activations(
 
 
 def _with_accumulation(
-    in_flight: int, stored: float, working: float, params: list[ParamSpec], grad_bytes: int, micro_batches: int
+    in_flight: int, stored: float, working: float, largest_numel: int, grad_bytes: int, micro_batches: int
 ) -> float:
     """Activations at the peak: all in-flight micro-batches with one layer's recompute working set,
     or, when a micro-batch's backward ends, the others with its largest weight's gradient before it
     is added to the accumulated one (the word embedding's, on a first or last stage: a dense
     gradient the size of the weight; the first micro-batch's is kept as it is, so only m > 1)."""
-    largest = max((p.numel for p in params), default=0) if micro_batches > 1 else 0
+    largest = largest_numel if micro_batches > 1 else 0
     return max(in_flight * stored + working, (in_flight - 1) * stored + grad_bytes * largest)
 
 

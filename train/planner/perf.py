@@ -40,6 +40,7 @@ Torch-free: the launcher plans on login nodes.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -220,9 +221,16 @@ def _one_gemm(m: int, n: int, k: int, batch: int, layout: str, mach: _Machine, p
     measured = mach.gemms.get((m, n, k, batch, precision.value, layout))
     if measured is not None:
         return measured
+    flops, quant = _quantized(m, n, k, batch, mach.hw.num_sms, alignment_elements(precision))
+    return flops / (mach.flops * quant) + mach.kernel
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _quantized(m: int, n: int, k: int, batch: int, num_sms: int | None, alignment: int) -> tuple[int, float]:
+    """(FLOPs, tile x wave efficiency) of one GEMM shape: the tile chooser tries every tile, and a
+    sweep's layouts repeat a few hundred shapes thousands of times."""
     g = Gemm("", m, n, k, batch)
-    quant = gemm_efficiency(g, num_sms=mach.hw.num_sms, alignment=alignment_elements(precision)).efficiency
-    return g.flops / (mach.flops * quant) + mach.kernel
+    return g.flops, gemm_efficiency(g, num_sms=num_sms, alignment=alignment).efficiency
 
 
 def _gemm_seconds(gemms: list[Gemm], mach: _Machine, precision: Precision) -> tuple[float, float]:
