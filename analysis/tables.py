@@ -188,6 +188,19 @@ def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     return notes
 
 
+def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
+    """The seeds' first columns, which say what ran: nodes, model size, degrees and batch sizes."""
+    return {
+        "Nodes": _int_text(frame["nodes"]),
+        "Size": frame["size_params"].map(format_size),
+        "DP": _int_text(frame["dp"]),
+        "TP": _int_text(frame["tp"]),
+        "PP": _int_text(frame["pp"]),
+        "MBS": _int_text(frame["mbs"]),
+        "GBS": _int_text(frame["gbs"]),
+    }
+
+
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The finished and skipped configs as the seeds' columns (strings), sorted; configs not run left out."""
     done = sort_results(df[~df["outcome"].isin(NOT_RUN)])
@@ -195,13 +208,7 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
     mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
     table = pd.DataFrame(
         {
-            "Nodes": _int_text(done["nodes"]),
-            "Size": done["size_params"].map(format_size),
-            "DP": _int_text(done["dp"]),
-            "TP": _int_text(done["tp"]),
-            "PP": _int_text(done["pp"]),
-            "MBS": _int_text(done["mbs"]),
-            "GBS": _int_text(done["gbs"]),
+            **_layout_cells(done),
             "Mem": mem,
             "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
             "CV": done["sec_cv"].map(format_cv).where(ok, ""),
@@ -277,13 +284,7 @@ def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> 
     planned = planned if limit is None else planned.head(limit)
     table = pd.DataFrame(
         {
-            "Nodes": _int_text(planned["nodes"]),
-            "Size": planned["size_params"].map(format_size),
-            "DP": _int_text(planned["dp"]),
-            "TP": _int_text(planned["tp"]),
-            "PP": _int_text(planned["pp"]),
-            "MBS": _int_text(planned["mbs"]),
-            "GBS": _int_text(planned["gbs"]),
+            **_layout_cells(planned),
             "Pred mem": planned["mem_pred_gib"].map(format_mem),
             "Pred sec/it": planned["_pred"].map(format_sec),
             "Pred MFU": planned["_mfu"].map(format_mfu),
