@@ -33,6 +33,13 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e ".[test]"
 	$(PY) -c "import deepspeed" 2>/dev/null || $(PIP) install -q --no-build-isolation "deepspeed>=0.14"
+	@# DeepSpeed compiles its CPU ops (CPU Adam for offload, the shared-memory collectives) on first use,
+	@# into ~/.cache/torch_extensions, again for every new venv path. Built here, alone on the cores, not
+	@# inside a timed Slurm job while the other test worker shares them; a failure only defers the build.
+	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
+	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder; \
+	CPUAdamBuilder().load(verbose=False); ShareMemCommBuilder().load(verbose=False)" >/dev/null || \
+	echo "make: DeepSpeed's CPU ops were not built ahead; the tests that need them build them"
 	touch $@
 
 install: $(VENV)/.installed
