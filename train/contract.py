@@ -232,7 +232,7 @@ class RunRecord:
     sec_per_iter_cv: float | None = None
     """Coefficient of variation of the measured iterations' seconds (std / mean, fraction); None below 2."""
     neighbours: dict[str, Any] = field(default_factory=dict)
-    """Other Slurm jobs running on this job's nodes: nodes, at_start, at_end (job ids); empty outside Slurm."""
+    """Other Slurm jobs on this job's nodes: nodes, at_start, at_end (squeue), during (sacct) (job ids); empty outside Slurm."""
     env: dict[str, str] = field(default_factory=dict)
     """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
     warnings: list[str] = field(default_factory=list)
