@@ -402,8 +402,8 @@ def _check_layers_virtual_stages(m: ModelConfig, par: ParallelismConfig) -> Viol
     return Violation(
         "layers_divisible_by_virtual_stages",
         {"model.num_layers": m.num_layers, "parallelism.pp": pp, "parallelism.virtual_stages": v},
-        f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp x parallelism.virtual_stages = "
-        f"{pp} x {v} = {chunks} (every model chunk holds the same whole number of layers). Valid for "
+        f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp={pp} x "
+        f"parallelism.virtual_stages={v} = {chunks} (every model chunk holds the same whole number of layers). Valid for "
         f"pp={pp}: {listed}, or virtual_stages=1, or num_layers {_fmt(_multiples_near(m.num_layers, chunks))}.",
     )
 
@@ -629,18 +629,21 @@ def _check_interleaved_micro_batches(par: ParallelismConfig, dp: int) -> Violati
         "parallelism.global_batch_size": par.global_batch_size, "parallelism.micro_batch_size": par.mbs,
         "parallelism.dp": dp, "parallelism.pp": par.pp, "parallelism.virtual_stages": par.virtual_stages,
     }  # fmt: skip
-    which = f"global_batch_size={par.global_batch_size}"
+    which = "it"
     if par.global_batch_size not in bad:
-        fields["parallelism.rampup_batch_size"] = list(ramp) if isinstance(ramp, (list, tuple)) else ramp
-        which = f"the ramp-up's {_fmt(bad)}"
+        shown = list(ramp) if isinstance(ramp, (list, tuple)) else ramp
+        fields["parallelism.rampup_batch_size"] = shown
+        which = f"parallelism.rampup_batch_size={shown} (its {_fmt(bad)})"
     return Violation(
         "interleaved_micro_batches",
         fields,
         f"parallelism.virtual_stages={par.virtual_stages} runs Megatron's interleaved schedule, which takes "
-        f"the micro-batches in groups of parallelism.pp={par.pp}: {which} gives a micro-batch count per "
-        f"replica (batch / (micro_batch_size x dp) = batch / {step}) that is not a multiple of pp. Use a "
-        f"global_batch_size (and ramp-up start and increment) that is a multiple of micro_batch_size x dp x "
-        f"pp = {group}, e.g. {_fmt(_multiples_near(par.global_batch_size, group))}, or virtual_stages=1.",
+        f"the micro-batches in groups of parallelism.pp={par.pp}, and with "
+        f"parallelism.global_batch_size={par.global_batch_size}, parallelism.micro_batch_size={par.mbs} and "
+        f"parallelism.dp={dp} {which} gives a micro-batch count per replica (batch / (micro_batch_size x dp) = "
+        f"batch / {step}) that is not a multiple of pp. Use a global_batch_size (and ramp-up start and "
+        f"increment) that is a multiple of micro_batch_size x dp x pp = {group}, e.g. "
+        f"{_fmt(_multiples_near(par.global_batch_size, group))}, or virtual_stages=1.",
     )
 
 
@@ -762,7 +765,7 @@ def _check_virtual_stages_engine(par: ParallelismConfig) -> Violation | None:
         "virtual_stages_native_only",
         {"parallelism.engine": "deepspeed", "parallelism.virtual_stages": par.virtual_stages},
         f"parallelism.virtual_stages={par.virtual_stages} with parallelism.engine=deepspeed: the interleaved "
-        f"schedule is the native engine's (train.pipeline); DeepSpeed runs no pipeline here. Use "
+        f"schedule is the native engine's (train.pipeline), and DeepSpeed runs no pipeline here. Use "
         f"engine=native with virtual_stages > 1, or virtual_stages=1 with engine=deepspeed.",
     )
 
