@@ -755,6 +755,8 @@ class PlanRow:
     """Model FLOPs of one iteration, all devices (no recomputation)."""
     hardware_flops_per_iter: float
     """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (chunks; > 1: interleaved 1F1B)."""
     pred_sec_per_iter: float = float("nan")
     """Seconds per iteration the time model predicts (train.planner.perf; NaN: a figure it needs is unknown)."""
     pred_tflops: float = float("nan")

@@ -23,7 +23,9 @@ a constant fitted to one table:
   on this rank's s/t tokens; a stage boundary carries b*s*h/t.
 - PP: one send/recv of b*s*h per neighbouring stage and micro-batch each way (Megatron's 1F1B pairs
   a send with the opposite receive; DeepSpeed's pipe engine does not), and the 1F1B bubble: (p-1)
-  micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
+  micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m). With v
+  virtual stages (interleaved 1F1B) the bubble is (p-1)/v slots ((p-1)/(v*m) of the step) and each
+  micro-batch crosses each neighbour v times, the first rank's previous one being the last rank.
 - DP: the gradient all-reduce (ZeRO: reduce-scatter, then the all-gather of updated parameters),
   at the ring's bus bandwidth; megasweep's bucketed reduction overlaps the last micro-batch's
   backward (train.dp), the DeepSpeed stacks reduce after it.
@@ -57,6 +59,7 @@ from train.planner.calibration import Link, gemm_table, links, load_calibration,
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
 from train.planner.memory import Stack, stack_of
+from train.planner.schedule import bubble_slots
 from train.planner.shapes import alignment_elements, gemm_efficiency
 from train.planner.sizes import padded_vocab_size
 
@@ -397,9 +400,14 @@ def predict_time(
     width = par.tp * dp
 
     def p2p(boundary: int) -> float:
-        crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
+        if boundary % par.pp == 0:  # the interleaved schedule's wrap: last rank -> first rank
+            crosses = (par.pp * width - 1) // mach.per_node != 0
+        else:
+            crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
         link = _link(mach, 2 * mach.per_node if crosses else 1)
         return link.latency + p2p_bytes / link.bandwidth
+
+    chunks = par.virtual_stages if par.pp > 1 else 1
     stages = []
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1
@@ -410,7 +418,13 @@ def predict_time(
         # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
         # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
         per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
-        neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
+        if chunks > 1:
+            # Interleaved (Narayanan et al. 2021): each micro-batch crosses every rank once per
+            # chunk, so v exchanges with each neighbour, the previous rank wrapping from the first
+            # to the last one (all but the embedding's input and the loss's output).
+            neighbours = [(chunks - first) * p2p(s), (chunks - last) * p2p(s + 1)]
+        else:
+            neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
         stage.add("pp_comm", per_neighbour * sum(neighbours))
         held = stage_numel(model, tp=par.tp, stage=s, num_stages=par.pp)
         stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
@@ -421,7 +435,8 @@ def predict_time(
         stages.append(stage)
     slowest = max(stages, key=lambda st: st.total)
     parts = {k: m * v for k, v in slowest.parts.items()}
-    parts["bubble"] = (par.pp - 1) * slowest.total
+    # (p-1) slots of the slowest stage; with v chunks per rank each slot is a chunk, 1/v of it.
+    parts["bubble"] = bubble_slots(pp=par.pp, virtual_stages=chunks) * slowest.total
     worst_stage = max(range(par.pp), key=lambda st: stage_numel(model, tp=par.tp, stage=st, num_stages=par.pp))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep:

@@ -458,3 +458,21 @@ def test_fused_against_unfused_adam_on_the_first_node() -> None:
         return device_reading(estimate_memory(model, layout, dp=2, hardware=hw, stack=Stack.megatron_deepspeed), hw)
 
     assert (reading("torch") - reading("auto")) / GIB == pytest.approx(10, rel=0.25)
+
+
+def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flight() -> None:
+    model = replace(HAND, num_layers=24)
+    plain = par(pp=4, micro_batch_size=1, global_batch_size=64, precision=Precision.bf16)
+    by_v = {v: [stage_memory(model, replace(plain, virtual_stages=v), dp=1, stage=s) for s in range(4)]
+            for v in (1, 2, 3, 4)}
+    for stages in by_v.values():
+        for s, est in enumerate(stages):
+            one = by_v[1][s]
+            # The same layers per rank (other ones), so the same states and one micro-batch's tensors.
+            assert est.model_states == one.model_states and est.params_on_device == one.params_on_device
+            assert est.activations_per_micro_batch == one.activations_per_micro_batch
+    # The first rank holds (v+1)p - 1 chunk units of 1/v of its layers: L/p x (1 + (p-1)/(pv)) layers'
+    # worth, above 1F1B's and falling towards it as v grows (Korthikanti et al. 2022).
+    first = [by_v[v][0].activations for v in (1, 2, 3, 4)]
+    assert first[0] < first[3] < first[2] < first[1]
+    assert estimate_memory(model, replace(plain, virtual_stages=2), dp=1).activations >= first[1]
