@@ -25,12 +25,15 @@ distinct config. Torch-free.
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
 import functools
+import gc
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,17 +146,31 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
     """(directory, its path relative to sweep_dir) of every result.json below sweep_dir, in the
     order of their paths' parts (as sorted Paths: tables are reproducible).
 
-    Strings, not Paths: a sweep of 10,000 runs would spend a good part of its loading in pathlib.
+    Strings and os.scandir, not Paths and os.walk: a sweep of 10,000 runs would spend a good part
+    of its loading in pathlib, and os.walk lists every directory twice over (names, then entries).
+    What it finds is what os.walk(sweep_dir) would: symbolic links to directories are not followed,
+    unreadable directories are passed over.
     """
     top = os.fspath(sweep_dir)
     found = []
-    for root, dirs, files in os.walk(top):
-        # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if RESULT_FILE in files:
-            # os.walk joins names onto `top` as given, so what follows it is the relative path.
-            rel = root[len(top) :].lstrip(os.sep).replace(os.sep, "/")
-            found.append((root, rel))
+    stack = [(top, "")]
+    while stack:
+        root, rel = stack.pop()
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            continue
+        for entry in entries:
+            name = entry.name
+            try:
+                if name == RESULT_FILE:
+                    if not entry.is_dir():
+                        found.append((root, rel))
+                # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
+                elif not name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, f"{rel}/{name}" if rel else name))
+            except OSError:
+                continue
     return sorted(found, key=lambda found: [part for part in found[1].split("/") if part])
 
 
@@ -181,13 +198,142 @@ def _flatten_into(node: dict[str, Any], prefix: str, flat: dict[str, Any]) -> No
             flat[f"{prefix}{key}"] = value
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a block that builds many small containers and frees
+    none: loading 10,000 records creates some 300,000 dicts, lists and floats, which would trigger
+    collections that scan all of them again and again (half the parsing time) and find no cycle."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How the records of one shape flatten: a shape is the keys, in order, of the record and of
+    each dict nested in it (JSON gives plain dicts), and which of their values are dicts."""
+
+    nodes: tuple[tuple[int, str, tuple[str, ...], tuple[int, ...] | None], ...]
+    """Per dict, depth first from the record: (index of its parent in `nodes`, -1 for the record;
+    its key in the parent; its keys; the positions of its plain values, None when all are plain)."""
+    keys: tuple[str, ...]
+    """The flattened keys of the values `values` gives, in that order."""
+    order: tuple[str, ...]
+    """The same keys in _flatten's order (the top level's plain values first)."""
+
+    @staticmethod
+    def of(record: dict[str, Any]) -> _Shape | None:
+        """The record's shape; None when a dotted key collides with a flattened one (a.b and a: {b})."""
+        nodes: list[tuple[int, str, tuple[str, ...], tuple[int, ...] | None]] = []
+        keys: list[str] = []
+
+        def visit(node: dict[str, Any], parent: int, key: str, prefix: str) -> None:
+            names = tuple(node)
+            plain = tuple(i for i, v in enumerate(node.values()) if not isinstance(v, dict))
+            me = len(nodes)
+            nodes.append((parent, key, names, None if len(plain) == len(names) else plain))
+            keys.extend(f"{prefix}{names[i]}" for i in plain)
+            for name, value in node.items():
+                if isinstance(value, dict):
+                    visit(value, me, name, f"{prefix}{name}.")
+
+        visit(record, -1, "", "")
+        if len(set(keys)) != len(keys):
+            return None
+        return _Shape(tuple(nodes), tuple(keys), tuple(_flatten(record)))
+
+    def values(self, record: dict[str, Any]) -> list[Any] | None:
+        """The record's flattened values in the order of `keys`; None when it has another shape.
+
+        Only the dicts are checked: a value this shape holds plain may still be a dict in this
+        record, which _records_table catches once per column."""
+        out: list[Any] = []
+        seen: list[dict[str, Any]] = []
+        for parent, key, names, plain in self.nodes:
+            node = record if parent < 0 else seen[parent][key]
+            if type(node) is not dict or tuple(node) != names:
+                return None
+            seen.append(node)
+            if plain is None:
+                out.extend(node.values())
+            elif plain:
+                values = list(node.values())
+                out.extend([values[i] for i in plain])
+        return out
+
+
+def _records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """The records as one table, exactly pd.DataFrame([_flatten(r) for r in records]): the same
+    columns in the same order (as each first appears), dtypes and values (NaN where a record lacks
+    a key).
+
+    Built a column at a time: records of one shape (a sweep's records mostly share one) are
+    flattened by position, without building a dict of ~160 dotted keys per record, and the
+    columns come out of one transposition of their rows.
+    """
+    n = len(records)
+    shapes: list[_Shape] = []
+    members: list[tuple[list[int], list[list[Any]]]] = []
+    last = -1
+    for i, record in enumerate(records):
+        values = shapes[last].values(record) if last >= 0 else None
+        if values is None:
+            for last, shape in enumerate(shapes):
+                values = shape.values(record)
+                if values is not None:
+                    break
+            else:
+                new = _Shape.of(record)
+                if new is None:
+                    return pd.DataFrame([_flatten(r) for r in records])
+                shapes.append(new)
+                members.append(([], []))
+                last = len(shapes) - 1
+                values = new.values(record)
+                assert values is not None
+        members[last][0].append(i)
+        members[last][1].append(values)
+    columns: dict[str, list[Any]] = {}
+    for shape, (rows, values) in zip(shapes, members, strict=True):
+        by_key = dict(zip(shape.keys, map(list, zip(*values, strict=True)), strict=True))
+        for key in shape.order:
+            if len(shapes) == 1:
+                columns[key] = by_key[key]
+                continue
+            column = columns.get(key)
+            if column is None:
+                column = columns[key] = [np.nan] * n
+            for row, value in zip(rows, by_key[key], strict=True):
+                column[row] = value
+    if any(dict in set(map(type, column)) for column in columns.values()):
+        # A value that is a dict in some records and plain in the first of their shape.
+        return pd.DataFrame([_flatten(r) for r in records])
+    return pd.DataFrame(columns)
+
+
+def _read_file(path: str) -> bytes:
+    # os.read, not open(): a buffered file object per record costs more than the read itself.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """Every readable result record below sweep_dir, flattened (_flatten), with its `run_dir`."""
+    """Every readable result record below sweep_dir, as parsed, with its `run_dir`."""
     records = []
     for root, rel in _result_dirs(sweep_dir):
+        path = os.path.join(root, RESULT_FILE)
         try:
-            with open(os.path.join(root, RESULT_FILE), "rb") as f:
-                record = json.loads(f.read().decode("utf-8"))
+            record = json.loads(_read_file(path).decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             warnings.append(f"{Path(root) / RESULT_FILE}: not a readable result record ({exc}); ignored")
             continue
@@ -195,7 +341,7 @@ def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
             warnings.append(f"{Path(root) / RESULT_FILE}: not a result record (no 'status'); ignored")
             continue
         record["run_dir"] = normalize_dir(rel or ".")
-        records.append(_flatten(record))
+        records.append(record)
     return records
 
 
@@ -420,7 +566,7 @@ def _layout_nodes(df: pd.DataFrame) -> pd.Series:
 def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     if not records:
         return pd.DataFrame()
-    df = pd.DataFrame(records)  # rows already flat (_read_records)
+    df = _records_table(records)
     status = _col(df, "status", "error").astype(str)
     df["source"] = "result"
     df["outcome"] = status.map(_STATUS_OUTCOME).fillna("fail")
@@ -669,14 +815,15 @@ def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None =
     labels = sweep_labels(dirs)
     warnings: list[str] = []
     frames = []
-    for d, label in zip(dirs, labels, strict=True):
-        frame = load_sweep_dir(d, label=label, queue=queue, warnings=warnings)
-        if frame.empty:
-            raise AnalysisError(
-                f"sweep directory {d} holds no {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: nothing to analyse"
-            )
-        frames.append(frame)
-    table = pd.concat(frames, ignore_index=True)
+    with _gc_paused():
+        for d, label in zip(dirs, labels, strict=True):
+            frame = load_sweep_dir(d, label=label, queue=queue, warnings=warnings)
+            if frame.empty:
+                raise AnalysisError(
+                    f"sweep directory {d} holds no {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: nothing to analyse"
+                )
+            frames.append(frame)
+        table = pd.concat(frames, ignore_index=True)
     rest = [c for c in table.columns if c not in CORE_COLUMNS]
     return Sweeps(table=table[list(CORE_COLUMNS) + rest], sweep_dirs=dirs, labels=labels, warnings=tuple(warnings))
 
@@ -688,19 +835,70 @@ def outcome_counts(df: pd.DataFrame) -> dict[str, int]:
 
 
 def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
-    """results.csv: every column; list-valued cells (losses, overrides) as JSON text."""
-    out = df.copy()
-    for name in out.columns:
-        if out[name].dtype != object:
-            continue
-        # A plain scan stops at the first list; Series.map would call a lambda on every cell of every column.
-        values = out[name].tolist()
-        if any(isinstance(v, list | dict) for v in values):
-            out[name] = pd.Series(
-                [json.dumps(v) if isinstance(v, list | dict) else v for v in values], index=out.index, dtype=object
-            )
-    out.to_csv(path, index=False)
+    """results.csv: every column; list-valued cells (losses, overrides) as JSON text.
+
+    The text is DataFrame.to_csv's (index left out, missing values empty, floats as repr writes
+    them, minimal quoting), written by the csv module from one list per column: to_csv converts and
+    writes 10,000 rows of ~160 columns in slices, several times slower.
+    """
+    columns = [_csv_cells(df.iloc[:, i]) for i in range(df.shape[1])]
+    if any(c is None for c in columns):  # a dtype the loaded table never has: pandas' own writer
+        out = df.copy()
+        for i, name in enumerate(out.columns):
+            if out[name].dtype == object:
+                out[name] = pd.Series(_json_cells(out[name].tolist()), index=out.index, dtype=object)
+        out.to_csv(path, index=False)
+        return path
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(list(df.columns))
+        writer.writerows(zip(*columns, strict=True))
     return path
+
+
+def _csv_cells(column: pd.Series) -> list[Any] | None:
+    """A column's cells as to_csv writes them (the csv module str()s what is not a string);
+    None for a dtype this does not know."""
+    dtype = column.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
+        return column.tolist()
+    if isinstance(dtype, np.dtype) and dtype.kind == "f":
+        # Python floats: the csv module writes their repr, which is numpy's str (to_csv's text).
+        values = column.to_numpy()
+        cells: list[Any] = values.tolist()
+        for i in np.flatnonzero(np.isnan(values)).tolist():
+            cells[i] = ""
+        return cells
+    if dtype == object or isinstance(dtype, pd.StringDtype):
+        cells = column.astype(object).tolist() if dtype != object else column.tolist()
+        for i in np.flatnonzero(column.isna().to_numpy()).tolist():
+            cells[i] = ""
+        return _json_cells(cells) if dtype == object else cells
+    return None
+
+
+_JSON_SCALARS = frozenset({int, float, bool, type(None)})
+"""Types whose JSON text holds no bracket."""
+
+
+def _json_cells(values: list[Any]) -> list[Any]:
+    """Lists and dicts as JSON text (json.dumps); the other values as they are."""
+    at = [i for i, v in enumerate(values) if isinstance(v, list | dict)]
+    if not at:
+        return values
+    out = list(values)
+    nested = [values[i] for i in at]
+    if all(type(v) is list and set(map(type, v)) <= _JSON_SCALARS for v in nested):
+        # Lists of numbers (losses, iteration times): one json.dumps of them all, cut between the
+        # lists (no number's text holds a bracket), instead of a json.dumps call per cell.
+        texts = json.dumps(nested)[2:-2].split("], [")
+        if len(texts) == len(nested):
+            for i, text in zip(at, texts, strict=True):
+                out[i] = f"[{text}]"
+            return out
+    for i, v in zip(at, nested, strict=True):
+        out[i] = json.dumps(v)
+    return out
 
 
 __all__ = [

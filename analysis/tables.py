@@ -155,37 +155,43 @@ def varying_overrides(df: pd.DataFrame) -> pd.Series:
     """
     if "overrides" not in df.columns or df.empty:
         return pd.Series("", index=df.index, dtype=object)
-    items = df["overrides"].map(lambda o: list(o) if isinstance(o, list | tuple) else []).explode().dropna()
-    if items.empty:
-        return pd.Series("", index=df.index, dtype=object)
-    items = items.astype(str)
-    keys = items.str.split("=", n=1).str[0].str.lstrip("+~")
-    pairs = pd.DataFrame({"row": items.index, "key": keys.to_numpy(), "item": items.to_numpy()})
-    stats = pairs.groupby("key").agg(values=("item", "nunique"), rows=("row", "nunique"))
-    varies = stats.index[(stats["values"] > 1) | (stats["rows"] < len(df))]
-    keep = pairs[pairs["key"].isin(varies) & ~pairs["key"].isin(_SHOWN_KEYS)]
-    # One join per row, in the rows' own order: what groupby(...).agg(" ".join) gives, without
-    # pandas' per-group Python call (10,000 rows took most of a report's time).
-    joined: dict[Any, list[str]] = {}
-    for row, item in zip(keep["row"], keep["item"], strict=True):
-        joined.setdefault(row, []).append(item)
-    out = pd.Series({row: " ".join(parts) for row, parts in joined.items()}, dtype=object)
-    return out.reindex(df.index).fillna("").astype(object)
+    # Plain Python over the rows: pandas' explode, str.split and groupby took most of a report's
+    # time on 10,000 rows (five overrides each) for what is a few dict look-ups per override.
+    rows: list[list[tuple[str, str]]] = []
+    key_of: dict[str, str] = {}  # item -> its key: a sweep repeats the same few items
+    items_of: dict[str, set[str]] = {}
+    rows_of: dict[str, int] = {}
+    for overrides in df["overrides"].tolist():
+        pairs = []
+        if isinstance(overrides, list | tuple):
+            for item in overrides:
+                if _missing(item) or item is pd.NA:
+                    continue
+                item = str(item)
+                key = key_of.get(item)
+                if key is None:
+                    key = key_of[item] = item.split("=", 1)[0].lstrip("+~")
+                    items_of.setdefault(key, set()).add(item)
+                pairs.append((key, item))
+            for key in {key for key, _ in pairs}:  # a row that repeats a key counts once
+                rows_of[key] = rows_of.get(key, 0) + 1
+        rows.append(pairs)
+    varies = {k for k, items in items_of.items() if (len(items) > 1 or rows_of[k] < len(df)) and k not in _SHOWN_KEYS}
+    joined = [" ".join(item for key, item in pairs if key in varies) for pairs in rows]
+    return pd.Series(joined, index=df.index, dtype=object)
 
 
 def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
-    reason = df["reason"].fillna("").astype(str)
-    reason = reason.where(reason.str.len() <= _MAX_REASON, reason.str.slice(0, _MAX_REASON - 3) + "...")
-    neighbours = pd.to_numeric(df["neighbour_jobs"], errors="coerce").fillna(0).astype(int)
-    beside = neighbours.map(lambda n: f"beside {n} other job(s)" if n else "")
-    parts = [df["date"].fillna("").astype(str), beside, varying_overrides(df), reason]
+    reason = df["reason"].fillna("").astype(str).tolist()
+    reason = [r if len(r) <= _MAX_REASON else r[: _MAX_REASON - 3] + "..." for r in reason]
+    neighbours = pd.to_numeric(df["neighbour_jobs"], errors="coerce").fillna(0).astype(int).tolist()
+    beside = [f"beside {n} other job(s)" if n else "" for n in neighbours]
+    parts = [df["date"].fillna("").astype(str).tolist(), beside, varying_overrides(df).tolist(), reason]
     if multi_sweep:
-        parts.insert(0, df["sweep"].astype(str))
-    notes = pd.Series("", index=df.index, dtype=object)
-    for part in parts:
-        part = part.astype(str)
-        notes = notes.where(part == "", notes.where(notes == "", notes + "; ") + part)
-    return notes
+        parts.insert(0, df["sweep"].astype(str).tolist())
+    # The non-empty parts of each row, joined: one Python pass, not a pandas where() per part.
+    notes = ["; ".join([p for p in row if p]) for row in zip(*parts, strict=True)]
+    return pd.Series(notes, index=df.index, dtype=object)
 
 
 def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
