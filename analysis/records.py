@@ -32,6 +32,7 @@ import functools
 import gc
 import json
 import math
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -212,14 +213,20 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _one(key: str, node: dict[str, Any]) -> tuple[Any]:
+    return (node[key],)
+
+
 @dataclass(frozen=True)
 class _Shape:
-    """How the records of one shape flatten: a shape is the keys, in order, of the record and of
-    each dict nested in it (JSON gives plain dicts), and which of their values are dicts."""
+    """How the records of one shape flatten: a shape is the keys of the record and of each dict
+    nested in it (JSON gives plain dicts), and which of their values are dicts. Records whose keys
+    come in another order share the shape: values are taken by key, and the columns' order is
+    that of the first record (another order adds no column)."""
 
-    nodes: tuple[tuple[int, str, tuple[str, ...], tuple[int, ...] | None], ...]
+    nodes: tuple[tuple[int, str, int, Callable[[dict[str, Any]], tuple[Any, ...]] | None], ...]
     """Per dict, depth first from the record: (index of its parent in `nodes`, -1 for the record;
-    its key in the parent; its keys; the positions of its plain values, None when all are plain)."""
+    its key in the parent; how many keys it has; what takes its plain values out, in `keys` order)."""
     keys: tuple[str, ...]
     """The flattened keys of the values `values` gives, in that order."""
     order: tuple[str, ...]
@@ -228,15 +235,19 @@ class _Shape:
     @staticmethod
     def of(record: dict[str, Any]) -> _Shape | None:
         """The record's shape; None when a dotted key collides with a flattened one (a.b and a: {b})."""
-        nodes: list[tuple[int, str, tuple[str, ...], tuple[int, ...] | None]] = []
+        nodes: list[tuple[int, str, int, Callable[[dict[str, Any]], tuple[Any, ...]] | None]] = []
         keys: list[str] = []
 
         def visit(node: dict[str, Any], parent: int, key: str, prefix: str) -> None:
-            names = tuple(node)
-            plain = tuple(i for i, v in enumerate(node.values()) if not isinstance(v, dict))
+            plain = [name for name, value in node.items() if not isinstance(value, dict)]
+            take: Callable[[dict[str, Any]], tuple[Any, ...]] | None = None
+            if len(plain) == 1:  # itemgetter of one key gives the value, not a tuple of it
+                take = functools.partial(_one, plain[0])
+            elif plain:
+                take = operator.itemgetter(*plain)
             me = len(nodes)
-            nodes.append((parent, key, names, None if len(plain) == len(names) else plain))
-            keys.extend(f"{prefix}{names[i]}" for i in plain)
+            nodes.append((parent, key, len(node), take))
+            keys.extend(f"{prefix}{name}" for name in plain)
             for name, value in node.items():
                 if isinstance(value, dict):
                     visit(value, me, name, f"{prefix}{name}.")
@@ -253,16 +264,18 @@ class _Shape:
         record, which _records_table catches once per column."""
         out: list[Any] = []
         seen: list[dict[str, Any]] = []
-        for parent, key, names, plain in self.nodes:
-            node = record if parent < 0 else seen[parent][key]
-            if type(node) is not dict or tuple(node) != names:
-                return None
-            seen.append(node)
-            if plain is None:
-                out.extend(node.values())
-            elif plain:
-                values = list(node.values())
-                out.extend([values[i] for i in plain])
+        try:
+            for parent, key, size, take in self.nodes:
+                node = record if parent < 0 else seen[parent][key]
+                # As many keys, and each of this shape's found (by `take`, or as a nested dict's
+                # parent): the same keys.
+                if type(node) is not dict or len(node) != size:
+                    return None
+                seen.append(node)
+                if take is not None:
+                    out.extend(take(node))
+        except KeyError:
+            return None
         return out
 
 
@@ -309,10 +322,12 @@ def _records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
                 column = columns[key] = [np.nan] * n
             for row, value in zip(rows, by_key[key], strict=True):
                 column[row] = value
-    if any(dict in set(map(type, column)) for column in columns.values()):
-        # A value that is a dict in some records and plain in the first of their shape.
+    table = pd.DataFrame(columns)
+    # A value that is a dict in some records and plain in the first of their shape: only a column
+    # pandas left as objects can hold one.
+    if any(dict in set(map(type, columns[name])) for name in table.columns[table.dtypes == object]):
         return pd.DataFrame([_flatten(r) for r in records])
-    return pd.DataFrame(columns)
+    return table
 
 
 def _read_file(path: str) -> bytes:
@@ -384,15 +399,21 @@ _LAYOUT_FIELDS = (
 
 def _join_str(df: pd.DataFrame, names: Sequence[str]) -> pd.Series:
     # Integral floats (columns that held a NaN somewhere) print as ints, so that keys match across sweeps.
-    columns = [_texts(_col(df, name, "").astype(object)) for name in names]
+    columns = [_texts(_col(df, name, "")) for name in names]
     return pd.Series(["|".join(parts) for parts in zip(*columns, strict=True)], index=df.index, dtype=object)
 
 
 def _texts(values: pd.Series) -> list[str]:
     """_key_text of each value, computed once per distinct value (a sweep's columns repeat a few)."""
+    dtype = values.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "fiub":
+        # One type throughout: pandas finds the distinct values (NaN: code -1, the last text, '').
+        codes, uniques = pd.factorize(values, use_na_sentinel=True)
+        texts = np.array([*(_key_text(v) for v in uniques.tolist()), ""], dtype=object)
+        return texts[codes].tolist()
     known: dict[tuple[type, Any], str] = {}
     out = []
-    for v in values:
+    for v in values.astype(object):
         try:
             # By type too: True, 1 and 1.0 are one dict key but print differently.
             key = (type(v), v)
@@ -559,7 +580,13 @@ def _layout_nodes(df: pd.DataFrame) -> pd.Series:
         return float(Layout(*degrees).nodes(dpn if isinstance(dpn, int) else 1))
 
     per_node = _num(df, "config.hardware.devices_per_node")
-    values = [nodes(*row) for row in zip(df["dp"], df["tp"], df["pp"], per_node, strict=True)]
+    known: dict[tuple[float, ...], float] = {}  # a sweep repeats a few layouts
+    values = []
+    for row in zip(df["dp"].tolist(), df["tp"].tolist(), df["pp"].tolist(), per_node.tolist(), strict=True):
+        n = known.get(row)
+        if n is None:
+            n = known[row] = nodes(*row)
+        values.append(n)
     return pd.Series(values, index=df.index, dtype=float)
 
 

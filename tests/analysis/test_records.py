@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ from analysis.records import (
     AnalysisError,
     _flatten,
     _join_str,
+    _records_table,
     load_sweeps,
     outcome_counts,
     write_results_csv,
@@ -330,6 +332,37 @@ def test_records_flatten_as_pandas_json_normalize_does() -> None:
     flat = pd.DataFrame([_flatten(r) for r in records])
     assert list(flat.columns) == list(expected.columns)
     pd.testing.assert_frame_equal(flat, expected)
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        # One shape throughout, as a sweep's records mostly are.
+        [{"status": "ok", "a": {"b": 1, "c": [1.0]}, "d": None}, {"status": "oom", "a": {"b": 2, "c": []}, "d": "x"}],
+        # The same keys in another order, a key missing, an extra nested key, an empty dict filled later.
+        [
+            {"status": "ok", "a": {"b": 1, "c": 2}, "env": {}, "x": 1.5},
+            {"x": 2, "status": "ok", "a": {"c": 3, "b": 4}, "env": {}},
+            {"status": "fail", "a": {"b": 5}, "env": {"SLURM_NNODES": "2"}, "late": [1]},
+            {"status": "ok", "a": {"b": 6, "c": 7}, "env": {}, "x": 3.5},
+        ],
+        # A value that is a dict in one record and plain (or a list) in others, either way round.
+        [
+            {"status": "ok", "v": "flat", "w": {"k": 1}},
+            {"status": "ok", "v": {"torch": "2.4"}, "w": {"k": 2}},
+            {"status": "ok", "v": "flat", "w": [1, 2]},
+            {"status": "ok", "v": None, "w": {"k": 3, "j": {"deep": True}}},
+        ],
+        # A dotted key that collides with a flattened one; a record of top-level values only.
+        [{"status": "ok", "b.x": "top", "b": {"x": "nested"}}, {"status": "ok"}],
+    ],
+)
+def test_records_table_is_the_table_of_the_flattened_records(records: list[dict[str, object]]) -> None:
+    # Built a column at a time per record shape, it must be what pandas makes of json_normalize's rows.
+    expected = pd.json_normalize(copy.deepcopy(records), sep=".")
+    table = _records_table(copy.deepcopy(records))
+    assert list(table.columns) == list(expected.columns)
+    pd.testing.assert_frame_equal(table, expected)
 
 
 def test_keys_tell_true_from_one_and_print_integral_floats_as_ints() -> None:
