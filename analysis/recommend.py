@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.records import FAILED, MISSING
-from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size
+from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size, narrow
 
 RERUN_TOP = 3
 """Configs a recommendation inside the noise suggests repeating, at most (the best included)."""
@@ -206,9 +206,17 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
     return tuple(notes)
 
 
+_READ = (
+    "outcome", "model", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
+    "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params",
+)  # fmt: skip
+"""The columns recommend reads."""
+
+
 def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
     """The fastest layout per (model, global batch, sequence length) among runs meeting the constraints."""
     c = constraints or Constraints()
+    df = narrow(df, _READ)
     # Rows from plan.csv or the manifest carry no sequence length: they take their model's.
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
     groups = df[df["gbs"].notna()].groupby(["model", "gbs", "seq_length"], dropna=False, sort=True)

@@ -399,15 +399,21 @@ _LAYOUT_FIELDS = (
 
 def _join_str(df: pd.DataFrame, names: Sequence[str]) -> pd.Series:
     # Integral floats (columns that held a NaN somewhere) print as ints, so that keys match across sweeps.
-    columns = [_texts(_col(df, name, "")) for name in names]
+    columns = [value_texts(_col(df, name, "")) for name in names]
     return pd.Series(["|".join(parts) for parts in zip(*columns, strict=True)], index=df.index, dtype=object)
 
 
-def _texts(values: pd.Series) -> list[str]:
+def value_texts(values: pd.Series) -> list[str]:
     """_key_text of each value, computed once per distinct value (a sweep's columns repeat a few)."""
     dtype = values.dtype
-    if isinstance(dtype, np.dtype) and dtype.kind in "fiub":
-        # One type throughout: pandas finds the distinct values (NaN: code -1, the last text, '').
+    if dtype == object:
+        types = set(map(type, values.tolist())) - {type(None)}
+        same_type = len(types) <= 1 and types <= {str, int, float, bool}
+    else:
+        same_type = isinstance(dtype, pd.StringDtype) or (isinstance(dtype, np.dtype) and dtype.kind in "fiub")
+    if same_type:
+        # One type throughout (True and 1 never meet): pandas finds the distinct values in one pass
+        # (None and NaN: code -1, the last text, '').
         codes, uniques = pd.factorize(values, use_na_sentinel=True)
         texts = np.array([*(_key_text(v) for v in uniques.tolist()), ""], dtype=object)
         return texts[codes].tolist()
@@ -943,5 +949,6 @@ __all__ = [
     "outcome_counts",
     "overrides_key",
     "sweep_labels",
+    "value_texts",
     "write_results_csv",
 ]

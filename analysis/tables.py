@@ -24,9 +24,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from analysis.records import MISSING, NOT_RUN, outcome_counts
+from analysis.records import MISSING, NOT_RUN, outcome_counts, value_texts
 from train.planner.plan import format_params
 
 SEED_COLUMNS = (
@@ -63,6 +64,12 @@ _SHOWN_KEYS = {
 }
 _MAX_REASON = 120
 TIE_BREAK = ("nodes", "dp", "tp", "pp", "mbs", "gbs", "sweep", "run_dir", "config_key")
+
+
+def narrow(df: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """The columns of `names` that df has, in that order: a table's rows are selected, copied and
+    sorted many times over, which costs in proportion to its ~160 columns, and a report reads a few."""
+    return df[[name for name in dict.fromkeys(names) if name in df.columns]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,7 +134,17 @@ def format_err(err: float | None) -> str:
 
 
 def _int_text(s: pd.Series) -> pd.Series:
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "fiu":
+        # Once per distinct count (a sweep has a few node counts and degrees), not per row.
+        codes, uniques = pd.factorize(s, use_na_sentinel=True)
+        texts = np.array([*(str(int(v)) for v in uniques.tolist()), ""], dtype=object)
+        return pd.Series(texts[codes].tolist(), index=s.index)  # the dtype map() would give
     return s.map(lambda v: "" if _missing(v) else str(int(v)))
+
+
+def _texts(s: pd.Series) -> pd.Series:
+    """s.map(_text), computed once per distinct value."""
+    return pd.Series(value_texts(s), index=s.index)  # the dtype map() would give
 
 
 def _escape(s: pd.Series) -> pd.Series:
@@ -142,9 +159,11 @@ def sort_results(df: pd.DataFrame) -> pd.DataFrame:
     """Fastest first; finished runs without a measurement next; failures after, in a stable order."""
     rank = df["outcome"].map(_ORDER).fillna(9).astype(float)
     rank = rank.where(~((df["outcome"] == "ok") & df["sec_per_iter"].isna()), 1.0)
-    keyed = df.assign(_rank=rank)
     by = ["_rank", "sec_per_iter", *[c for c in TIE_BREAK if c in df.columns]]
-    return keyed.sort_values(by, kind="mergesort", na_position="last").drop(columns="_rank")
+    # The sort keys alone are sorted, and the rows taken once in their order.
+    keys = df[by[1:]].assign(_rank=rank).reset_index(drop=True)
+    order = keys.sort_values(by, kind="mergesort", na_position="last").index.to_numpy()
+    return df.take(order)
 
 
 def varying_overrides(df: pd.DataFrame) -> pd.Series:
@@ -207,9 +226,16 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
     }
 
 
+_RESULTS_COLUMNS = (
+    "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter", "pred_error",
+    "tflops", "mfu", "reason", "neighbour_jobs", "date", "overrides",
+)  # fmt: skip
+"""What results_table reads."""
+
+
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The finished and skipped configs as the seeds' columns (strings), sorted; configs not run left out."""
-    done = sort_results(df[~df["outcome"].isin(NOT_RUN)])
+    done = sort_results(narrow(df[~df["outcome"].isin(NOT_RUN)], _RESULTS_COLUMNS))
     ok = done["outcome"] == "ok"
     mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
     table = pd.DataFrame(
@@ -230,16 +256,18 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def markdown_table(table: pd.DataFrame, *, left: Sequence[str] = ()) -> str:
     """A padded markdown table; columns right-aligned as the seeds do, except those in `left`."""
-    cols = list(table.columns)
-    cells = [[str(v) for v in row] for row in table.itertuples(index=False, name=None)]
-    widths = [max([len(c), 3, *(len(r[i]) for r in cells)]) for i, c in enumerate(cols)]
-
-    def line(values: Sequence[str]) -> str:
-        padded = [v.ljust(w) if c in left else v.rjust(w) for v, w, c in zip(values, widths, cols, strict=True)]
-        return "| " + " | ".join(padded) + " |"
-
+    cols = [str(c) for c in table.columns]
+    # A column at a time: its cells' widths and padding in one pass each, not a call per cell.
+    cells = [[str(v) for v in table.iloc[:, i].tolist()] for i in range(len(cols))]
+    widths = [max([len(c), 3, *map(len, column)]) for c, column in zip(cols, cells, strict=True)]
+    padded = [
+        [v.ljust(w) for v in column] if c in left else [v.rjust(w) for v in column]
+        for c, w, column in zip(cols, widths, cells, strict=True)
+    ]
+    header = [c.ljust(w) if c in left else c.rjust(w) for c, w in zip(cols, widths, strict=True)]
     rule = ["-" * (w - 1) + ":" if c not in left else ":" + "-" * (w - 1) for w, c in zip(widths, cols, strict=True)]
-    return "\n".join([line(cols), "| " + " | ".join(rule) + " |", *(line(r) for r in cells)])
+    rows = ("| " + " | ".join(row) + " |" for row in zip(*padded, strict=True))
+    return "\n".join(["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |", *rows])
 
 
 def _more_line(rows: int, limit: int | None, where: str) -> str:
@@ -395,7 +423,7 @@ def _with_varying(runs: pd.DataFrame, label: pd.Series, fields: Sequence[tuple[s
     """`label` plus each (name, format) of `fields` whose value differs between the runs: what else
     tells two rows of a table apart."""
     for name, fmt in fields:
-        if name in runs.columns and runs[name].map(_text).nunique() > 1:
+        if name in runs.columns and _texts(runs[name]).nunique() > 1:
             label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
     return label
 
@@ -405,9 +433,16 @@ def _cells_of(runs: pd.DataFrame, variant: pd.Series) -> pd.DataFrame:
     have a throughput to show (`_ok`), as the scaling and ZeRO tables place them."""
     return runs.assign(
         variant=variant,
-        scale=runs["nodes"].map(_text) + "*" + (runs["devices"] / runs["nodes"]).map(_text),
+        scale=_texts(runs["nodes"]) + "*" + _texts(runs["devices"] / runs["nodes"]),
         _ok=(runs["outcome"] == "ok") & runs["samples_per_s"].notna(),
     )
+
+
+_SCALING_COLUMNS = (
+    "outcome", "model", "tp", "pp", "mbs", "nodes", "devices", "samples_per_s", "tflops", "pflops", "mfu", "mem_gib",
+    "mem_capacity_gib", *(name for name, _ in _VARIANT_FIELDS),
+)  # fmt: skip
+"""What scaling_frame reads."""
 
 
 def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -418,11 +453,11 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     Efficiency = per-device throughput relative to the variant's smallest successful run
     (1.0 = perfect scaling). Cells with several runs (e.g. different GBS) keep the fastest.
     """
-    runs = df[df["outcome"].isin(_RAN)].copy()
+    runs = narrow(df[df["outcome"].isin(_RAN)], _SCALING_COLUMNS).copy()
     if runs.empty:
         return pd.DataFrame()
-    label = runs["model"].astype(str) + " (tp=" + runs["tp"].map(_text) + " pp=" + runs["pp"].map(_text)
-    label = label + " mbs=" + runs["mbs"].map(_text) + ")"
+    label = runs["model"].astype(str) + " (tp=" + _texts(runs["tp"]) + " pp=" + _texts(runs["pp"])
+    label = label + " mbs=" + _texts(runs["mbs"]) + ")"
     runs = _cells_of(runs, _with_varying(runs, label, _VARIANT_FIELDS))
     runs = runs.sort_values(["variant", "devices", "_ok", "samples_per_s"], ascending=[True, True, False, False],
                             kind="mergesort")
@@ -511,9 +546,13 @@ def _zero_setting(runs: pd.DataFrame, name: str) -> pd.Series:
     (a job Slurm ended before it wrote a record), else '' (unknown)."""
     column = f"config.parallelism.{name}"
     values = runs[column] if column in runs.columns else pd.Series(math.nan, index=runs.index, dtype=object)
-    if "overrides" in runs.columns:
-        values = values.where(values.map(_text) != "", _override_values(runs["overrides"], f"parallelism.{name}"))
-    return values.map(_text)
+    text = _texts(values)
+    unknown = text == ""
+    if "overrides" in runs.columns and unknown.any():
+        # Only the runs without a recorded value: reading every run's overrides took most of the table.
+        found = _override_values(runs.loc[unknown, "overrides"], f"parallelism.{name}").map(_text)
+        text = text.where(~unknown, found)
+    return text
 
 
 def _engine_label(engine: pd.Series, zero: pd.Series, offload: pd.Series) -> pd.Series:
@@ -521,6 +560,13 @@ def _engine_label(engine: pd.Series, zero: pd.Series, offload: pd.Series) -> pd.
     offloaded = ("+offload(" + offload + ")").where(offload != "none", "")
     baseline = (engine == "native") & (zero == "0") & (offloaded == "")
     return (" with " + engine + " zero" + zero + offloaded).where(~baseline, "")
+
+
+_ZERO_READ = (
+    *ZERO_COLUMNS, "overrides", *(f"config.parallelism.{name}" for name in _ZERO_SETTINGS),
+    *(name for name, _ in _ZERO_EXTRA_FIELDS),
+)  # fmt: skip
+"""What zero_frame reads."""
 
 
 def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -534,7 +580,7 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     several runs (e.g. different batch sizes) keep the fastest; rows come in the seed's order,
     per model the baseline first, then by engine, stage, offload and model parallelism.
     """
-    runs = df[df["outcome"].isin(_RAN)].copy()
+    runs = narrow(df[df["outcome"].isin(_RAN)], _ZERO_READ).copy()
     if runs.empty:
         return pd.DataFrame(columns=list(ZERO_COLUMNS))
     for name in _ZERO_SETTINGS:
@@ -542,7 +588,7 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     runs = runs[(runs["engine"] != "") & (runs["zero_stage"] != "") & (runs["offload"] != "")]
     if runs[list(_ZERO_SETTINGS)].drop_duplicates().shape[0] < 2:
         return pd.DataFrame(columns=list(ZERO_COLUMNS))
-    tp, pp = runs["tp"].map(_text), runs["pp"].map(_text)
+    tp, pp = _texts(runs["tp"]), _texts(runs["pp"])
     pp_text = (" pp=" + pp) if (runs["pp"].fillna(1) != 1).any() else ""
     label = runs["model"].astype(str) + " (mp=" + tp + pp_text + ")"
     label = label + _engine_label(runs["engine"], runs["zero_stage"], runs["offload"])
