@@ -72,6 +72,7 @@ from train.planner.plan import time_prediction
 from train.planner.sizes import total_params
 
 GIB = 2**30
+_OBJECT = np.dtype(object)
 
 OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running", "planned")
 FAILED = ("oom", "nan", "timeout", "fail", "refused", "skipped")
@@ -284,9 +285,9 @@ def _records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     columns in the same order (as each first appears), dtypes and values (NaN where a record lacks
     a key).
 
-    Built a column at a time: records of one shape (a sweep's records mostly share one) are
-    flattened by position, without building a dict of ~160 dotted keys per record, and the
-    columns come out of one transposition of their rows.
+    Built a column at a time: the values of records of one shape (a sweep's records mostly share
+    one) are taken by key with one itemgetter per nested dict, without building a dict of ~160
+    dotted keys per record, and the columns come out of one transposition of their rows.
     """
     n = len(records)
     shapes: list[_Shape] = []
@@ -295,9 +296,10 @@ def _records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     for i, record in enumerate(records):
         values = shapes[last].values(record) if last >= 0 else None
         if values is None:
-            for last, shape in enumerate(shapes):
+            for index, shape in enumerate(shapes):
                 values = shape.values(record)
                 if values is not None:
+                    last = index
                     break
             else:
                 new = _Shape.of(record)
@@ -325,7 +327,7 @@ def _records_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     table = pd.DataFrame(columns)
     # A value that is a dict in some records and plain in the first of their shape: only a column
     # pandas left as objects can hold one.
-    if any(dict in set(map(type, columns[name])) for name in table.columns[table.dtypes == object]):
+    if any(dict in set(map(type, columns[name])) for name in table.columns[table.dtypes == _OBJECT]):
         return pd.DataFrame([_flatten(r) for r in records])
     return table
 
@@ -406,7 +408,7 @@ def _join_str(df: pd.DataFrame, names: Sequence[str]) -> pd.Series:
 def value_texts(values: pd.Series) -> list[str]:
     """_key_text of each value, computed once per distinct value (a sweep's columns repeat a few)."""
     dtype = values.dtype
-    if dtype == object:
+    if dtype == _OBJECT:
         types = set(map(type, values.tolist())) - {type(None)}
         same_type = len(types) <= 1 and types <= {str, int, float, bool}
     else:
@@ -877,8 +879,8 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
     columns = [_csv_cells(df.iloc[:, i]) for i in range(df.shape[1])]
     if any(c is None for c in columns):  # a dtype the loaded table never has: pandas' own writer
         out = df.copy()
-        for i, name in enumerate(out.columns):
-            if out[name].dtype == object:
+        for name in out.columns:
+            if out[name].dtype == _OBJECT:
                 out[name] = pd.Series(_json_cells(out[name].tolist()), index=out.index, dtype=object)
         out.to_csv(path, index=False)
         return path
@@ -902,11 +904,11 @@ def _csv_cells(column: pd.Series) -> list[Any] | None:
         for i in np.flatnonzero(np.isnan(values)).tolist():
             cells[i] = ""
         return cells
-    if dtype == object or isinstance(dtype, pd.StringDtype):
-        cells = column.astype(object).tolist() if dtype != object else column.tolist()
+    if dtype == _OBJECT or isinstance(dtype, pd.StringDtype):
+        cells = column.tolist() if dtype == _OBJECT else column.astype(object).tolist()
         for i in np.flatnonzero(column.isna().to_numpy()).tolist():
             cells[i] = ""
-        return _json_cells(cells) if dtype == object else cells
+        return _json_cells(cells) if dtype == _OBJECT else cells
     return None
 
 
