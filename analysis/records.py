@@ -545,30 +545,34 @@ def _per_config(df: pd.DataFrame) -> _Predicted:
         nan = pd.Series(np.nan, index=df.index)
         why = pd.Series("the record holds no model config", index=df.index, dtype=object)
         return _Predicted(nan, nan.copy(), nan.copy(), why)
-    key = _join_str(df, [*mcols, *pcols, *hcols, "dp", "tp"])
-    first = df.loc[~key.duplicated()]
+    names = [*mcols, *pcols, *hcols, "dp", "tp"]
+    key = _join_str(df, names).tolist()
+    firsts = ~pd.Series(key).duplicated().to_numpy()
+    first = df.loc[firsts, names]
     pred_by_key, params_by_key, time_by_key = {}, {}, {}
+    split = (len(mcols), len(mcols) + len(pcols), len(mcols) + len(pcols) + len(hcols))
+    mnames, pnames, hnames = ([c.rsplit(".", 1)[1] for c in cols] for cols in (mcols, pcols, hcols))
     # One Python step per distinct config (sweeps repeat models and layouts), not per record.
-    for idx in first.index:
-        row = first.loc[idx]
-        m_items = tuple((c.rsplit(".", 1)[1], _hashable(_plain(row[c]))) for c in mcols)
-        p_items = tuple((c.rsplit(".", 1)[1], _plain(row[c])) for c in pcols)
-        p_items = tuple((k, list(v) if isinstance(v, list | tuple) else v) for k, v in p_items)
-        h_items = tuple((c.rsplit(".", 1)[1], _plain(row[c])) for c in hcols)
-        dp, tp = _plain(row["dp"]), _plain(row["tp"])
+    first_keys = [key[i] for i in np.flatnonzero(firsts).tolist()]
+    for k, row in zip(first_keys, first.itertuples(index=False, name=None), strict=True):
+        m_items = tuple((n, _hashable(_plain(v))) for n, v in zip(mnames, row[: split[0]], strict=True))
+        p_items = tuple((n, _plain(v)) for n, v in zip(pnames, row[split[0] : split[1]], strict=True))
+        p_items = tuple((n, list(v) if isinstance(v, list | tuple) else v) for n, v in p_items)
+        h_items = tuple((n, _plain(v)) for n, v in zip(hnames, row[split[1] : split[2]], strict=True))
+        dp, tp = _plain(row[-2]), _plain(row[-1])
         ok = isinstance(dp, int) and dp > 0 and isinstance(tp, int) and tp > 0
-        pred_by_key[key[idx]] = _predict(m_items, _freeze(p_items), h_items, dp) if ok else math.nan
-        params_by_key[key[idx]] = _params(m_items, tp) if ok else math.nan
-        time_by_key[key[idx]] = (
+        pred_by_key[k] = _predict(m_items, _freeze(p_items), h_items, dp) if ok else math.nan
+        params_by_key[k] = _params(m_items, tp) if ok else math.nan
+        time_by_key[k] = (
             _predict_time(m_items, _freeze(p_items), h_items, dp) if ok
             else (math.nan, "the record holds no positive world.dp and world.tp")
         )
-    times = key.map(time_by_key)
+    times = [time_by_key[k] for k in key]
     return _Predicted(
-        mem_gib=key.map(pred_by_key).astype(float),
-        params=key.map(params_by_key).astype(float),
-        sec_per_iter=times.map(lambda t: t[0]).astype(float),
-        reason=times.map(lambda t: t[1]).astype(object),
+        mem_gib=pd.Series([pred_by_key[k] for k in key], index=df.index, dtype=float),
+        params=pd.Series([params_by_key[k] for k in key], index=df.index, dtype=float),
+        sec_per_iter=pd.Series([t[0] for t in times], index=df.index, dtype=float),
+        reason=pd.Series([t[1] for t in times], index=df.index, dtype=object),
     )
 
 

@@ -6,6 +6,7 @@ the record they go into (train.contract.RunRecord) is scrubbed of credentials he
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -174,8 +175,10 @@ def summarize(
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """True for names that conventionally hold credentials (WANDB_API_KEY, HF_TOKEN, ...)."""
+    # Cached: an analysis asks it of every override of every config of a sweep, which repeat a few names.
     upper = name.upper()
     return any(marker in upper for marker in SECRET_MARKERS)
 
