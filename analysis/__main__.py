@@ -37,7 +37,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
+import os
 import sys
+import threading
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +49,12 @@ from typing import TYPE_CHECKING
 from train.contract import EXIT_USAGE
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    import pandas as pd
+
+    from analysis.plots import Plots
     from analysis.records import Sweeps
 
 
@@ -116,30 +126,121 @@ def _compare_parser() -> argparse.ArgumentParser:
     return p
 
 
-def analyse(argv: Sequence[str]) -> int:
-    from analysis.recommend import Constraints, format_recommendations, recommend
-    from analysis.records import MISSING, write_results_csv
-    from analysis.tables import (
-        missing_markdown,
-        planned_markdown,
-        results_markdown,
-        scaling_frame,
-        scaling_markdown,
-        summary_line,
-        zero_frame,
-        zero_markdown,
+class _PlotsAside:
+    """The plots drawn by a forked process while this one loads the sweep and writes the tables, when
+    that can help: matplotlib's start-up and the drawing take about as long as results.csv and
+    results.md, and neither needs the other. Forked at the start, before the table exists: the child
+    imports matplotlib while this process loads, then receives the table narrowed to the plots'
+    columns (a fork after loading would have this process copy every page of the table it touches
+    while the child lives). Elsewhere (one CPU, no fork, other threads running, whose locks a fork
+    could catch held) the plots are drawn here when result() asks. Either way result() gives
+    write_plots' Plots or raises what it raised."""
+
+    def __init__(self) -> None:
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._job: tuple[pd.DataFrame, Path] | None = None
+        self._sent = False
+
+    @classmethod
+    def start(cls) -> _PlotsAside:
+        aside = cls()
+        if _can_fork():
+            context = multiprocessing.get_context("fork")
+            aside._conn, child_end = context.Pipe()
+            aside._process = context.Process(target=_plots_process, args=(child_end,), daemon=True)
+            aside._process.start()
+            child_end.close()
+        return aside
+
+    def draw(self, df: pd.DataFrame, out: Path) -> None:
+        """The plots of df into out: handed to the plotting process, or kept for result()."""
+        self._job = (df, out)
+        if self._conn is not None:
+            from analysis.tables import narrow
+
+            try:
+                columns = self._conn.recv()  # what the plots read, once the child has imported them
+                self._conn.send((narrow(df, columns), out))
+            except (EOFError, OSError):
+                pass  # it died: result() says so
+            self._sent = True
+
+    def result(self) -> Plots:
+        if self._conn is None:
+            from analysis.plots import write_plots
+
+            assert self._job is not None
+            return write_plots(*self._job)
+        try:
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            status, value = "error", RuntimeError("the plotting process ended without a result")
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Ends the plotting process: one given a table finishes it (no file left half written)."""
+        if self._process is None or self._conn is None:
+            return
+        self._conn.close()
+        if not self._sent:
+            self._process.terminate()  # it was only importing matplotlib
+        self._process.join()
+
+
+def _can_fork() -> bool:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux's: the CPUs this process may use
+    return (
+        affinity is not None
+        and len(affinity(0)) > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
     )
 
-    args = _analyse_parser().parse_args(argv)
-    sweeps, default_out = _load(args)
-    # What is loaded stays to the end: the cyclic collector need not scan its million objects again
-    # at every full collection the tables and plots trigger (a short-lived process frees it all at exit).
-    gc.freeze()
-    for w in sweeps.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    df = sweeps.table
-    out = args.out or default_out
-    out.mkdir(parents=True, exist_ok=True)
+
+def _plots_process(conn: Connection) -> None:
+    """The forked child: imports the plots, sends the columns they read, receives (table, out), draws
+    and sends back ('ok', Plots) or ('error', the exception)."""
+    failed: BaseException | None = None
+    columns: tuple[str, ...] = ()
+    try:
+        from analysis.plots import PLOT_COLUMNS, write_plots
+
+        columns = PLOT_COLUMNS
+    except BaseException as exc:  # raised to the parent with the table, as drawing here would
+        failed = exc
+    try:
+        conn.send(columns)
+        df, out = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent stopped before it had a table (bad input): nothing to draw
+    try:
+        if failed is not None:
+            raise failed
+        result: tuple[str, object] = ("ok", write_plots(df, out))
+    except BaseException as exc:  # all of it goes back to the parent, which raises it
+        exc.add_note("In the plotting process:\n" + "".join(traceback.format_exception(exc)).rstrip())
+        result = ("error", exc)
+    try:
+        try:
+            conn.send(result)
+        except (EOFError, OSError):
+            pass  # the parent has stopped waiting (its tables failed)
+        except Exception:  # an exception that does not pickle: its text does
+            conn.send(("error", RuntimeError(f"plotting failed: {result[1]!r}")))
+    finally:
+        conn.close()
+
+
+def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
+    """The recommendation, results.csv, results.md, scaling.csv and zero.csv (those with rows) into out:
+    (the files written, results.md's text, the recommendation's text)."""
+    from analysis.recommend import Constraints, format_recommendations, recommend
+    from analysis.records import write_results_csv
+    from analysis.tables import results_markdown, scaling_frame, scaling_markdown, zero_frame, zero_markdown
+
     constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
     recs = recommend(df, constraints)
     rec_text = format_recommendations(recs)
@@ -166,15 +267,36 @@ def analyse(argv: Sequence[str]) -> int:
     if not zero.empty:
         zero.to_csv(out / "zero.csv", index=False)
         written.append(out / "zero.csv")
-    plots = None
-    if not args.no_plots:
-        # Here, not above: matplotlib's figure machinery is a third of the start-up, and --no-plots
-        # does not need it.
-        from analysis.plots import write_plots
+    return written, md, rec_text
 
-        plots = write_plots(df, out)
+
+def analyse(argv: Sequence[str]) -> int:
+    from analysis.records import MISSING
+    from analysis.tables import missing_markdown, planned_markdown, summary_line
+
+    args = _analyse_parser().parse_args(argv)
+    # Started first, so that matplotlib's start-up and the drawing run beside the loading and the tables.
+    plotting = None if args.no_plots else _PlotsAside.start()
+    try:
+        sweeps, default_out = _load(args)
+        # What is loaded stays to the end: the cyclic collector need not scan its million objects
+        # again at every full collection the tables trigger (a short-lived process frees it all at exit).
+        gc.freeze()
+        for w in sweeps.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        df = sweeps.table
+        out = args.out or default_out
+        out.mkdir(parents=True, exist_ok=True)
+        if plotting is not None:
+            plotting.draw(df, out)
+        written, md, rec_text = _tables(df, sweeps, args, out)
+        plots = plotting.result() if plotting is not None else None
+    finally:
+        if plotting is not None:
+            plotting.close()
     plot_files = list(plots.written) if plots else []
     written += plot_files
+    planned = int((df["outcome"] == "planned").sum())
     if args.wandb_log:
         from analysis.wandb_io import log_analysis, resolve_destination
 

@@ -29,12 +29,18 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from analysis.tables import sort_results  # noqa: E402
+from analysis.tables import TIE_BREAK, sort_results  # noqa: E402
 
 FIGSIZE = (10.0, 6.0)
 DPI = 100
 MAX_BARS = 40
 PLOT_FILES = ("tflops_mfu.png", "sec_per_iter_vs_nodes.png", "memory_measured_vs_predicted.png")
+PLOT_COLUMNS = (
+    "outcome", "model", "hardware", "sweep", "nodes", "dp", "tp", "pp", "mbs", "gbs", "sec_per_iter", "tflops", "mfu",
+    "mem_gib", "mem_pred_gib", "mem_capacity_gib", *TIE_BREAK,
+)  # fmt: skip
+"""The columns of the table the plots read (sort_results' tie-breaks included): the plots of the table
+narrowed to them are those of the whole table."""
 # Runs whose peaks (TFLOPs / MFU) differ by less than this share one peak: one scale for both axes.
 _SAME_PEAK = 0.01
 
@@ -203,6 +209,7 @@ __all__ = [
     "DPI",
     "FIGSIZE",
     "PLOT_FILES",
+    "PLOT_COLUMNS",
     "NothingToPlot",
     "Plots",
     "memory_figure",

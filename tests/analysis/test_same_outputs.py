@@ -1,0 +1,108 @@
+"""The analysis' faster paths write what the plain ones wrote: results.csv by the csv module as
+DataFrame.to_csv wrote it, the plots of the table narrowed to their columns as those of the whole
+table, and the CLI's outputs alike whether its plots are drawn by a forked process or inline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import analysis.__main__ as cli
+from analysis.plots import PLOT_COLUMNS, write_plots
+from analysis.records import load_sweeps, write_results_csv
+from analysis.tables import narrow
+from tests.analysis.golden.build import build_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _to_csv(df: pd.DataFrame, path: Path) -> None:
+    """results.csv as it was written before: list and dict cells as JSON text, then DataFrame.to_csv."""
+    out = df.copy()
+    for name in out.columns:
+        if out[name].dtype == np.dtype(object):
+            out[name] = pd.Series(
+                [json.dumps(v) if isinstance(v, list | dict) else v for v in out[name].tolist()],
+                index=out.index, dtype=object,
+            )
+    out.to_csv(path, index=False)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sweep(tmp_path_factory.mktemp("same") / "bloom_sweep")
+
+
+def _mixed_table() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "f": [1.0, np.nan, -0.0, 1e16, 1 / 3, 1e-05],
+            "i": [1, 2, 3, -4, 5, 2**40],
+            "b": [True, False, True, True, False, True],
+            "s": pd.Series(["a", "comma, inside", 'quote " inside', "new\nline", None, ""], dtype="str"),
+            "o": [None, np.nan, 1.5, "text", True, 7],
+            "numbers": [[1.0, 2.5], [], None, [np.nan, float("inf")], [1, True, None], [10.0] * 3],
+            "nested": [{"k": [1, 2]}, ["a", "b, c"], [[1], [2]], "plain", np.nan, {"x": 'q"'}],
+            "strings": [["+nodes=2", "a=b"], ["]", "["], [], ["x"], ["], ["], ["y", "z"]],
+        }
+    )
+
+
+@pytest.mark.parametrize("which", ["golden", "mixed", "empty"])
+def test_results_csv_is_what_to_csv_wrote(golden: Path, tmp_path: Path, which: str) -> None:
+    df = {
+        "golden": lambda: load_sweeps([golden], queue=None).table,
+        "mixed": _mixed_table,
+        "empty": lambda: _mixed_table().iloc[:0],
+    }[which]()
+    write_results_csv(df, tmp_path / "fast.csv")
+    _to_csv(df, tmp_path / "plain.csv")
+    assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+
+
+def test_the_plots_read_only_their_columns(golden: Path, tmp_path: Path) -> None:
+    df = load_sweeps([golden], queue=None).table
+    whole = write_plots(df, tmp_path / "whole")
+    narrowed = write_plots(narrow(df, PLOT_COLUMNS), tmp_path / "narrow")
+    assert [p.name for p in whole.written] == [p.name for p in narrowed.written] and whole.written
+    for a, b in zip(whole.written, narrowed.written, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_cli_outputs_are_the_same_with_the_plots_drawn_aside_or_inline(
+    golden: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fresh interpreter forks its plotting process (on two or more CPUs); here it is told not to.
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", str(golden), "--no-queue", "-o", str(tmp_path / "aside")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setattr(cli, "_can_fork", lambda: False)
+    assert cli.main([str(golden), "--no-queue", "-o", str(tmp_path / "inline")]) == 0
+    inline_stdout = capsys.readouterr().out
+    assert proc.stdout.replace(str(tmp_path / "aside"), "OUT") == inline_stdout.replace(str(tmp_path / "inline"), "OUT")
+    names = sorted(p.name for p in (tmp_path / "aside").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "inline").iterdir()) and "tflops_mfu.png" in names
+    for name in names:
+        assert (tmp_path / "aside" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
+
+
+def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path) -> None:
+    # The output directory exists but a plot's path is a directory: savefig fails in the plotting
+    # process, and the CLI reports it as it reports any OSError (one line, exit 2), with the tables written.
+    out = tmp_path / "out"
+    (out / "tflops_mfu.png").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", str(golden), "--no-queue", "-o", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "tflops_mfu.png" in proc.stderr, proc.stderr
+    assert (out / "results.csv").is_file() and (out / "results.md").is_file()
