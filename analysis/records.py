@@ -916,27 +916,26 @@ def _csv_cells(column: pd.Series) -> list[Any] | None:
     return None
 
 
-_JSON_SCALARS = frozenset({int, float, bool, type(None)})
-"""Types whose JSON text holds no bracket."""
-
-
 def _json_cells(values: list[Any]) -> list[Any]:
     """Lists and dicts as JSON text (json.dumps); the other values as they are."""
     at = [i for i, v in enumerate(values) if isinstance(v, list | dict)]
     if not at:
         return values
-    out = list(values)
     nested = [values[i] for i in at]
-    if all(type(v) is list and set(map(type, v)) <= _JSON_SCALARS for v in nested):
-        # Lists of numbers (losses, iteration times): one json.dumps of them all, cut between the
-        # lists (no number's text holds a bracket), instead of a json.dumps call per cell.
-        texts = json.dumps(nested)[2:-2].split("], [")
-        if len(texts) == len(nested):
-            for i, text in zip(at, texts, strict=True):
-                out[i] = f"[{text}]"
-            return out
-    for i, v in zip(at, nested, strict=True):
-        out[i] = json.dumps(v)
+    texts: list[str] | None = None
+    if set(map(type, nested)) == {list}:
+        # One json.dumps of all the lists, cut between them, instead of a call per cell: each
+        # boundary is one "], [", so as many as there are boundaries means no text holds one.
+        inner = json.dumps(nested)[2:-2]
+        if inner.count("], [") == len(nested) - 1:
+            texts = list(map("[{}]".format, inner.split("], [")))
+    if texts is None:
+        texts = [json.dumps(v) for v in nested]
+    if len(at) == len(values):
+        return texts
+    out = list(values)
+    for i, text in zip(at, texts, strict=True):
+        out[i] = text
     return out
 
 
