@@ -156,38 +156,45 @@ class _PlotsAside:
     def draw(self, df: pd.DataFrame, out: Path) -> None:
         """The plots of df into out: handed to the plotting process, or kept for result()."""
         self._job = (df, out)
-        if self._conn is not None:
-            from analysis.tables import narrow
+        if self._conn is None:
+            return
+        from analysis.tables import narrow
 
-            try:
-                columns = self._conn.recv()  # what the plots read, once the child has imported them
-                self._conn.send((narrow(df, columns), out))
-            except (EOFError, OSError):
-                pass  # it died: result() says so
+        try:
+            columns = self._conn.recv()  # what the plots read, once the child has imported them
+            self._conn.send((narrow(df, columns), out))
             self._sent = True
+        except Exception:  # it died, or the table does not pickle: drawn here instead
+            self._stop()
 
     def result(self) -> Plots:
-        if self._conn is None:
-            from analysis.plots import write_plots
+        if self._conn is not None:
+            try:
+                status, value = self._conn.recv()
+            except (EOFError, OSError):  # it died drawing (killed): drawn again here
+                self._stop()
+            else:
+                if status == "error":
+                    raise value
+                return value
+        from analysis.plots import write_plots
 
-            assert self._job is not None
-            return write_plots(*self._job)
-        try:
-            status, value = self._conn.recv()
-        except (EOFError, OSError):
-            status, value = "error", RuntimeError("the plotting process ended without a result")
-        if status == "error":
-            raise value
-        return value
+        assert self._job is not None
+        return write_plots(*self._job)
 
     def close(self) -> None:
         """Ends the plotting process: one given a table finishes it (no file left half written)."""
-        if self._process is None or self._conn is None:
-            return
-        self._conn.close()
-        if not self._sent:
-            self._process.terminate()  # it was only importing matplotlib
-        self._process.join()
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            if not self._sent:
+                self._process.terminate()  # it was only importing matplotlib
+            self._process.join()
+
+    def _stop(self) -> None:
+        self._sent = False
+        self.close()
+        self._conn = self._process = None
 
 
 def _can_fork() -> bool:

@@ -5,8 +5,10 @@ table, and the CLI's outputs alike whether its plots are drawn by a forked proce
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import pandas as pd
 import pytest
 
 import analysis.__main__ as cli
-from analysis.plots import PLOT_COLUMNS, write_plots
+from analysis.plots import PLOT_COLUMNS, PLOT_FILES, write_plots
 from analysis.records import load_sweeps, write_results_csv
 from analysis.tables import narrow
 from tests.analysis.golden.build import build_sweep
@@ -106,3 +108,22 @@ def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path) 
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and "tflops_mfu.png" in proc.stderr, proc.stderr
     assert (out / "results.csv").is_file() and (out / "results.md").is_file()
+
+
+@pytest.mark.parametrize("when", ["importing", "drawing"])
+def test_a_plotting_process_that_dies_is_replaced_by_drawing_here(
+    golden: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    def dies(conn: Connection) -> None:
+        if when == "drawing":
+            conn.send(PLOT_COLUMNS)
+            conn.recv()
+        os._exit(3)  # as if killed, without a word
+
+    monkeypatch.setattr(cli, "_can_fork", lambda: True)
+    monkeypatch.setattr(cli, "_plots_process", dies)
+    assert cli.main([str(golden), "--no-queue", "-o", str(tmp_path / "out")]) == 0
+    monkeypatch.setattr(cli, "_can_fork", lambda: False)
+    assert cli.main([str(golden), "--no-queue", "-o", str(tmp_path / "inline")]) == 0
+    for name in PLOT_FILES:
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
