@@ -175,27 +175,35 @@ def varying_overrides(df: pd.DataFrame) -> pd.Series:
         return pd.Series("", index=df.index, dtype=object)
     # Plain Python over the rows: pandas' explode, str.split and groupby took most of a report's
     # time on 10,000 rows (five overrides each) for what is a few dict look-ups per override.
-    rows: list[list[tuple[str, str]]] = []
+    rows: list[list[str]] = []
     key_of: dict[str, str] = {}  # item -> its key: a sweep repeats the same few items
     items_of: dict[str, set[str]] = {}
-    rows_of: dict[str, int] = {}
+    row_keys: dict[tuple[str, ...], int] = {}  # the keys of a row -> how many rows have them
     for overrides in df["overrides"].tolist():
-        pairs = []
+        items: list[str] = []
         if isinstance(overrides, list | tuple):
+            keys = []
             for item in overrides:
-                if _missing(item) or item is pd.NA:
-                    continue
-                item = str(item)
+                if type(item) is not str:
+                    if _missing(item) or item is pd.NA:
+                        continue
+                    item = str(item)
                 key = key_of.get(item)
                 if key is None:
                     key = key_of[item] = item.split("=", 1)[0].lstrip("+~")
                     items_of.setdefault(key, set()).add(item)
-                pairs.append((key, item))
-            for key in {key for key, _ in pairs}:  # a row that repeats a key counts once
-                rows_of[key] = rows_of.get(key, 0) + 1
-        rows.append(pairs)
+                items.append(item)
+                keys.append(key)
+            together = tuple(keys)
+            row_keys[together] = row_keys.get(together, 0) + 1
+        rows.append(items)
+    rows_of: dict[str, int] = {}
+    for together, n in row_keys.items():
+        for key in set(together):  # a row that repeats a key counts once
+            rows_of[key] = rows_of.get(key, 0) + n
     varies = {k for k, items in items_of.items() if (len(items) > 1 or rows_of[k] < len(df)) and k not in _SHOWN_KEYS}
-    joined = [" ".join(item for key, item in pairs if key in varies) for pairs in rows]
+    shown = {item for item, key in key_of.items() if key in varies}
+    joined = [" ".join([item for item in items if item in shown]) for items in rows]
     return pd.Series(joined, index=df.index, dtype=object)
 
 
