@@ -416,6 +416,8 @@ def value_texts(values: pd.Series) -> list[str]:
     if same_type:
         # One type throughout (True and 1 never meet): pandas finds the distinct values in one pass
         # (None and NaN: code -1, the last text, '').
+        if isinstance(dtype, pd.StringDtype):  # its objects: pandas' own path for strings is slower
+            values = pd.Series(values.to_numpy(dtype=object, na_value=None), dtype=object)
         codes, uniques = pd.factorize(values, use_na_sentinel=True)
         texts = np.array([*(_key_text(v) for v in uniques.tolist()), ""], dtype=object)
         return texts[codes].tolist()
