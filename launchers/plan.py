@@ -61,7 +61,8 @@ class PlanSummary:
     plan_seconds: float
     """Time spent in the planner (seconds)."""
     hydra_compositions: int
-    """Full Hydra compositions: one per distinct choice of config groups (compositions)."""
+    """Full Hydra compositions: at most one per distinct choice of config groups; a choice that differs from
+    a composed one only in schema groups' options is derived from it instead (compositions)."""
     by_rule: tuple[RuleCount, ...] = ()
     """The infeasible configs per broken rule, most common first (train.planner.plan.infeasible_by_rule)."""
 
