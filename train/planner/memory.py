@@ -303,10 +303,16 @@ def estimate_memory(
     `hardware` adds its overheads (none without it); `stack` defaults to what python -m train runs;
     `fused_optimizer` to par.optimizer (only `torch`, foreach AdamW, is unfused)."""
     _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
-    candidates = [
-        stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
-        for s in _distinct_stages(par.pp, _micro_batches(par, dp))
-    ]
+    m = _micro_batches(par, dp)
+    if stack is None and fused_optimizer is None:
+        # The sweep's path: each stage memoised on the fields it reads (_stage_cached).
+        key, view = _stage_key(par), _memory_view(hardware)
+        candidates = [_stage_cached(model, key, dp, s, view, m) for s in _distinct_stages(par.pp, m)]
+    else:
+        candidates = [
+            stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
+            for s in _distinct_stages(par.pp, m)
+        ]
     # Ties go to the earlier stage (first before last), the more common report.
     return max(candidates, key=lambda e: e.needed)
 
@@ -726,6 +732,44 @@ def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
 @functools.lru_cache(maxsize=1 << 16)
 def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int, hw: HardwareConfig | None) -> MemoryEstimate:
     return estimate_memory(model, par, dp=dp, hardware=hw)
+
+
+def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
+    """The fields of `par` that stage_memory reads once given the micro-batch count; the others
+    (dp, which comes as its own argument, the global batch and its ramp-up) at their defaults."""
+    return ParallelismConfig(
+        tp=par.tp,
+        pp=par.pp,
+        micro_batch_size=par.micro_batch_size,
+        zero_stage=par.zero_stage,
+        offload=par.offload,
+        recompute=par.recompute,
+        sequence_parallel=par.sequence_parallel,
+        precision=par.precision,
+        engine=par.engine,
+        optimizer=par.optimizer,
+    )
+
+
+def _memory_view(hw: HardwareConfig | None) -> HardwareConfig | None:
+    """The figures of `hw` that stage_memory reads (devices of a sweep often share them all)."""
+    if hw is None:
+        return None
+    return HardwareConfig(
+        name="",
+        device_type=hw.device_type,
+        process_overhead_gib=hw.process_overhead_gib,
+        comm_buffer_gib=hw.comm_buffer_gib,
+        comm_buffer_pair_gib=hw.comm_buffer_pair_gib,
+        allocator_fragmentation=hw.allocator_fragmentation,
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _stage_cached(
+    model: ModelConfig, key: ParallelismConfig, dp: int, stage: int, view: HardwareConfig | None, micro_batches: int
+) -> MemoryEstimate:
+    return stage_memory(model, key, dp=dp, stage=stage, hardware=view, micro_batches=micro_batches)
 
 
 def estimated_memory(

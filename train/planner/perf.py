@@ -385,10 +385,14 @@ def predict_time(
     """
     stack = stack or stack_of(par)
     per_node = max(1, hw.devices_per_node)
-    mach = _machine(hw, Precision(par.precision), nodes=-(-dp * par.tp * par.pp // per_node))
+    precision = Precision(par.precision)
+    # Only a calibration's figures depend on the node count: without one, every count shares a machine.
+    nodes = -(-dp * par.tp * par.pp // per_node) if hw.calibration else 0
+    mach = _machine_cached(hw, precision, nodes)
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
-    layer = _layer(model, par, mach, stack, causal_skip)
+    key = _per_rank_key(par)
+    layer = _layer_cached(model, key, hw, precision, nodes, stack, causal_skip)
     # Under sequence parallel a stage sends its TP rank's tokens only.
     sent_tokens = model.seq_length // par.tp if par.sequence_parallel else model.seq_length
     p2p_bytes = par.mbs * sent_tokens * model.hidden_size * _act_bytes(par.precision)
@@ -403,7 +407,7 @@ def predict_time(
     stages = []
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1
-        stage = _ends(model, par, mach, first=first, last=last)
+        stage = _Stage(dict(_ends_cached(model, key, hw, precision, nodes, first, last)))
         layers = len(stage_layers(model.num_layers, stage=s, num_stages=par.pp))
         for part, seconds in layer.parts.items():
             stage.add(part, layers * seconds)
@@ -446,6 +450,46 @@ def predict_time(
         stage_seconds=tuple(st.total for st in stages),
         micro_batches=m,
     )
+
+
+# A sweep predicts thousands of layouts that share a layer's and the ends' per-rank work (the same
+# model, tp, micro-batch, precision and recompute on the same device, at any pp, dp or global batch):
+# the pieces below are memoised on exactly the fields they read, so each is computed once.
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _machine_cached(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
+    # Shared, never modified: the time model only reads a machine.
+    return _machine(hw, precision, nodes)
+
+
+def _per_rank_key(par: ParallelismConfig) -> ParallelismConfig:
+    """The fields of `par` that _layer and _ends read; the others at their defaults."""
+    return ParallelismConfig(
+        tp=par.tp,
+        micro_batch_size=par.micro_batch_size,
+        precision=par.precision,
+        recompute=par.recompute,
+        sequence_parallel=par.sequence_parallel,
+    )
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _layer_cached(
+    model: ModelConfig, key: ParallelismConfig, hw: HardwareConfig, precision: Precision, nodes: int,
+    stack: Stack, causal_skip: float,
+) -> _Stage:
+    # Shared: predict_time only reads the layer's parts.
+    return _layer(model, key, _machine_cached(hw, precision, nodes), stack, causal_skip)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _ends_cached(
+    model: ModelConfig, key: ParallelismConfig, hw: HardwareConfig, precision: Precision, nodes: int,
+    first: bool, last: bool,
+) -> dict[str, float]:
+    # The parts, copied by the caller into a stage of its own: predict_time adds to each stage.
+    return _ends(model, key, _machine_cached(hw, precision, nodes), first=first, last=last).parts
 
 
 __all__ = ["PARTS", "TimePrediction", "UnknownHardwareFigure", "predict_time"]

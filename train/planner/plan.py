@@ -32,7 +32,7 @@ from train.planner.layout import shown_dp
 from train.planner.memory import estimated_memory, usable_bytes
 from train.planner.perf import TimePrediction, UnknownHardwareFigure, predict_time
 from train.planner.rules import RULES, Violation, advise, reason_rule, resolve_auto_micro_batch, validate
-from train.planner.shapes import shape_report
+from train.planner.shapes import shape_efficiency
 from train.planner.sizes import total_params
 
 GIB = 2**30
@@ -44,7 +44,8 @@ def _is_pos_int(value: object) -> bool:
 
 @functools.lru_cache(maxsize=1 << 14)
 def _quant_efficiency(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig) -> float:
-    return shape_report(model, par, hw).efficiency
+    # The report's efficiency without its warnings and hidden-size advisor, which the row does not show.
+    return shape_efficiency(model, par, hw)
 
 
 @functools.lru_cache(maxsize=1 << 14)
