@@ -135,6 +135,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -305,14 +306,15 @@ def estimate_memory(
     _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
     m = _micro_batches(par, dp)
     if stack is None and fused_optimizer is None:
-        # The sweep's path: each stage memoised on the fields it reads (_stage_cached).
-        key, view = _stage_key(par), _memory_view(hardware)
-        candidates = [_stage_cached(model, key, dp, s, view, m) for s in _distinct_stages(par.pp, m)]
-    else:
-        candidates = [
-            stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
-            for s in _distinct_stages(par.pp, m)
-        ]
+        # The sweep's path: memoised on the fields it reads (_worst_stage).
+        return _worst_stage(model, _stage_key(par), dp, _memory_view(hardware), m)
+    return _worst(
+        stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
+        for s in _distinct_stages(par.pp, m)
+    )
+
+
+def _worst(candidates: Iterable[MemoryEstimate]) -> MemoryEstimate:
     # Ties go to the earlier stage (first before last), the more common report.
     return max(candidates, key=lambda e: e.needed)
 
@@ -721,17 +723,9 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-# A sweep plans thousands of layouts that share (model, parallelism, dp, hardware): memoise.
-
-
-def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
-    # The ramp-up list makes the dataclass unhashable, and memory does not depend on it.
-    return par if par.rampup_batch_size is None else dataclasses.replace(par, rampup_batch_size=None)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int, hw: HardwareConfig | None) -> MemoryEstimate:
-    return estimate_memory(model, par, dp=dp, hardware=hw)
+# A sweep plans thousands of layouts that share a model, most parallelism fields and the devices'
+# overheads (its devices differ in capacity and speed, which memory does not read): memoise on the
+# fields that are read, so layouts that differ in the others share one estimate.
 
 
 def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -751,6 +745,7 @@ def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
     )
 
 
+@functools.lru_cache(maxsize=1 << 8)
 def _memory_view(hw: HardwareConfig | None) -> HardwareConfig | None:
     """The figures of `hw` that stage_memory reads (devices of a sweep often share them all)."""
     if hw is None:
@@ -766,16 +761,35 @@ def _memory_view(hw: HardwareConfig | None) -> HardwareConfig | None:
 
 
 @functools.lru_cache(maxsize=1 << 16)
+def _worst_stage(
+    model: ModelConfig, key: ParallelismConfig, dp: int, view: HardwareConfig | None, micro_batches: int
+) -> MemoryEstimate:
+    return _worst(_stage_cached(model, key, dp, s, view, micro_batches) for s in _distinct_stages(key.pp, micro_batches))
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def _stage_cached(
     model: ModelConfig, key: ParallelismConfig, dp: int, stage: int, view: HardwareConfig | None, micro_batches: int
 ) -> MemoryEstimate:
     return stage_memory(model, key, dp=dp, stage=stage, hardware=view, micro_batches=micro_batches)
 
 
+def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
+    # The ramp-up list makes the dataclass unhashable, and memory does not depend on it.
+    return par if par.rampup_batch_size is None else dataclasses.replace(par, rampup_batch_size=None)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int, hw: HardwareConfig | None) -> MemoryEstimate:
+    # A lookup on the arguments as given: the rules and the row ask for the same layout's estimate.
+    return estimate_memory(model, par, dp=dp, hardware=hw)
+
+
 def estimated_memory(
     model: ModelConfig, par: ParallelismConfig, dp: int, hardware: HardwareConfig | None = None
 ) -> MemoryEstimate:
-    """`estimate_memory` for this layout, memoised on its (frozen) arguments."""
+    """`estimate_memory` for this layout, memoised on its (frozen) arguments, and below that on the
+    fields it reads (_worst_stage), which layouts of a sweep that differ elsewhere share."""
     return _estimate_cached(model, _cache_key(par), dp, hardware)
 
 
