@@ -29,7 +29,13 @@ from typing import TextIO
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 
-from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
+from launchers.compose import (
+    FastComposer,
+    SweepLauncher,
+    bulk_allocation,
+    is_megasweep_config,
+    sweep_composer,
+)
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import (
     RuleCount,
@@ -213,6 +219,11 @@ class PlanLauncher(SweepLauncher):
         self.rows: list[PlanRow] = []
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # Planning keeps every row and estimate alive: no collector walks over them meanwhile.
+        with bulk_allocation():
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")
