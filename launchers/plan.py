@@ -18,7 +18,6 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -157,9 +156,8 @@ def plan_sweep(
     for done, overrides in enumerate(job_overrides, start=1):
         run = composer.run_config(overrides)
         tic = time.perf_counter()
-        row = plan_run(run, world_size=world_size)
+        rows.append(plan_run(run, world_size=world_size, overrides=" ".join(overrides)))
         planning += time.perf_counter() - tic
-        rows.append(dataclasses.replace(row, overrides=" ".join(overrides)))
         if progress is not None:
             progress(done, total)
     return rows, planning
