@@ -404,29 +404,42 @@ def predict_time(
         crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
         link = _link(mach, 2 * mach.per_node if crosses else 1)
         return link.latency + p2p_bytes / link.bandwidth
+    # Each stage's parts: the ends, its layers, its transfers, its gradient accumulation. Stages alike
+    # (the middle ones, mostly) are computed once; the stage figures are looked up once per layout.
+    numels, counts = _stage_numels(model, par.tp, par.pp), _stage_layer_counts(model.num_layers, par.pp)
+    per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
+    casts = stack == Stack.megasweep and precision != Precision.fp32
+    forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
+    layer_parts = tuple(layer.parts.items())
+    ends: dict[tuple[bool, bool], dict[str, float]] = {}
+    alike: dict[tuple[bool, bool, int, tuple[float, ...], int], _Stage] = {}
     stages = []
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1
-        stage = _Stage(dict(_ends_cached(model, key, hw, precision, nodes, first, last)))
-        layers = len(stage_layers(model.num_layers, stage=s, num_stages=par.pp))
-        for part, seconds in layer.parts.items():
-            stage.add(part, layers * seconds)
+        if (first, last) not in ends:  # before the transfers: which missing figure is reported first
+            ends[(first, last)] = _ends_cached(model, key, hw, precision, nodes, first, last)
         # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
         # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
-        per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
         neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
-        stage.add("pp_comm", per_neighbour * sum(neighbours))
-        held = stage_numel(model, tp=par.tp, stage=s, num_stages=par.pp)
-        stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
-        if stack == Stack.megasweep and Precision(par.precision) != Precision.fp32:
-            forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
-            stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
-            stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+        layers, held = counts[s], numels[s]
+        key_s = (first, last, layers, tuple(neighbours), held)
+        stage = alike.get(key_s)
+        if stage is None:
+            stage = _Stage(dict(ends[(first, last)]))
+            for part, seconds in layer_parts:
+                stage.add(part, layers * seconds)
+            stage.add("pp_comm", per_neighbour * sum(neighbours))
+            stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
+            if casts:
+                stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+                stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+            alike[key_s] = stage
         stages.append(stage)
-    slowest = max(stages, key=lambda st: st.total)
+    totals = [st.total for st in stages]
+    slowest = stages[totals.index(max(totals))]
     parts = {k: m * v for k, v in slowest.parts.items()}
     parts["bubble"] = (par.pp - 1) * slowest.total
-    worst_stage = max(range(par.pp), key=lambda st: stage_numel(model, tp=par.tp, stage=st, num_stages=par.pp))
+    worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep:
         # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
@@ -437,7 +450,7 @@ def predict_time(
         words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
         dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
     parts["dp_comm"] = dp_time
-    held = stage_numel(model, tp=par.tp, stage=worst_stage, num_stages=par.pp)
+    held = numels[worst_stage]
     stepped = held / dp if par.zero_stage >= 1 else held
     parts["optimizer"] = ADAM_BYTES_PER_PARAM * stepped / mach.mem_bw
     if Offload(par.offload) != Offload.none:
@@ -447,7 +460,7 @@ def predict_time(
     return TimePrediction(
         sec_per_iter=math.fsum(parts.values()),
         parts=parts,
-        stage_seconds=tuple(st.total for st in stages),
+        stage_seconds=tuple(totals),
         micro_batches=m,
     )
 
@@ -455,6 +468,16 @@ def predict_time(
 # A sweep predicts thousands of layouts that share a layer's and the ends' per-rank work (the same
 # model, tp, micro-batch, precision and recompute on the same device, at any pp, dp or global batch):
 # the pieces below are memoised on exactly the fields they read, so each is computed once.
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_numels(model: ModelConfig, tp: int, pp: int) -> tuple[int, ...]:
+    return tuple(stage_numel(model, tp=tp, stage=s, num_stages=pp) for s in range(pp))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
+    return tuple(len(stage_layers(num_layers, stage=s, num_stages=pp)) for s in range(pp))
 
 
 @functools.lru_cache(maxsize=1 << 10)
