@@ -391,8 +391,8 @@ def predict_time(
     mach = _machine_cached(hw, precision, nodes)
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
-    key = _per_rank_key(par)
-    layer = _layer_cached(model, key, hw, precision, nodes, stack, causal_skip)
+    rank = _rank_work(model, _per_rank_key(par), hw, precision, nodes, stack, causal_skip)
+    layer = rank.layer
     # Under sequence parallel a stage sends its TP rank's tokens only.
     sent_tokens = model.seq_length // par.tp if par.sequence_parallel else model.seq_length
     p2p_bytes = par.mbs * sent_tokens * model.hidden_size * _act_bytes(par.precision)
@@ -417,7 +417,7 @@ def predict_time(
     for s in range(par.pp):
         first, last = s == 0, s == par.pp - 1
         if (first, last) not in ends:  # before the transfers: which missing figure is reported first
-            ends[(first, last)] = _ends_cached(model, key, hw, precision, nodes, first, last)
+            ends[(first, last)] = rank.ends(first, last)
         # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
         # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
         neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
@@ -497,22 +497,33 @@ def _per_rank_key(par: ParallelismConfig) -> ParallelismConfig:
     )
 
 
+@dataclass
+class _RankWork:
+    """One TP rank's work per micro-batch on one device: its layer, and its ends by kind of stage."""
+
+    model: ModelConfig
+    key: ParallelismConfig
+    mach: _Machine
+    layer: _Stage
+    """Shared, never modified: predict_time only reads its parts."""
+    _ends: dict[tuple[bool, bool], dict[str, float]] = field(default_factory=dict)
+
+    def ends(self, first: bool, last: bool) -> dict[str, float]:
+        """The parts of _ends (the caller copies them into a stage of its own, which it adds to)."""
+        parts = self._ends.get((first, last))
+        if parts is None:
+            parts = self._ends[(first, last)] = _ends(self.model, self.key, self.mach, first=first, last=last).parts
+        return parts
+
+
 @functools.lru_cache(maxsize=1 << 14)
-def _layer_cached(
+def _rank_work(
     model: ModelConfig, key: ParallelismConfig, hw: HardwareConfig, precision: Precision, nodes: int,
     stack: Stack, causal_skip: float,
-) -> _Stage:
-    # Shared: predict_time only reads the layer's parts.
-    return _layer(model, key, _machine_cached(hw, precision, nodes), stack, causal_skip)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _ends_cached(
-    model: ModelConfig, key: ParallelismConfig, hw: HardwareConfig, precision: Precision, nodes: int,
-    first: bool, last: bool,
-) -> dict[str, float]:
-    # The parts, copied by the caller into a stage of its own: predict_time adds to each stage.
-    return _ends(model, key, _machine_cached(hw, precision, nodes), first=first, last=last).parts
+) -> _RankWork:
+    # One lookup per prediction (hashing a device's thirty figures once, not once per piece).
+    mach = _machine_cached(hw, precision, nodes)
+    return _RankWork(model, key, mach, _layer(model, key, mach, stack, causal_skip))
 
 
 __all__ = ["PARTS", "TimePrediction", "UnknownHardwareFigure", "predict_time"]
