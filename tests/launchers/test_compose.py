@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
 from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import open_dict
 
 import conf  # noqa: F401  (registers the schema)
 from conf.schema import GROUP_SCHEMAS, Precision, Recompute, RunConfig, to_run_config
@@ -252,11 +256,15 @@ def test_group_options_that_are_not_a_plain_merge_are_composed(tmp_path: Path) -
         for changed in (["model=moved"], ["hardware=nested"], ["cluster=generic_gpu"])
     ]
     composer = FastComposer.from_config_dir(conf_dir)
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        for overrides in cases:
-            # The later choice of a group wins in both (a dict keeps the last).
-            jobs = list({o.split("=")[0]: o for o in overrides}.values())
-            assert composer.run_config(jobs) == to_run_config(compose("config", overrides=jobs)), jobs
+    # Hydra's own composition (what hydra.compose runs), without the global Hydra the module's fixture holds.
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir)))
+    for overrides in cases:
+        # The later choice of a group wins (a dict keeps the last).
+        jobs = list({o.split("=")[0]: o for o in overrides}.values())
+        hydra_cfg = loader.load_configuration("config", overrides=jobs, run_mode=RunMode.RUN, from_shell=False)
+        with open_dict(hydra_cfg):
+            del hydra_cfg["hydra"]  # as hydra.compose returns it
+        assert composer.run_config(jobs) == to_run_config(hydra_cfg), jobs
     stats = composer.stats()
     # cluster's node has a layer after the option (the body): still derived, with that layer.
     assert (stats.bases, stats.derived) == (3, 1)

@@ -7,6 +7,7 @@ tests/train/test_memory.py and tests/train/test_parallel.py; here they are deriv
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import subprocess
 import sys
@@ -17,10 +18,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from conf.schema import (
+    Engine,
     HardwareConfig,
     ModelConfig,
     ModelKind,
     Offload,
+    OptimizerImpl,
     ParallelismConfig,
     Precision,
     Recompute,
@@ -458,3 +461,39 @@ def test_fused_against_unfused_adam_on_the_first_node() -> None:
         return device_reading(estimate_memory(model, layout, dp=2, hardware=hw, stack=Stack.megatron_deepspeed), hw)
 
     assert (reading("torch") - reading("auto")) / GIB == pytest.approx(10, rel=0.25)
+
+
+def test_memoised_estimate_reads_what_the_full_estimate_reads() -> None:
+    # estimated_memory memoises on a reduced key (the parallelism fields and device figures that
+    # stage_memory reads, the micro-batch count instead of the global batch): it must equal the
+    # estimate computed on the whole config, for layouts and devices that differ in everything else.
+    from train.planner.memory import estimated_memory, estimated_variants, stack_of
+
+    models = [load_model("gpt_350m"), load_model("gpt_1.3b"), replace(load_model("bert_345m"), num_layers=6)]
+    devices = [load_hardware(n) for n in ("cpu", "a100_40gb", "h100_sxm")]
+    devices.append(replace(devices[-1], name="other", allocator_fragmentation=0.3, comm_buffer_gib=1.0))
+    layouts = [
+        par(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, zero_stage=zero, recompute=rc,
+            precision=prec, engine=engine, optimizer=opt, offload=off, sequence_parallel=sp, rampup_batch_size=ramp)
+        for tp, pp, mbs, gbs, zero, rc, prec, engine, opt, off, sp, ramp in [
+            (1, 1, 1, 8, 0, Recompute.none, Precision.bf16, Engine.native, OptimizerImpl.auto, Offload.none, False, None),
+            (2, 2, 2, 64, 1, Recompute.selective, Precision.fp16, Engine.native, OptimizerImpl.torch, Offload.none, True, None),
+            (1, 3, 4, 512, 0, Recompute.full, Precision.fp32, Engine.native, OptimizerImpl.auto, Offload.none, False, [4, 4, 100]),
+            (1, 1, 2, 32, 3, Recompute.none, Precision.bf16, Engine.deepspeed, OptimizerImpl.auto, Offload.params, False, None),
+            (2, 1, 1, 16, 2, Recompute.full, Precision.fp16, Engine.deepspeed, OptimizerImpl.torch, Offload.optimizer, False, None),
+        ]
+    ]  # fmt: skip
+    checked = 0
+    for model, hw, layout, dp in itertools.product(models, devices, layouts, [1, 2, 4]):
+        full = estimate_memory(model, layout, dp=dp, hardware=hw, stack=stack_of(layout))
+        assert estimated_memory(model, layout, dp, hw) == full, (model.name, hw.name, layout, dp)
+        # A variant of another layout reaches the same estimate.
+        other = layouts[0] if layout is not layouts[0] else layouts[1]
+        change = {f: getattr(layout, f) for f in ("tp", "pp", "micro_batch_size", "zero_stage", "recompute")}
+        variant = estimated_variants(model, replace(other, global_batch_size=layout.global_batch_size), dp, hw)
+        assert variant(**change) == estimate_memory(
+            model, replace(other, global_batch_size=layout.global_batch_size, **change), dp=dp, hardware=hw,
+            stack=stack_of(other),
+        )
+        checked += 1
+    assert checked == len(models) * len(devices) * len(layouts) * 3
