@@ -322,7 +322,7 @@ class _GroupNodes:
     Hydra composes a group's node by merging, in defaults-list order, what each config of the
     list puts at that package: here the schema's typed node (megasweep_schema), then the chosen
     option's YAML, then the primary config's own body if it has that key. When the defaults list
-    is that simple (checked once per group by `_layers`: no interpolated or package-moved
+    is that simple (checked once per group by `_find_layers`: no interpolated or package-moved
     defaults, no nested defaults, no other group below this one, no search-path change), the
     node of any option is those same layers merged with that option in the middle: a YAML load
     and a merge (2 ms) instead of a composition (150 ms). Whatever is not that simple gives None,
@@ -446,7 +446,7 @@ class _GroupNodes:
 
 
 class FastComposer:
-    """Turns override lists into RunConfigs, composing with Hydra once per group choice.
+    """Turns override lists into RunConfigs, composing with Hydra at most once per group choice.
 
     `compose_groups(group_overrides)` must return the full composed config (hydra node
     included) for those group choices, as Hydra's own composition does for a job with

@@ -9,7 +9,7 @@ in the sweep directory (hydra.sweep.dir) gets every row. The console stays a scr
 many configs the sweep holds: the file is where all of them are.
 
 A plan must take seconds for 10,000 configs, so configs come from the shared
-FastComposer (one Hydra compose per distinct group choice, not per job) and the planner
+FastComposer (at most one Hydra compose per distinct group choice, not per job) and the planner
 is pure arithmetic. Hydra accepts launchers only from the `hydra_plugins` package: the
 class it instantiates is a thin subclass in hydra_plugins/megasweep/plan_launcher.py.
 
