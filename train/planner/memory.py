@@ -752,33 +752,51 @@ def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
     )
 
 
-@functools.lru_cache(maxsize=1 << 8)
-def _memory_view(hw: HardwareConfig | None) -> HardwareConfig | None:
+_View = tuple[str, float, float, float, float] | None
+"""The figures of a device that stage_memory reads, as a key (a tuple hashes faster than the device's thirty)."""
+
+
+def _memory_view(hw: HardwareConfig | None) -> _View:
     """The figures of `hw` that stage_memory reads (devices of a sweep often share them all)."""
     if hw is None:
         return None
+    return (hw.device_type, hw.process_overhead_gib, hw.comm_buffer_gib, hw.comm_buffer_pair_gib, hw.allocator_fragmentation)
+
+
+@functools.lru_cache(maxsize=1 << 8)
+def _viewed_hardware(view: _View) -> HardwareConfig | None:
+    """A device with those figures and every other field at its default."""
+    if view is None:
+        return None
+    device_type, process, buffers, pairs, fragmentation = view
     return HardwareConfig(
         name="",
-        device_type=hw.device_type,
-        process_overhead_gib=hw.process_overhead_gib,
-        comm_buffer_gib=hw.comm_buffer_gib,
-        comm_buffer_pair_gib=hw.comm_buffer_pair_gib,
-        allocator_fragmentation=hw.allocator_fragmentation,
+        device_type=device_type,
+        process_overhead_gib=process,
+        comm_buffer_gib=buffers,
+        comm_buffer_pair_gib=pairs,
+        allocator_fragmentation=fragmentation,
     )
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _worst_stage(
-    model: ModelConfig, key: ParallelismConfig, dp: int, view: HardwareConfig | None, micro_batches: int
+    model: ModelConfig, key: ParallelismConfig, dp: int, view: _View, micro_batches: int
 ) -> MemoryEstimate:
     return _worst(_stage_cached(model, key, dp, s, view, micro_batches) for s in _distinct_stages(key.pp, micro_batches))
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _stage_cached(
-    model: ModelConfig, key: ParallelismConfig, dp: int, stage: int, view: HardwareConfig | None, micro_batches: int
+    model: ModelConfig, key: ParallelismConfig, dp: int, stage: int, view: _View, micro_batches: int
 ) -> MemoryEstimate:
-    return stage_memory(model, key, dp=dp, stage=stage, hardware=view, micro_batches=micro_batches)
+    return stage_memory(model, key, dp=dp, stage=stage, hardware=_viewed_hardware(view), micro_batches=micro_batches)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _changed_key(key: ParallelismConfig, change: tuple[tuple[str, Any], ...]) -> ParallelismConfig:
+    # The fix search tries the same changes of one layout on each device of a sweep: copy once.
+    return dataclasses.replace(key, **dict(change))
 
 
 def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -804,7 +822,7 @@ def estimated_variants(
     def variant(**change: Any) -> MemoryEstimate:
         if not change.keys() <= _STAGE_FIELDS:
             return estimated_memory(model, dataclasses.replace(par, **change), dp, hardware)
-        changed = dataclasses.replace(key, **change)
+        changed = _changed_key(key, tuple(change.items()))
         # As estimate_memory: the same checks, the micro-batch count from this layout's global batch.
         _check_positive(dp=dp, tp=changed.tp, pp=changed.pp, micro_batch_size=changed.mbs)
         return _worst_stage(model, changed, dp, view, max(1, par.global_batch_size // (changed.mbs * dp)))
