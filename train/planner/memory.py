@@ -729,27 +729,24 @@ def _check_positive(**values: int) -> None:
 # fields that are read, so layouts that differ in the others share one estimate.
 
 
-_STAGE_FIELDS = frozenset(
-    ("tp", "pp", "micro_batch_size", "zero_stage", "offload", "recompute", "sequence_parallel", "precision", "engine", "optimizer")
-)
+_STAGE_FIELDS = (
+    "tp", "pp", "micro_batch_size", "zero_stage", "offload", "recompute", "sequence_parallel", "precision", "engine",
+    "optimizer",
+)  # fmt: skip
 """The fields of a ParallelismConfig that stage_memory reads once given the micro-batch count (_stage_key)."""
+_STAGE_FIELD_SET = frozenset(_STAGE_FIELDS)
+
+
+def parallelism_subset(par: ParallelismConfig, fields: Iterable[str]) -> ParallelismConfig:
+    """`par` with only `fields` kept, the others at their defaults: the key of a memo that reads only those
+    fields, which layouts differing elsewhere share (here, and in train.planner.perf)."""
+    return ParallelismConfig(**{name: getattr(par, name) for name in fields})
 
 
 def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
     """The fields of `par` that stage_memory reads once given the micro-batch count; the others
     (dp, which comes as its own argument, the global batch and its ramp-up) at their defaults."""
-    return ParallelismConfig(
-        tp=par.tp,
-        pp=par.pp,
-        micro_batch_size=par.micro_batch_size,
-        zero_stage=par.zero_stage,
-        offload=par.offload,
-        recompute=par.recompute,
-        sequence_parallel=par.sequence_parallel,
-        precision=par.precision,
-        engine=par.engine,
-        optimizer=par.optimizer,
-    )
+    return parallelism_subset(par, _STAGE_FIELDS)
 
 
 _View = tuple[str, float, float, float, float] | None
@@ -820,7 +817,7 @@ def estimated_variants(
     key, view = _stage_key(par), _memory_view(hardware)
 
     def variant(**change: Any) -> MemoryEstimate:
-        if not change.keys() <= _STAGE_FIELDS:
+        if not change.keys() <= _STAGE_FIELD_SET:
             return estimated_memory(model, dataclasses.replace(par, **change), dp, hardware)
         changed = _changed_key(key, tuple(change.items()))
         # As estimate_memory: the same checks, the micro-batch count from this layout's global batch.
@@ -863,6 +860,7 @@ __all__ = [
     "estimate_memory",
     "estimated_memory",
     "estimated_variants",
+    "parallelism_subset",
     "layer_activation_bytes",
     "predicts_oom",
     "stack_of",

@@ -56,7 +56,7 @@ from conf.schema import (
 from train.planner.calibration import Link, gemm_table, links, load_calibration, node_timing
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
-from train.planner.memory import Stack, stack_of
+from train.planner.memory import Stack, parallelism_subset, stack_of
 from train.planner.shapes import alignment_elements, gemm_efficiency
 from train.planner.sizes import padded_vocab_size
 
@@ -488,13 +488,7 @@ def _machine_cached(hw: HardwareConfig, precision: Precision, nodes: int) -> _Ma
 
 def _per_rank_key(par: ParallelismConfig) -> ParallelismConfig:
     """The fields of `par` that _layer and _ends read; the others at their defaults."""
-    return ParallelismConfig(
-        tp=par.tp,
-        micro_batch_size=par.micro_batch_size,
-        precision=par.precision,
-        recompute=par.recompute,
-        sequence_parallel=par.sequence_parallel,
-    )
+    return parallelism_subset(par, ("tp", "micro_batch_size", "precision", "recompute", "sequence_parallel"))
 
 
 @dataclass
