@@ -392,49 +392,16 @@ def predict_time(
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
     rank = _rank_work(model, _per_rank_key(par), hw, precision, nodes, stack, causal_skip)
-    layer = rank.layer
     # Under sequence parallel a stage sends its TP rank's tokens only.
     sent_tokens = model.seq_length // par.tp if par.sequence_parallel else model.seq_length
     p2p_bytes = par.mbs * sent_tokens * model.hidden_size * _act_bytes(par.precision)
     # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP): the
-    # boundary after stage s crosses nodes when its two sides sit on different nodes.
+    # boundary after stage s crosses nodes when its two sides sit on different nodes. That is how dp
+    # enters the stages, so layouts of other dp or global batch with the same crossings share them.
     width = par.tp * dp
-
-    def p2p(boundary: int) -> float:
-        crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
-        link = _link(mach, 2 * mach.per_node if crosses else 1)
-        return link.latency + p2p_bytes / link.bandwidth
-    # Each stage's parts: the ends, its layers, its transfers, its gradient accumulation. Stages alike
-    # (the middle ones, mostly) are computed once; the stage figures are looked up once per layout.
-    numels, counts = _stage_numels(model, par.tp, par.pp), _stage_layer_counts(model.num_layers, par.pp)
-    per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
-    casts = stack == Stack.megasweep and precision != Precision.fp32
-    forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
-    layer_parts = tuple(layer.parts.items())
-    ends: dict[tuple[bool, bool], dict[str, float]] = {}
-    alike: dict[tuple[bool, bool, int, tuple[float, ...], int], _Stage] = {}
-    stages = []
-    for s in range(par.pp):
-        first, last = s == 0, s == par.pp - 1
-        if (first, last) not in ends:  # before the transfers: which missing figure is reported first
-            ends[(first, last)] = rank.ends(first, last)
-        # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
-        # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
-        neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
-        layers, held = counts[s], numels[s]
-        key_s = (first, last, layers, tuple(neighbours), held)
-        stage = alike.get(key_s)
-        if stage is None:
-            stage = _Stage(dict(ends[(first, last)]))
-            for part, seconds in layer_parts:
-                stage.add(part, layers * seconds)
-            stage.add("pp_comm", per_neighbour * sum(neighbours))
-            stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
-            if casts:
-                stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
-                stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
-            alike[key_s] = stage
-        stages.append(stage)
+    crossings = tuple((b * width - 1) // mach.per_node != (b * width) // mach.per_node for b in range(1, par.pp))
+    numels = _stage_numels(model, par.tp, par.pp)
+    stages = rank.stages(par.pp, crossings, p2p_bytes, numels, _stage_layer_counts(model.num_layers, par.pp))
     totals = [st.total for st in stages]
     slowest = stages[totals.index(max(totals))]
     parts = {k: m * v for k, v in slowest.parts.items()}
@@ -491,16 +458,18 @@ def _per_rank_key(par: ParallelismConfig) -> ParallelismConfig:
     return parallelism_subset(par, ("tp", "micro_batch_size", "precision", "recompute", "sequence_parallel"))
 
 
-@dataclass
+@dataclass(eq=False)
 class _RankWork:
-    """One TP rank's work per micro-batch on one device: its layer, and its ends by kind of stage."""
+    """One TP rank's work per micro-batch on one device: its layer, its ends by kind of stage, and the
+    stages of each pipeline depth it was asked for (shared, never modified: predict_time only reads them)."""
 
     model: ModelConfig
     key: ParallelismConfig
     mach: _Machine
+    stack: Stack
     layer: _Stage
-    """Shared, never modified: predict_time only reads its parts."""
     _ends: dict[tuple[bool, bool], dict[str, float]] = field(default_factory=dict)
+    _stages: dict[tuple[int, tuple[bool, ...], float], list[_Stage]] = field(default_factory=dict)
 
     def ends(self, first: bool, last: bool) -> dict[str, float]:
         """The parts of _ends (the caller copies them into a stage of its own, which it adds to)."""
@@ -508,6 +477,54 @@ class _RankWork:
         if parts is None:
             parts = self._ends[(first, last)] = _ends(self.model, self.key, self.mach, first=first, last=last).parts
         return parts
+
+    def stages(
+        self, pp: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...], counts: tuple[int, ...]
+    ) -> list[_Stage]:
+        """Each of `pp` stages' parts: the ends, its layers (`counts`), its transfers over the boundaries
+        (`crossings`: whether each crosses nodes), its gradient accumulation (`numels` parameters)."""
+        found = self._stages.get((pp, crossings, p2p_bytes))
+        if found is None:
+            found = self._stages[(pp, crossings, p2p_bytes)] = self._compute_stages(pp, crossings, p2p_bytes, numels, counts)
+        return found
+
+    def _compute_stages(
+        self, pp: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...], counts: tuple[int, ...]
+    ) -> list[_Stage]:
+        mach, stack = self.mach, self.stack
+
+        def p2p(boundary: int) -> float:
+            link = _link(mach, 2 * mach.per_node if crossings[boundary - 1] else 1)
+            return link.latency + p2p_bytes / link.bandwidth
+
+        per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
+        casts = stack == Stack.megasweep and Precision(self.key.precision) != Precision.fp32
+        forwards = 2 if Recompute(self.key.recompute) == Recompute.full else 1
+        layer_parts = tuple(self.layer.parts.items())
+        alike: dict[tuple[bool, bool, int, tuple[float, ...], int], _Stage] = {}
+        stages = []
+        for s in range(pp):
+            first, last = s == 0, s == pp - 1
+            ends = self.ends(first, last)  # before the transfers: which missing figure is reported first
+            # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
+            # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
+            neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < pp - 1 else [])
+            layers, held = counts[s], numels[s]
+            # Stages alike (the middle ones, mostly) are computed once.
+            key_s = (first, last, layers, tuple(neighbours), held)
+            stage = alike.get(key_s)
+            if stage is None:
+                stage = _Stage(dict(ends))
+                for part, seconds in layer_parts:
+                    stage.add(part, layers * seconds)
+                stage.add("pp_comm", per_neighbour * sum(neighbours))
+                stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
+                if casts:
+                    stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+                    stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+                alike[key_s] = stage
+            stages.append(stage)
+        return stages
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -517,7 +534,7 @@ def _rank_work(
 ) -> _RankWork:
     # One lookup per prediction (hashing a device's thirty figures once, not once per piece).
     mach = _machine_cached(hw, precision, nodes)
-    return _RankWork(model, key, mach, _layer(model, key, mach, stack, causal_skip))
+    return _RankWork(model, key, mach, stack, _layer(model, key, mach, stack, causal_skip))
 
 
 __all__ = ["PARTS", "TimePrediction", "UnknownHardwareFigure", "predict_time"]
