@@ -153,13 +153,14 @@ def plan_sweep(
     rows: list[PlanRow] = []
     total = len(job_overrides)
     planning = 0.0
-    for done, overrides in enumerate(job_overrides, start=1):
-        run = composer.run_config(overrides)
-        tic = time.perf_counter()
-        rows.append(plan_run(run, world_size=world_size, overrides=" ".join(overrides)))
-        planning += time.perf_counter() - tic
-        if progress is not None:
-            progress(done, total)
+    with bulk_allocation():
+        for done, overrides in enumerate(job_overrides, start=1):
+            run = composer.run_config(overrides)
+            tic = time.perf_counter()
+            rows.append(plan_run(run, world_size=world_size, overrides=" ".join(overrides)))
+            planning += time.perf_counter() - tic
+            if progress is not None:
+                progress(done, total)
     return rows, planning
 
 
