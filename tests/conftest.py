@@ -44,7 +44,10 @@ class SlurmClusterInfo:
     state_dir: Path
     slurm_conf: Path
     cpus_per_node: int
-    oversubscribe: int
+    core_license: str
+    """Slurm license counting the host's real cores (slurm.conf Licenses)."""
+    cores: int
+    """Its total: the real cores that every job asking for it shares (nproc)."""
     max_array_size: int
     slurm_version: str
 
@@ -66,7 +69,8 @@ def load_cluster_info(state_dir: Path) -> SlurmClusterInfo:
         state_dir=Path(raw["state_dir"]),
         slurm_conf=Path(raw["slurm_conf"]),
         cpus_per_node=int(raw["cpus_per_node"]),
-        oversubscribe=int(raw["oversubscribe"]),
+        core_license=raw["core_license"],
+        cores=int(raw["cores"]),
         max_array_size=int(raw["max_array_size"]),
         slurm_version=raw["slurm_version"],
     )
