@@ -80,7 +80,15 @@ def cluster_is_up() -> bool:
     status = subprocess.run(
         ["bash", str(SLURM_SCRIPTS / "cluster-status.sh"), "--quiet"], capture_output=True, timeout=120
     )
-    return status.returncode == 0
+    if status.returncode != 0:
+        return False
+    # Up, but started by an older slurm/cluster-up.sh (no `cores` license, say): cluster-up then
+    # re-renders the configs and restarts what uses them.
+    try:
+        load_cluster_info(slurm_state_dir())
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
 
 
 def pytest_configure(config: pytest.Config) -> None:
