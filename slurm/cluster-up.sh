@@ -45,8 +45,10 @@ ms_init() {
     # `cores` (one per real core) does: every measuring job asks for one per CPU it runs
     # (conf/cluster/local.yaml core_license), and Slurm starts it only when that many are free, across
     # arrays, sweeps and users. Jobs that ask for none (plumbing tests, sbatch by hand) still queue and
-    # run on the declared CPUs, one job per declared CPU: no OverSubscribe on top.
+    # run on the declared CPUs, one job per declared CPU unless the jobs ask to share it
+    # (--oversubscribe, up to OVERSUBSCRIBE jobs per CPU: tests of several jobs on one node).
     CORE_LICENSE=cores
+    OVERSUBSCRIBE=4
     CORES=${MEGASWEEP_SLURM_CORES:-$(nproc)}
     HOSTS_TAG="# megasweep-slurm"
     # Client commands run here (sacctmgr, scontrol, sinfo) and every daemon read this config.
@@ -269,7 +271,7 @@ write_configs() {
     render "$MS_HERE/templates/slurm.conf.in" "$SLURM_CONF_FILE" "${common[@]}" \
         "CLUSTER_NAME=$CLUSTER_NAME" "CTLD_PORT=$PORT_BASE" "NUM_NODES=$NUM_NODES" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$(node_list_expr)" "PARTITION=$PARTITION" \
-        "CORE_LICENSE=$CORE_LICENSE" "CORES=$CORES" "MIN_JOB_AGE=10" "KILL_WAIT=5" "MAX_ARRAY_SIZE=$MAX_ARRAY_SIZE" \
+        "CORE_LICENSE=$CORE_LICENSE" "CORES=$CORES" "OVERSUBSCRIBE=$OVERSUBSCRIBE" "MIN_JOB_AGE=10" "KILL_WAIT=5" "MAX_ARRAY_SIZE=$MAX_ARRAY_SIZE" \
         "MAX_JOB_COUNT=10000" "CRED_EXPIRE=15" && SLURM_CONF_CHANGED=1
     chmod 644 "$SLURM_CONF_FILE"
     render "$MS_HERE/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" "${common[@]}" \
@@ -461,6 +463,7 @@ write_info() {
   "state_dir": "$STATE",
   "slurm_conf": "$SLURM_CONF_FILE",
   "cpus_per_node": ${MEGASWEEP_SLURM_CPUS:-$(nproc)},
+  "oversubscribe": $OVERSUBSCRIBE,
   "core_license": "$CORE_LICENSE",
   "cores": $CORES,
   "max_array_size": $MAX_ARRAY_SIZE,

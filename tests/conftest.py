@@ -44,6 +44,8 @@ class SlurmClusterInfo:
     state_dir: Path
     slurm_conf: Path
     cpus_per_node: int
+    oversubscribe: int
+    """Jobs that may share a declared CPU when they ask (sbatch --oversubscribe)."""
     core_license: str
     """Slurm license counting the host's real cores (slurm.conf Licenses)."""
     cores: int
@@ -69,6 +71,7 @@ def load_cluster_info(state_dir: Path) -> SlurmClusterInfo:
         state_dir=Path(raw["state_dir"]),
         slurm_conf=Path(raw["slurm_conf"]),
         cpus_per_node=int(raw["cpus_per_node"]),
+        oversubscribe=int(raw["oversubscribe"]),
         core_license=raw["core_license"],
         cores=int(raw["cores"]),
         max_array_size=int(raw["max_array_size"]),
