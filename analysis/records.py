@@ -461,12 +461,13 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _neighbour_counts(df: pd.DataFrame) -> pd.Series:
-    """Distinct jobs a record saw on its nodes at the start or the end of training (NaN: not sampled)."""
-    start, end = _col(df, "neighbours.at_start", None), _col(df, "neighbours.at_end", None)
+    """Distinct jobs a record saw on its nodes: at the start or the end of training, or in accounting
+    in between (NaN: not sampled)."""
+    columns = [_col(df, f"neighbours.{k}", None) for k in ("at_start", "at_end", "during")]
     counts = [
-        float(len({*(a if isinstance(a, list) else ()), *(b if isinstance(b, list) else ())}))
-        if isinstance(a, list) or isinstance(b, list) else np.nan
-        for a, b in zip(start, end, strict=True)
+        float(len({j for v in values if isinstance(v, list) for j in v}))
+        if any(isinstance(v, list) for v in values) else np.nan
+        for values in zip(*columns, strict=True)
     ]
     return pd.Series(counts, index=df.index, dtype=float)
 

@@ -124,6 +124,8 @@ class ParallelismConfig:
     """Tensor-parallel degree (devices that split each layer's matrices)."""
     pp: int = 1
     """Pipeline-parallel degree (stages the layers are split into)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (chunks): >1 runs Megatron's interleaved 1F1B (Narayanan et al. 2021)."""
     dp: int | None = None
     """Data-parallel degree (model replicas); null means world size / (tp x pp)."""
     micro_batch_size: MicroBatchSize = 4
@@ -248,6 +250,8 @@ class ClusterConfig:
     """Node feature constraint (--constraint)."""
     exclusive: bool = True
     """Whole nodes per job (--exclusive), so no other job's work distorts a run's timings (on | off)."""
+    core_license: str | None = None
+    """Slurm license counting the site's real cores; each job asks for tasks x cpus_per_task of it, at most its total (--licenses; license name, null: none)."""
     time_limit_min: int = 60
     """Wall-clock limit per job (minutes)."""
     cpus_per_task: int = 1
@@ -332,6 +336,8 @@ class SearchConfig:
     """ZeRO stages to try (0-3; stages 2 and 3 run on DeepSpeed)."""
     sequence_parallel: list[bool] = field(default_factory=lambda: [False, True])
     """Sequence-parallel settings to try where tp > 1 on the native engine (false | true)."""
+    virtual_stages: list[int] = field(default_factory=lambda: [1, 2])
+    """Model chunks per pipeline rank to try where pp > 1 on the native engine (chunks)."""
     top_k: int = 3
     """Fastest predicted layouts handed to the launcher (layouts)."""
     show: int = 20

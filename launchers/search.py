@@ -51,8 +51,9 @@ class LayoutSweeper(Sweeper):
             raise CompactHydraException(
                 f"hydra/sweeper=layouts searches the layout of one config, but {' '.join(sweeps)} lists several "
                 "values: give one value each (the layout's dp, tp, pp, micro-batch, recompute and ZeRO stage are "
-                "what it searches, with sequence parallelism; choose them with search.nodes, search.micro_batch_sizes, "
-                "search.recompute, search.zero_stages and search.sequence_parallel), or use the default sweeper"
+                "what it searches, with sequence parallelism and virtual stages; choose them with search.nodes, "
+                "search.micro_batch_sizes, search.recompute, search.zero_stages, search.sequence_parallel and "
+                "search.virtual_stages), or use the default sweeper"
             )
         run = sweep_composer(self.hydra_context.config_loader, self.config).run_config(arguments)
         search = run.search

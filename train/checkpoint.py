@@ -76,8 +76,10 @@ class Resumed:
     path: Path
 
 
-def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int) -> str:
-    return f"dp{dp}-tp{tp}-pp{pp}-zero{zero_stage}"
+def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int, virtual_stages: int = 1) -> str:
+    # Interleaving puts other layers on each rank: its own key, and the keys of runs without it unchanged.
+    chunks = f"-vpp{virtual_stages}" if virtual_stages > 1 else ""
+    return f"dp{dp}-tp{tp}-pp{pp}-zero{zero_stage}{chunks}"
 
 
 def checkpoint_root(run: RunConfig, output_dir: Path) -> Path:

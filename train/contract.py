@@ -233,7 +233,7 @@ class RunRecord:
     sec_per_iter_cv: float | None = None
     """Coefficient of variation of the measured iterations' seconds (std / mean, fraction); None below 2."""
     neighbours: dict[str, Any] = field(default_factory=dict)
-    """Other Slurm jobs running on this job's nodes: nodes, at_start, at_end (job ids); empty outside Slurm."""
+    """Other Slurm jobs on this job's nodes: nodes, at_start, at_end (squeue), during (sacct) (job ids); empty outside Slurm."""
     env: dict[str, str] = field(default_factory=dict)
     """Allow-listed environment variables only (NCCL_*, CUDA_*, SLURM job ids, ...)."""
     warnings: list[str] = field(default_factory=list)
@@ -756,6 +756,8 @@ class PlanRow:
     """Model FLOPs of one iteration, all devices (no recomputation)."""
     hardware_flops_per_iter: float
     """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (chunks; > 1: interleaved 1F1B)."""
     pred_sec_per_iter: float = float("nan")
     """Seconds per iteration the time model predicts (train.planner.perf; NaN: a figure it needs is unknown)."""
     pred_tflops: float = float("nan")

@@ -229,18 +229,26 @@ def boundary_shape(run: RunConfig) -> tuple[int, int, int]:
 def pipeline_forward_backward(
     state: ParallelState, batches: Sequence[Batch], *, normalizer: int, run: RunConfig
 ) -> torch.Tensor:
-    """Every micro-batch of the step through the 1F1B schedule (train.pipeline); this stage's share
-    of the loss (0 except on the last stage)."""
-    from train.pipeline import one_f_one_b
+    """Every micro-batch of the step through the 1F1B schedule (train.pipeline), interleaved over
+    the rank's model chunks when parallelism.virtual_stages > 1; this stage's share of the loss (0
+    except on the last stage)."""
+    from train.pipeline import interleaved_one_f_one_b, one_f_one_b
 
     assert state.stage is not None and state.loss_fn is not None and state.links is not None
     state.loss_fn.normalizer = normalizer
     device = batches[0][0].device
     shape = boundary_shape(run)
+    chunks = run.parallelism.virtual_stages
     with autocast(run, device):
-        losses = one_f_one_b(
-            state.stage, batches, links=state.links, loss_fn=state.loss_fn, activation_shape=shape, device=device
-        )
+        if chunks > 1:
+            losses = interleaved_one_f_one_b(
+                state.stage, batches, links=state.links, virtual_stages=chunks, loss_fn=state.loss_fn,
+                activation_shape=shape, device=device,
+            )  # fmt: skip
+        else:
+            losses = one_f_one_b(
+                state.stage, batches, links=state.links, loss_fn=state.loss_fn, activation_shape=shape, device=device
+            )
     if not losses:
         return torch.zeros((), device=device)
     scaler = state.loss_fn.scaler

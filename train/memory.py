@@ -245,22 +245,30 @@ def measure_stage_activations(
 ) -> int:
     """saved_activation_bytes of one micro-batch through this rank's stage, as the loop runs it:
     token ids into a first stage (else a received fp32 activation), the loss on a last stage, under
-    the run's autocast. The values are synthetic (a private generator): only their sizes matter."""
+    the run's autocast. The values are synthetic (a private generator): only their sizes matter.
+    With virtual stages, the sum over the rank's chunks, each run as the interleaved schedule runs
+    it (tokens into chunk 0 of the first rank, the loss after the last rank's last chunk)."""
     from train.loop import autocast, boundary_shape
 
     m, b = run.model, run.parallelism.mbs
+    chunks = run.parallelism.virtual_stages
     gen = torch.Generator().manual_seed(run.training.seed)
     tokens, labels = torch.randint(0, m.vocab_size, (2, b, m.seq_length), generator=gen).to(device).unbind()
     labels = labels.clone()  # its own storage, as the loop's labels have
-    x = tokens.clone() if first else torch.zeros(boundary_shape(run), device=device, requires_grad=True)
 
-    def forward() -> torch.Tensor:
-        with autocast(run, device):
-            out: torch.Tensor = stage(x)
-            return loss_sum(out, labels) if last else out
+    def measure(chunk: int) -> int:
+        embeds, ends = first and chunk == 0, last and chunk == chunks - 1
+        x = tokens.clone() if embeds else torch.zeros(boundary_shape(run), device=device, requires_grad=True)
+
+        def forward() -> torch.Tensor:
+            with autocast(run, device):
+                out: torch.Tensor = stage(x, chunk=chunk) if chunks > 1 else stage(x)
+                return loss_sum(out, labels) if ends else out
+
+        return saved_activation_bytes(forward, stage)
 
     try:
-        return saved_activation_bytes(forward, stage)
+        return sum(measure(c) for c in range(chunks))
     finally:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

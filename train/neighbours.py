@@ -4,7 +4,9 @@ Jobs of one sweep (and other users' jobs) share nodes unless they ask for whole 
 (cluster.exclusive), and a neighbour's work shows up in the seconds per iteration: within one
 sweep, iterations of the same run went from 10.4 s to 1.8 s (issue 13). The record says who
 was there, sampled from squeue at the start and at the end of training, so that a timing
-measured beside other jobs is recognisable as such. Outside Slurm there is nothing to ask.
+measured beside other jobs is recognisable as such. Two samples miss a job that started after the
+start and ended before the end, so the end also asks accounting (sacct) for every job that ran on
+those nodes at any time between the two. Outside Slurm there is nothing to ask.
 
 Torch-free.
 """
@@ -12,6 +14,7 @@ Torch-free.
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,11 +46,37 @@ def running_on_nodes(environ: Mapping[str, str]) -> list[str] | None:
     return sorted({line.strip() for line in out.splitlines() if line.strip()} - own_job_ids(environ))
 
 
+def _sacct_time(epoch_s: float) -> str:
+    # sacct reads local time, to the second; the window is widened by a second each way so that a
+    # job starting or ending within our first or last second is still inside it.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch_s))
+
+
+def ran_on_nodes_between(environ: Mapping[str, str], start_s: float, end_s: float) -> list[str] | None:
+    """Job ids that were running on this job's nodes at any time between two epoch times, itself
+    excepted (sacct: a state filter with a time window selects the jobs in that state during it);
+    None outside Slurm or when accounting does not answer."""
+    nodes = environ.get("SLURM_JOB_NODELIST")
+    if not nodes or not environ.get("SLURM_JOB_ID"):
+        return None
+    try:
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", f"--nodelist={nodes}", "--state=RUNNING",
+             f"--starttime={_sacct_time(start_s - 1)}", f"--endtime={_sacct_time(end_s + 1)}", "--format=JobID"],
+            capture_output=True, text=True, timeout=SQUEUE_TIMEOUT_S, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({line.strip() for line in out.splitlines() if line.strip()} - own_job_ids(environ))
+
+
 class NeighbourWatch:
-    """Samples the neighbours at the start and the end of training (train.contract.RunRecord.neighbours)."""
+    """Samples the neighbours at the start and the end of training, and asks accounting for every job
+    that ran beside it in between (train.contract.RunRecord.neighbours)."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
+        self.started = time.time()
         self.at_start = running_on_nodes(environ)
         self.at_end: list[str] | None = None
 
@@ -60,15 +89,22 @@ class NeighbourWatch:
             "nodes": self.environ.get("SLURM_JOB_NODELIST"),
             "at_start": self.at_start,
             "at_end": self.at_end,
+            "during": ran_on_nodes_between(self.environ, self.started, time.time()),
         }
+
+
+def seen(neighbours: Mapping[str, Any]) -> list[str]:
+    """Every job a record saw on its nodes: at the start, at the end, or in accounting in between."""
+    return sorted({*(neighbours.get("at_start") or ()), *(neighbours.get("at_end") or ()),
+                   *(neighbours.get("during") or ())})  # fmt: skip
 
 
 def neighbour_warning(neighbours: Mapping[str, Any]) -> str | None:
     """The record's warning when other jobs ran on the job's nodes (None when none did)."""
-    seen = sorted({*(neighbours.get("at_start") or ()), *(neighbours.get("at_end") or ())})
-    if not seen:
+    jobs = seen(neighbours)
+    if not jobs:
         return None
     return (
-        f"other Slurm jobs ran on this job's nodes ({neighbours.get('nodes')}): {', '.join(seen)}; its timings "
+        f"other Slurm jobs ran on this job's nodes ({neighbours.get('nodes')}): {', '.join(jobs)}; its timings "
         "include their load (cluster.exclusive=true asks for whole nodes)"
     )

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from train.dp import DistributedOptimizer, GradSync, make_buckets
 from train.init import ShardSpec, mark_shard
 from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
-from train.planner.inventory import stage_layers
+from train.planner.schedule import chunk_layers
 from train.tensors import is_dtensor, local
 
 _COLWISE = ("attn.qkv", "mlp.fc_in")
@@ -373,26 +373,37 @@ class PipelineStageModule(nn.Module):
     The last stage holds its own copy of the word embedding for the output layer (initialised
     identically: train.init fills a parameter by its name, whichever stage holds it); the trainer
     all-reduces the two copies' gradients so they stay equal, as Megatron does.
+
+    With `virtual_stages` v > 1 (the interleaved schedule, train.planner.schedule) the rank holds v
+    chunks: chunk c is virtual stage c*pp + stage. All of them are registered in one `layers` dict
+    (chunk by chunk), so DP, the optimizer, clipping and checkpoints see one module as for v = 1;
+    forward(x, chunk=c) runs one chunk, the embeddings before chunk 0 of the first rank and the
+    head after chunk v-1 of the last.
     """
 
-    def __init__(self, model: TransformerLM, *, stage: int, num_stages: int) -> None:
+    def __init__(self, model: TransformerLM, *, stage: int, num_stages: int, virtual_stages: int = 1) -> None:
         super().__init__()
-        self.stage, self.num_stages = stage, num_stages
+        self.stage, self.num_stages, self.virtual_stages = stage, num_stages, virtual_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
-        keep = stage_layers(len(model.layers), stage=stage, num_stages=num_stages)
-        self.layers = nn.ModuleDict({str(i): model.layers[str(i)] for i in keep})
+        chunks = [
+            [str(i) for i in chunk_layers(len(model.layers), rank=stage, chunk=c, pp=num_stages, virtual_stages=virtual_stages)]
+            for c in range(virtual_stages)
+        ]
+        self.chunk_layers: tuple[tuple[str, ...], ...] = tuple(tuple(c) for c in chunks)
+        """Each chunk's layer names (keys of `layers`), in order."""
+        self.layers = nn.ModuleDict({i: model.layers[i] for c in chunks for i in c})
         self.wte = model.wte if self.is_first or self.is_last else None
         self.wpe = model.wpe if self.is_first else None
         self.norm = model.norm if self.is_last else None
         self.lm_head: MaskedLMHead | None = model.lm_head if self.is_last else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.is_first:
+    def forward(self, x: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+        if self.is_first and chunk == 0:
             assert self.wte is not None and self.wpe is not None
             x = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
-        for layer in self.layers.values():
-            x = layer(x)
-        if not self.is_last:
+        for name in self.chunk_layers[chunk]:
+            x = self.layers[name](x)
+        if not (self.is_last and chunk == self.virtual_stages - 1):
             return x
         assert self.norm is not None and self.wte is not None
         x = self.norm(x)
@@ -405,9 +416,11 @@ class PipelineStageModule(nn.Module):
         return self.wte.weight if self.is_last and not self.is_first and self.wte is not None else None
 
 
-def split_for_pipeline(model: TransformerLM, *, pp_mesh: DeviceMesh) -> PipelineStageModule:
-    """This rank's stage of `model` (all of it when pp = 1)."""
-    return PipelineStageModule(model, stage=pp_mesh.get_local_rank(), num_stages=pp_mesh.size())
+def split_for_pipeline(model: TransformerLM, *, pp_mesh: DeviceMesh, virtual_stages: int = 1) -> PipelineStageModule:
+    """This rank's stage of `model` (all of it when pp = 1), in `virtual_stages` chunks."""
+    return PipelineStageModule(
+        model, stage=pp_mesh.get_local_rank(), num_stages=pp_mesh.size(), virtual_stages=virtual_stages
+    )
 
 
 def embedding_tie_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:

@@ -16,6 +16,11 @@ the same shape in the same order), posted together with `batch_isend_irecv` wher
 sends and receives, as Megatron's p2p_communication does, so no order of blocking calls can deadlock.
 The activations crossing a stage boundary are the residual stream: [b, s, h] fp32 under every
 precision (the embeddings are fp32, and autocast's 16-bit outputs promote when added to it).
+
+With parallelism.virtual_stages > 1, `interleaved_one_f_one_b` runs Megatron's interleaved
+schedule over the rank's model chunks instead: the order of work and the matched exchanges come
+from train.planner.schedule (torch-free, so the planner's memory and time models read the same
+schedule), and a micro-batch wraps from the last rank back to the first for its next chunk.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from train.planner.schedule import Message, Unit, rank_plan, receiver
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -98,6 +105,63 @@ def one_f_one_b(
     for _ in range(warmup):
         dy = comm.recv_backward()
         comm.send_backward(backward(dy))
+    return losses
+
+
+def interleaved_one_f_one_b(
+    stage_module: nn.Module,
+    batches: Sequence[Batch],
+    *,
+    links: StageLinks,
+    virtual_stages: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    activation_shape: tuple[int, ...],
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """one_f_one_b over `virtual_stages` model chunks per rank (train.planner.schedule): chunk c of
+    this rank is called as stage_module(x, chunk=c). The rank holding the last virtual stage
+    returns the (detached) loss of each micro-batch, in micro-batch order; the others []."""
+    pp, rank, v = links.num_stages, links.stage, virtual_stages
+    ticks = rank_plan(rank=rank, pp=pp, virtual_stages=v, micro_batches=len(batches))
+    first = 0 if rank == 0 else None  # the chunk fed by token ids, on rank 0 only
+    last = v - 1 if rank == pp - 1 else None  # the chunk that ends in the loss, on the last rank only
+    received: dict[tuple[bool, Unit], torch.Tensor] = {}
+    """Inputs (False) and output gradients (True) that arrived, by the unit that consumes them."""
+    in_flight: dict[Unit, tuple[torch.Tensor | None, torch.Tensor]] = {}
+    outgoing: dict[Message, torch.Tensor] = {}
+    losses: list[torch.Tensor] = []
+
+    def forward(u: Unit) -> None:
+        tokens, labels = batches[u.micro_batch]
+        x = None if u.chunk == first else received.pop((False, u))
+        out = stage_module(tokens if x is None else x, chunk=u.chunk)
+        if u.chunk == last:
+            out = loss_fn(out, labels)
+            losses.append(out.detach())
+        else:
+            outgoing[Message(False, u.micro_batch, u.chunk * pp + rank)] = out.detach()
+        in_flight[u] = (x, out)
+
+    def backward(u: Unit) -> None:
+        x, y = in_flight.pop(u)
+        dy = None if u.chunk == last else received.pop((True, u))
+        torch.autograd.backward(y, grad_tensors=dy)
+        if x is not None:
+            assert x.grad is not None
+            outgoing[Message(True, u.micro_batch, u.chunk * pp + rank)] = x.grad
+
+    for tick in ticks:
+        for is_backward, u in tick.work:
+            (backward if is_backward else forward)(u)
+        recvs = [(torch.empty(activation_shape, dtype=torch.float32, device=device), msg, src) for msg, src in tick.recvs]
+        ops = [dist.P2POp(dist.isend, outgoing.pop(msg).contiguous(), links.peer(to), links.group) for msg, to in tick.sends]
+        ops += [dist.P2POp(dist.irecv, buf, links.peer(src), links.group) for buf, _, src in recvs]
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        for buf, msg, _ in recvs:
+            received[(msg.grad, receiver(msg, pp=pp))] = buf if msg.grad else buf.requires_grad_()
+    assert not (received or in_flight or outgoing), "the interleaved schedule left work undone"
     return losses
 
 

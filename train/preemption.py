@@ -255,9 +255,12 @@ def resume(
     from train.checkpoint import Checkpointer, CheckpointMismatch, checkpoint_root, fingerprint
 
     layout = rank.layout
+    key = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "zero_stage": run.parallelism.zero_stage}
+    if run.parallelism.virtual_stages > 1:  # only then: older checkpoints' layouts stay equal
+        key["virtual_stages"] = run.parallelism.virtual_stages
     ckpt = Checkpointer(
         checkpoint_root(run, output_dir),
-        layout={"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "zero_stage": run.parallelism.zero_stage},
+        layout=key,
         config=fingerprint(run),
         rank=rank.global_rank,
     )

@@ -162,7 +162,7 @@ def build_stage(run: RunConfig, *, rank: Rank, device: torch.device, mesh: Devic
     model = build_model(run.model, recompute=run.parallelism.recompute, device="meta", tp=rank.layout.tp)
     stage: nn.Module = model
     if mesh is not None:
-        stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"])
+        stage = parallel.split_for_pipeline(model, pp_mesh=mesh["pp"], virtual_stages=run.parallelism.virtual_stages)
         parallel.apply_tp(stage, tp_mesh=mesh["tp"], sequence_parallel=run.parallelism.sequence_parallel)
     stage.to_empty(device=device)
     initialize(stage, seed=run.training.seed, num_layers=run.model.num_layers)

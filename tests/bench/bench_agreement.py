@@ -2,7 +2,7 @@
 
     python -m tests.bench bench_agreement [DRAWS]
 
-`make test` runs AGREEMENT_DRAWS derandomized draws; this runs DRAWS (default 200) random ones,
+`make test` runs the draws of AGREEMENT_SEEDS; this runs DRAWS (default 200) random ones,
 prints each verdict as it comes (planned rules, what `python -m train` did, seconds), and fails
 at the first disagreement, with hypothesis's shrunk example. Nothing here asserts on time.
 """

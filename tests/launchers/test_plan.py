@@ -282,6 +282,7 @@ def test_a_mixed_sweep_plans_as_each_config_composed_by_hydra_and_planned_alone(
         ("parallelism", ["single", "megatron_3d"]),  # a group choice that changes the node values go to
         ("parallelism.pp", ["1", "2", "3"]),  # 3 splits 24 layers, not 40
         ("parallelism.micro_batch_size", ["1", "auto"]),
+        ("parallelism.virtual_stages", ["1", "2"]),  # interleaved 1F1B where pp > 1
     ]
     sweep_dir = tmp_path / "sweep"
     proc = run_train(

@@ -111,8 +111,10 @@ def test_one_process_resume_equals_uninterrupted(tmp_path: Path, uninterrupted: 
         (("parallelism.pp=2",), f"1:{STOP_AT}", False),
         # The LayerNorm weights are then replicated DTensors, saved once.
         (("parallelism.tp=2", "parallelism.sequence_parallel=true"), f"1:{STOP_AT}", False),
+        # Interleaved: each rank's two chunks (layers 0 and 2, 1 and 3) under its own layout key.
+        (("parallelism.pp=2", "parallelism.virtual_stages=2"), f"1:{STOP_AT}", False),
     ],
-    ids=["dp2_zero1", "tp2", "pp2", "tp2_sp"],
+    ids=["dp2_zero1", "tp2", "pp2", "tp2_sp", "pp2_vpp2"],
 )
 def test_layout_resume_equals_uninterrupted(
     tmp_path: Path, uninterrupted: dict[str, Any], overrides: tuple[str, ...], signal_at: str, exact: bool
@@ -123,6 +125,7 @@ def test_layout_resume_equals_uninterrupted(
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert resumed["losses"] == same_layout["losses"]
     assert resumed["losses"] == pytest.approx(uninterrupted["losses"], rel=RTOL_REORDERED)
+    assert Path(resumed["checkpoint"]["dir"]).name.endswith("-vpp2") == ("parallelism.virtual_stages=2" in overrides)
     files = sorted(p.name for p in Path(resumed["checkpoint"]["dir"]).glob("step_6/*.distcp"))
     assert len(files) == 2  # each rank wrote its own part
 

@@ -1,7 +1,7 @@
 """train.memory: what a rank holds, counted and measured, against train.planner.memory's prediction.
 
-The layouts are those of the equal-loss grid (test_parallel): one process, dp2, tp2, pp2 and
-dp2 x tp2 x pp2 with ZeRO-1. Each rank is set up by train.setup.setup itself (real gloo processes,
+The layouts are those of the equal-loss grid (test_parallel): one process, dp2, tp2, pp2,
+dp2 x tp2 x pp2 with ZeRO-1, sequence parallel and pp2 with two virtual stages (interleaved). Each rank is set up by train.setup.setup itself (real gloo processes,
 the meta-device build, TP, the pipeline stage, DP buckets), then measures one micro-batch's saved
 activations in every recompute mode and precision; the prediction for its stage must be within
 5% (it is exact on this machine). The model states are compared in the trainer's own record
@@ -80,6 +80,9 @@ GRID = {
     "dp2_tp2_pp2_zero1": ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.zero_stage=1"),
     "tp2_sp": ("parallelism.tp=2", "parallelism.sequence_parallel=true"),
     "tp2_pp2_sp": ("parallelism.tp=2", "parallelism.pp=2", "parallelism.sequence_parallel=true"),
+    # Interleaved: each rank's two chunks, the first rank's chunk 1 and the last rank's chunk 0 fed
+    # by a received activation, as the schedule runs them.
+    "pp2_vpp2": ("parallelism.pp=2", "parallelism.virtual_stages=2"),
 }
 
 

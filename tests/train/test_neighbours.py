@@ -13,7 +13,7 @@ import pytest
 
 from tests.launchers.test_slurm_launcher import TINY
 from train.contract import RESULT_FILE, read_record
-from train.neighbours import NeighbourWatch, own_job_ids, running_on_nodes
+from train.neighbours import NeighbourWatch, own_job_ids, ran_on_nodes_between, running_on_nodes
 
 from .test_distributed import REPO
 
@@ -23,14 +23,15 @@ if TYPE_CHECKING:
 
 def test_outside_slurm_there_are_no_neighbours() -> None:
     assert running_on_nodes({}) is None
+    assert ran_on_nodes_between({}, 0.0, time.time()) is None
     assert NeighbourWatch({"PATH": "/usr/bin"}).stop() == {}
     assert own_job_ids({"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2"}) == {"12", "10_2"}
 
 
-def sbatch_sleeper(node: str) -> str:
+def sbatch_sleeper(node: str, seconds: int = 300) -> str:
     out = subprocess.run(
         ["sbatch", "--parsable", f"--nodelist={node}", "--time=5", "--job-name=neighbour", "--output=/dev/null",
-         "--wrap", "sleep 300"],
+         "--wrap", f"sleep {seconds}"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     return out.strip().split(";")[0]
@@ -65,11 +66,35 @@ def test_a_slurm_run_records_its_neighbours_and_its_spread(slurm_cluster: SlurmC
     assert record is not None and record["status"] == "ok"
     neighbours = record["neighbours"]
     assert neighbours["nodes"] == node
-    assert sleeper in neighbours["at_start"] and sleeper in neighbours["at_end"]
+    assert sleeper in neighbours["at_start"] and sleeper in neighbours["at_end"] and sleeper in neighbours["during"]
     own = record["env"]["SLURM_JOB_ID"]
-    assert own not in neighbours["at_start"] + neighbours["at_end"]
+    assert own not in neighbours["at_start"] + neighbours["at_end"] + neighbours["during"]
     assert any(sleeper in w and "other Slurm jobs ran on this job's nodes" in w for w in record["warnings"])
     # Two measured iterations (TINY: 3, one warm-up): their spread around the median.
     assert record["sec_per_iter_min"] <= record["sec_per_iter"] <= record["sec_per_iter_max"]
     assert record["sec_per_iter_min"] == pytest.approx(min(record["iteration_times_s"][1:]))
     assert record["sec_per_iter_cv"] is not None and record["sec_per_iter_cv"] >= 0
+
+
+def sacct_state(job: str) -> str:
+    return subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job, "--format=State"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+
+
+def test_accounting_names_a_job_that_came_and_went_between_the_samples(slurm_cluster: SlurmClusterInfo) -> None:
+    """A neighbour that started after a run's first squeue and ended before its last one is seen by
+    neither sample; sacct's window still finds it, and a window before it does not."""
+    node = slurm_cluster.nodes[-1]
+    environ = {"SLURM_JOB_NODELIST": node, "SLURM_JOB_ID": "0"}  # the run asking: any job id but the sleeper's
+    before = time.time()
+    time.sleep(1.5)  # sacct's clock has one-second steps; the query widens its window by one each way
+    opened = time.time()
+    sleeper = sbatch_sleeper(node, seconds=2)
+    deadline = time.monotonic() + 90
+    while sacct_state(sleeper) != "COMPLETED":
+        assert time.monotonic() < deadline, f"job {sleeper} did not complete on {node}: {sacct_state(sleeper)!r}"
+        time.sleep(0.5)
+    assert sleeper not in (running_on_nodes(environ) or [])  # gone: an end-of-training squeue misses it
+    assert sleeper in (ran_on_nodes_between(environ, opened, time.time()) or [])
+    assert sleeper not in (ran_on_nodes_between(environ, before - 60, before - 2) or [])

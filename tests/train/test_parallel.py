@@ -81,6 +81,11 @@ def test_stage_layers_split_evenly() -> None:
             ("parallelism.tp=2", "parallelism.pp=2", "parallelism.sequence_parallel=true", "parallelism.recompute=selective"),
         ),
         ("dp2_tp2_pp2_one_micro_batch", ("parallelism.dp=2", "parallelism.tp=2", "parallelism.pp=2", "parallelism.micro_batch_size=4")),
+        # Interleaved 1F1B: two chunks of one layer per rank, 4 micro-batches (steady state reached),
+        # and with dp 2 two micro-batches per replica (= pp: all forwards first) under ZeRO-1.
+        ("pp2_vpp2", ("parallelism.pp=2", "parallelism.virtual_stages=2")),
+        ("dp2_pp2_vpp2_zero1", ("parallelism.dp=2", "parallelism.pp=2", "parallelism.virtual_stages=2", "parallelism.zero_stage=1")),
+        ("tp2_pp2_vpp2_sp", ("parallelism.tp=2", "parallelism.pp=2", "parallelism.virtual_stages=2", "parallelism.sequence_parallel=true")),
     ],
 )
 def test_layout_matches_one_process(

@@ -7,6 +7,7 @@
     flops       FLOPs per iteration (per-GEMM, Megatron Eq. 3, MosaicML), MFU/HFU
     memory      bytes per device: model states, activations, optimizer temporaries
     shapes      GEMM tile and wave quantization
+    schedule    the interleaved 1F1B pipeline schedule: order of work, matched exchanges, in flight
     perf        seconds per iteration, part by part (the time model)
     calibration a site's measured figures for the time model (hardware.calibration)
     micro_batch micro_batch_size=auto, predicted

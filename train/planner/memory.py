@@ -158,6 +158,7 @@ from train.planner.inventory import (
     stage_params,
     tied_word_embedding,
 )
+from train.planner.schedule import in_flight_peaks
 from train.planner.sizes import padded_vocab_size
 
 GIB = 2**30
@@ -538,6 +539,8 @@ def _activations(
     model: ModelConfig, par: ParallelismConfig, traits: StackTraits, *, stage: int, micro_batches: int,
     tensors: _StageTensors,
 ) -> _Activations:
+    if par.virtual_stages > 1 and par.pp > 1:
+        return _interleaved_activations(model, par, traits, stage=stage, micro_batches=micro_batches, tensors=tensors)
     pp, m = par.pp, micro_batches
     in_flight = min(pp - stage, m)
     first, last = stage == 0, stage == pp - 1
@@ -577,6 +580,64 @@ def _activations(
         head_inputs = 5 if model.kind == ModelKind.bert else 2
         peak += head_inputs * w * sbh + _FP32 * vocab_shard
     per_mb = stored + (2 * w * sbh + _FP32 * vocab_shard if last else 0.0)
+    return _Activations(per_mb, peak)
+
+
+def _interleaved_activations(
+    model: ModelConfig, par: ParallelismConfig, traits: StackTraits, *, stage: int, micro_batches: int,
+    tensors: _StageTensors,
+) -> _Activations:
+    """Activations of a rank of the interleaved schedule (train.planner.schedule): what is in flight
+    is counted in (micro-batch, chunk) units, each 1/v of the rank's layers. Rank r starts its
+    first backward after 2(p-1-r) + (v-1)p forwards, so the first rank holds (v+1)p - 1 units:
+    L/p·(1 + (p-1)/(p·v)) layers' worth of micro-batches, against L/p·p for 1F1B (the factor
+    Korthikanti et al. 2022, section 4.2.3, give for the interleaved schedule's first stage). The
+    schedule's own in-flight counts are used, so the embedding (chunk 0 of the first rank) and the
+    head (chunk v-1 of the last) are counted for as many units of their chunk as are in flight."""
+    pp, v = par.pp, par.virtual_stages
+    first, last = stage == 0, stage == pp - 1
+    chunk = len(stage_layers(model.num_layers, stage=stage, num_stages=pp)) / v  # layers per unit
+    b, s, h = par.mbs, model.seq_length, model.hidden_size
+    sbh = s * b * h
+    boundary = sbh / _seq_shards(par)
+    vocab_shard = s * b * padded_vocab_size(model, par.tp) / par.tp
+    recompute = Recompute(par.recompute)
+    if traits.activations == "megasweep":
+        per_layer, working = _megasweep_layer(model, par, recompute)
+        c = _act_bytes(par.precision)
+        head_extra = _megasweep_ends(model, par, first=False, last=last)
+        embed_extra = _megasweep_ends(model, par, first=first, last=False)
+        grad_bytes = _FP32
+    else:
+        kept, core = _korthikanti_terms(model, par)
+        c = w = _act_bytes(par.precision)
+        per_layer = {Recompute.none: kept + core, Recompute.selective: kept, Recompute.full: w * boundary}[recompute]
+        working = {Recompute.none: 0.0, Recompute.selective: core, Recompute.full: kept + core - w * boundary}[recompute]
+        embed_extra = _MASK * sbh if first else 0.0
+        head_extra = 2 * w * sbh + _FP32 * vocab_shard if last else 0.0
+        grad_bytes = w
+    copies = 0.0
+    if traits.activations == "megasweep" and c != _FP32:  # autocast's 16-bit GEMM copies, once per step
+        copies = c * (tensors.gemm_numel if recompute != Recompute.full else tensors.gemm_wte_numel)
+    unit = chunk * per_layer
+    per_mb = v * unit + embed_extra + head_extra
+    if traits.activations == "megasweep":
+        per_mb += copies
+    largest = tensors.largest if micro_batches > 1 else 0
+    peak = 0.0
+    for units, chunk0, chunk_last in in_flight_peaks(rank=stage, pp=pp, virtual_stages=v, micro_batches=micro_batches):
+        held = units * unit + chunk0 * embed_extra + chunk_last * head_extra
+        # As _with_accumulation: one unit's recompute working set, or, as a backward ends, the
+        # others beside the largest weight's gradient before it is accumulated.
+        at = max(held + working * (chunk > 0), held - unit + grad_bytes * largest)
+        if traits.pipeline == "megasweep":
+            # Each unit's output until its backward (not the loss's), and a gradient received and sent.
+            outputs = units - (chunk_last if last else 0)
+            at += (outputs + 2) * _FP32 * boundary
+        peak = max(peak, at)
+    peak += copies
+    if last:
+        peak += _FP32 * vocab_shard  # the fp32 gradient of the logits, backward's first tensor
     return _Activations(per_mb, peak)
 
 
@@ -731,7 +792,7 @@ def _check_positive(**values: int) -> None:
 
 _STAGE_FIELDS = (
     "tp", "pp", "micro_batch_size", "zero_stage", "offload", "recompute", "sequence_parallel", "precision", "engine",
-    "optimizer",
+    "optimizer", "virtual_stages",
 )  # fmt: skip
 """The fields of a ParallelismConfig that stage_memory reads once given the micro-batch count (_stage_key)."""
 _STAGE_FIELD_SET = frozenset(_STAGE_FIELDS)

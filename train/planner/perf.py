@@ -23,7 +23,9 @@ a constant fitted to one table:
   on this rank's s/t tokens; a stage boundary carries b*s*h/t.
 - PP: one send/recv of b*s*h per neighbouring stage and micro-batch each way (Megatron's 1F1B pairs
   a send with the opposite receive; DeepSpeed's pipe engine does not), and the 1F1B bubble: (p-1)
-  micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m).
+  micro-batch slots of the slowest stage (Narayanan et al. 2021, bubble fraction (p-1)/m). With v
+  virtual stages (interleaved 1F1B) the bubble is (p-1)/v slots ((p-1)/(v*m) of the step) and each
+  micro-batch crosses each neighbour v times, the first rank's previous one being the last rank.
 - DP: the gradient all-reduce (ZeRO: reduce-scatter, then the all-gather of updated parameters),
   at the ring's bus bandwidth; megasweep's bucketed reduction overlaps the last micro-batch's
   backward (train.dp), the DeepSpeed stacks reduce after it.
@@ -57,6 +59,7 @@ from train.planner.calibration import Link, gemm_table, links, load_calibration,
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
 from train.planner.memory import Stack, parallelism_subset, stack_of
+from train.planner.schedule import bubble_slots
 from train.planner.shapes import alignment_elements, gemm_efficiency
 from train.planner.sizes import padded_vocab_size
 
@@ -399,13 +402,22 @@ def predict_time(
     # boundary after stage s crosses nodes when its two sides sit on different nodes. That is how dp
     # enters the stages, so layouts of other dp or global batch with the same crossings share them.
     width = par.tp * dp
-    crossings = tuple((b * width - 1) // mach.per_node != (b * width) // mach.per_node for b in range(1, par.pp))
+    chunks = par.virtual_stages if par.pp > 1 else 1
+    # Boundary b of 1..pp-1 follows stage b-1; 0 and pp are the interleaved schedule's wrap, from the
+    # last rank to the first.
+    crossings = tuple(
+        (par.pp * width - 1) // mach.per_node != 0
+        if b % par.pp == 0
+        else (b * width - 1) // mach.per_node != (b * width) // mach.per_node
+        for b in range(par.pp + 1)
+    )
     numels = _stage_numels(model, par.tp, par.pp)
-    stages = rank.stages(par.pp, crossings, p2p_bytes, numels, _stage_layer_counts(model.num_layers, par.pp))
+    stages = rank.stages(par.pp, chunks, crossings, p2p_bytes, numels, _stage_layer_counts(model.num_layers, par.pp))
     totals = [st.total for st in stages]
     slowest = stages[totals.index(max(totals))]
     parts = {k: m * v for k, v in slowest.parts.items()}
-    parts["bubble"] = (par.pp - 1) * slowest.total
+    # (p-1) slots of the slowest stage; with v chunks per rank each slot is a chunk, 1/v of it.
+    parts["bubble"] = bubble_slots(pp=par.pp, virtual_stages=chunks) * slowest.total
     worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep:
@@ -469,7 +481,7 @@ class _RankWork:
     stack: Stack
     layer: _Stage
     _ends: dict[tuple[bool, bool], dict[str, float]] = field(default_factory=dict)
-    _stages: dict[tuple[int, tuple[bool, ...], float], list[_Stage]] = field(default_factory=dict)
+    _stages: dict[tuple[int, int, tuple[bool, ...], float], list[_Stage]] = field(default_factory=dict)
 
     def ends(self, first: bool, last: bool) -> dict[str, float]:
         """The parts of _ends (the caller copies them into a stage of its own, which it adds to)."""
@@ -479,22 +491,26 @@ class _RankWork:
         return parts
 
     def stages(
-        self, pp: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...], counts: tuple[int, ...]
+        self, pp: int, chunks: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...],
+        counts: tuple[int, ...],
     ) -> list[_Stage]:
-        """Each of `pp` stages' parts: the ends, its layers (`counts`), its transfers over the boundaries
-        (`crossings`: whether each crosses nodes), its gradient accumulation (`numels` parameters)."""
-        found = self._stages.get((pp, crossings, p2p_bytes))
+        """Each of `pp` stages' parts (`chunks` model chunks per rank): the ends, its layers (`counts`), its
+        transfers over the boundaries 0..pp (`crossings`: whether each crosses nodes), its gradient
+        accumulation (`numels` parameters)."""
+        key = (pp, chunks, crossings, p2p_bytes)
+        found = self._stages.get(key)
         if found is None:
-            found = self._stages[(pp, crossings, p2p_bytes)] = self._compute_stages(pp, crossings, p2p_bytes, numels, counts)
+            found = self._stages[key] = self._compute_stages(pp, chunks, crossings, p2p_bytes, numels, counts)
         return found
 
     def _compute_stages(
-        self, pp: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...], counts: tuple[int, ...]
+        self, pp: int, chunks: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...],
+        counts: tuple[int, ...],
     ) -> list[_Stage]:
         mach, stack = self.mach, self.stack
 
         def p2p(boundary: int) -> float:
-            link = _link(mach, 2 * mach.per_node if crossings[boundary - 1] else 1)
+            link = _link(mach, 2 * mach.per_node if crossings[boundary] else 1)
             return link.latency + p2p_bytes / link.bandwidth
 
         per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
@@ -508,7 +524,13 @@ class _RankWork:
             ends = self.ends(first, last)  # before the transfers: which missing figure is reported first
             # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
             # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
-            neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < pp - 1 else [])
+            if chunks > 1:
+                # Interleaved (Narayanan et al. 2021): each micro-batch crosses every rank once per
+                # chunk, so v exchanges with each neighbour, the previous rank wrapping from the first
+                # to the last one (all but the embedding's input and the loss's output).
+                neighbours = [(chunks - first) * p2p(s), (chunks - last) * p2p(s + 1)]
+            else:
+                neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < pp - 1 else [])
             layers, held = counts[s], numels[s]
             # Stages alike (the middle ones, mostly) are computed once.
             key_s = (first, last, layers, tuple(neighbours), held)

@@ -79,7 +79,7 @@ def time_prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConf
     key = ParallelismConfig(
         tp=par.tp, pp=par.pp, micro_batch_size=mbs, global_batch_size=par.global_batch_size,
         zero_stage=par.zero_stage, offload=par.offload, recompute=par.recompute, precision=par.precision,
-        engine=par.engine, sequence_parallel=par.sequence_parallel,
+        engine=par.engine, sequence_parallel=par.sequence_parallel, virtual_stages=par.virtual_stages,
     )  # fmt: skip
     return _prediction(model, key, hw, dp)
 
@@ -154,6 +154,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         dp=dp,
         tp=par.tp,
         pp=par.pp,
+        virtual_stages=par.virtual_stages,
         micro_batch_size=mbs if isinstance(mbs, int) else 0,
         global_batch_size=par.global_batch_size,
         params=total_params(m, par.tp if _is_pos_int(par.tp) else 1) if sane else 0,
@@ -256,6 +257,7 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("DP", ">"),
     ("TP", ">"),
     ("PP", ">"),
+    ("VPP", ">"),
     ("MBS", ">"),
     ("GBS", ">"),
     ("params", ">"),
@@ -278,6 +280,7 @@ def _table_cells(row: PlanRow) -> list[str]:
         str(row.dp),
         str(row.tp),
         str(row.pp),
+        str(row.virtual_stages) if row.virtual_stages > 1 else "-",
         str(row.micro_batch_size),
         str(row.global_batch_size),
         format_params(row.params),

@@ -61,10 +61,13 @@ RULES: tuple[str, ...] = (
     "seq_divisible_by_tp",
     "vocab_padding",
     "layers_divisible_by_pp",
+    "virtual_stages_need_pp",
+    "layers_divisible_by_virtual_stages",
     "world_size",
     "whole_nodes",
     "global_batch_divisible",
     "rampup_batch_size",
+    "interleaved_micro_batches",
     "zero_stage",
     "offload_requires_zero",
     "deepspeed_no_pipeline",
@@ -73,6 +76,7 @@ RULES: tuple[str, ...] = (
     "native_zero_stage",
     "native_offload",
     "sequence_parallel_native_only",
+    "virtual_stages_native_only",
     "precision_supported",
     "micro_batch_auto",
     "memory",
@@ -217,6 +221,7 @@ def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation |
         "model.seq_length": m.seq_length,
         "parallelism.tp": p.tp,
         "parallelism.pp": p.pp,
+        "parallelism.virtual_stages": p.virtual_stages,
         "parallelism.global_batch_size": p.global_batch_size,
         "hardware.devices_per_node": hw.devices_per_node,
     }
@@ -370,6 +375,35 @@ def _check_layers_pp(m: ModelConfig, pp: int) -> Violation | None:
         f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp={pp} (each pipeline stage "
         f"holds the same whole number of layers). Valid pp for this model: "
         f"{_fmt(_nearest(valid_pp(m), pp))}.",
+    )
+
+
+def _check_virtual_stages_pp(par: ParallelismConfig) -> Violation | None:
+    if par.virtual_stages == 1 or par.pp > 1:
+        return None
+    return Violation(
+        "virtual_stages_need_pp",
+        {"parallelism.virtual_stages": par.virtual_stages, "parallelism.pp": par.pp},
+        f"parallelism.virtual_stages={par.virtual_stages} with parallelism.pp={par.pp}: virtual stages "
+        f"interleave model chunks over the ranks of a pipeline, and one stage has no pipeline to "
+        f"interleave. Use virtual_stages=1 with pp=1, or pp of 2 or more.",
+    )
+
+
+def _check_layers_virtual_stages(m: ModelConfig, par: ParallelismConfig) -> Violation | None:
+    v, pp = par.virtual_stages, par.pp
+    chunks = pp * v
+    if v == 1 or pp == 1 or m.num_layers % pp or m.num_layers % chunks == 0:
+        return None
+    per_rank = m.num_layers // pp
+    valid_v = [d for d in divisors(per_rank) if d > 1]
+    listed = f"virtual_stages in {_fmt(_nearest(valid_v, v))}" if valid_v else "none above 1"
+    return Violation(
+        "layers_divisible_by_virtual_stages",
+        {"model.num_layers": m.num_layers, "parallelism.pp": pp, "parallelism.virtual_stages": v},
+        f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp={pp} x "
+        f"parallelism.virtual_stages={v} = {chunks} (every model chunk holds the same whole number of layers). Valid for "
+        f"pp={pp}: {listed}, or virtual_stages=1, or num_layers {_fmt(_multiples_near(m.num_layers, chunks))}.",
     )
 
 
@@ -576,6 +610,42 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
     )
 
 
+def _check_interleaved_micro_batches(par: ParallelismConfig, dp: int) -> Violation | None:
+    """Megatron's interleaved schedule runs the micro-batches in groups of pp per chunk: every step's
+    micro-batch count (the ramp-up's too) must be a multiple of pp."""
+    if par.virtual_stages == 1 or par.pp == 1:
+        return None
+    step = par.mbs * dp
+    group = step * par.pp
+    batches = {par.global_batch_size}
+    ramp = par.rampup_batch_size
+    if isinstance(ramp, (list, tuple)) and len(ramp) == 3 and all(_is_pos_int(x) for x in ramp[:2]):
+        batches.update({int(ramp[0]), int(ramp[1])})  # every ramp batch is start + k x increment
+    bad = sorted(b for b in batches if b % step == 0 and b % group)
+    if not bad:
+        return None
+    fields: dict[str, object] = {
+        "parallelism.global_batch_size": par.global_batch_size, "parallelism.micro_batch_size": par.mbs,
+        "parallelism.dp": dp, "parallelism.pp": par.pp, "parallelism.virtual_stages": par.virtual_stages,
+    }  # fmt: skip
+    which = "it"
+    if par.global_batch_size not in bad:
+        shown = list(ramp) if isinstance(ramp, (list, tuple)) else ramp
+        fields["parallelism.rampup_batch_size"] = shown
+        which = f"parallelism.rampup_batch_size={shown} (its {_fmt(bad)})"
+    return Violation(
+        "interleaved_micro_batches",
+        fields,
+        f"parallelism.virtual_stages={par.virtual_stages} runs Megatron's interleaved schedule, which takes "
+        f"the micro-batches in groups of parallelism.pp={par.pp}, and with "
+        f"parallelism.global_batch_size={par.global_batch_size}, parallelism.micro_batch_size={par.mbs} and "
+        f"parallelism.dp={dp} {which} gives a micro-batch count per replica (batch / (micro_batch_size x dp) = "
+        f"batch / {step}) that is not a multiple of pp. Use a global_batch_size (and ramp-up start and "
+        f"increment) that is a multiple of micro_batch_size x dp x pp = {group}, e.g. "
+        f"{_fmt(_multiples_near(par.global_batch_size, group))}, or virtual_stages=1.",
+    )
+
+
 def _zero_ok(z: object) -> bool:
     return isinstance(z, int) and not isinstance(z, bool) and 0 <= z <= 3
 
@@ -684,6 +754,18 @@ def _check_sequence_parallel_engine(par: ParallelismConfig) -> Violation | None:
         "tensor parallelism (plain tensors and explicit all-reduces, train.parallel.apply_tp_plain) has "
         "no sequence-parallel split. Use engine=native with sequence_parallel=true, or "
         "sequence_parallel=false with engine=deepspeed.",
+    )
+
+
+def _check_virtual_stages_engine(par: ParallelismConfig) -> Violation | None:
+    if par.virtual_stages == 1 or par.engine != Engine.deepspeed:
+        return None
+    return Violation(
+        "virtual_stages_native_only",
+        {"parallelism.engine": "deepspeed", "parallelism.virtual_stages": par.virtual_stages},
+        f"parallelism.virtual_stages={par.virtual_stages} with parallelism.engine=deepspeed: the interleaved "
+        f"schedule is the native engine's (train.pipeline), and DeepSpeed runs no pipeline here. Use "
+        f"engine=native with virtual_stages > 1, or virtual_stages=1 with engine=deepspeed.",
     )
 
 
@@ -873,6 +955,10 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     out.append(_check_vocab(m, par.tp if tp_ok else None))
     if ok("model.num_layers", "parallelism.pp"):
         out.append(_check_layers_pp(m, par.pp))
+    if ok("parallelism.pp", "parallelism.virtual_stages"):
+        out.append(_check_virtual_stages_pp(par))
+        if ok("model.num_layers"):
+            out.append(_check_layers_virtual_stages(m, par))
     out += _check_training(run.training)
 
     # dp is known when the world size (if any) agrees with the layout.
@@ -897,6 +983,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     if batch_ok:
         assert dp is not None
         out += [_check_global_batch(par, dp), _check_rampup(par, dp)]
+        if ok("parallelism.pp", "parallelism.virtual_stages"):
+            out.append(_check_interleaved_micro_batches(par, dp))
 
     zero = _check_zero(par)
     out.append(zero)
@@ -907,6 +995,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     out.append(_check_deepspeed_checkpoint(par, run.training))
     out.append(_check_deepspeed_fp16(par, hw))
     out += [_check_native_zero(par), _check_native_offload(par), _check_sequence_parallel_engine(par)]
+    if ok("parallelism.virtual_stages"):
+        out.append(_check_virtual_stages_engine(par))
     out.append(_check_precision(par, hw))
 
     # The estimate needs sane shapes and a known dp; structural problems are reported first.

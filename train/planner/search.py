@@ -1,5 +1,6 @@
 """Layout search: every dp x tp x pp x micro-batch x recompute x ZeRO layout (with and without
-sequence parallelism where tp > 1) the planner accepts on
+sequence parallelism where tp > 1, interleaved over search.virtual_stages chunks where the pipeline
+allows it) the planner accepts on
 the searched node counts, ranked by the time model (`hydra/sweeper=layouts`).
 
 Each candidate is judged by `plan_run`, the same judge as the dry run and the trainer, so a layout
@@ -71,12 +72,26 @@ def layouts(run: RunConfig, search: SearchConfig) -> Iterator[tuple[int, Paralle
                                 continue  # ZeRO over one replica is the same layout as no ZeRO
                             # Sequence parallel splits tokens over TP, in the native engine only.
                             sps = sorted(set(search.sequence_parallel)) if tp > 1 and zero < 2 else [False]
+                            chunks = _virtual_stages(run, search, pp=pp, dp=dp, mbs=mbs) if zero < 2 else [1]
                             for sp in sps or [False]:
-                                yield devices, dataclasses.replace(
-                                    base, tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, recompute=Recompute(recompute),
-                                    zero_stage=zero, engine=Engine.deepspeed if zero >= 2 else Engine.native,
-                                    rampup_batch_size=None, sequence_parallel=sp,
-                                )  # fmt: skip
+                                for v in chunks:
+                                    yield devices, dataclasses.replace(
+                                        base, tp=tp, pp=pp, dp=dp, micro_batch_size=mbs, recompute=Recompute(recompute),
+                                        zero_stage=zero, engine=Engine.deepspeed if zero >= 2 else Engine.native,
+                                        rampup_batch_size=None, sequence_parallel=sp, virtual_stages=v,
+                                    )  # fmt: skip
+
+
+def _virtual_stages(run: RunConfig, search: SearchConfig, *, pp: int, dp: int, mbs: int) -> list[int]:
+    """The searched virtual-stage counts this pipeline can interleave (always 1): pp > 1, every chunk
+    the same whole number of layers, and whole groups of pp micro-batches per step. The rules say the
+    same; skipping here keeps the search from planning layouts that cannot run."""
+    if pp == 1:
+        return [1]
+    m, rem = divmod(run.parallelism.global_batch_size, mbs * dp)
+    return sorted(
+        {1} | {v for v in search.virtual_stages if v > 1 and run.model.num_layers % (pp * v) == 0 and not rem and m % pp == 0}
+    )
 
 
 def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
@@ -90,6 +105,7 @@ def layout_overrides(par: ParallelismConfig) -> tuple[str, ...]:
         f"parallelism.zero_stage={par.zero_stage}",
         f"parallelism.engine={Engine(par.engine).value}",
         f"parallelism.sequence_parallel={str(par.sequence_parallel).lower()}",
+        f"parallelism.virtual_stages={par.virtual_stages}",
         "parallelism.rampup_batch_size=null",  # planned without ramp-up: launched without it
     )
 
@@ -125,14 +141,15 @@ def _breakdown(candidate: Candidate, top: int = 3) -> str:
 
 def format_search(result: SearchResult, show: int) -> str:
     """The `show` fastest layouts with time, memory and where the time goes, then the rejections."""
-    header = ("rank", "nodes", "DP", "TP", "PP", "SP", "MBS", "recompute", "ZeRO", "pred s/it", "pred MFU %",
+    header = ("rank", "nodes", "DP", "TP", "PP", "VPP", "SP", "MBS", "recompute", "ZeRO", "pred s/it", "pred MFU %",
               "mem GiB / cap", "where the time goes")  # fmt: skip
     lines = [header]
     for c in result.ranked[:show]:
         r, par = c.row, c.run.parallelism
         mfu = "-" if math.isnan(r.pred_mfu) else f"{100 * r.pred_mfu:.1f}"
         lines.append((
-            str(r.pred_rank), str(r.nodes), str(r.dp), str(r.tp), str(r.pp), "yes" if par.sequence_parallel else "-",
+            str(r.pred_rank), str(r.nodes), str(r.dp), str(r.tp), str(r.pp),
+            str(par.virtual_stages) if par.virtual_stages > 1 else "-", "yes" if par.sequence_parallel else "-",
             str(r.micro_batch_size),
             Recompute(par.recompute).value, str(par.zero_stage), f"{r.pred_sec_per_iter:.4g}", mfu,
             f"{r.mem_gib:.1f} / {r.mem_capacity_gib:.1f}", _breakdown(c),

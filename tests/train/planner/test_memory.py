@@ -483,13 +483,15 @@ def test_memoised_estimate_reads_what_the_full_estimate_reads() -> None:
             (2, 1, 1, 16, 2, Recompute.full, Precision.fp16, Engine.deepspeed, OptimizerImpl.torch, Offload.optimizer, False, None),
         ]
     ]  # fmt: skip
+    # Interleaved 1F1B: the virtual stages are read too.
+    layouts += [replace(layouts[1], virtual_stages=2), replace(layouts[1], pp=3, virtual_stages=2, global_batch_size=96)]
     checked = 0
     for model, hw, layout, dp in itertools.product(models, devices, layouts, [1, 2, 4]):
         full = estimate_memory(model, layout, dp=dp, hardware=hw, stack=stack_of(layout))
         assert estimated_memory(model, layout, dp, hw) == full, (model.name, hw.name, layout, dp)
         # A variant of another layout reaches the same estimate.
         other = layouts[0] if layout is not layouts[0] else layouts[1]
-        change = {f: getattr(layout, f) for f in ("tp", "pp", "micro_batch_size", "zero_stage", "recompute")}
+        change = {f: getattr(layout, f) for f in ("tp", "pp", "micro_batch_size", "zero_stage", "recompute", "virtual_stages")}
         variant = estimated_variants(model, replace(other, global_batch_size=layout.global_batch_size), dp, hw)
         assert variant(**change) == estimate_memory(
             model, replace(other, global_batch_size=layout.global_batch_size, **change), dp=dp, hardware=hw,
@@ -497,3 +499,21 @@ def test_memoised_estimate_reads_what_the_full_estimate_reads() -> None:
         )
         checked += 1
     assert checked == len(models) * len(devices) * len(layouts) * 3
+
+
+def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flight() -> None:
+    model = replace(HAND, num_layers=24)
+    plain = par(pp=4, micro_batch_size=1, global_batch_size=64, precision=Precision.bf16)
+    by_v = {v: [stage_memory(model, replace(plain, virtual_stages=v), dp=1, stage=s) for s in range(4)]
+            for v in (1, 2, 3, 4)}
+    for stages in by_v.values():
+        for s, est in enumerate(stages):
+            one = by_v[1][s]
+            # The same layers per rank (other ones), so the same states and one micro-batch's tensors.
+            assert est.model_states == one.model_states and est.params_on_device == one.params_on_device
+            assert est.activations_per_micro_batch == one.activations_per_micro_batch
+    # The first rank holds (v+1)p - 1 chunk units of 1/v of its layers: L/p x (1 + (p-1)/(pv)) layers'
+    # worth, above 1F1B's and falling towards it as v grows (Korthikanti et al. 2022).
+    first = [by_v[v][0].activations for v in (1, 2, 3, 4)]
+    assert first[0] < first[3] < first[2] < first[1]
+    assert estimate_memory(model, replace(plain, virtual_stages=2), dp=1).activations >= first[1]

@@ -114,6 +114,21 @@ def test_pipeline_bubble_is_p_minus_1_slots_of_the_slowest_stage() -> None:
     assert p.stage_seconds[1] > p.stage_seconds[0]
 
 
+def test_interleaving_divides_the_bubble_by_v_and_multiplies_the_exchanges() -> None:
+    plain = predict_time(MODEL, par(pp=2, global_batch_size=16), HW, dp=1)
+    inter = predict_time(MODEL, par(pp=2, virtual_stages=2, global_batch_size=16), HW, dp=1)
+    # (p-1)/v slots of the slowest stage: (p-1)/(v*m) of the steady time (Narayanan et al. 2021).
+    assert inter.parts["bubble"] == pytest.approx(max(inter.stage_seconds) / 2)
+    steady = inter.sec_per_iter - inter.parts["bubble"] - inter.parts["dp_comm"] - inter.parts["optimizer"]
+    assert steady == pytest.approx(8 * max(inter.stage_seconds))
+    # Each micro-batch crosses each rank once per chunk: on two ranks, one boundary each way becomes
+    # three (chunk 0 -> 0, chunk 0 -> 1 wrapping back to rank 0, chunk 1 -> 1), all in the node.
+    assert inter.parts["pp_comm"] == pytest.approx(3 * plain.parts["pp_comm"])
+    # With as many micro-batches as stages the bubble dominates, and interleaving wins.
+    few = [predict_time(MODEL, par(pp=2, virtual_stages=v, global_batch_size=4), HW, dp=1) for v in (1, 2)]
+    assert few[1].sec_per_iter < few[0].sec_per_iter
+
+
 def test_data_parallel_reduction_hides_behind_backward_only_in_megasweep() -> None:
     big = replace(MODEL, hidden_size=2048, num_attention_heads=16)
     # fp32: both stacks then reduce 4-byte gradients, so only the overlap differs.

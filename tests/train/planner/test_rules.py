@@ -114,13 +114,16 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     # Sequence parallelism splits the tokens over TP, in the native engine's DTensor TP only.
     if deepspeed and p.sequence_parallel:
         broken.add("sequence_parallel_native_only")
+    # The interleaved schedule is the native engine's.
+    if deepspeed and _pos(p.virtual_stages) and p.virtual_stages > 1:
+        broken.add("virtual_stages_native_only")
     peak = {"bf16": hw.peak_tflops_bf16, "fp16": hw.peak_tflops_fp16, "fp32": hw.peak_tflops_fp32}[p.precision]
     if peak is None and not hw.peak_measured:
         broken.add("precision_supported")
 
     mbs: object = p.micro_batch_size
     ints = {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
-            "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "gbs": p.global_batch_size,
+            "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "vs": p.virtual_stages, "gbs": p.global_batch_size,
             "dpn": hw.devices_per_node, "ffn": m.ffn_hidden_size, "dp": p.dp, "world": world_size}
     if not isinstance(mbs, str):
         ints["mbs"] = mbs
@@ -148,6 +151,12 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("sequence_parallel_needs_tp")
     if ok("seq", "tp") and p.sequence_parallel and m.seq_length % p.tp:
         broken.add("seq_divisible_by_tp")
+    # Virtual stages interleave chunks of a pipeline of 2 or more ranks, each chunk whole layers.
+    interleaved = ok("pp", "vs") and p.virtual_stages > 1
+    if interleaved and p.pp == 1:
+        broken.add("virtual_stages_need_pp")
+    if interleaved and ok("layers") and p.pp > 1 and m.num_layers % p.pp == 0 and m.num_layers % (p.pp * p.virtual_stages):
+        broken.add("layers_divisible_by_virtual_stages")
     dp: int | None = None
     if not ok("tp", "pp", "dp", "world"):
         pass  # no dp to speak of
@@ -191,6 +200,13 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
                 if (start <= 0 or incr <= 0 or start % step or incr % step or start > p.global_batch_size
                         or (p.global_batch_size - start) % incr):
                     broken.add("rampup_batch_size")
+        # Megatron's interleaved schedule: every step's micro-batches in whole groups of pp.
+        if interleaved and p.pp > 1:
+            batches = {p.global_batch_size}
+            if ramp is not None and len(ramp) == 3 and all(_pos(v) for v in ramp[:2]):
+                batches |= {ramp[0], ramp[1]}
+            if any(b % step == 0 and b % (step * p.pp) for b in batches):
+                broken.add("interleaved_micro_batches")
     if bad:
         return broken  # the memory estimate needs every size positive
     if dp is not None and p.zero_stage in (0, 1, 2, 3) and "vocab_padding" not in broken:
@@ -231,6 +247,7 @@ def any_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         precision=draw(st.sampled_from(list(Precision))),
         engine=draw(st.sampled_from(list(Engine))),
         sequence_parallel=draw(st.booleans()),
+        virtual_stages=draw(st.sampled_from([0, 1, 1, 2, 3])),
     )
     peaks = st.none() | st.just(100.0)
     hw = HardwareConfig(
@@ -280,9 +297,12 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
     precision = draw(st.sampled_from(list(Precision)))
     sp = pick(st.booleans() if tp > 1 and not deepspeed else st.just(False), st.booleans())
     seq = st.builds(lambda k: tp * k, st.integers(1, 4)) if sp else st.integers(1, 8)
+    chunks = pick(st.sampled_from([1, 2]) if pp > 1 and not deepspeed else st.just(1), st.integers(0, 3))
+    assert isinstance(chunks, int)
+    group = step * pp if chunks > 1 else step  # interleaving takes micro-batches in groups of pp
     model = ModelConfig(
         name="n",
-        num_layers=pick(st.builds(lambda j: pp * j, st.integers(1, 3)), st.integers(0, 8)),  # type: ignore[arg-type]
+        num_layers=pick(st.builds(lambda j: pp * max(chunks, 1) * j, st.integers(1, 3)), st.integers(0, 8)),  # type: ignore[arg-type]
         hidden_size=pick(st.builds(lambda d: heads * d, st.integers(1, 4)), st.integers(1, 40)),  # type: ignore[arg-type]
         num_attention_heads=heads,
         ffn_hidden_size=pick(st.none() | st.builds(lambda n: tp * n, st.integers(1, 8)), st.integers(0, 40)),  # type: ignore[arg-type]
@@ -290,10 +310,10 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         vocab_size=pick(st.integers(1, 200), st.integers(-1, 200)),  # type: ignore[arg-type]
         make_vocab_size_divisible_by=pick(st.sampled_from([1, 8, 64]), st.integers(-1, 8)),  # type: ignore[arg-type]
     )
-    gbs = pick(st.builds(lambda k: step * k, st.integers(1, 6)), st.integers(1, 40))
+    gbs = pick(st.builds(lambda k: group * k, st.integers(1, 6)), st.integers(1, 40))
     assert isinstance(gbs, int)
     ramp = pick(
-        st.none() | st.builds(lambda a, n: [step * a, step, n], st.integers(1, 1), st.integers(0, 99)),
+        st.none() | st.builds(lambda a, n: [group * a, group, n], st.integers(1, 1), st.integers(0, 99)),
         st.none() | st.lists(st.integers(0, 12), min_size=2, max_size=4),
     )
     offload_ok = [Offload.none] + ([Offload.optimizer] if deepspeed and zero in (1, 2, 3) else []) + (
@@ -311,6 +331,7 @@ def near_valid_config(draw: st.DrawFn) -> tuple[RunConfig, int | None]:
         precision=precision,
         engine=engine,  # type: ignore[arg-type]
         sequence_parallel=sp,  # type: ignore[arg-type]
+        virtual_stages=chunks,
     )
     measured = draw(st.booleans())
     devices = ["cuda"] if deepspeed and precision == Precision.fp16 else ["cpu", "cuda"]
@@ -387,7 +408,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         field, value = draw(st.sampled_from([
             ("model.num_layers", 0), ("model.hidden_size", -32), ("model.num_attention_heads", 0),
             ("model.seq_length", 0), ("model.ffn_hidden_size", 0), ("parallelism.tp", 0), ("parallelism.pp", -1),
-            ("parallelism.dp", 0), ("parallelism.micro_batch_size", 0), ("parallelism.global_batch_size", 0),
+            ("parallelism.dp", 0), ("parallelism.micro_batch_size", 0), ("parallelism.virtual_stages", 0), ("parallelism.global_batch_size", 0),
             ("hardware.devices_per_node", 0), ("world_size", 0),
         ]))
         group, name = field.split(".") if "." in field else ("", field)
@@ -428,6 +449,17 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         model = draw(tp_split_model(tp))
         model["seq_length"] = tp * draw(st.integers(0, 3)) + draw(st.integers(1, tp - 1))
         par = {"tp": tp, "sequence_parallel": True}
+    elif rule == "virtual_stages_need_pp":
+        par = {"virtual_stages": draw(st.integers(2, 4)), "pp": 1}
+    elif rule == "layers_divisible_by_virtual_stages":
+        # pp 2 splits the layers, two chunks per rank do not: an odd number of layers per rank.
+        model = {"num_layers": 2 * (2 * draw(st.integers(0, 3)) + 1)}
+        par = {"pp": 2, "virtual_stages": 2}
+    elif rule == "interleaved_micro_batches":
+        if draw(st.booleans()):  # an odd number of micro-batches for two ranks
+            par = {"pp": 2, "virtual_stages": 2, "global_batch_size": 2 * draw(st.integers(0, 3)) + 1}
+        else:  # the ramp-up's increment of one micro-batch
+            par = {"pp": 2, "virtual_stages": 2, "global_batch_size": 4, "rampup_batch_size": [2, 1, 8]}
     elif rule == "vocab_padding":
         field = draw(st.sampled_from(["vocab_size", "make_vocab_size_divisible_by"]))
         model = {field: draw(st.integers(-4, 0))}
@@ -506,6 +538,10 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         par = {"offload": Offload.optimizer, "zero_stage": 1}
     elif rule == "sequence_parallel_native_only":
         par = {"engine": Engine.deepspeed, "tp": 2, "sequence_parallel": True, "zero_stage": draw(st.integers(0, 3))}
+    elif rule == "virtual_stages_native_only":
+        # DeepSpeed runs no pipeline here, so there is none to interleave either.
+        par = {"engine": Engine.deepspeed, "virtual_stages": 2, "zero_stage": draw(st.integers(0, 3))}
+        expected = {rule, "virtual_stages_need_pp"}
     elif rule == "precision_supported":
         precision = draw(st.sampled_from(list(Precision)))
         par = {"precision": precision}
@@ -701,6 +737,23 @@ def test_sequence_parallel_rules_list_tp_that_split_the_tokens() -> None:
     assert validate(make_run(model={"seq_length": 6}, par={"tp": 2, "sequence_parallel": True})) == []
     v = _one(make_run(par={"engine": Engine.deepspeed, "tp": 2, "sequence_parallel": True}))
     assert v.rule == "sequence_parallel_native_only" and "Use engine=native with sequence_parallel=true" in v.message
+
+
+def test_virtual_stage_rules_list_what_would_interleave() -> None:
+    # BASE_MODEL: 4 layers; gbs 4 at mbs 1: 4 micro-batches.
+    v = _one(make_run(par={"virtual_stages": 2}))
+    assert v.rule == "virtual_stages_need_pp" and "or pp of 2 or more" in v.message
+    v = _one(make_run(model={"num_layers": 6}, par={"pp": 2, "virtual_stages": 2}))
+    assert v.rule == "layers_divisible_by_virtual_stages"
+    assert "Valid for pp=2: virtual_stages in 3" in v.message and "num_layers 4, 8" in v.message
+    assert validate(make_run(model={"num_layers": 6}, par={"pp": 2, "virtual_stages": 3})) == []
+    v = _one(make_run(par={"pp": 2, "virtual_stages": 2, "global_batch_size": 6}), world_size=4)
+    assert v.rule == "interleaved_micro_batches" and v.fields["parallelism.dp"] == 2
+    assert "multiple of micro_batch_size x dp x pp = 4, e.g. 4, 8" in v.message
+    assert validate(make_run(par={"pp": 2, "virtual_stages": 2, "global_batch_size": 8}), world_size=4) == []
+    both = {v.rule: v for v in validate(make_run(par={"virtual_stages": 2, "engine": Engine.deepspeed}))}
+    assert set(both) == {"virtual_stages_need_pp", "virtual_stages_native_only"}
+    assert "Use engine=native with virtual_stages > 1" in both["virtual_stages_native_only"].message
 
 
 def test_engine_rules_name_the_engine_that_can_run_it() -> None:

@@ -19,7 +19,7 @@ def gpt_1_3b() -> object:
 def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
     run = gpt_1_3b()
     search = SearchConfig(nodes=[1, 2], micro_batch_sizes=[1, 4], recompute=[Recompute.none, Recompute.full],
-                          zero_stages=[0, 1], sequence_parallel=[False])
+                          zero_stages=[0, 1], sequence_parallel=[False], virtual_stages=[1])
     seen = list(layouts(run, search))  # type: ignore[arg-type]
     # 8 devices: (tp, pp) over 10 ordered factorisations; 16 devices: 15; 24 layers allow every pp here.
     shapes = {(d, p.dp, p.tp, p.pp) for d, p in seen}
@@ -37,6 +37,16 @@ def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
     assert {dataclasses.replace(p, sequence_parallel=False) for _, p in both if p.sequence_parallel} == {
         p for _, p in seen if p.tp > 1
     }
+    # Virtual stages: tried on native pipelines whose chunks hold whole layers (24 layers) and whose
+    # steps run whole groups of pp micro-batches (512 / (mbs x dp)), never on DeepSpeed.
+    chunky = list(layouts(run, dataclasses.replace(search, virtual_stages=[1, 2, 5])))  # type: ignore[arg-type]
+    assert {p for _, p in chunky if p.virtual_stages == 1} == {p for _, p in seen}
+    interleaved = [p for _, p in chunky if p.virtual_stages > 1]
+    assert interleaved and {p.virtual_stages for p in interleaved} == {2}  # 5 splits no pp's layers
+    expected = {p for _, p in seen if p.pp > 1 and 24 % (2 * p.pp) == 0 and (512 // (p.mbs * p.dp)) % p.pp == 0}
+    assert {dataclasses.replace(p, virtual_stages=1) for p in interleaved} == expected
+    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], virtual_stages=[1, 2])))  # type: ignore[arg-type]
+    assert all(p.virtual_stages == 1 for _, p in deep)
 
 
 def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_overrides() -> None:
