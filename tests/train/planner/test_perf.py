@@ -342,6 +342,7 @@ def test_memoised_pieces_read_only_their_keys() -> None:
             (1, 1, 2, Precision.bf16, Recompute.full, False, 3, "deepspeed", Offload.optimizer),
         ]
     ]  # fmt: skip
+    layouts.append(replace(layouts[1], virtual_stages=2))  # interleaved 1F1B
     for model, hw, layout in itertools.product(models, devices, layouts):
         precision = Precision(layout.precision)
         for nodes in (1, 2, 8):
