@@ -347,7 +347,7 @@ def stage_memory(
         states = _megasweep_states(model, tensors, par, dp=dp, stage=stage, fused=fused)
     else:
         states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
-    acts = _activations(model, par, traits, stage=stage, micro_batches=m, tensors=tensors)
+    acts = _activations_cached(model, _cache_key(par), traits, stage, _in_flight_key(par, stage, m))
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
     allocated = resident + max([held, *(b for _, b in states.transients)])
@@ -581,6 +581,24 @@ def _activations(
         peak += head_inputs * w * sbh + _FP32 * vocab_shard
     per_mb = stored + (2 * w * sbh + _FP32 * vocab_shard if last else 0.0)
     return _Activations(per_mb, peak)
+
+
+def _in_flight_key(par: ParallelismConfig, stage: int, micro_batches: int) -> int:
+    """The micro-batch count as far as a stage's activations tell: 1F1B reads it only through
+    min(pp - stage, m) and m > 1, which min(m, pp - stage + 1) keeps, so the layouts of a sweep that
+    differ in dp or global batch share the activations; the interleaved schedule reads all of it."""
+    if par.virtual_stages > 1 and par.pp > 1:
+        return micro_batches
+    return min(micro_batches, par.pp - stage + 1)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _activations_cached(
+    model: ModelConfig, par: ParallelismConfig, traits: StackTraits, stage: int, micro_batches: int
+) -> _Activations:
+    # Frozen, shared: stage_memory only reads it.
+    tensors = _stage_tensors(model, par.tp, stage, par.pp)
+    return _activations(model, par, traits, stage=stage, micro_batches=micro_batches, tensors=tensors)
 
 
 def _interleaved_activations(

@@ -517,3 +517,19 @@ def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flig
     first = [by_v[v][0].activations for v in (1, 2, 3, 4)]
     assert first[0] < first[3] < first[2] < first[1]
     assert estimate_memory(model, replace(plain, virtual_stages=2), dp=1).activations >= first[1]
+
+
+def test_memoised_activations_read_the_micro_batch_count_only_as_far_as_it_matters() -> None:
+    # stage_memory's activations are memoised on min(m, pp - stage + 1) for 1F1B (m itself when
+    # interleaved): each must equal the activations computed with the real micro-batch count.
+    from train.planner.memory import TRAITS, _activations, _activations_cached, _in_flight_key, _stage_tensors
+
+    # Short sequences: the word embedding's gradient (m > 1) outweighs a stage's activations, so m counts.
+    model = replace(load_model("gpt_350m"), seq_length=16)
+    for pp, v, stack, m in itertools.product([1, 2, 4], [1, 2], list(Stack), [1, 2, 3, 5, 8, 64]):
+        layout = par(pp=pp, virtual_stages=v, micro_batch_size=1, global_batch_size=m, precision=Precision.bf16)
+        for stage in range(pp):
+            tensors = _stage_tensors(model, 1, stage, pp)
+            fresh = _activations(model, layout, TRAITS[stack], stage=stage, micro_batches=m, tensors=tensors)
+            memo = _activations_cached(model, layout, TRAITS[stack], stage, _in_flight_key(layout, stage, m))
+            assert memo == fresh, (pp, v, stack, m, stage)
