@@ -106,7 +106,9 @@ recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
 launch() {
     local name=$1 comm=$2 pid i
     shift 2
-    setsid "$@" </dev/null >>"$LOGS/$name.out" 2>&1 9>&- &
+    # From the state directory, not the caller's: a daemon keeps its working directory for life, and
+    # slurmd's job steps report a deleted one in every job's output (a checkout or test dir removed later).
+    (cd "$STATE" && exec setsid "$@") </dev/null >>"$LOGS/$name.out" 2>&1 9>&- &
     pid=$!
     echo "$pid" >"$PIDS/$name.pid"
     for ((i = 0; i < 100; i++)); do
