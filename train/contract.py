@@ -43,6 +43,7 @@ import math
 import operator
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -404,6 +405,22 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def unwritable(path: str | Path) -> str | None:
+    """Why `path` cannot be created and written (the OS's words), or None when a file was written there.
+
+    The directory is created if need be, as the run or sweep about to write there would create it.
+    """
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        # os.access says yes to root on a read-only file system: only a real write proves it.
+        fd, probe = tempfile.mkstemp(prefix=".megasweep-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:

@@ -247,3 +247,22 @@ def test_an_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
             f"parallelism.pp? (override '{override}')"
         )
         assert not (tmp_path / RESULT_FILE).exists()
+
+
+def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
+    """A single run's directory is checked before Hydra composes (Hydra's own mkdir failed with a
+    chained traceback); for a sweep, launchers.sweepdir checks hydra.sweep.dir."""
+    for run_dir in ("/proc/megasweep/run", "/proc/megasweep/${now:%H-%M-%S}"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", f"hydra.run.dir={run_dir}", *TINY_RUN],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == EXIT_USAGE, proc.stderr
+        assert proc.stderr.startswith(f"error: hydra.run.dir={run_dir}: cannot write /proc/megasweep"), proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    ok = subprocess.run(
+        [sys.executable, "-m", "train", f"hydra.run.dir={tmp_path}/new/run", "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert read_record(tmp_path / "new" / "run" / RESULT_FILE) is not None
