@@ -120,8 +120,9 @@ class Recommendation:
 
     @property
     def decided(self) -> bool:
-        """Whether the margin over the runner-up is larger than the noise (or the noise is unknown)."""
-        return self.margin_pct is None or self.noise_pct is None or self.margin_pct > self.noise_pct
+        """Whether the margin over the runner-up is larger than the noise. Unknown noise (a run with
+        fewer than two measured iterations, or a table imported without spreads) decides nothing."""
+        return self.margin_pct is None or (self.noise_pct is not None and self.margin_pct > self.noise_pct)
 
 
 def _opt_float(v: object) -> float | None:
@@ -291,7 +292,7 @@ def _figures(c: Candidate) -> str:
 def _noise_text(r: Recommendation) -> str:
     assert r.runner_up is not None
     if r.noise_pct is None:
-        return "noise unknown (a run has fewer than two measured iterations), so the margin is not checked against it"
+        return "noise unknown (a run has fewer than two measured iterations, or no spread was recorded), so the margin cannot be told from it"
     spreads = f"CV {format_cv(r.best.sec_cv)} and {format_cv(r.runner_up.sec_cv)}, combined {r.noise_pct:.1f}%"
     if r.decided:
         return f"outside the noise ({spreads})"
@@ -300,12 +301,16 @@ def _noise_text(r: Recommendation) -> str:
 
 def _repeat_advice(r: Recommendation) -> list[str]:
     """Which configs to repeat, and how, to tell the runs inside the noise apart."""
-    top = [r.best, *r.close][:RERUN_TOP]
+    if r.noise_pct is None:
+        top = [c for c in (r.best, r.runner_up) if c is not None]
+        why = "at least two measured iterations each, so that their spread is known"
+    else:
+        top = [r.best, *r.close][:RERUN_TOP]
+        why = "within the noise of each other"
     lines = [
-        f"- to decide: repeat the top {len(top)} (within the noise of each other) with more measured iterations "
-        "(training.train_iters) on whole nodes (cluster.exclusive=true); training.repeats does not exist, so "
-        "rerun each as its own sweep, e.g. `python -m train -m hydra/launcher=slurm training.train_iters=<more> "
-        "<its overrides>`:"
+        f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters) "
+        "on whole nodes (cluster.exclusive=true), as a sweep of their own, e.g. `python -m train -m "
+        "hydra/launcher=slurm training.train_iters=<more> <its overrides>`:"
     ]
     lines += [f"  - {c.label}: {c.overrides or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
     return lines
@@ -361,6 +366,8 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
         where = f"{_figures(r.best)} [{r.best.sweep}/{r.best.run_dir}]"
         lines = [
             f"Fastest for {work}: {r.best.label}: {where}" if r.decided
+            else f"No clear winner for {work} (noise unknown): {r.best.label} measured fastest: {where}"
+            if r.noise_pct is None
             else f"No clear winner for {work}: {r.best.label} measured fastest: {where}"
         ]
         if r.runner_up is not None and r.margin_pct is not None:

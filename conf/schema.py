@@ -250,6 +250,8 @@ class ClusterConfig:
     """Node feature constraint (--constraint)."""
     exclusive: bool = True
     """Whole nodes per job (--exclusive), so no other job's work distorts a run's timings (on | off)."""
+    core_license: str | None = None
+    """Slurm license counting the site's real cores; each job asks for tasks x cpus_per_task of it, at most its total (--licenses; license name, null: none)."""
     time_limit_min: int = 60
     """Wall-clock limit per job (minutes)."""
     cpus_per_task: int = 1

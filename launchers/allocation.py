@@ -12,7 +12,7 @@ Torch-free: the launcher runs this on login nodes.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -22,7 +22,17 @@ from train.planner.layout import Layout
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
-__all__ = ["Allocation", "ArrayKey", "SbatchOptions", "allocation_of", "array_key", "chunk", "group_by"]
+__all__ = [
+    "Allocation",
+    "ArrayKey",
+    "SbatchOptions",
+    "allocation_of",
+    "array_key",
+    "chunk",
+    "core_licenses",
+    "group_by",
+    "job_licenses",
+]
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,8 @@ class SbatchOptions:
     """Shell lines run in the batch script before srun (module loads, venv activation)."""
     exclusive: bool = False
     """Whole nodes (--exclusive); False for launch records written before the option existed."""
+    core_license: str | None = None
+    """License counting real cores, one per CPU the job runs (--licenses); None: none, as before it existed."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,32 @@ def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayK
         array_parallelism=array_parallelism if array_parallelism is not None else c.array_parallelism,
         setup=tuple(c.setup),
         exclusive=c.exclusive,
+        core_license=c.core_license,
     )
     return ArrayKey(allocation=allocation_of(run), options=options)
+
+
+def core_licenses(name: str | None, cpus: int, total: int | None) -> str | None:
+    """sbatch's --licenses value for a job running `cpus` CPUs (tasks x cpus_per_task), or None.
+
+    One license per CPU, so that the jobs holding the license never run on more CPUs at once than
+    it counts (cluster.core_license). A job wider than the whole count (`total`, when the cluster
+    says) asks for all of it: it then runs alone, instead of waiting for licenses that never come.
+    """
+    if name is None:
+        return None
+    if cpus < 1:
+        raise ValueError(f"a job runs at least one CPU, got cpus={cpus}")
+    wanted = cpus if total is None else max(1, min(cpus, total))
+    return f"{name}:{wanted}"
+
+
+def job_licenses(key: ArrayKey, totals: Mapping[str, int] | None) -> str | None:
+    """--licenses of each job of `key`: its CPUs (nodes x tasks per node x cpus_per_task) of
+    cluster.core_license, capped at that license's total in `totals` (launchers.site.license_totals)."""
+    alloc, opt = key.allocation, key.options
+    total = totals.get(opt.core_license) if totals and opt.core_license else None
+    return core_licenses(opt.core_license, alloc.nodes * alloc.tasks_per_node * opt.cpus_per_task, total)
 
 
 def group_by(items: Iterable[tuple[K, T]]) -> dict[K, list[T]]:

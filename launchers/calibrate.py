@@ -20,11 +20,13 @@ import datetime
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from conf.schema import Engine, RunConfig
+from launchers.allocation import core_licenses
+from launchers.site import license_totals
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
@@ -79,17 +81,26 @@ def _run_task(spec: dict[str, Any]) -> dict[str, Any]:
     return measure(CalibrationSpec(**spec))
 
 
-def _executor_parameters(run: RunConfig, nodes: int) -> dict[str, Any]:
+def _executor_parameters(run: RunConfig, nodes: int, licenses: Mapping[str, int] | None) -> dict[str, Any]:
+    """A calibration job measures, as a sweep's runs do: it asks for whole nodes and for its cores'
+    licenses as they would (cluster.exclusive, cluster.core_license), so no other job times it."""
     c, hw = run.cluster, run.hardware
+    tasks_per_node = max(1, hw.devices_per_node)
     params: dict[str, Any] = {
         "job_name": "megasweep-calibrate",
         "time": JOB_TIME_LIMIT_MIN,
         "nodes": nodes,
-        "ntasks_per_node": max(1, hw.devices_per_node),
+        "ntasks_per_node": tasks_per_node,
         "cpus_per_task": c.cpus_per_task,
         "stderr_to_stdout": True,
         "srun_args": ["--kill-on-bad-exit=1"],
     }
+    total = licenses.get(c.core_license) if licenses and c.core_license else None
+    cores = core_licenses(c.core_license, nodes * tasks_per_node * c.cpus_per_task, total)
+    if cores:
+        params["additional_parameters"] = {"licenses": cores}
+    if c.exclusive:
+        params["exclusive"] = True
     if hw.device_type == "cuda" and not c.gres:
         params["gpus_per_node"] = hw.devices_per_node
     optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint,
@@ -140,9 +151,10 @@ def calibrate(
     }
     # One job after the other: jobs that share a machine's cores would time each other.
     timings, collectives, device = [], [], ""
+    totals = license_totals() if run.cluster.core_license else None
     for n in nodes:
         executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
-        executor.update_parameters(**_executor_parameters(run, n))
+        executor.update_parameters(**_executor_parameters(run, n, totals))
         job = executor.submit(_run_task, spec)
         print(f"calibrate: {n} node(s): job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
         results = job.results()

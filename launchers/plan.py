@@ -9,7 +9,7 @@ in the sweep directory (hydra.sweep.dir) gets every row. The console stays a scr
 many configs the sweep holds: the file is where all of them are.
 
 A plan must take seconds for 10,000 configs, so configs come from the shared
-FastComposer (one Hydra compose per distinct group choice, not per job) and the planner
+FastComposer (at most one Hydra compose per distinct group choice, not per job) and the planner
 is pure arithmetic. Hydra accepts launchers only from the `hydra_plugins` package: the
 class it instantiates is a thin subclass in hydra_plugins/megasweep/plan_launcher.py.
 
@@ -18,7 +18,6 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,13 @@ from typing import TextIO
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 
-from launchers.compose import FastComposer, SweepLauncher, is_megasweep_config, sweep_composer
+from launchers.compose import (
+    FastComposer,
+    SweepLauncher,
+    bulk_allocation,
+    is_megasweep_config,
+    sweep_composer,
+)
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import (
     RuleCount,
@@ -61,7 +66,8 @@ class PlanSummary:
     plan_seconds: float
     """Time spent in the planner (seconds)."""
     hydra_compositions: int
-    """Full Hydra compositions: one per distinct choice of config groups (compositions)."""
+    """Full Hydra compositions: at most one per distinct choice of config groups; a choice that differs from
+    a composed one only in schema groups' options is derived from it instead (compositions)."""
     by_rule: tuple[RuleCount, ...] = ()
     """The infeasible configs per broken rule, most common first (train.planner.plan.infeasible_by_rule)."""
 
@@ -147,14 +153,14 @@ def plan_sweep(
     rows: list[PlanRow] = []
     total = len(job_overrides)
     planning = 0.0
-    for done, overrides in enumerate(job_overrides, start=1):
-        run = composer.run_config(overrides)
-        tic = time.perf_counter()
-        row = plan_run(run, world_size=world_size)
-        planning += time.perf_counter() - tic
-        rows.append(dataclasses.replace(row, overrides=" ".join(overrides)))
-        if progress is not None:
-            progress(done, total)
+    with bulk_allocation():
+        for done, overrides in enumerate(job_overrides, start=1):
+            run = composer.run_config(overrides)
+            tic = time.perf_counter()
+            rows.append(plan_run(run, world_size=world_size, overrides=" ".join(overrides)))
+            planning += time.perf_counter() - tic
+            if progress is not None:
+                progress(done, total)
     return rows, planning
 
 
@@ -212,6 +218,11 @@ class PlanLauncher(SweepLauncher):
         self.rows: list[PlanRow] = []
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # Planning keeps every row and estimate alive: no collector walks over them meanwhile.
+        with bulk_allocation():
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")

@@ -63,8 +63,9 @@ from pathlib import Path
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
 
-from launchers.allocation import ArrayKey, chunk, group_by
+from launchers.allocation import ArrayKey, chunk, group_by, job_licenses
 from launchers.compose import FastComposer, parse_override
+from launchers.site import license_totals
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
@@ -204,8 +205,10 @@ def render_script(
     srun_args: Sequence[str],
     command: str,
     configs: Sequence[int],
+    licenses: Mapping[str, int] | None = None,
 ) -> str:
-    """The text of one array script of `count` tasks (their rows are in `tasks`)."""
+    """The text of one array script of `count` tasks (their rows are in `tasks`); `licenses`: the
+    cluster's license totals, which cap the cluster.core_license request (as the launcher's)."""
     alloc, opt = key.allocation, key.options
     throttle = max(1, min(count, opt.array_parallelism))
     shown = ", ".join(map(str, configs[:8])) + (", ..." if len(configs) > 8 else "")
@@ -241,6 +244,9 @@ def render_script(
     lines += [_sbatch_line(k, v) for k, v in optional.items() if v is not None]
     if opt.exclusive:
         lines.append(_sbatch_line("exclusive"))
+    cores = job_licenses(key, licenses)
+    if cores:
+        lines.append(_sbatch_line("licenses", cores))
     # A site's gres string (e.g. 'gpu:a100:8') wins, as in the launcher.
     if opt.gres:
         lines.append(_sbatch_line("gres", opt.gres))
@@ -323,6 +329,7 @@ def export_sweep(
     )
     skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
     size = max_array_size or read_max_array_size()
+    totals = license_totals() if any(s.key.options.core_license for s in specs) else None
     pieces = [
         (key, piece)
         for key, members in group_by((s.key, s) for s in specs).items()
@@ -362,6 +369,7 @@ def export_sweep(
                 srun_args=srun_args,
                 command=command,
                 configs=configs,
+                licenses=totals,
             )
         )
         script.chmod(0o755)

@@ -1,9 +1,10 @@
-"""What the cluster accepts, asked before anything is submitted: partitions, accounts, QoS.
+"""What the cluster accepts, asked before anything is submitted: partitions, accounts, QoS, licenses.
 
 sbatch refuses an unknown partition only job by job, and a cluster that does not enforce its
 associations (AccountingStorageEnforce=none) queues a job under an account or QoS that does not
 exist. So the launchers ask Slurm first: `sinfo` for the partitions, `sacctmgr` for the accounts
-and QoS this user's associations allow (every one the cluster defines when the user has none).
+and QoS this user's associations allow (every one the cluster defines when the user has none),
+`scontrol show licenses` for cluster.core_license (and its total, the most one job may ask for).
 A value that is not among them is refused before a single job is queued, naming the valid ones.
 
 A tool that is missing or fails (no accounting, the controller down) answers nothing, and the
@@ -25,7 +26,7 @@ from hydra.errors import CompactHydraException
 
 from launchers.allocation import SbatchOptions
 
-__all__ = ["SiteOptionError", "check_site_options", "site_choices"]
+__all__ = ["SiteOptionError", "check_site_options", "license_totals", "site_choices"]
 
 TIMEOUT_S = 30
 
@@ -48,6 +49,9 @@ _OPTIONS = {
     "partition": _Option("cluster.partition", "a partition of this cluster", "partitions"),
     "account": _Option("cluster.account", "an account you may charge on this cluster", "accounts"),
     "qos": _Option("cluster.qos", "a QoS you may use on this cluster", "QoS"),
+    "core_license": _Option(
+        "cluster.core_license", "a license of this cluster (slurm.conf Licenses)", "licenses"
+    ),
 }
 
 
@@ -67,9 +71,26 @@ def _names(cells: Iterable[str]) -> list[str]:
     return sorted({name for cell in cells for name in cell.split(",") if name})
 
 
+def license_totals() -> dict[str, int] | None:
+    """Each license slurmctld keeps (slurm.conf Licenses) and its total; None when Slurm cannot say."""
+    lines = _lines(["scontrol", "show", "licenses", "--oneliner"])
+    if lines is None:
+        return None
+    totals = {}
+    for line in lines:
+        # LicenseName=cores Total=2 Used=0 Free=2 Reserved=0 Remote=no
+        fields = dict(item.partition("=")[::2] for item in line.split())
+        if "LicenseName" in fields and fields.get("Total", "").isdigit():
+            totals[fields["LicenseName"]] = int(fields["Total"])
+    return totals
+
+
 def site_choices(option: str) -> list[str] | None:
-    """The values of sbatch's --partition, --account or --qos this cluster accepts from this user;
-    None when Slurm cannot say (see the module docstring)."""
+    """The values of sbatch's --partition, --account, --qos or --licenses (a name) this cluster
+    accepts from this user; None when Slurm cannot say (see the module docstring)."""
+    if option == "core_license":
+        totals = license_totals()
+        return None if totals is None else sorted(totals)
     if option == "partition":
         # -a: hidden partitions and those of other groups too; sbatch is the judge of access.
         lines = _lines(["sinfo", "-h", "-a", "-o", "%R"])
@@ -87,7 +108,7 @@ def site_choices(option: str) -> list[str] | None:
 
 
 def check_site_options(options: Iterable[SbatchOptions]) -> None:
-    """Raise SiteOptionError for the first partition, account or QoS the cluster does not offer."""
+    """Raise SiteOptionError for the first partition, account, QoS or license the cluster does not offer."""
     options = list(options)
     for name, option in _OPTIONS.items():
         wanted = sorted({v for o in options if (v := getattr(o, name)) is not None})

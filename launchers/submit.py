@@ -56,9 +56,18 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import RunConfig
-from launchers.allocation import Allocation, ArrayKey, SbatchOptions, array_key, chunk, group_by
+from launchers.allocation import (
+    Allocation,
+    ArrayKey,
+    SbatchOptions,
+    array_key,
+    chunk,
+    group_by,
+    job_licenses,
+)
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
+from launchers.site import license_totals
 from train.contract import (
     LAUNCH_FILE,
     REFUSED_PREFIX,
@@ -333,9 +342,13 @@ def run_env(spec: ConfigSpec, sweep_dir: Path) -> tuple[tuple[str, str], ...]:
     return env
 
 
-def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters of one group."""
+def executor_parameters(
+    key: ArrayKey, settings: LaunchSettings, *, licenses: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters of one group; `licenses`: the cluster's license totals
+    (launchers.site.license_totals), which cap a job's cluster.core_license request."""
     alloc, opt = key.allocation, key.options
+    cores = job_licenses(key, licenses)
     params: dict[str, Any] = {
         "job_name": settings.job_name,
         "time": alloc.time_limit_min,
@@ -352,6 +365,7 @@ def executor_parameters(key: ArrayKey, settings: LaunchSettings) -> dict[str, An
             "chdir": settings.cwd,
             "requeue": True,
             "signal": f"USR1@{signal_lead_s(alloc.time_limit_min)}",
+            **({"licenses": cores} if cores else {}),
             **{k: (v if v != "" else True) for k, v in settings.sbatch_args.items()},
         },
         # A rank that fails (or times out in a collective) ends its peers instead of leaving one
@@ -395,10 +409,11 @@ def submit_configs(
     jobs: dict[int, Any] = {}
     arrays: list[str] = []
     groups = group_by((spec.key, spec) for spec in specs)
+    totals = license_totals() if any(key.options.core_license for key in groups) else None
     for key, members in groups.items():
         for piece in chunk(members, settings.max_array_size):
             executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
-            executor.update_parameters(**executor_parameters(key, settings))
+            executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
             try:
                 queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])
             except (FailedJobError, FailedSubmissionError) as exc:

@@ -19,15 +19,20 @@ Torch-free.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
-from train.contract import MANIFEST_FILE, ManifestEntry, ManifestError, manifest_path, read_manifest
+from train.contract import (
+    MANIFEST_FILE,
+    ManifestEntry,
+    ManifestError,
+    manifest_path,
+    read_manifest,
+    unwritable,
+)
 
 __all__ = [
     "HYDRA_OPTIONS",
@@ -60,19 +65,13 @@ HYDRA_OPTIONS = SweepOptions(directory="hydra.sweep.dir", append="hydra.launcher
 def writable_dir(path: str | Path, *, option: str) -> Path:
     """`path` created if need be and proved writable; SweepDirError naming `option` otherwise."""
     path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        # os.access says yes to root on a read-only file system: only a real write proves it.
-        fd, probe = tempfile.mkstemp(prefix=".megasweep-probe-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
+    why = unwritable(path)
+    if why is not None:
         raise SweepDirError(
             f"{option}={path}: cannot write there ({why}). Nothing was launched or written. "
             f"Choose a directory you can create and write, e.g. {option}=<a path in your home or "
             "scratch space>."
-        ) from None
+        )
     return path
 
 

@@ -12,6 +12,7 @@
 #   MEGASWEEP_SLURM_DIR        state: configs, pids, logs, database, spool   [/var/lib/megasweep-slurm]
 #   MEGASWEEP_SLURM_NODES      number of emulated nodes node1..nodeN         [4]
 #   MEGASWEEP_SLURM_CPUS       CPUs declared per node                        [nproc]
+#   MEGASWEEP_SLURM_CORES      real cores: the `cores` license's total       [nproc]
 #   MEGASWEEP_SLURM_TIMEOUT    seconds to wait for each daemon to answer     [60]
 #   MEGASWEEP_SLURM_PORT_BASE  slurmctld port; slurmdbd +2, nodeI +10+I      [6817]
 #   MEGASWEEP_SLURM_DB_PORT    MariaDB port, bound to 127.0.0.1 only         [3307]
@@ -39,7 +40,16 @@ ms_init() {
     PORT_BASE=${MEGASWEEP_SLURM_PORT_BASE:-6817}
     DB_PORT=${MEGASWEEP_SLURM_DB_PORT:-3307}
     MAX_ARRAY_SIZE=1001
+    # The emulated nodes declare 4 x nproc CPUs on nproc real cores: they share the host's cores, so
+    # Slurm's node allocation alone never stops jobs from timing each other. The cluster-wide license
+    # `cores` (one per real core) does: every measuring job asks for one per CPU it runs
+    # (conf/cluster/local.yaml core_license), and Slurm starts it only when that many are free, across
+    # arrays, sweeps and users. Jobs that ask for none (plumbing tests, sbatch by hand) still queue and
+    # run on the declared CPUs, one job per declared CPU unless the jobs ask to share it
+    # (--oversubscribe, up to OVERSUBSCRIBE jobs per CPU: tests of several jobs on one node).
+    CORE_LICENSE=cores
     OVERSUBSCRIBE=4
+    CORES=${MEGASWEEP_SLURM_CORES:-$(nproc)}
     HOSTS_TAG="# megasweep-slurm"
     # Client commands run here (sacctmgr, scontrol, sinfo) and every daemon read this config.
     export SLURM_CONF=$SLURM_CONF_FILE
@@ -96,7 +106,9 @@ recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
 launch() {
     local name=$1 comm=$2 pid i
     shift 2
-    setsid "$@" </dev/null >>"$LOGS/$name.out" 2>&1 9>&- &
+    # From the state directory, not the caller's: a daemon keeps its working directory for life, and
+    # slurmd's job steps report a deleted one in every job's output (a checkout or test dir removed later).
+    (cd "$STATE" && exec setsid "$@") </dev/null >>"$LOGS/$name.out" 2>&1 9>&- &
     pid=$!
     echo "$pid" >"$PIDS/$name.pid"
     for ((i = 0; i < 100; i++)); do
@@ -151,6 +163,7 @@ validate_settings() {
     if [[ ! $NUM_NODES =~ ^[0-9]+$ ]] || ((NUM_NODES < 1 || NUM_NODES > 64)); then
         fail "MEGASWEEP_SLURM_NODES must be a number from 1 to 64, got '$NUM_NODES'"
     fi
+    [[ $CORES =~ ^[1-9][0-9]*$ ]] || fail "MEGASWEEP_SLURM_CORES must be a positive number, got '$CORES'"
     [[ $TIMEOUT =~ ^[0-9]+$ && $PORT_BASE =~ ^[0-9]+$ && $DB_PORT =~ ^[0-9]+$ ]] ||
         fail "MEGASWEEP_SLURM_TIMEOUT, _PORT_BASE and _DB_PORT must be numbers"
     [[ $STATE == /* && $STATE != / ]] || fail "MEGASWEEP_SLURM_DIR must be an absolute path below /, got '$STATE'"
@@ -260,7 +273,7 @@ write_configs() {
     render "$MS_HERE/templates/slurm.conf.in" "$SLURM_CONF_FILE" "${common[@]}" \
         "CLUSTER_NAME=$CLUSTER_NAME" "CTLD_PORT=$PORT_BASE" "NUM_NODES=$NUM_NODES" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$(node_list_expr)" "PARTITION=$PARTITION" \
-        "OVERSUBSCRIBE=$OVERSUBSCRIBE" "MIN_JOB_AGE=10" "KILL_WAIT=5" "MAX_ARRAY_SIZE=$MAX_ARRAY_SIZE" \
+        "CORE_LICENSE=$CORE_LICENSE" "CORES=$CORES" "OVERSUBSCRIBE=$OVERSUBSCRIBE" "MIN_JOB_AGE=10" "KILL_WAIT=5" "MAX_ARRAY_SIZE=$MAX_ARRAY_SIZE" \
         "MAX_JOB_COUNT=10000" "CRED_EXPIRE=15" && SLURM_CONF_CHANGED=1
     chmod 644 "$SLURM_CONF_FILE"
     render "$MS_HERE/templates/slurmdbd.conf.in" "$ETC/slurmdbd.conf" "${common[@]}" \
@@ -453,6 +466,8 @@ write_info() {
   "slurm_conf": "$SLURM_CONF_FILE",
   "cpus_per_node": ${MEGASWEEP_SLURM_CPUS:-$(nproc)},
   "oversubscribe": $OVERSUBSCRIBE,
+  "core_license": "$CORE_LICENSE",
+  "cores": $CORES,
   "max_array_size": $MAX_ARRAY_SIZE,
   "slurm_version": "$version"
 }
@@ -492,8 +507,8 @@ main_up() {
     wait_nodes
     wait_for "sacct" - - "$LOGS/slurmdbd.log" sacct_answers
     write_info
-    printf 'megasweep-slurm: up: cluster %s, partition %s (default), nodes %s x %s CPUs, sacct via slurmdbd;' \
-        "$CLUSTER_NAME" "$PARTITION" "$(node_list_expr)" "${MEGASWEEP_SLURM_CPUS:-$(nproc)}"
+    printf 'megasweep-slurm: up: cluster %s, partition %s (default), nodes %s x %s CPUs, license %s:%s, sacct via slurmdbd;' \
+        "$CLUSTER_NAME" "$PARTITION" "$(node_list_expr)" "${MEGASWEEP_SLURM_CPUS:-$(nproc)}" "$CORE_LICENSE" "$CORES"
     printf ' state in %s (%s)\n' "$STATE" "$(elapsed "$t0")"
 }
 

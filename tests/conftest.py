@@ -45,6 +45,11 @@ class SlurmClusterInfo:
     slurm_conf: Path
     cpus_per_node: int
     oversubscribe: int
+    """Jobs that may share a declared CPU when they ask (sbatch --oversubscribe)."""
+    core_license: str
+    """Slurm license counting the host's real cores (slurm.conf Licenses)."""
+    cores: int
+    """Its total: the real cores that every job asking for it shares (nproc)."""
     max_array_size: int
     slurm_version: str
 
@@ -67,6 +72,8 @@ def load_cluster_info(state_dir: Path) -> SlurmClusterInfo:
         slurm_conf=Path(raw["slurm_conf"]),
         cpus_per_node=int(raw["cpus_per_node"]),
         oversubscribe=int(raw["oversubscribe"]),
+        core_license=raw["core_license"],
+        cores=int(raw["cores"]),
         max_array_size=int(raw["max_array_size"]),
         slurm_version=raw["slurm_version"],
     )
@@ -76,7 +83,15 @@ def cluster_is_up() -> bool:
     status = subprocess.run(
         ["bash", str(SLURM_SCRIPTS / "cluster-status.sh"), "--quiet"], capture_output=True, timeout=120
     )
-    return status.returncode == 0
+    if status.returncode != 0:
+        return False
+    # Up, but started by an older slurm/cluster-up.sh (no `cores` license, say): cluster-up then
+    # re-renders the configs and restarts what uses them.
+    try:
+        load_cluster_info(slurm_state_dir())
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -32,7 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf  # noqa: F401  (registers the schema in Hydra's ConfigStore)
 from conf.schema import RunConfig, to_run_config, unknown_field
-from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE
+from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
@@ -200,9 +200,36 @@ def check_override_keys(argv: list[str]) -> str | None:
     return None
 
 
+DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+"""Hydra's hydra.run.dir, which conf/config.yaml keeps."""
+
+
+def check_run_dir(argv: list[str]) -> str | None:
+    """One paragraph when a single run's directory (hydra.run.dir) cannot be created and written;
+    None when it can, or for a sweep (its launcher checks hydra.sweep.dir). Hydra would create it
+    after composing and fail there with a chained traceback. Only the part before the first
+    interpolation is checked: `${now:...}` names a new directory under it."""
+    if "-m" in argv or "--multirun" in argv:
+        return None
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    run_dir = given[-1] if given else DEFAULT_RUN_DIR
+    literal = run_dir.split("${", 1)[0]
+    path = Path(literal) if literal == run_dir or literal.endswith("/") else Path(literal).parent
+    why = unwritable(path)
+    if why is None:
+        return None
+    return (
+        f"hydra.run.dir={run_dir}: cannot write {path} ({why}). Nothing was run or written. Choose a "
+        "directory you can create and write, e.g. hydra.run.dir=<a path in your home or scratch space>."
+    )
+
+
 if __name__ == "__main__":
     if (unknown := check_override_keys(sys.argv[1:])) is not None:
         print(f"error: {unknown}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    if (unwritable_run_dir := check_run_dir(sys.argv[1:])) is not None:
+        print(f"error: {unwritable_run_dir}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     try:
         main()

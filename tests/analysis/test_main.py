@@ -70,7 +70,7 @@ def test_cli_writes_no_zero_table_when_the_sweep_does_not_vary_the_engine(tmp_pa
 # The smallest model every engine setting can shard over dp=2 (test_e2e_sweep's SMALL), one measured
 # iteration after one warm-up (a first DeepSpeed step carries its lazy set-up: no figure to compare),
 # a stated CPU peak (a calibration per rank would cost seconds each), no W&B (the analysis reads
-# result.json), and one thread per rank: twelve ranks share the cluster's oversubscribed cores.
+# result.json), and one thread per rank: the ranks take turns on the cluster's two cores (its `cores` license).
 TINY = (
     "model.num_layers=2",
     "model.hidden_size=64",

@@ -118,6 +118,19 @@ def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
     assert text.startswith("Fastest for") and "outside the noise (CV 3.0% and 3.0%, combined 4.2%)" in text
 
 
+def test_unknown_noise_calls_no_winner_and_asks_for_measured_spreads(tmp_path: Path) -> None:
+    data = _two_layouts()
+    for run in data["runs"]:
+        run["sec_cv"] = None  # one measured iteration each, or a table imported without spreads
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    (rec,) = recommend(df)
+    assert rec.noise_pct is None and rec.margin_pct is not None and not rec.decided
+    text = format_recommendations([rec])
+    assert text.startswith("No clear winner for") and "(noise unknown)" in text.splitlines()[0]
+    assert "repeat the top 2 (at least two measured iterations each" in text
+    assert "parallelism.pp=6" in text and "parallelism.pp=10" in text
+
+
 # ---------------------------------------------------------------------------------------------
 # Predicted best against measured best
 

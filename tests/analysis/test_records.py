@@ -217,11 +217,15 @@ def test_cli_default_output_is_first_sweeps_analysis_dir(sweep: Path) -> None:
     assert (sweep / "analysis" / "results.md").is_file()
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "bad_manifest", "no_args"])
+@pytest.mark.parametrize("case", ["missing", "empty", "not_a_sweep", "bad_manifest", "no_args"])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     target = tmp_path / case
-    if case in ("empty", "bad_manifest"):
+    if case in ("empty", "not_a_sweep", "bad_manifest"):
         target.mkdir()
+    if case == "not_a_sweep":  # a directory with files, none of them a sweep's
+        (target / "notes.txt").write_text("not a sweep\n")
+        (target / "0").mkdir()
+        (target / "0" / "config.json").write_text('{"lr": 1e-4}\n')
     if case == "bad_manifest":
         (target / "manifest.jsonl").write_text("[1, 2]\n")
     proc = _cli(*([] if case == "no_args" else [str(target)]), "--no-queue")

@@ -131,8 +131,8 @@ def bench_in_process() -> None:
     n = len(batch)
     print(f"in-process, {n:,} configs:")
     print(
-        f"  compose (cold): {first:.2f} s = {stats.bases} Hydra compositions + {stats.evaluations} override "
-        f"evaluations + {n:,} assemblies ({stats.exact} composed in full)"
+        f"  compose (cold): {first:.2f} s = {stats.bases} Hydra compositions + {stats.derived} derived group "
+        f"choices + {stats.evaluations} override evaluations + {n:,} assemblies ({stats.exact} composed in full)"
     )
     print(f"  compose again (the launcher after the sweeper's check: each RunConfig kept): {again:.2f} s")
     print(

@@ -7,7 +7,16 @@ import dataclasses
 import pytest
 
 from conf.schema import ClusterConfig, HardwareConfig, ParallelismConfig, RunConfig
-from launchers.allocation import Allocation, allocation_of, array_key, chunk, group_by
+from launchers.allocation import (
+    Allocation,
+    allocation_of,
+    array_key,
+    chunk,
+    core_licenses,
+    group_by,
+    job_licenses,
+)
+from launchers.submit import LaunchSettings, executor_parameters
 
 
 def run(
@@ -62,3 +71,25 @@ def test_group_by_and_chunk_keep_order() -> None:
     assert chunk([], 3) == []
     with pytest.raises(ValueError):
         chunk([1], 0)
+
+
+def test_a_job_asks_for_one_core_license_per_cpu_and_never_more_than_exist() -> None:
+    assert core_licenses(None, 4, 2) is None
+    assert core_licenses("cores", 1, 2) == "cores:1"
+    assert core_licenses("cores", 3, None) == "cores:3"  # the cluster did not say: sbatch judges
+    # Wider than the host: it takes every license, so runs alone, instead of pending for ever.
+    assert core_licenses("cores", 8, 2) == "cores:2"
+    with pytest.raises(ValueError, match="cpus=0"):
+        core_licenses("cores", 0, 2)
+
+    # 2 nodes x 4 tasks x 3 CPUs of a 64-core license; another license's total does not cap it.
+    key = array_key(run(tp=4, dp=2, per_node=4, device="cpu", core_license="cores", cpus_per_task=3))
+    assert job_licenses(key, {"cores": 64, "other": 1}) == "cores:24"
+    assert job_licenses(key, {"cores": 16}) == "cores:16"
+    assert job_licenses(array_key(run(tp=4, dp=2, per_node=4)), {"cores": 16}) is None
+    assert array_key(run(core_license="cores")) != array_key(run())
+
+    settings = LaunchSettings(python="python", module="train", cwd="/", job_name="j", max_array_size=10)
+    extra = executor_parameters(key, settings, licenses={"cores": 16})["additional_parameters"]
+    assert extra["licenses"] == "cores:16"
+    assert "licenses" not in executor_parameters(array_key(run()), settings)["additional_parameters"]

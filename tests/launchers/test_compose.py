@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path
 from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import open_dict
 
 import conf  # noqa: F401  (registers the schema)
-from conf.schema import Precision, Recompute, RunConfig, to_run_config
+from conf.schema import GROUP_SCHEMAS, Precision, Recompute, RunConfig, to_run_config
 from launchers.compose import FastComposer
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -107,7 +112,8 @@ def test_sweep_composes_once_per_group_choice() -> None:
     runs = composer.run_configs(batch)
     stats = composer.stats()
     assert stats.jobs == len(batch) == 24
-    assert stats.bases == 2  # one Hydra composition per model, not per job
+    # One Hydra composition: the other model's node is merged from its YAML (_GroupNodes).
+    assert (stats.bases, stats.derived) == (1, 1)
     assert stats.exact == 0
     # 3 tp + 2 mbs + 2 precision values; the parallelism node is the same for both models.
     assert stats.evaluations == 7
@@ -118,6 +124,39 @@ def test_sweep_composes_once_per_group_choice() -> None:
         assert run.parallelism.precision is Precision(precision)
         # Untouched fields keep their base's values.
         assert run.hardware == runs[0].hardware and run.training == runs[0].training
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", sorted(GROUP_SCHEMAS))
+def test_every_group_option_derived_as_hydra_composes_it(reference, group: str) -> None:
+    # A base that differs from a composed one in a group's option takes that option's node merged
+    # from its YAML, without composing: every option of conf/<group>/ must give Hydra's own config.
+    options = _options(group)
+    assert len(options) >= 2, f"conf/{group}/ needs two options for this test to mean something"
+    composer = FastComposer.from_config_dir(CONF_DIR)
+    for option in options:
+        overrides = [f"{group}={option}"]
+        assert composer.run_config(overrides) == reference(overrides), overrides
+    stats = composer.stats()
+    assert (stats.bases, stats.derived) == (1, len(options) - 1)
+
+
+def test_two_groups_derived_and_a_value_override_on_a_derived_base(reference) -> None:
+    composer = FastComposer.from_config_dir(CONF_DIR)
+    batch = [
+        [f"model={m}", f"hardware={h}", "parallelism.tp=2"]
+        for m, h in itertools.product(["gpt_13b", "tiny", "bloom_176b"], ["h100_sxm", "cpu"])
+    ]
+    # A value override on a node that differs between bases (hardware) needs the derived base's
+    # composed config: it is composed then, and the result is still Hydra's.
+    batch.append(["model=tiny", "hardware=cpu", "hardware.memory_gib=40"])
+    for overrides, run in zip(batch, composer.run_configs(batch), strict=True):
+        assert run == reference(overrides), overrides
+    stats = composer.stats()
+    assert (stats.bases, stats.derived) == (2, 5)
 
 
 def test_sampled_sweep_matches_hydra(composer: FastComposer, reference) -> None:
@@ -201,3 +240,32 @@ def test_compose_returns_the_full_config(composer: FastComposer) -> None:
     cfg = composer.compose(["model=gpt_1.3b", "parallelism.tp=2"])
     assert cfg.model.name == "gpt_1.3b" and cfg.parallelism.tp == 2
     assert "hydra" in cfg
+
+
+def test_group_options_that_are_not_a_plain_merge_are_composed(tmp_path: Path) -> None:
+    # Options whose node is not schema + YAML: the primary config's own body after the option, an
+    # option moved to the global package, one with a defaults list. Each must still be Hydra's config.
+    conf_dir = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf_dir, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    (conf_dir / "model" / "moved.yaml").write_text("# @package _global_\nmodel:\n  name: moved\n  num_layers: 2\n")
+    (conf_dir / "hardware" / "nested.yaml").write_text("defaults:\n  - h100_sxm\n  - _self_\n\nname: nested\n")
+    with_body = conf_dir / "config.yaml"
+    with_body.write_text(with_body.read_text() + "cluster:\n  time_limit_min: 7\n")
+    cases = [["model=gpt_13b", "hardware=cpu", "cluster=local"]] + [
+        ["model=gpt_13b", "hardware=cpu", "cluster=local", *changed]
+        for changed in (["model=moved"], ["hardware=nested"], ["cluster=generic_gpu"])
+    ]
+    composer = FastComposer.from_config_dir(conf_dir)
+    # Hydra's own composition (what hydra.compose runs), without the global Hydra the module's fixture holds.
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir)))
+    for overrides in cases:
+        # The later choice of a group wins (a dict keeps the last).
+        jobs = list({o.split("=")[0]: o for o in overrides}.values())
+        hydra_cfg = loader.load_configuration("config", overrides=jobs, run_mode=RunMode.RUN, from_shell=False)
+        with open_dict(hydra_cfg):
+            del hydra_cfg["hydra"]  # as hydra.compose returns it
+        assert composer.run_config(jobs) == to_run_config(hydra_cfg), jobs
+    stats = composer.stats()
+    # cluster's node has a layer after the option (the body): still derived, with that layer.
+    assert (stats.bases, stats.derived) == (3, 1)
+    assert composer.run_config(["model=gpt_13b", "hardware=cpu", "cluster=generic_gpu"]).cluster.time_limit_min == 7

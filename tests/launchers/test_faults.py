@@ -65,6 +65,8 @@ def test_two_jobs_on_one_node_start_their_process_groups(
     node = slurm_cluster.nodes[0]
     # Two 2-rank jobs of one array, both pinned to the same node: two gloo rendezvous on one host.
     # Twenty iterations (seconds of training) make the two runs' process groups live at the same time.
+    # Plumbing, not a measurement: the jobs ask to share the node's two CPUs and for no core license
+    # (which would run them one after the other).
     sweep(
         sweep_dir,
         *QUICK,
@@ -72,6 +74,8 @@ def test_two_jobs_on_one_node_start_their_process_groups(
         "training.train_iters=20",
         "training.lr=1e-4,2e-4",
         f"+hydra.launcher.sbatch_args.nodelist={node}",
+        "+hydra.launcher.sbatch_args.oversubscribe=''",
+        "cluster.core_license=null",
     )
     entries = read_manifest(sweep_dir)
     assert len(entries) == 2 and len({array_of(e.job_id) for e in entries}) == 1

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.launchers.test_slurm_launcher import REPO, TINY, array_of
+from train.contract import read_manifest
 
 if TYPE_CHECKING:
     # Only for annotations: importing conftest at run time would load it a second time.
@@ -66,8 +70,15 @@ def test_nodes_partition_and_limits_match_cluster_info(slurm_cluster: SlurmClust
     assert {int(c) for c in rows[2::3]} == {slurm_cluster.cpus_per_node}
 
     partition = slurm("scontrol", "show", "partition", slurm_cluster.partition).stdout
-    assert f"OverSubscribe=FORCE:{slurm_cluster.oversubscribe}" in partition
+    # A declared CPU runs one job at a time unless the jobs ask to share it; measuring jobs never
+    # ask, and the `cores` license holds them to the real cores.
+    assert f"OverSubscribe=YES:{slurm_cluster.oversubscribe}" in partition
     assert "Default=YES" in partition
+    licenses = slurm("scontrol", "show", "licenses", "--oneliner").stdout.split()
+    assert f"LicenseName={slurm_cluster.core_license}" in licenses
+    assert f"Total={slurm_cluster.cores}" in licenses
+    if "MEGASWEEP_SLURM_CORES" not in os.environ:
+        assert slurm_cluster.cores == len(os.sched_getaffinity(0))  # nproc: the host's real cores
 
     config = dict(
         (key.strip(), value.strip())
@@ -191,3 +202,100 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError):
         return "gone"
+
+
+# ---------------------------------------------------------------------------------------------
+# The `cores` license: measuring jobs never run on more CPUs at once than the host has cores.
+
+# Three launches at once, as three users (or one impatient one) would: two sweeps of one-CPU
+# configs, each one array of two tasks with its own %2 throttle, and one config of two nodes x one
+# task. Without the license the five would all start together: 6 CPUs' worth on the emulated nodes.
+CORE_LIMITED_LAUNCHES = {
+    "sweep-a": ("training.lr=1e-4,2e-4",),
+    "sweep-b": ("training.lr=3e-4,4e-4",),
+    "two-nodes": ("parallelism.dp=2", "hardware.devices_per_node=1"),
+}
+# Stated peaks: a calibration per run would add seconds of CPU to each job and time nothing here.
+NO_CALIBRATION = ("hardware.peak_measured=false", "hardware.peak_tflops_fp32=1.0")
+# Five jobs of ~10 CPU-seconds each, two CPUs at a time, plus three launches' start-up.
+CORE_LIMIT_TIMEOUT_S = 240
+
+
+def launch_sweep(sweep_dir: Path, overrides: tuple[str, ...]) -> subprocess.Popen[str]:
+    """`python -m train -m ... hydra/launcher=slurm`, started but not waited for."""
+    argv = [sys.executable, "-m", "train", "-m", *TINY, *NO_CALIBRATION, *overrides,
+            f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=slurm"]  # fmt: skip
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def queue_rows(job_ids: set[str]) -> list[tuple[str, str, str, str, int]]:
+    """(job id, state, reason, licenses, CPUs) of each queued or running job among job_ids."""
+    out = slurm("squeue", "-h", "-r", "-o", "%i|%T|%r|%W|%C").stdout
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return [(j, st, r, lic, int(c)) for j, st, r, lic, c in rows if j in job_ids]
+
+
+def peak_cpus(intervals: list[tuple[int, int, int]]) -> int:
+    """Most CPUs running at once over (start, end, cpus) intervals; one that ends when another
+    starts (both in the same second, Slurm's resolution) does not overlap it."""
+    events = sorted([(start, 1, cpus) for start, _, cpus in intervals] + [(end, 0, -cpus) for _, end, cpus in intervals])
+    running = peak = 0
+    for _, _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    return peak
+
+
+def test_peak_cpus_counts_overlaps_only() -> None:
+    assert peak_cpus([(0, 10, 1), (5, 15, 2), (10, 20, 1)]) == 3
+    assert peak_cpus([(0, 10, 2), (10, 20, 2)]) == 2
+
+
+@pytest.mark.timeout(CORE_LIMIT_TIMEOUT_S + 60)
+def test_measuring_jobs_of_two_sweeps_and_a_two_node_job_never_outnumber_the_cores(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    cores = slurm_cluster.cores
+    launches = {name: launch_sweep(tmp_path / name, o) for name, o in CORE_LIMITED_LAUNCHES.items()}
+    outputs = {name: proc.communicate(timeout=180)[0] for name, proc in launches.items()}
+    assert all(p.returncode == 0 for p in launches.values()), outputs
+    entries = {name: read_manifest(tmp_path / name) for name in launches}
+    jobs = {str(e.job_id): name for name, es in entries.items() for e in es}
+    assert len(jobs) == 5 and all(e.status == "submitted" for es in entries.values() for e in es), entries
+    assert len({array_of(j) for j in jobs}) == 3
+    assert [e.shape["nodes"] for e in entries["two-nodes"]] == [2]
+
+    try:
+        # While they run: each asked for one license per CPU, and what runs never holds more CPUs
+        # than the host has cores; the rest wait for licenses (the limit did hold some back).
+        reasons: set[str] = set()
+        deadline = time.monotonic() + CORE_LIMIT_TIMEOUT_S
+        while rows := queue_rows(set(jobs)):
+            assert time.monotonic() < deadline, f"jobs still queued after {CORE_LIMIT_TIMEOUT_S}s: {rows}"
+            for job, _, _, lic, cpus in rows:
+                assert lic == f"{slurm_cluster.core_license}:{min(cpus, cores)}", (job, lic, cpus)
+            assert sum(cpus for _, state, _, _, cpus in rows if state == "RUNNING") <= cores, rows
+            reasons |= {reason for _, state, reason, _, _ in rows if state == "PENDING"}
+            time.sleep(0.5)
+    finally:
+        slurm("scancel", *sorted({array_of(j) for j in jobs}), check=False)
+    assert "Licenses" in reasons, reasons
+
+    # Afterwards, from Slurm's own accounting: every job completed, and at no second did the CPUs
+    # of the running ones add up to more than the cores.
+    def accounted() -> dict[str, list[str]]:
+        rows = slurm("sacct", "-X", "-n", "-P", "-j", ",".join(sorted({array_of(j) for j in jobs})),
+                     "--format=JobID,State,Start,End,AllocCPUS").stdout.splitlines()  # fmt: skip
+        return {r.split("|")[0]: r.split("|")[1:] for r in rows if r.split("|")[0] in jobs}
+
+    wait_until("sacct to show all five jobs COMPLETED",
+               lambda: {s for s, *_ in accounted().values()} == {"COMPLETED"} and len(accounted()) == 5)  # fmt: skip
+    intervals = [
+        (_epoch(start), _epoch(end), int(cpus)) for _, start, end, cpus in accounted().values()
+    ]
+    assert sum(c for *_, c in intervals) > cores  # what would have run together without the license
+    assert peak_cpus(intervals) <= cores, sorted(intervals)
+
+
+def _epoch(stamp: str) -> int:
+    return int(time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import re
 import subprocess
 import sys
@@ -253,3 +254,69 @@ def test_bad_override_in_a_plan_sweep(tmp_path: Path, override: str, named: str)
     assert named in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "plan.csv").exists()
+
+
+def _clear_planner_memos() -> None:
+    # Every memo of the planner (functools caches in train.planner.*), so that a config is planned alone.
+    for name, module in list(sys.modules.items()):
+        if name.startswith("train.planner") and module is not None:
+            for value in vars(module).values():
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
+def test_a_mixed_sweep_plans_as_each_config_composed_by_hydra_and_planned_alone(tmp_path: Path) -> None:
+    # The fast path end to end (group options derived from one composition, the planner's memos shared
+    # across the sweep, rows written in one pass) against the slow one: each job composed by Hydra in
+    # full and planned on empty memos. plan.csv must be the same bytes and the console the same text.
+    from hydra import compose, initialize_config_dir
+
+    from conf.schema import to_run_config
+    from launchers.plan import PlanSummary, format_plan_report
+    from train.contract import write_plan_csv
+    from train.planner.plan import infeasible_by_rule, rank_predictions
+
+    axes = [
+        ("model", ["gpt_350m", "gpt_13b"]),
+        ("hardware", ["cpu", "h100_sxm"]),  # the CPU's peak is measured at run time: unpredicted rows
+        ("parallelism", ["single", "megatron_3d"]),  # a group choice that changes the node values go to
+        ("parallelism.pp", ["1", "2", "3"]),  # 3 splits 24 layers, not 40
+        ("parallelism.micro_batch_size", ["1", "auto"]),
+        ("parallelism.virtual_stages", ["1", "2"]),  # interleaved 1F1B where pp > 1
+    ]
+    sweep_dir = tmp_path / "sweep"
+    proc = run_train(
+        "-m",
+        *[f"{key}={','.join(values)}" for key, values in axes],
+        "hydra/launcher=plan",
+        "hydra.launcher.top=null",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    jobs = [list(job) for job in itertools.product(*[[f"{k}={v}" for v in values] for k, values in axes])]
+    expected = []
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        for job in jobs:
+            _clear_planner_memos()
+            expected.append(plan_run(to_run_config(compose("config", overrides=job)), overrides=" ".join(job)))
+    expected = rank_predictions(expected)
+    feasible = sum(r.feasible for r in expected)
+    assert 0 < feasible < len(jobs)  # both kinds, so that both are compared
+    # Predicted rows that share memoised work: the same model, device and layout at several pp.
+    assert sum(r.feasible and r.pred_rank > 0 for r in expected) >= 8
+    assert len({r.reasons[0].split("]")[0] for r in expected if r.reasons}) >= 3  # several rules broken
+
+    write_plan_csv(expected, tmp_path / "expected.csv")
+    assert (sweep_dir / "plan.csv").read_bytes() == (tmp_path / "expected.csv").read_bytes()
+    summary = PlanSummary(
+        configs=len(jobs),
+        feasible=feasible,
+        infeasible=len(jobs) - feasible,
+        compose_seconds=0.0,
+        plan_seconds=0.0,
+        hydra_compositions=0,
+        by_rule=tuple(infeasible_by_rule(expected)),
+    )
+    report = format_plan_report(expected, summary, top=None, csv_name="plan.csv")
+    assert proc.stdout.split("\nplan: ")[0] == report

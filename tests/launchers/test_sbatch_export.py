@@ -74,6 +74,8 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         # the 20-minute limit (launchers.submit.signal_lead_s).
         "#SBATCH --requeue",
         "#SBATCH --signal=USR1@120",
+        # One of the cluster's real-core licenses per CPU (conf/cluster/local.yaml core_license).
+        f"#SBATCH --licenses={slurm_cluster.core_license}:1",
         # Shared by every config: exported once in the script, not per row.
         "export OMP_NUM_THREADS=1",
         # logger.wandb_group unset: W&B groups the runs under the sweep's name, as the launcher does.

@@ -1,4 +1,4 @@
-"""Partition, account and QoS are checked with Slurm before anything is queued; a launch that
+"""Partition, account, QoS and core license are checked with Slurm before anything is queued; a launch that
 queues nothing, or has configs refused, fails."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 def test_slurm_says_what_it_accepts(slurm_cluster: SlurmClusterInfo) -> None:
     assert site_choices("partition") == [slurm_cluster.partition]
     assert site_choices("account") and site_choices("qos")
+    assert site_choices("core_license") == [slurm_cluster.core_license]
 
 
 @pytest.mark.parametrize(
@@ -28,16 +29,18 @@ def test_slurm_says_what_it_accepts(slurm_cluster: SlurmClusterInfo) -> None:
         ("partition", "debugg", "(did you mean '{partition}'?)"),
         ("account", "nosuch", "cluster.account='nosuch' is not an account you may charge on this cluster; accounts:"),
         ("qos", "nosuch", "cluster.qos='nosuch' is not a QoS you may use on this cluster; QoS:"),
+        ("core_license", "core", "is not a license of this cluster (slurm.conf Licenses); licenses: {license}"),
     ],
 )
-def test_an_unknown_partition_account_or_qos_submits_nothing(
+def test_an_unknown_partition_account_qos_or_license_submits_nothing(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path, option: str, value: str, words: str
 ) -> None:
     # sbatch itself accepts an unknown account or QoS here (no AccountingStorageEnforce).
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, f"cluster.{option}={value}", "+hydra.launcher.sbatch_args.hold=''", check=False)
     assert proc.returncode != 0
-    assert words.format(partition=slurm_cluster.partition) in proc.stderr, proc.stderr
+    wanted = words.format(partition=slurm_cluster.partition, license=slurm_cluster.core_license)
+    assert wanted in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (sweep_dir / "manifest.jsonl").exists() and not (sweep_dir / ".megasweep").exists()
 

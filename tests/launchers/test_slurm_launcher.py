@@ -48,7 +48,7 @@ TINY = (
     "parallelism.micro_batch_size=1",
     "parallelism.global_batch_size=2",
 )
-# Four runs share two cores (OverSubscribe): each takes ~10 s alone, so a minute is generous.
+# Four runs take turns on two cores (the `cores` license): each takes ~10 s alone, so a minute is generous.
 RESULTS_TIMEOUT_S = 150
 
 
@@ -355,7 +355,7 @@ def test_launcher_modules_import_without_torch() -> None:
 
 
 def oversubscribe(job: str) -> str:
-    """What Slurm holds of a job's node sharing: NO for --exclusive."""
+    """What Slurm holds of a job's node sharing: NO for --exclusive, OK (may share) otherwise."""
     shown = subprocess.run(
         ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30, check=True
     ).stdout
@@ -372,6 +372,6 @@ def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmCluste
     arrays = [array_of(e.job_id) for e in entries]
     try:
         assert "2 submitted in 2 array(s)" in proc.stdout
-        assert [oversubscribe(a) for a in arrays] == ["NO", "YES"]
+        assert [oversubscribe(a) for a in arrays] == ["NO", "OK"]
     finally:
         subprocess.run(["scancel", *arrays], timeout=30, check=False)

@@ -48,7 +48,9 @@ def test_a_slurm_run_records_its_neighbours_and_its_spread(slurm_cluster: SlurmC
     sleeper = sbatch_sleeper(node)
     try:
         deadline = time.monotonic() + 60
-        while state(sleeper) != "RUNNING":
+        # Running, and known to accounting as running: slurmctld tells slurmdbd a job started
+        # asynchronously, and the record's `during` comes from accounting.
+        while state(sleeper) != "RUNNING" or sacct_state(sleeper) != "RUNNING":
             assert time.monotonic() < deadline, f"job {sleeper} did not start on {node}"
             time.sleep(0.5)
         out = tmp_path / "run"

@@ -135,8 +135,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from conf.schema import (
     Engine,
@@ -304,10 +306,17 @@ def estimate_memory(
     `hardware` adds its overheads (none without it); `stack` defaults to what python -m train runs;
     `fused_optimizer` to par.optimizer (only `torch`, foreach AdamW, is unfused)."""
     _check_positive(dp=dp, tp=par.tp, pp=par.pp, micro_batch_size=par.mbs)
-    candidates = [
+    m = _micro_batches(par, dp)
+    if stack is None and fused_optimizer is None:
+        # The sweep's path: memoised on the fields it reads (_worst_stage).
+        return _worst_stage(model, _stage_key(par), dp, _memory_view(hardware), m)
+    return _worst(
         stage_memory(model, par, dp=dp, stage=s, hardware=hardware, stack=stack, fused_optimizer=fused_optimizer)
-        for s in _distinct_stages(par.pp, _micro_batches(par, dp))
-    ]
+        for s in _distinct_stages(par.pp, m)
+    )
+
+
+def _worst(candidates: Iterable[MemoryEstimate]) -> MemoryEstimate:
     # Ties go to the earlier stage (first before last), the more common report.
     return max(candidates, key=lambda e: e.needed)
 
@@ -338,7 +347,7 @@ def stage_memory(
         states = _megasweep_states(model, tensors, par, dp=dp, stage=stage, fused=fused)
     else:
         states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
-    acts = _activations(model, par, traits, stage=stage, micro_batches=m, tensors=tensors)
+    acts = _activations_cached(model, _cache_key(par), traits, stage, _in_flight_key(par, stage, m))
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
     allocated = resident + max([held, *(b for _, b in states.transients)])
@@ -574,6 +583,24 @@ def _activations(
     return _Activations(per_mb, peak)
 
 
+def _in_flight_key(par: ParallelismConfig, stage: int, micro_batches: int) -> int:
+    """The micro-batch count as far as a stage's activations tell: 1F1B reads it only through
+    min(pp - stage, m) and m > 1, which min(m, pp - stage + 1) keeps, so the layouts of a sweep that
+    differ in dp or global batch share the activations; the interleaved schedule reads all of it."""
+    if par.virtual_stages > 1 and par.pp > 1:
+        return micro_batches
+    return min(micro_batches, par.pp - stage + 1)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _activations_cached(
+    model: ModelConfig, par: ParallelismConfig, traits: StackTraits, stage: int, micro_batches: int
+) -> _Activations:
+    # Frozen, shared: stage_memory only reads it.
+    tensors = _stage_tensors(model, par.tp, stage, par.pp)
+    return _activations(model, par, traits, stage=stage, micro_batches=micro_batches, tensors=tensors)
+
+
 def _interleaved_activations(
     model: ModelConfig, par: ParallelismConfig, traits: StackTraits, *, stage: int, micro_batches: int,
     tensors: _StageTensors,
@@ -776,7 +803,76 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-# A sweep plans thousands of layouts that share (model, parallelism, dp, hardware): memoise.
+# A sweep plans thousands of layouts that share a model, most parallelism fields and the devices'
+# overheads (its devices differ in capacity and speed, which memory does not read): memoise on the
+# fields that are read, so layouts that differ in the others share one estimate.
+
+
+_STAGE_FIELDS = (
+    "tp", "pp", "micro_batch_size", "zero_stage", "offload", "recompute", "sequence_parallel", "precision", "engine",
+    "optimizer", "virtual_stages",
+)  # fmt: skip
+"""The fields of a ParallelismConfig that stage_memory reads once given the micro-batch count (_stage_key)."""
+_STAGE_FIELD_SET = frozenset(_STAGE_FIELDS)
+
+
+def parallelism_subset(par: ParallelismConfig, fields: Iterable[str]) -> ParallelismConfig:
+    """`par` with only `fields` kept, the others at their defaults: the key of a memo that reads only those
+    fields, which layouts differing elsewhere share (here, and in train.planner.perf)."""
+    return ParallelismConfig(**{name: getattr(par, name) for name in fields})
+
+
+def _stage_key(par: ParallelismConfig) -> ParallelismConfig:
+    """The fields of `par` that stage_memory reads once given the micro-batch count; the others
+    (dp, which comes as its own argument, the global batch and its ramp-up) at their defaults."""
+    return parallelism_subset(par, _STAGE_FIELDS)
+
+
+_View = tuple[str, float, float, float, float] | None
+"""The figures of a device that stage_memory reads, as a key (a tuple hashes faster than the device's thirty)."""
+
+
+def _memory_view(hw: HardwareConfig | None) -> _View:
+    """The figures of `hw` that stage_memory reads (devices of a sweep often share them all)."""
+    if hw is None:
+        return None
+    return (hw.device_type, hw.process_overhead_gib, hw.comm_buffer_gib, hw.comm_buffer_pair_gib, hw.allocator_fragmentation)
+
+
+@functools.lru_cache(maxsize=1 << 8)
+def _viewed_hardware(view: _View) -> HardwareConfig | None:
+    """A device with those figures and every other field at its default."""
+    if view is None:
+        return None
+    device_type, process, buffers, pairs, fragmentation = view
+    return HardwareConfig(
+        name="",
+        device_type=device_type,
+        process_overhead_gib=process,
+        comm_buffer_gib=buffers,
+        comm_buffer_pair_gib=pairs,
+        allocator_fragmentation=fragmentation,
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _worst_stage(
+    model: ModelConfig, key: ParallelismConfig, dp: int, view: _View, micro_batches: int
+) -> MemoryEstimate:
+    return _worst(_stage_cached(model, key, dp, s, view, micro_batches) for s in _distinct_stages(key.pp, micro_batches))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _stage_cached(
+    model: ModelConfig, key: ParallelismConfig, dp: int, stage: int, view: _View, micro_batches: int
+) -> MemoryEstimate:
+    return stage_memory(model, key, dp=dp, stage=stage, hardware=_viewed_hardware(view), micro_batches=micro_batches)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _changed_key(key: ParallelismConfig, change: tuple[tuple[str, Any], ...]) -> ParallelismConfig:
+    # The fix search tries the same changes of one layout on each device of a sweep: copy once.
+    return dataclasses.replace(key, **dict(change))
 
 
 def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -786,13 +882,35 @@ def _cache_key(par: ParallelismConfig) -> ParallelismConfig:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _estimate_cached(model: ModelConfig, par: ParallelismConfig, dp: int, hw: HardwareConfig | None) -> MemoryEstimate:
+    # A lookup on the arguments as given: the rules and the row ask for the same layout's estimate.
     return estimate_memory(model, par, dp=dp, hardware=hw)
+
+
+def estimated_variants(
+    model: ModelConfig, par: ParallelismConfig, dp: int, hardware: HardwareConfig | None = None
+) -> Callable[..., MemoryEstimate]:
+    """`variant(**change)`: estimated_memory(model, dataclasses.replace(par, **change), dp, hardware), the same
+    memoised estimate, for a search that tries many changes of one layout (the memory rule's fixes). A
+    change of the fields the estimate reads goes straight to the estimate's own memo, without copying the
+    whole config and looking it up on its arguments first: a tenth of a 10,000-config plan otherwise."""
+    key, view = _stage_key(par), _memory_view(hardware)
+
+    def variant(**change: Any) -> MemoryEstimate:
+        if not change.keys() <= _STAGE_FIELD_SET:
+            return estimated_memory(model, dataclasses.replace(par, **change), dp, hardware)
+        changed = _changed_key(key, tuple(change.items()))
+        # As estimate_memory: the same checks, the micro-batch count from this layout's global batch.
+        _check_positive(dp=dp, tp=changed.tp, pp=changed.pp, micro_batch_size=changed.mbs)
+        return _worst_stage(model, changed, dp, view, max(1, par.global_batch_size // (changed.mbs * dp)))
+
+    return variant
 
 
 def estimated_memory(
     model: ModelConfig, par: ParallelismConfig, dp: int, hardware: HardwareConfig | None = None
 ) -> MemoryEstimate:
-    """`estimate_memory` for this layout, memoised on its (frozen) arguments."""
+    """`estimate_memory` for this layout, memoised on its (frozen) arguments, and below that on the
+    fields it reads (_worst_stage), which layouts of a sweep that differ elsewhere share."""
     return _estimate_cached(model, _cache_key(par), dp, hardware)
 
 
@@ -820,6 +938,8 @@ __all__ = [
     "device_reading",
     "estimate_memory",
     "estimated_memory",
+    "estimated_variants",
+    "parallelism_subset",
     "layer_activation_bytes",
     "predicts_oom",
     "stack_of",

@@ -58,7 +58,7 @@ from conf.schema import (
 from train.planner.calibration import Link, gemm_table, links, load_calibration, node_timing
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
-from train.planner.memory import Stack, stack_of
+from train.planner.memory import Stack, parallelism_subset, stack_of
 from train.planner.schedule import bubble_slots
 from train.planner.shapes import alignment_elements, gemm_efficiency
 from train.planner.sizes import padded_vocab_size
@@ -388,56 +388,37 @@ def predict_time(
     """
     stack = stack or stack_of(par)
     per_node = max(1, hw.devices_per_node)
-    mach = _machine(hw, Precision(par.precision), nodes=-(-dp * par.tp * par.pp // per_node))
+    precision = Precision(par.precision)
+    # Only a calibration's figures depend on the node count: without one, every count shares a machine.
+    nodes = -(-dp * par.tp * par.pp // per_node) if hw.calibration else 0
+    mach = _machine_cached(hw, precision, nodes)
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
-    layer = _layer(model, par, mach, stack, causal_skip)
+    rank = _rank_work(model, _per_rank_key(par), hw, precision, nodes, stack, causal_skip)
     # Under sequence parallel a stage sends its TP rank's tokens only.
     sent_tokens = model.seq_length // par.tp if par.sequence_parallel else model.seq_length
     p2p_bytes = par.mbs * sent_tokens * model.hidden_size * _act_bytes(par.precision)
     # Consecutive stages are tp * dp devices apart (Megatron's rank order: TP, DP, then PP): the
-    # boundary after stage s crosses nodes when its two sides sit on different nodes.
+    # boundary after stage s crosses nodes when its two sides sit on different nodes. That is how dp
+    # enters the stages, so layouts of other dp or global batch with the same crossings share them.
     width = par.tp * dp
-
-    def p2p(boundary: int) -> float:
-        if boundary % par.pp == 0:  # the interleaved schedule's wrap: last rank -> first rank
-            crosses = (par.pp * width - 1) // mach.per_node != 0
-        else:
-            crosses = (boundary * width - 1) // mach.per_node != (boundary * width) // mach.per_node
-        link = _link(mach, 2 * mach.per_node if crosses else 1)
-        return link.latency + p2p_bytes / link.bandwidth
-
     chunks = par.virtual_stages if par.pp > 1 else 1
-    stages = []
-    for s in range(par.pp):
-        first, last = s == 0, s == par.pp - 1
-        stage = _ends(model, par, mach, first=first, last=last)
-        layers = len(stage_layers(model.num_layers, stage=s, num_stages=par.pp))
-        for part, seconds in layer.parts.items():
-            stage.add(part, layers * seconds)
-        # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
-        # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
-        per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
-        if chunks > 1:
-            # Interleaved (Narayanan et al. 2021): each micro-batch crosses every rank once per
-            # chunk, so v exchanges with each neighbour, the previous rank wrapping from the first
-            # to the last one (all but the embedding's input and the loss's output).
-            neighbours = [(chunks - first) * p2p(s), (chunks - last) * p2p(s + 1)]
-        else:
-            neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < par.pp - 1 else [])
-        stage.add("pp_comm", per_neighbour * sum(neighbours))
-        held = stage_numel(model, tp=par.tp, stage=s, num_stages=par.pp)
-        stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
-        if stack == Stack.megasweep and Precision(par.precision) != Precision.fp32:
-            forwards = 2 if Recompute(par.recompute) == Recompute.full else 1
-            stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
-            stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
-        stages.append(stage)
-    slowest = max(stages, key=lambda st: st.total)
+    # Boundary b of 1..pp-1 follows stage b-1; 0 and pp are the interleaved schedule's wrap, from the
+    # last rank to the first.
+    crossings = tuple(
+        (par.pp * width - 1) // mach.per_node != 0
+        if b % par.pp == 0
+        else (b * width - 1) // mach.per_node != (b * width) // mach.per_node
+        for b in range(par.pp + 1)
+    )
+    numels = _stage_numels(model, par.tp, par.pp)
+    stages = rank.stages(par.pp, chunks, crossings, p2p_bytes, numels, _stage_layer_counts(model.num_layers, par.pp))
+    totals = [st.total for st in stages]
+    slowest = stages[totals.index(max(totals))]
     parts = {k: m * v for k, v in slowest.parts.items()}
     # (p-1) slots of the slowest stage; with v chunks per rank each slot is a chunk, 1/v of it.
     parts["bubble"] = bubble_slots(pp=par.pp, virtual_stages=chunks) * slowest.total
-    worst_stage = max(range(par.pp), key=lambda st: stage_numel(model, tp=par.tp, stage=st, num_stages=par.pp))
+    worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep:
         # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
@@ -448,7 +429,7 @@ def predict_time(
         words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
         dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
     parts["dp_comm"] = dp_time
-    held = stage_numel(model, tp=par.tp, stage=worst_stage, num_stages=par.pp)
+    held = numels[worst_stage]
     stepped = held / dp if par.zero_stage >= 1 else held
     parts["optimizer"] = ADAM_BYTES_PER_PARAM * stepped / mach.mem_bw
     if Offload(par.offload) != Offload.none:
@@ -458,9 +439,124 @@ def predict_time(
     return TimePrediction(
         sec_per_iter=math.fsum(parts.values()),
         parts=parts,
-        stage_seconds=tuple(st.total for st in stages),
+        stage_seconds=tuple(totals),
         micro_batches=m,
     )
+
+
+# A sweep predicts thousands of layouts that share a layer's and the ends' per-rank work (the same
+# model, tp, micro-batch, precision and recompute on the same device, at any pp, dp or global batch):
+# the pieces below are memoised on exactly the fields they read, so each is computed once.
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_numels(model: ModelConfig, tp: int, pp: int) -> tuple[int, ...]:
+    return tuple(stage_numel(model, tp=tp, stage=s, num_stages=pp) for s in range(pp))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
+    return tuple(len(stage_layers(num_layers, stage=s, num_stages=pp)) for s in range(pp))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _machine_cached(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
+    # Shared, never modified: the time model only reads a machine.
+    return _machine(hw, precision, nodes)
+
+
+def _per_rank_key(par: ParallelismConfig) -> ParallelismConfig:
+    """The fields of `par` that _layer and _ends read; the others at their defaults."""
+    return parallelism_subset(par, ("tp", "micro_batch_size", "precision", "recompute", "sequence_parallel"))
+
+
+@dataclass(eq=False)
+class _RankWork:
+    """One TP rank's work per micro-batch on one device: its layer, its ends by kind of stage, and the
+    stages of each pipeline depth it was asked for (shared, never modified: predict_time only reads them)."""
+
+    model: ModelConfig
+    key: ParallelismConfig
+    mach: _Machine
+    stack: Stack
+    layer: _Stage
+    _ends: dict[tuple[bool, bool], dict[str, float]] = field(default_factory=dict)
+    _stages: dict[tuple[int, int, tuple[bool, ...], float], list[_Stage]] = field(default_factory=dict)
+
+    def ends(self, first: bool, last: bool) -> dict[str, float]:
+        """The parts of _ends (the caller copies them into a stage of its own, which it adds to)."""
+        parts = self._ends.get((first, last))
+        if parts is None:
+            parts = self._ends[(first, last)] = _ends(self.model, self.key, self.mach, first=first, last=last).parts
+        return parts
+
+    def stages(
+        self, pp: int, chunks: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...],
+        counts: tuple[int, ...],
+    ) -> list[_Stage]:
+        """Each of `pp` stages' parts (`chunks` model chunks per rank): the ends, its layers (`counts`), its
+        transfers over the boundaries 0..pp (`crossings`: whether each crosses nodes), its gradient
+        accumulation (`numels` parameters)."""
+        key = (pp, chunks, crossings, p2p_bytes)
+        found = self._stages.get(key)
+        if found is None:
+            found = self._stages[key] = self._compute_stages(pp, chunks, crossings, p2p_bytes, numels, counts)
+        return found
+
+    def _compute_stages(
+        self, pp: int, chunks: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...],
+        counts: tuple[int, ...],
+    ) -> list[_Stage]:
+        mach, stack = self.mach, self.stack
+
+        def p2p(boundary: int) -> float:
+            link = _link(mach, 2 * mach.per_node if crossings[boundary] else 1)
+            return link.latency + p2p_bytes / link.bandwidth
+
+        per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
+        casts = stack == Stack.megasweep and Precision(self.key.precision) != Precision.fp32
+        forwards = 2 if Recompute(self.key.recompute) == Recompute.full else 1
+        layer_parts = tuple(self.layer.parts.items())
+        alike: dict[tuple[bool, bool, int, tuple[float, ...], int], _Stage] = {}
+        stages = []
+        for s in range(pp):
+            first, last = s == 0, s == pp - 1
+            ends = self.ends(first, last)  # before the transfers: which missing figure is reported first
+            # Megatron's and megasweep's 1F1B pair each send with the opposite receive; DeepSpeed's pipe
+            # engine runs its four transfers per micro-batch (activation and gradient, in and out) one by one.
+            if chunks > 1:
+                # Interleaved (Narayanan et al. 2021): each micro-batch crosses every rank once per
+                # chunk, so v exchanges with each neighbour, the previous rank wrapping from the first
+                # to the last one (all but the embedding's input and the loss's output).
+                neighbours = [(chunks - first) * p2p(s), (chunks - last) * p2p(s + 1)]
+            else:
+                neighbours = ([p2p(s)] if s > 0 else []) + ([p2p(s + 1)] if s < pp - 1 else [])
+            layers, held = counts[s], numels[s]
+            # Stages alike (the middle ones, mostly) are computed once.
+            key_s = (first, last, layers, tuple(neighbours), held)
+            stage = alike.get(key_s)
+            if stage is None:
+                stage = _Stage(dict(ends))
+                for part, seconds in layer_parts:
+                    stage.add(part, layers * seconds)
+                stage.add("pp_comm", per_neighbour * sum(neighbours))
+                stage.add("grad_accumulation", held * GRAD_ACCUMULATION_BYTES[stack.value] / mach.mem_bw + mach.kernel)
+                if casts:
+                    stage.add("memory_bound", held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+                    stage.add("recompute", (forwards - 1) * held * AUTOCAST_CAST_BYTES / mach.mem_bw)
+                alike[key_s] = stage
+            stages.append(stage)
+        return stages
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _rank_work(
+    model: ModelConfig, key: ParallelismConfig, hw: HardwareConfig, precision: Precision, nodes: int,
+    stack: Stack, causal_skip: float,
+) -> _RankWork:
+    # One lookup per prediction (hashing a device's thirty figures once, not once per piece).
+    mach = _machine_cached(hw, precision, nodes)
+    return _RankWork(model, key, mach, stack, _layer(model, key, mach, stack, causal_skip))
 
 
 __all__ = ["PARTS", "TimePrediction", "UnknownHardwareFigure", "predict_time"]

@@ -21,7 +21,6 @@ Torch-free: the launcher runs this on login nodes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from conf.schema import (
     requested_micro_batch,
 )
 from train.planner.layout import Layout, LayoutError
-from train.planner.memory import estimated_memory, predicts_oom, usable_bytes
+from train.planner.memory import estimated_memory, estimated_variants, predicts_oom, usable_bytes
 from train.planner.micro_batch import resolve_micro_batch
 from train.planner.sizes import padded_vocab_size
 
@@ -809,8 +808,10 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     Knobs: larger tp (within a node), larger pp, higher ZeRO stage, more recompute, smaller micro-batch.
     """
 
+    estimate = estimated_variants(m, par, dp, hw)
+
     def fits(**change: Any) -> bool:
-        return not predicts_oom(estimated_memory(m, dataclasses.replace(par, **change), dp, hw), hw)
+        return not predicts_oom(estimate(**change), hw)
 
     def first(key: str, candidates: Sequence[object]) -> None:
         # Each knob's last candidate is its most memory-saving one: when even that does not fit,

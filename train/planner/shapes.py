@@ -35,6 +35,7 @@ Must not import torch (see train/__init__.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -228,10 +229,16 @@ def _analyse(
     gemms.append(logits_gemm(model, micro_batch_size=par.mbs, tp=par.tp))
     # Weight by FLOPs over the whole model so the logits (once) are not counted like a layer GEMM.
     repeats = [1 if g.name == "logits" else model.num_layers for g in gemms]
-    results = [gemm_efficiency(g, num_sms=hw.num_sms, alignment=alignment) for g in gemms]
+    results = [_chosen_tile(g, hw.num_sms, alignment) for g in gemms]
     weights = [g.flops * r for g, r in zip(gemms, repeats, strict=True)]
     overall = sum(w * e.efficiency for w, e in zip(weights, results, strict=True)) / sum(weights)
     return results, repeats, overall
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _chosen_tile(gemm: Gemm, num_sms: int | None, alignment: int) -> GemmEfficiency:
+    # The layouts of a sweep repeat a few hundred GEMM shapes; the chooser evaluates every tile of each.
+    return gemm_efficiency(gemm, num_sms=num_sms, alignment=alignment)
 
 
 def shape_efficiency(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig) -> float:

@@ -69,6 +69,7 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
     world = layout["dp"] * layout["tp"] * layout["pp"]
     status = spec.get("status", "ok")
     sec = spec.get("sec_per_iter")
+    cv = spec.get("sec_cv", 0.0)
     tflops = spec.get("tflops")
     peak = run.hardware.peak_tflops_bf16
     flops = tflops * 1e12 * sec * world if (sec and tflops) else 1.0e18
@@ -96,10 +97,10 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
         final_loss=None if status == "nan" else 11.5,
         sec_per_iter=sec,
         # The two measured iterations below (after the 1.2x warm-up) take the same time: no spread,
-        # unless the spec gives one.
-        sec_per_iter_min=sec * (1 - spec.get("sec_cv", 0.0)) if sec else None,
-        sec_per_iter_max=sec * (1 + spec.get("sec_cv", 0.0)) if sec else None,
-        sec_per_iter_cv=spec.get("sec_cv", 0.0) if sec else None,
+        # unless the spec gives one (None: a spread nobody recorded).
+        sec_per_iter_min=sec * (1 - cv) if sec and cv is not None else None,
+        sec_per_iter_max=sec * (1 + cv) if sec and cv is not None else None,
+        sec_per_iter_cv=cv if sec else None,
         neighbours=spec.get("neighbours", {}),
         samples_per_s=gbs / sec if sec else None,
         tokens_per_s_per_device=gbs * run.model.seq_length / sec / world if sec else None,

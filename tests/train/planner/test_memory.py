@@ -7,6 +7,7 @@ tests/train/test_memory.py and tests/train/test_parallel.py; here they are deriv
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import subprocess
 import sys
@@ -17,10 +18,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from conf.schema import (
+    Engine,
     HardwareConfig,
     ModelConfig,
     ModelKind,
     Offload,
+    OptimizerImpl,
     ParallelismConfig,
     Precision,
     Recompute,
@@ -460,6 +463,44 @@ def test_fused_against_unfused_adam_on_the_first_node() -> None:
     assert (reading("torch") - reading("auto")) / GIB == pytest.approx(10, rel=0.25)
 
 
+def test_memoised_estimate_reads_what_the_full_estimate_reads() -> None:
+    # estimated_memory memoises on a reduced key (the parallelism fields and device figures that
+    # stage_memory reads, the micro-batch count instead of the global batch): it must equal the
+    # estimate computed on the whole config, for layouts and devices that differ in everything else.
+    from train.planner.memory import estimated_memory, estimated_variants, stack_of
+
+    models = [load_model("gpt_350m"), load_model("gpt_1.3b"), replace(load_model("bert_345m"), num_layers=6)]
+    devices = [load_hardware(n) for n in ("cpu", "a100_40gb", "h100_sxm")]
+    devices.append(replace(devices[-1], name="other", allocator_fragmentation=0.3, comm_buffer_gib=1.0))
+    layouts = [
+        par(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=gbs, zero_stage=zero, recompute=rc,
+            precision=prec, engine=engine, optimizer=opt, offload=off, sequence_parallel=sp, rampup_batch_size=ramp)
+        for tp, pp, mbs, gbs, zero, rc, prec, engine, opt, off, sp, ramp in [
+            (1, 1, 1, 8, 0, Recompute.none, Precision.bf16, Engine.native, OptimizerImpl.auto, Offload.none, False, None),
+            (2, 2, 2, 64, 1, Recompute.selective, Precision.fp16, Engine.native, OptimizerImpl.torch, Offload.none, True, None),
+            (1, 3, 4, 512, 0, Recompute.full, Precision.fp32, Engine.native, OptimizerImpl.auto, Offload.none, False, [4, 4, 100]),
+            (1, 1, 2, 32, 3, Recompute.none, Precision.bf16, Engine.deepspeed, OptimizerImpl.auto, Offload.params, False, None),
+            (2, 1, 1, 16, 2, Recompute.full, Precision.fp16, Engine.deepspeed, OptimizerImpl.torch, Offload.optimizer, False, None),
+        ]
+    ]  # fmt: skip
+    # Interleaved 1F1B: the virtual stages are read too.
+    layouts += [replace(layouts[1], virtual_stages=2), replace(layouts[1], pp=3, virtual_stages=2, global_batch_size=96)]
+    checked = 0
+    for model, hw, layout, dp in itertools.product(models, devices, layouts, [1, 2, 4]):
+        full = estimate_memory(model, layout, dp=dp, hardware=hw, stack=stack_of(layout))
+        assert estimated_memory(model, layout, dp, hw) == full, (model.name, hw.name, layout, dp)
+        # A variant of another layout reaches the same estimate.
+        other = layouts[0] if layout is not layouts[0] else layouts[1]
+        change = {f: getattr(layout, f) for f in ("tp", "pp", "micro_batch_size", "zero_stage", "recompute", "virtual_stages")}
+        variant = estimated_variants(model, replace(other, global_batch_size=layout.global_batch_size), dp, hw)
+        assert variant(**change) == estimate_memory(
+            model, replace(other, global_batch_size=layout.global_batch_size, **change), dp=dp, hardware=hw,
+            stack=stack_of(other),
+        )
+        checked += 1
+    assert checked == len(models) * len(devices) * len(layouts) * 3
+
+
 def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flight() -> None:
     model = replace(HAND, num_layers=24)
     plain = par(pp=4, micro_batch_size=1, global_batch_size=64, precision=Precision.bf16)
@@ -476,3 +517,19 @@ def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flig
     first = [by_v[v][0].activations for v in (1, 2, 3, 4)]
     assert first[0] < first[3] < first[2] < first[1]
     assert estimate_memory(model, replace(plain, virtual_stages=2), dp=1).activations >= first[1]
+
+
+def test_memoised_activations_read_the_micro_batch_count_only_as_far_as_it_matters() -> None:
+    # stage_memory's activations are memoised on min(m, pp - stage + 1) for 1F1B (m itself when
+    # interleaved): each must equal the activations computed with the real micro-batch count.
+    from train.planner.memory import TRAITS, _activations, _activations_cached, _in_flight_key, _stage_tensors
+
+    # Short sequences: the word embedding's gradient (m > 1) outweighs a stage's activations, so m counts.
+    model = replace(load_model("gpt_350m"), seq_length=16)
+    for pp, v, stack, m in itertools.product([1, 2, 4], [1, 2], list(Stack), [1, 2, 3, 5, 8, 64]):
+        layout = par(pp=pp, virtual_stages=v, micro_batch_size=1, global_batch_size=m, precision=Precision.bf16)
+        for stage in range(pp):
+            tensors = _stage_tensors(model, 1, stage, pp)
+            fresh = _activations(model, layout, TRAITS[stack], stage=stage, micro_batches=m, tensors=tensors)
+            memo = _activations_cached(model, layout, TRAITS[stack], stage, _in_flight_key(layout, stage, m))
+            assert memo == fresh, (pp, v, stack, m, stage)

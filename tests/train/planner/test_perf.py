@@ -320,3 +320,38 @@ def test_zero_3_gathers_parameters_every_micro_batch() -> None:
     layout = par(engine="deepspeed", global_batch_size=8, micro_batch_size=1, zero_stage=1)
     one, three = (predict_time(MODEL, replace(layout, zero_stage=z), HW, dp=2).parts["dp_comm"] for z in (1, 3))
     assert three > 4 * one
+
+
+def test_memoised_pieces_read_only_their_keys() -> None:
+    # predict_time memoises a rank's layer and ends on a reduced layout (_per_rank_key) and, without a
+    # calibration, the machine on no node count: each must equal the piece computed on the whole layout.
+    from train.planner.memory import stack_of
+    from train.planner.perf import _ends, _layer, _machine, _per_rank_key
+
+    from .test_memory import load_model
+
+    models = [MODEL, load_model("gpt_1.3b"), load_model("bert_345m")]
+    devices = [replace(HW, peak_tflops_fp16=100.0), load_hardware("h100_sxm"), load_hardware("a100_40gb")]
+    layouts = [
+        par(tp=tp, pp=pp, micro_batch_size=mbs, global_batch_size=64, precision=prec, recompute=rc,
+            sequence_parallel=sp, zero_stage=zero, engine=engine, offload=off)
+        for tp, pp, mbs, prec, rc, sp, zero, engine, off in [
+            (1, 1, 1, Precision.bf16, Recompute.none, False, 0, "native", Offload.none),
+            (2, 4, 2, Precision.fp16, Recompute.selective, True, 1, "native", Offload.none),
+            (4, 2, 4, Precision.fp32, Recompute.full, False, 0, "native", Offload.none),
+            (1, 1, 2, Precision.bf16, Recompute.full, False, 3, "deepspeed", Offload.optimizer),
+        ]
+    ]  # fmt: skip
+    layouts.append(replace(layouts[1], virtual_stages=2))  # interleaved 1F1B
+    for model, hw, layout in itertools.product(models, devices, layouts):
+        precision = Precision(layout.precision)
+        for nodes in (1, 2, 8):
+            mach = _machine(hw, precision, nodes)
+            assert _machine(hw, precision, 0) == mach
+            key, stack = _per_rank_key(layout), stack_of(layout)
+            for causal_skip in (0.5, 1.0):
+                assert _layer(model, key, mach, stack, causal_skip).parts == _layer(model, layout, mach, stack, causal_skip).parts
+            for first, last in itertools.product((False, True), repeat=2):
+                assert _ends(model, key, mach, first=first, last=last).parts == _ends(
+                    model, layout, mach, first=first, last=last
+                ).parts
