@@ -235,9 +235,21 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 
 _RESULTS_COLUMNS = (
     "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter", "pred_error",
-    "tflops", "mfu", "reason", "neighbour_jobs", "date", "overrides",
+    "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "date", "overrides",
 )  # fmt: skip
 """What results_table reads."""
+
+
+def _mfu_cells(done: pd.DataFrame) -> pd.Series:
+    """MFU as recorded; where the record left it out because the run beat its device's peak (the
+    trainer's above-peak warning: the peak is too low, a CPU's calibrated under load, say), the
+    ratio itself marked as such, never an empty cell that reads as 'not measured'."""
+    cells = done["mfu"].map(format_mfu)
+    if "peak_tflops" not in done.columns:
+        return cells
+    ratio = pd.to_numeric(done["tflops"], errors="coerce") / pd.to_numeric(done["peak_tflops"], errors="coerce")
+    above = (cells == "") & (ratio > 1.0)
+    return cells.where(~above, ratio.map(lambda r: f"{100 * r:.0f}% (above peak)"))
 
 
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -254,7 +266,7 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
             "Pred s/it": done["pred_sec_per_iter"].map(format_sec).replace("", NOT_PREDICTED).where(ok, ""),
             "Err": done["pred_error"].map(format_err).where(ok, ""),
             "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
-            "MFU": done["mfu"].map(format_mfu).where(ok, ""),
+            "MFU": _mfu_cells(done).where(ok, ""),
             "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
         }
     )

@@ -129,3 +129,10 @@ def test_iterations_above_a_cached_peak_warn_with_both_figures(tmp_path: Path) -
     assert len(warned) == 3 and all("above the measured peak of 1e-06 TFLOP/s" in w for w in warned)
     assert any("3 of 3 iterations ran above the measured peak of 1e-06" in w for w in record["warnings"])
     assert record["mfu"] is None and any(w.startswith("MFU not recorded") for w in record["warnings"])
+    # ... and the analysis shows the ratio, marked, rather than an empty MFU cell.
+    from analysis.records import load_sweeps
+    from analysis.tables import results_table
+
+    (mfu,) = results_table(load_sweeps([tmp_path], queue=None).table)["MFU"]
+    ratio = record["tflops_per_device"] / record["peak_tflops"]
+    assert ratio > 1 and mfu == f"{100 * ratio:.0f}% (above peak)"
