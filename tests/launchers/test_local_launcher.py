@@ -9,7 +9,7 @@ from pathlib import Path
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
 from tests.train.test_main import TINY_RUN, interrupt
-from train.contract import EXIT_INTERRUPTED, read_manifest
+from train.contract import EXIT_INTERRUPTED, LOG_FILE, read_manifest
 
 
 def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:
@@ -40,6 +40,10 @@ def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: 
     # The files are a Slurm sweep's: status reads them alike, without asking Slurm.
     states = sweep_status(sweep_dir, slurm_states={})
     assert sorted(s.state for s in states) == ["done", "done", "skipped", "skipped"]
+    # Each run keeps its own console output, iteration lines included, beside its result.json.
+    for e in ran:
+        log = (sweep_dir / e.output_dir / LOG_FILE).read_text()
+        assert " iteration " in log and "result.json" in log, log[-2000:]
 
 
 def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path: Path) -> None:
