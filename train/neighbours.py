@@ -55,7 +55,8 @@ def _sacct_time(epoch_s: float) -> str:
 def ran_on_nodes_between(environ: Mapping[str, str], start_s: float, end_s: float) -> list[str] | None:
     """Job ids that were running on this job's nodes at any time between two epoch times, itself
     excepted (sacct: a state filter with a time window selects the jobs in that state during it);
-    None outside Slurm or when accounting does not answer."""
+    None outside Slurm or when accounting does not answer. A job that ended in the last few seconds may
+    be missing: slurmdbd lists it for a --nodelist query up to ~3 s after it completes (local cluster)."""
     nodes = environ.get("SLURM_JOB_NODELIST")
     if not nodes or not environ.get("SLURM_JOB_ID"):
         return None
