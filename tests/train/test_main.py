@@ -196,13 +196,22 @@ def test_dp2_tp2_pp2_of_the_default_batch_trains(tmp_path: Path) -> None:
 TINY_RUN = ("logger=disabled", "model.num_layers=1", "model.hidden_size=64", "model.seq_length=32")
 
 
+AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+"""Runs `python <argv>` with Ctrl-C's default meaning, as a shell starts a foreground command: a test
+run from a background job (`cmd &` in a script, nohup) inherits SIGINT ignored, and a Python started
+so never turns SIGINT into KeyboardInterrupt."""
+
+
 def interrupt(argv: Sequence[str], *, whole_group: bool = True) -> tuple[int, str]:
     """Start `python <argv>`, wait for its first iteration line, send it SIGINT as a terminal's Ctrl-C
     does (to its whole process group) or as `kill -INT` does (to it alone); (exit status, stderr).
     Every process of its group must be gone by then."""
     run = subprocess.Popen(
-        [sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
     )  # fmt: skip
     try:
         assert run.stdout is not None
