@@ -10,7 +10,8 @@
    measured fastest is within the predicted top 3.
 
 About 4 minutes on this 2-core machine; it needs the cluster (`make cluster-up`) and nothing else
-running. It prints its figures and asserts nothing about them.
+running. It prints its figures, and fails when issue 12's target (MAE <= 15%, measured fastest in
+the predicted top 3) is missed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from train.contract import RESULT_FILE, SEARCH_FILE
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "model.seq_length=128",
          "model.vocab_size=4096", "parallelism.global_batch_size=8", "parallelism.precision=fp32",
@@ -30,13 +33,22 @@ MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_hea
 SEARCH = ("search.micro_batch_sizes=[1,2]", "search.recompute=[none,full]", "search.zero_stages=[0]")
 PER_NODE_COUNT = 6
 """Layouts measured per node count (12 in all)."""
+TARGET_MAE = 0.15
+"""Issue 12: mean absolute error of the predicted sec/it at most 15%."""
 
 
-def _layout_key(parallelism: dict[str, object]) -> tuple[object, ...]:
-    return tuple(parallelism[k] for k in ("dp", "tp", "pp", "micro_batch_size", "recompute"))
+def _label(overrides: str) -> str:
+    """`dp2 tp1 pp1 mbs2 none sp` from a search row's overrides (every layout field it sets)."""
+    fields = dict(item.split("=", 1) for item in overrides.replace("parallelism.", "").split())
+    label = f"dp{fields['dp']} tp{fields['tp']} pp{fields['pp']} mbs{fields['micro_batch_size']} {fields['recompute']}"
+    if fields.get("sequence_parallel") == "true":
+        label += " sp"
+    if int(fields.get("virtual_stages", "1")) > 1:
+        label += f" vpp{fields['virtual_stages']}"
+    return label
 
 
-def run(out: Path) -> list[tuple[int, tuple[object, ...], float, float]]:
+def run(out: Path) -> list[tuple[int, str, float, float]]:
     """(nodes, layout, predicted, measured) of every measured layout."""
     cal = out / "calibration.json"
     subprocess.run([sys.executable, "-m", "launchers", "calibrate", *MODEL, *SEARCH, "search.nodes=[1,2]",
@@ -48,33 +60,32 @@ def run(out: Path) -> list[tuple[int, tuple[object, ...], float, float]]:
                         "hydra.launcher.wait=true", "cluster.array_parallelism=1", *MODEL, *SEARCH,
                         f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}", f"hardware.calibration={cal}",
                         f"hydra.sweep.dir={sweep}"], cwd=REPO, check=True, capture_output=True)  # fmt: skip
-        with (sweep / "search.csv").open(newline="") as f:
+        with (sweep / SEARCH_FILE).open(newline="") as f:
             predicted = {r["overrides"]: float(r["pred_sec_per_iter"]) for r in csv.DictReader(f)}
-        by_layout = {}
-        for key, seconds in predicted.items():
-            fields = dict(item.split("=", 1) for item in key.replace("parallelism.", "").split())
-            layout = (int(fields["dp"]), int(fields["tp"]), int(fields["pp"]), int(fields["micro_batch_size"]),
-                      fields["recompute"])  # fmt: skip
-            by_layout[layout] = seconds
-        for path in sorted(sweep.glob("*/result.json")):
+        for path in sorted(sweep.glob(f"*/{RESULT_FILE}")):
             record = json.loads(path.read_text())
-            if record.get("status") == "ok" and record.get("sec_per_iter"):
-                layout = _layout_key(record["config"]["parallelism"])
-                rows.append((nodes, layout, by_layout[layout], float(record["sec_per_iter"])))
+            if record.get("status") != "ok" or not record.get("sec_per_iter"):
+                continue
+            # A launched config's overrides are the search row's, after the fixed ones.
+            launched = " ".join(record["overrides"])
+            (key,) = [k for k in predicted if launched.endswith(k)]
+            rows.append((nodes, _label(key), predicted[key], float(record["sec_per_iter"])))
     return rows
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = run(Path(tmp))
-    for nodes, layout, pred, meas in rows:
-        print(f"{nodes} node(s) dp{layout[0]} tp{layout[1]} pp{layout[2]} mbs{layout[3]} {layout[4]:<5} "
-              f"predicted {pred:.4f} s  measured {meas:.4f} s  error {pred / meas - 1:+.1%}")  # fmt: skip
+    for nodes, label, pred, meas in rows:
+        print(f"{nodes} node(s) {label:<24} predicted {pred:.4f} s  measured {meas:.4f} s  error {pred / meas - 1:+.1%}")
     mae = statistics.mean(abs(p / m - 1) for *_, p, m in rows)
     top3 = sorted(rows, key=lambda r: r[2])[:3]
     fastest = min(rows, key=lambda r: r[3])
-    print(f"{len(rows)} layouts measured; mean absolute error {mae:.1%} (target 15%); measured fastest "
-          f"{'is' if fastest in top3 else 'is NOT'} within the predicted top 3")
+    print(f"{len(rows)} layouts measured; mean absolute error {mae:.1%} (target {TARGET_MAE:.0%}); measured fastest "
+          f"{'is' if fastest in top3 else 'is NOT'} within the predicted top 3")  # fmt: skip
+    # Issue 12's Done-means: reported as this benchmark's failure when missed.
+    assert len(rows) >= 2 * PER_NODE_COUNT, f"only {len(rows)} of {2 * PER_NODE_COUNT} layouts measured"
+    assert mae <= TARGET_MAE and fastest in top3, "issue 12's target for the local cluster is missed"
 
 
 if __name__ == "__main__":

@@ -42,14 +42,14 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
 
 
 def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
-    # The CPU's figures given by hand (what a calibration provides): 2 devices give dp2 and tp2.
+    # The CPU's figures given by hand (what a calibration provides): 2 devices, one layout of each kind.
     sweep_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "train", "-m", *TINY, "hydra/sweeper=layouts", "hydra/launcher=local",
          "hardware.peak_measured=false", "hardware.peak_tflops_fp32=0.05", "hardware.memory_bw_gbs=5",
          "hardware.intra_node_bw_gbs=1", "hardware.devices_per_node=2", "parallelism.precision=fp32",
          "search.nodes=[1]", "search.micro_batch_sizes=[1]", "search.recompute=[none]", "search.zero_stages=[0]",
-         "search.top_k=2", f"hydra.sweep.dir={sweep_dir}"],
+         "search.sequence_parallel=[false]", "search.virtual_stages=[1]", "search.top_k=2", f"hydra.sweep.dir={sweep_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -57,5 +57,8 @@ def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
     assert len(entries) == 2
     records = [result(sweep_dir, e) for e in entries]
     assert [r["status"] if r else None for r in records] == ["ok", "ok"]
-    layouts = {(r["config"]["parallelism"]["dp"], r["config"]["parallelism"]["tp"]) for r in records if r}
-    assert layouts == {(2, 1), (1, 2)}
+    # What ran is what the search ranked first and second.
+    ranked = sorted(read_rows(sweep_dir / "search.csv"), key=lambda r: int(r["pred_rank"]))
+    layouts = [tuple(r["config"]["parallelism"][k] for k in ("dp", "tp", "pp")) for r in records if r]
+    top = [tuple(int(row[k]) for k in ("dp", "tp", "pp")) for row in ranked[:2]]
+    assert sorted(layouts) == sorted(top) and len(set(layouts)) == 2

@@ -27,8 +27,9 @@ a constant fitted to one table:
   virtual stages (interleaved 1F1B) the bubble is (p-1)/v slots ((p-1)/(v*m) of the step) and each
   micro-batch crosses each neighbour v times, the first rank's previous one being the last rank.
 - DP: the gradient all-reduce (ZeRO: reduce-scatter, then the all-gather of updated parameters),
-  at the ring's bus bandwidth; megasweep's bucketed reduction overlaps the last micro-batch's
-  backward (train.dp), the DeepSpeed stacks reduce after it.
+  at the ring's bus bandwidth; on a GPU megasweep's bucketed reduction overlaps the last
+  micro-batch's backward (train.dp), the DeepSpeed stacks reduce after it; on a CPU gloo's
+  reduction runs on the cores the compute fills, so nothing overlaps.
 - recompute: the forward again (full) or the attention core again (selective).
 - optimizer: Adam's bytes per parameter held (fp32 parameter, gradient and two moments read, three
   written) at memory bandwidth; DeepSpeed offload: gradients to the host and parameters back over
@@ -420,8 +421,12 @@ def predict_time(
     parts["bubble"] = bubble_slots(pp=par.pp, virtual_stages=chunks) * slowest.total
     worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
-    if stack == Stack.megasweep:
-        # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs.
+    if stack == Stack.megasweep and hw.device_type == "cuda":
+        # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs: NCCL
+        # moves them on its own SMs and links. Gloo on a CPU sums and copies them on threads of the
+        # same cores the rank's compute already fills (one intra-op thread per allocated CPU), so
+        # there nothing hides (a profile of dp=2 on the local cluster: the all-reduce thread's time
+        # is added to the step's).
         dp_time = max(dp_time - 2 / 3 * (slowest.parts["gemm"] + slowest.parts["attention"]), 0.0)
     if par.pp > 1:
         # The tied word embedding's fp32 gradient is summed between the first and the last stage
