@@ -33,7 +33,7 @@ from train.contract import EXIT_USAGE
 from train.planner.perf import UnknownHardwareFigure, predict_time
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "compute": ("gemm", "attention", "recompute"),
+    "compute": ("gemm", "attention", "recompute", "framework"),
     "memory": ("memory_bound", "grad_accumulation", "optimizer", "offload"),
     "communication": ("tp_comm", "pp_comm", "dp_comm"),
 }

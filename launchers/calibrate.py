@@ -33,6 +33,7 @@ from train.planner.calibration import (
     Calibration,
     CollectiveTiming,
     GemmTiming,
+    LayerTiming,
     NodeTiming,
 )
 from train.planner.flops import head_gemms, layer_gemms
@@ -72,6 +73,14 @@ def pointwise_shapes(run: RunConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
         ("softmax", (b * m.num_attention_heads, m.seq_length, m.seq_length)),
         ("cross_entropy", (tokens, padded_vocab_size(m, 1))),
     )
+
+
+def layer_model(run: RunConfig) -> tuple[str, int, int, int, int, int]:
+    """(kind, hidden, heads, seq, vocab, micro-batch) of the narrow model whose layer is timed: a head
+    per device of a node (so every TP degree up to it divides them) of 16 dimensions, 32 tokens. Its
+    GEMMs take microseconds, so its layer's time is mostly what the model does not count per op."""
+    heads = max(1, run.hardware.devices_per_node)
+    return (run.model.kind.value, 16 * heads, heads, 32, 256, 1)
 
 
 def _run_task(spec: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +139,10 @@ def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any
             kind: [statistics.median(r["pointwise"][kind][i] for r in results) for i in (0, 1)]
             for kind in results[0]["pointwise"]
         },
+        layers=[
+            LayerTiming(**{**first, **{k: statistics.median(r["layers"][i][k] for r in results) for k in ("forward_s", "step_s")}})
+            for i, first in enumerate(results[0].get("layers", []))
+        ],
     )
 
 
@@ -146,6 +159,9 @@ def calibrate(
         "message_bytes": MESSAGE_BYTES,
         "copy_bytes": 64 << 20,
         "pointwise": pointwise_shapes(run),
+        # On a CPU only: a GPU's launches run ahead of its work, so the time model adds none of it there.
+        "layer_model": layer_model(run) if run.hardware.device_type == "cpu" else None,
+        "layer_tp": tuple(sorted({1, max(1, run.hardware.devices_per_node)})),
         "min_seconds": min_seconds,
         "trials": trials,
     }
@@ -193,6 +209,11 @@ def format_calibration(cal: Calibration) -> str:
             f"  {t.nodes} node(s) x {t.tasks_per_node} tasks: {len(t.gemms)} GEMM shapes, best "
             f"{best / 1e12:.3g} TFLOP/s per device; copy {t.memory_bw_gbs:.3g} GB/s; op {t.op_overhead_us:.3g} us"
         )
+        for layer in t.layers:
+            lines.append(
+                f"    narrow layer at tp={layer.tp}: forward {layer.forward_s * 1e3:.3g} ms, "
+                f"forward + backward {layer.step_s * 1e3:.3g} ms"
+            )
     for scope in ("intra", "inter"):
         link = fit_link([c for c in cal.collectives if c.scope == scope])
         if link is not None:

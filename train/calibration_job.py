@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from train import distributed
-from train.planner.calibration import COLLECTIVES, CollectiveTiming, GemmTiming
+from train.planner.calibration import COLLECTIVES, LAYER_COUNTS, CollectiveTiming, GemmTiming
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -47,6 +47,11 @@ class CalibrationSpec:
     """Size of the tensor the bandwidth copy moves (bytes)."""
     pointwise: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """(kind, shape) of each pointwise op to time forward and backward (kinds: POINTWISE)."""
+    layer_model: tuple[str, int, int, int, int, int] | None = None
+    """(kind, hidden, heads, seq, vocab, micro-batch) of the narrow model whose layers are timed
+    whole, per TP degree (train.planner.calibration.LayerTiming); None times none."""
+    layer_tp: tuple[int, ...] = (1,)
+    """TP degrees the layers are timed at (each divides the tasks of a node)."""
     min_seconds: float = 0.05
     trials: int = 3
     timeout_s: float = 300.0
@@ -208,6 +213,7 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
     op = best_seconds(lambda: tiny.add(1.0), device=device, **timing)
     pointwise = {kind: list(pointwise_seconds(kind, shape, dtype, device, timing)) for kind, shape in spec.pointwise}
     collectives = _collectives(spec, launch, device, timing) if launch is not None else []
+    layers = layer_timings(spec, launch, device, timing) if spec.layer_model is not None else []
     barrier()
     with contextlib.suppress(Exception):
         distributed.destroy_process_group()
@@ -219,7 +225,68 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         "op_overhead_us": op * 1e6,
         "pointwise": pointwise,
         "collectives": collectives,
+        "layers": layers,
     }
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    # As the trainer runs a 16-bit precision: fp32 weights, autocast to the 16-bit type.
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[precision])
+
+
+def layer_timings(
+    spec: CalibrationSpec, launch: distributed.LaunchEnv | None, device: torch.device, timing: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Seconds of one transformer layer's forward, and of its forward and backward, per TP degree, run
+    by the trainer's own code (train.model, train.parallel.apply_tp) at a narrow width: what a layer
+    costs beyond the GEMMs, pointwise ops and collectives the time model counts (Python, autograd and
+    DTensor dispatch) shows as the difference from the model's own prediction of the same layer."""
+    from conf.schema import ModelConfig, ModelKind
+    from train.init import initialize
+    from train.model import build_model
+    from train.parallel import apply_tp, lm_loss_fn
+
+    assert spec.layer_model is not None
+    kind, hidden, heads, seq, vocab, mbs = spec.layer_model
+    world = launch.world_size if launch is not None else 1
+    per_node = world // int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    out = []
+    for tp in spec.layer_tp:
+        if tp > 1 and (launch is None or per_node % tp):
+            continue
+        mesh = distributed.build_mesh(device.type, pp=1, dp=world // tp, tp=tp) if tp > 1 else None
+        seconds: dict[int, tuple[float, float]] = {}
+        for layers in LAYER_COUNTS:
+            cfg = ModelConfig(kind=ModelKind(kind), num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                              seq_length=seq, vocab_size=vocab)  # fmt: skip
+            model = build_model(cfg, device="meta", tp=tp)
+            if mesh is not None:
+                apply_tp(model, tp_mesh=mesh["tp"])
+            model.to_empty(device=device)
+            initialize(model, seed=0, num_layers=layers)
+            loss_fn = lm_loss_fn(model)
+            tokens = torch.randint(0, vocab, (mbs, seq), device=device)
+
+            def forward(model: torch.nn.Module = model, tokens: torch.Tensor = tokens) -> object:
+                with _autocast(spec.precision, device):
+                    return model(tokens)
+
+            def step(model: torch.nn.Module = model, tokens: torch.Tensor = tokens, loss_fn: Any = loss_fn) -> None:
+                with _autocast(spec.precision, device):
+                    loss = loss_fn(model(tokens), tokens)
+                loss.backward()
+
+            # Ranks of a TP group must call as often as each other; the agreed count does that.
+            time_it = collective_seconds if launch is not None else best_seconds
+            seconds[layers] = (time_it(forward, device=device, **timing), time_it(step, device=device, **timing))
+        few, many = (seconds[n] for n in LAYER_COUNTS)
+        span = LAYER_COUNTS[1] - LAYER_COUNTS[0]
+        out.append({"tp": tp, "kind": kind, "hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq,
+                    "vocab_size": vocab, "micro_batch_size": mbs, "forward_s": (many[0] - few[0]) / span,
+                    "step_s": (many[1] - few[1]) / span})  # fmt: skip
+    return out
 
 
 def _collectives(

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launchers.calibrate import gemm_shapes, node_timing, pointwise_shapes
+from launchers.calibrate import gemm_shapes, layer_model, node_timing, pointwise_shapes
 from launchers.compose import FastComposer
 from launchers.sbatch import default_config_dir
 from train.planner.calibration import COLLECTIVES, fit_link, load_calibration
@@ -34,8 +34,13 @@ def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> N
             "memory_bw_gbs": 0.0, "op_overhead_us": 0.0, "pointwise": {"add": [0.0, 0.0]}}
     tasks = [{**task, "gemms": [{**task["gemms"][0], "seconds": s}], "memory_bw_gbs": s, "pointwise": {"add": [s, s]}}
              for s in (1.0, 3.0, 2.0)]  # type: ignore[dict-item]
+    for task, s in zip(tasks, (1.0, 3.0, 2.0), strict=True):
+        task["layers"] = [{"tp": 2, "kind": "gpt", "hidden_size": 32, "num_attention_heads": 2, "seq_length": 32,
+                           "vocab_size": 256, "micro_batch_size": 1, "forward_s": s, "step_s": 3 * s}]
     t = node_timing(1, 3, tasks)
     assert t.gemms[0].seconds == 2.0 and t.memory_bw_gbs == 2.0 and t.pointwise == {"add": [2.0, 2.0]}
+    assert [(x.tp, x.forward_s, x.step_s) for x in t.layers] == [(2, 2.0, 6.0)]
+    assert layer_model(run) == ("gpt", 32, 2, 32, 256, 1)  # a head per device of a node
 
 
 def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
@@ -47,6 +52,7 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "intra-node link" in proc.stdout and "inter-node link" in proc.stdout
+    assert "narrow layer at tp=2" in proc.stdout
     cal = load_calibration(str(out))
     assert [(t.nodes, t.tasks_per_node) for t in cal.nodes] == [(1, 2), (2, 2)]
     run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(SMALL))
@@ -54,6 +60,9 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
         assert len(timing.gemms) == len(gemm_shapes(run)) and all(g.seconds > 0 for g in timing.gemms)
         assert timing.memory_bw_gbs > 0 and timing.op_overhead_us > 0
         assert set(timing.pointwise) == {"layer_norm", "gelu", "add", "softmax", "cross_entropy"}
+        # The narrow layer at tp 1 and 2: under TP it waits for four all-reduces besides, so it is slower.
+        layer = {x.tp: x for x in timing.layers}
+        assert set(layer) == {1, 2} and 0 < layer[1].step_s < layer[2].step_s
     for scope in ("intra", "inter"):
         measured = [c for c in cal.collectives if c.scope == scope]
         assert {c.op for c in measured} == set(COLLECTIVES)

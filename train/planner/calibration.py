@@ -69,6 +69,31 @@ class CollectiveTiming:
     seconds: float
 
 
+LAYER_COUNTS = (1, 3)
+"""Layers of the two narrow models timed: their difference, halved, is one layer (the embeddings,
+the head and the loss cancel)."""
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """Seconds of one whole transformer layer of a narrow model, run by the trainer's own code at TP
+    degree `tp` (train.calibration_job.layer_timings): the time model compares them with its own
+    prediction of that layer, and what it does not count (Python, autograd, DTensor dispatch) is the
+    difference."""
+
+    tp: int
+    kind: str
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    vocab_size: int
+    micro_batch_size: int
+    forward_s: float
+    """One layer's forward, autograd recording (s)."""
+    step_s: float
+    """One layer's forward and backward (s)."""
+
+
 @dataclass(frozen=True)
 class NodeTiming:
     """What a job on `nodes` nodes measured of each device's compute and memory."""
@@ -83,6 +108,8 @@ class NodeTiming:
     pointwise: dict[str, list[float]] = field(default_factory=dict)
     """[forward, backward] seconds per element of each pointwise op kind (layer_norm, gelu, add,
     softmax, cross_entropy) at training's sizes."""
+    layers: list[LayerTiming] = field(default_factory=list)
+    """A narrow model's layer per TP degree measured (files from before it have none)."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +138,10 @@ class Calibration:
 
 def _from_dict(data: dict[str, Any]) -> Calibration:
     nodes = [
-        NodeTiming(**{**n, "gemms": [GemmTiming(**g) for g in n.get("gemms", [])]}) for n in data.get("nodes", [])
-    ]
+        NodeTiming(**{**n, "gemms": [GemmTiming(**g) for g in n.get("gemms", [])],
+                      "layers": [LayerTiming(**t) for t in n.get("layers", [])]})
+        for n in data.get("nodes", [])
+    ]  # fmt: skip
     collectives = [CollectiveTiming(**c) for c in data.get("collectives", [])]
     return Calibration(**{**data, "nodes": nodes, "collectives": collectives})
 
@@ -192,6 +221,8 @@ __all__ = [
     "Calibration",
     "CollectiveTiming",
     "GemmTiming",
+    "LAYER_COUNTS",
+    "LayerTiming",
     "Link",
     "NodeTiming",
     "fit_link",

@@ -35,6 +35,12 @@ a constant fitted to one table:
   written) at memory bandwidth; DeepSpeed offload: gradients to the host and parameters back over
   `host_link_bw_gbs`.
 
+- framework (a CPU with a calibration): what a whole layer costs beyond all the above, per layer and
+  micro-batch: the calibration runs a narrow model's layer with the trainer's own code at each TP
+  degree, and the model adds what that measured beyond its own prediction of the same layer (Python,
+  autograd and DTensor dispatch, which a CPU runs in series with the work; a GPU's launches run ahead
+  of it, so there it is not added).
+
 Inter-node bandwidth is shared by the devices of a node, which run their DP and PP groups' collectives at
 the same time: a device gets inter_node_bw_gbs / devices_per_node.
 
@@ -45,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conf.schema import (
     HardwareConfig,
@@ -56,7 +62,15 @@ from conf.schema import (
     Precision,
     Recompute,
 )
-from train.planner.calibration import Link, gemm_table, links, load_calibration, node_timing
+from train.planner.calibration import (
+    LAYER_COUNTS,
+    LayerTiming,
+    Link,
+    gemm_table,
+    links,
+    load_calibration,
+    node_timing,
+)
 from train.planner.flops import Gemm, head_gemms, layer_gemms, peak_tflops
 from train.planner.inventory import stage_layers, stage_numel
 from train.planner.memory import Stack, parallelism_subset, stack_of
@@ -76,6 +90,7 @@ PARTS: tuple[str, ...] = (
     "dp_comm",
     "optimizer",
     "offload",
+    "framework",
 )
 """Where the time goes, in the order the breakdown is printed."""
 
@@ -143,6 +158,8 @@ class _Machine:
     """Measured seconds of GEMM shapes (calibration), by (m, n, k, batch, precision, layout)."""
     pointwise: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Measured (forward, backward) seconds per element of each pointwise op kind (calibration)."""
+    layers: dict[int, LayerTiming] = field(default_factory=dict)
+    """A narrow model's measured layer, by TP degree (calibration)."""
 
 
 def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
@@ -196,6 +213,7 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
         hw=hw,
         gemms=table,
         pointwise={kind: (f, b) for kind, (f, b) in timing.pointwise.items()},
+        layers={layer.tp: layer for layer in timing.layers},
     )
 
 
@@ -389,9 +407,15 @@ def predict_time(
     """
     stack = stack or stack_of(par)
     per_node = max(1, hw.devices_per_node)
-    precision = Precision(par.precision)
     # Only a calibration's figures depend on the node count: without one, every count shares a machine.
     nodes = -(-dp * par.tp * par.pp // per_node) if hw.calibration else 0
+    return _predict(model, par, hw, dp=dp, stack=stack, nodes=nodes, framework=True)
+
+
+def _predict(
+    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, *, dp: int, stack: Stack, nodes: int, framework: bool
+) -> TimePrediction:
+    precision = Precision(par.precision)
     mach = _machine_cached(hw, precision, nodes)
     m = max(1, par.global_batch_size // (par.mbs * dp))
     causal_skip = 0.5 if stack != Stack.megatron_deepspeed and model.kind == ModelKind.gpt and hw.device_type == "cuda" else 1.0
@@ -441,6 +465,14 @@ def predict_time(
         host = _need(hw.host_link_bw_gbs, "host_link_bw_gbs", hw) * 1e9
         # 16-bit gradients to the host, updated 16-bit parameters back; the CPU's Adam is not modelled.
         parts["offload"] = 2 * 2 * stepped / host
+    if framework and hw.device_type == "cpu" and par.tp in mach.layers:
+        # What a layer costs beyond the counted work, per micro-batch (a full recompute runs the
+        # forward's share again), on every layer of the slowest stage.
+        residual = _layer_residual(hw, precision, nodes, par.tp, stack)
+        layer = mach.layers[par.tp]
+        again = layer.forward_s / layer.step_s if Recompute(par.recompute) == Recompute.full and layer.step_s > 0 else 0.0
+        layers = _stage_layer_counts(model.num_layers, par.pp)[totals.index(max(totals))]
+        parts["framework"] = m * layers * residual * (1 + again)
     return TimePrediction(
         sec_per_iter=math.fsum(parts.values()),
         parts=parts,
@@ -462,6 +494,27 @@ def _stage_numels(model: ModelConfig, tp: int, pp: int) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=1 << 12)
 def _stage_layer_counts(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(len(stage_layers(num_layers, stage=s, num_stages=pp)) for s in range(pp))
+
+
+@functools.lru_cache(maxsize=1 << 8)
+def _layer_residual(hw: HardwareConfig, precision: Precision, nodes: int, tp: int, stack: Stack) -> float:
+    """Seconds of one layer's forward and backward that the calibration measured beyond this model's
+    own prediction of the same narrow layer (never negative): on a CPU, Python, autograd and (under
+    TP) DTensor dispatch, which run serially with the work."""
+    timing = _machine_cached(hw, precision, nodes).layers[tp]
+    narrow = ModelConfig(name="narrow", kind=ModelKind(timing.kind), hidden_size=timing.hidden_size,
+                         num_attention_heads=timing.num_attention_heads, seq_length=timing.seq_length,
+                         vocab_size=timing.vocab_size)  # fmt: skip
+    par = ParallelismConfig(tp=tp, pp=1, dp=1, micro_batch_size=timing.micro_batch_size,
+                            global_batch_size=timing.micro_batch_size, precision=precision)  # fmt: skip
+
+    def in_stage(layers: int) -> float:
+        p = _predict(replace(narrow, num_layers=layers), par, hw, dp=1, stack=stack, nodes=nodes, framework=False)
+        return p.sec_per_iter - p.parts["optimizer"] - p.parts["dp_comm"]
+
+    few, many = LAYER_COUNTS
+    predicted = (in_stage(many) - in_stage(few)) / (many - few)
+    return max(timing.step_s - predicted, 0.0)
 
 
 @functools.lru_cache(maxsize=1 << 10)

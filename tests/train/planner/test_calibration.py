@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision
+from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, Recompute
 from train.planner.calibration import (
     CALIBRATION_VERSION,
     Calibration,
     CollectiveTiming,
     GemmTiming,
+    LayerTiming,
     NodeTiming,
     fit_link,
     load_calibration,
@@ -82,3 +83,39 @@ def test_a_calibrated_cpu_is_predicted_from_its_measured_gemms(tmp_path: Path) -
     assert two.parts["dp_comm"] == pytest.approx(2 * LATENCY + 4 * stage_numel(MODEL) / BANDWIDTH)
     # An unmeasured shape (mbs=2) falls back to the best measured rate: still a prediction.
     assert predict_time(MODEL, replace(layout, micro_batch_size=2, global_batch_size=2), hw, dp=1).sec_per_iter > 0
+
+
+def with_layers(tmp_path: Path, *layers: LayerTiming) -> HardwareConfig:
+    path = calibration(tmp_path)
+    cal = load_calibration(str(path))
+    node = replace(cal.nodes[0], layers=list(layers))
+    out = replace(cal, nodes=[node]).write(tmp_path / f"layers{len(list(tmp_path.iterdir()))}.json")
+    return HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(out))
+
+
+def narrow(tp: int, forward_s: float, step_s: float) -> LayerTiming:
+    return LayerTiming(tp=tp, kind="gpt", hidden_size=32, num_attention_heads=2, seq_length=32, vocab_size=256,
+                       micro_batch_size=1, forward_s=forward_s, step_s=step_s)  # fmt: skip
+
+
+def test_what_a_measured_layer_costs_beyond_the_model_is_added_per_layer_and_micro_batch(tmp_path: Path) -> None:
+    layout = ParallelismConfig(micro_batch_size=1, global_batch_size=2, precision=Precision.fp32)
+    plain = predict_time(MODEL, layout, HardwareConfig(peak_measured=True, devices_per_node=2,
+                                                       calibration=str(calibration(tmp_path))), dp=1)  # fmt: skip
+    assert plain.parts["framework"] == 0  # a file without a narrow layer adds nothing
+    one, two = (predict_time(MODEL, layout, with_layers(tmp_path, narrow(1, s / 3, s)), dp=1) for s in (1.0, 2.0))
+    # Both well above the model's own figure for the narrow layer: the residuals differ by 1 s a layer,
+    # paid on 2 layers x 2 micro-batches.
+    assert two.parts["framework"] - one.parts["framework"] == pytest.approx(2 * 2 * 1.0)
+    assert one.sec_per_iter == pytest.approx(plain.sec_per_iter + one.parts["framework"])
+    # Full recompute runs each layer's forward again: a third of this layer's step.
+    full = predict_time(MODEL, replace(layout, recompute=Recompute.full), with_layers(tmp_path, narrow(1, 2 / 3, 2.0)),
+                        dp=1)  # fmt: skip
+    assert full.parts["framework"] == pytest.approx(two.parts["framework"] * 4 / 3)
+    # Measured below the model's figure: nothing (never negative); a TP degree not measured: nothing.
+    assert predict_time(MODEL, layout, with_layers(tmp_path, narrow(1, 0.0, 1e-9)), dp=1).parts["framework"] == 0
+    tp2 = replace(layout, tp=2, global_batch_size=2)
+    assert predict_time(MODEL, tp2, with_layers(tmp_path, narrow(1, 1.0, 3.0)), dp=1).parts["framework"] == 0
+    # A GPU runs its launches ahead of its work: not added there.
+    gpu = replace(with_layers(tmp_path, narrow(1, 1.0, 3.0)), device_type="cuda")
+    assert predict_time(MODEL, layout, gpu, dp=1).parts["framework"] == 0
