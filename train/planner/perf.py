@@ -34,12 +34,12 @@ a constant fitted to one table:
 - optimizer: Adam's bytes per parameter held (fp32 parameter, gradient and two moments read, three
   written) at memory bandwidth; DeepSpeed offload: gradients to the host and parameters back over
   `host_link_bw_gbs`.
-
 - framework (a CPU with a calibration): what a whole layer costs beyond all the above, per layer and
   micro-batch: the calibration runs a narrow model's layer with the trainer's own code at each TP
   degree, and the model adds what that measured beyond its own prediction of the same layer (Python,
   autograd and DTensor dispatch, which a CPU runs in series with the work; a GPU's launches run ahead
-  of it, so there it is not added).
+  of it, so there it is not added). The layer is measured without sequence parallelism; a layout
+  with it is charged the same.
 
 Inter-node bandwidth is shared by the devices of a node, which run their DP and PP groups' collectives at
 the same time: a device gets inter_node_bw_gbs / devices_per_node.
@@ -470,7 +470,8 @@ def _predict(
         # forward's share again), on every layer of the slowest stage.
         residual = _layer_residual(hw, precision, nodes, par.tp, stack)
         layer = mach.layers[par.tp]
-        again = layer.forward_s / layer.step_s if Recompute(par.recompute) == Recompute.full and layer.step_s > 0 else 0.0
+        share = min(max(layer.forward_s / layer.step_s, 0.0), 1.0) if layer.step_s > 0 else 0.0
+        again = share if Recompute(par.recompute) == Recompute.full else 0.0
         layers = _stage_layer_counts(model.num_layers, par.pp)[totals.index(max(totals))]
         parts["framework"] = m * layers * residual * (1 + again)
     return TimePrediction(
