@@ -10,7 +10,8 @@ they share (a node's cores and memory bus on a CPU, its NICs across nodes) is sh
   pair at once.
 
 Each figure is the best of `trials` timings of at least `min_seconds` each, after a warm-up, so a
-momentary neighbour does not decide it. `launchers.calibrate` submits the jobs and writes the file. (train.calibrate is the trainer's own
+momentary neighbour does not decide it; every trial starts on all ranks at once and counts the
+slowest rank's time (collective_seconds), as a training step does. `launchers.calibrate` submits the jobs and writes the file. (train.calibrate is the trainer's own
 run-time peak measurement for MFU; this is the site calibration of the time model.)
 """
 
@@ -79,27 +80,46 @@ def best_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds:
 
 
 def collective_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
-    """best_seconds for a collective: every rank must call it equally often, so the count of calls
-    per trial is agreed first (the slowest rank's first timing decides it)."""
+    """best_seconds with every rank of the job timing `fn` at the same moment, each trial's figure the
+    span from the first rank's start to the last rank's finish: what a training step sees, since it
+    waits for its slowest rank.
+
+    Timed rank by rank, ranks drift apart: whichever finishes its list first leaves the others the
+    cores it shared with them, and their best trials then show more than a node delivers. On the
+    local cluster (4 ranks of 2 emulated nodes on 2 cores) the 2-node GEMM rate summed over ranks
+    came to 0.216 TFLOP/s against the 1-node job's 0.19 on the same 2 cores. Each rank's own time
+    after a common start is not enough either: ranks sharing a core can run their trial one pair
+    after the other, each pair timing itself alone. So a trial starts and ends at a barrier, every
+    rank makes the same number of calls (agreed from the slowest rank's warm timing; a collective
+    needs that too), and the trial counts the longest rank's time, closing barrier included (about
+    1 ms on gloo over a CPU, under 2% of a trial; microseconds on NCCL).
+    Without a process group it is best_seconds."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return best_seconds(fn, device=device, min_seconds=min_seconds, trials=trials)
     # NCCL returns when a collective is queued: synchronise around every timing on a GPU.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(2):
         fn()
     sync()
     tic = time.perf_counter()
-    fn()
+    for _ in range(3):
+        fn()
     sync()
-    first = torch.tensor([time.perf_counter() - tic], dtype=torch.float64, device=device)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    calls = max(1, math.ceil(min_seconds / max(first.item(), 1e-9)))
+    per_call = torch.tensor([(time.perf_counter() - tic) / 3], dtype=torch.float64, device=device)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+    calls = max(1, math.ceil(min_seconds / max(per_call.item(), 1e-9)))
     best = float("inf")
     for _ in range(trials):
         sync()
+        dist.barrier()
         tic = time.perf_counter()
         for _ in range(calls):
             fn()
         sync()
-        best = min(best, (time.perf_counter() - tic) / calls)
+        dist.barrier()
+        elapsed = torch.tensor([time.perf_counter() - tic], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        best = min(best, elapsed.item() / calls)
     return best
 
 
@@ -149,13 +169,13 @@ def pointwise_seconds(
     """(forward, backward) seconds per element of one pointwise op on a tensor of `shape`."""
     op = _pointwise_op(kind, shape, dtype, device)
     x = torch.randn(shape, device=device).to(dtype).requires_grad_()
-    forward = best_seconds(lambda: op(x.detach()), device=device, **timing)
+    forward = collective_seconds(lambda: op(x.detach()), device=device, **timing)
 
     def both() -> None:
         y = op(x)
         y.backward(torch.ones_like(y))
 
-    both_s = best_seconds(both, device=device, **timing)
+    both_s = collective_seconds(both, device=device, **timing)
     elements = math.prod(shape)
     return forward / elements, max(both_s - forward, 0.0) / elements
 
@@ -203,14 +223,14 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
     barrier = dist.barrier if launch is not None else (lambda: None)
     barrier()
     gemms = [
-        asdict(GemmTiming(m, n, k, b, spec.precision, best_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
+        asdict(GemmTiming(m, n, k, b, spec.precision, collective_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
         for m, n, k, b, lay in spec.gemms
     ]
     src = torch.empty(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    copy = best_seconds(lambda: dst.copy_(src), device=device, **timing)
+    copy = collective_seconds(lambda: dst.copy_(src), device=device, **timing)
     tiny = torch.ones(8, device=device)
-    op = best_seconds(lambda: tiny.add(1.0), device=device, **timing)
+    op = collective_seconds(lambda: tiny.add(1.0), device=device, **timing)
     pointwise = {kind: list(pointwise_seconds(kind, shape, dtype, device, timing)) for kind, shape in spec.pointwise}
     collectives = _collectives(spec, launch, device, timing) if launch is not None else []
     layers = layer_timings(spec, launch, device, timing) if spec.layer_model is not None else []
@@ -279,8 +299,8 @@ def layer_timings(
                 loss.backward()
 
             # Ranks of a TP group must call as often as each other; the agreed count does that.
-            time_it = collective_seconds if launch is not None else best_seconds
-            seconds[layers] = (time_it(forward, device=device, **timing), time_it(step, device=device, **timing))
+            seconds[layers] = (collective_seconds(forward, device=device, **timing),
+                               collective_seconds(step, device=device, **timing))  # fmt: skip
         few, many = (seconds[n] for n in LAYER_COUNTS)
         span = LAYER_COUNTS[1] - LAYER_COUNTS[0]
         out.append({"tp": tp, "kind": kind, "hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq,

@@ -1,11 +1,24 @@
-"""train.calibration_job in one process: GEMMs in training's operand layouts, pointwise ops, a copy."""
+"""train.calibration_job in one process (GEMMs in training's operand layouts, pointwise ops, a copy)
+and in two gloo processes (timing every rank at once)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from train.calibration_job import CalibrationSpec, _gemm, best_seconds, measure, pointwise_seconds
+from train.calibration_job import (
+    CalibrationSpec,
+    _gemm,
+    best_seconds,
+    collective_seconds,
+    measure,
+    pointwise_seconds,
+)
 
 
 @pytest.mark.parametrize("layout", ["nt", "nn", "tn"])
@@ -16,8 +29,6 @@ def test_each_layout_computes_the_gemm_it_names(layout: str) -> None:
 
 
 def test_best_seconds_is_the_fastest_trial_of_a_known_sleep() -> None:
-    import time
-
     seconds = best_seconds(lambda: time.sleep(0.002), device=torch.device("cpu"), min_seconds=0.01, trials=2)
     assert 0.002 <= seconds < 0.01
 
@@ -36,3 +47,22 @@ def test_one_process_measures_everything_but_collectives(monkeypatch: pytest.Mon
                                           {"min_seconds": 0.001, "trials": 1})
     assert forward > 0 and backward >= 0
     assert out["pointwise"]["gelu"][0] > 0
+
+
+def _timing_worker(rank: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        # Rank 1's call takes three times rank 0's: a step waits for rank 1.
+        pause = 0.002 if rank == 0 else 0.006
+        seconds = collective_seconds(lambda: time.sleep(pause), device=torch.device("cpu"), min_seconds=0.03, trials=2)
+        Path(f"{out}.{rank}").write_text(repr(seconds))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_reports_the_slowest_ranks_time(tmp_path: Path) -> None:
+    # Timed on its own, rank 0 would report 2 ms a call; every rank gets the 6 ms a step would see.
+    mp.spawn(_timing_worker, args=(str(tmp_path / "init"), str(tmp_path / "rank")), nprocs=2, join=True)
+    seconds = [float((tmp_path / f"rank.{r}").read_text()) for r in range(2)]
+    assert seconds[0] == seconds[1]
+    assert 0.006 <= seconds[0] < 0.012
