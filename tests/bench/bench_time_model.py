@@ -9,7 +9,7 @@
 3. every measured sec/it is compared with its prediction: mean absolute error, and whether the
    measured fastest is within the predicted top 3.
 
-About 4 minutes on this 2-core machine; it needs the cluster (`make cluster-up`) and nothing else
+About 5 minutes on this 2-core machine; it needs the cluster (`make cluster-up`) and nothing else
 running. It prints its figures, and fails when issue 12's target (MAE <= 15%, measured fastest in
 the predicted top 3) is missed.
 """
