@@ -493,6 +493,13 @@ def unknown_field(key: str) -> str | None:
     return None
 
 
+def unknown_override(key: str, text: str) -> str | None:
+    """unknown_field's sentence for the command-line override `text` that names `key`, ending with
+    the override as typed; None when the key exists. Every entry point reports it in this form."""
+    problem = unknown_field(key)
+    return None if problem is None else f"{problem} (override '{text}')"
+
+
 def _dataclass_in(hint: Any) -> Any:
     """The dataclass an annotation names, also inside `X | None`; the annotation itself otherwise."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:

@@ -65,7 +65,7 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import Container, DictConfig, OmegaConf, ValueNode, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config, unknown_field
+from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config, unknown_override
 from launchers.sweepdir import HYDRA_OPTIONS, claim_sweep_dir, writable_dir
 from train.contract import ManifestEntry
 
@@ -167,13 +167,13 @@ def apply_value_overrides(cfg: DictConfig, overrides: Iterable[Override]) -> Non
 
 
 def _check_field(key: str, line: str) -> None:
-    """A paragraph with "did you mean" for a key the schema does not have (conf.schema.unknown_field):
+    """A paragraph with "did you mean" for a key the schema does not have (conf.schema.unknown_override):
     adding it with '+', as Hydra suggests, would only fail later."""
     if key.split(".", 1)[0] == "hydra":
         return
-    problem = unknown_field(key)
+    problem = unknown_override(key, line)
     if problem is not None:
-        raise ConfigCompositionException(f"Override '{line}': {problem}")
+        raise ConfigCompositionException(problem)
 
 
 def is_megasweep_config(cfg: DictConfig) -> bool:

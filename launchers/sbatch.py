@@ -63,6 +63,7 @@ from pathlib import Path
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
 
+from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses
 from launchers.compose import FastComposer, parse_override
 from launchers.site import license_totals
@@ -321,6 +322,11 @@ def export_sweep(
     config_dir = (config_dir or default_config_dir()).resolve()
     entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
 
+    for text in overrides:
+        # An unknown key is named as typed (`parallelism.tpp=1,2`), not as one expanded job's value.
+        named = parse_override(text).key_or_group
+        if "/" not in named and named.split(".", 1)[0] != "hydra" and (problem := unknown_override(named, text)):
+            raise HydraException(problem)
     composer = FastComposer.from_config_dir(config_dir, config_name)
     first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
     old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 import conf  # noqa: F401  (registers the schema in Hydra's ConfigStore)
-from conf.schema import RunConfig, to_run_config, unknown_field
+from conf.schema import RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
@@ -178,7 +178,7 @@ def _preempted(code: int | None, output_dir: Path) -> bool:
 
 def check_override_keys(argv: list[str]) -> str | None:
     """The first command-line override naming a key the schema lacks, as one line with "did you
-    mean" (conf.schema.unknown_field); None when every key exists. Hydra's own message for
+    mean" (conf.schema.unknown_override); None when every key exists. Hydra's own message for
     `parallelism.tpp=2` suggests `+parallelism.tpp=2`, which the schema then rejects."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -194,9 +194,9 @@ def check_override_keys(argv: list[str]) -> str | None:
         key = override.key_or_group
         if "/" in key or key.split(".", 1)[0] == "hydra":
             continue
-        problem = unknown_field(key)
+        problem = unknown_override(key, text)
         if problem is not None:
-            return f"{problem} (override '{text}')"
+            return problem
     return None
 
 

@@ -14,7 +14,7 @@ from hydra.errors import HydraException
 from launchers.sbatch import expand_sweep, export_sweep
 from launchers.submit import load_launch_file
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
-from train.contract import read_manifest
+from train.contract import EXIT_USAGE, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -208,3 +208,18 @@ def test_sweep_expands_in_hydra_order_and_refuses_hydra_settings() -> None:
     ]
     with pytest.raises(HydraException, match="hydra.verbose"):
         expand_sweep(["a=1,2", "hydra.verbose=true"])
+
+
+def test_an_unknown_key_gets_did_you_mean_and_nothing_is_written(tmp_path: Path) -> None:
+    # The same line as `python -m train` gives (conf.schema.unknown_override), before any script.
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "sbatch", f"--out-dir={tmp_path / 'scripts'}",
+         f"--sweep-dir={tmp_path / 'sweep'}", *TINY, "parallelism.tpp=1,2"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: parallelism.tpp is not a field of parallelism; did you mean parallelism.tp or parallelism.pp? "
+        "(override 'parallelism.tpp=1,2')"
+    )
+    assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()

@@ -256,6 +256,15 @@ def test_an_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
             f"parallelism.pp? (override '{override}')"
         )
         assert not (tmp_path / RESULT_FILE).exists()
+    # A sweep (-m) is checked the same way, before the sweeper expands or plans anything.
+    for override in ("parallelism.tpp=1,2", "modle.hidden_size=64,128"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", "-m", override, "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 's'}"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == EXIT_USAGE and "did you mean" in proc.stderr, proc.stderr
+        assert proc.stderr.strip().endswith(f"(override '{override}')")
+        assert not (tmp_path / "s").exists()
 
 
 def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
