@@ -11,8 +11,9 @@ they share (a node's cores and memory bus on a CPU, its NICs across nodes) is sh
 
 Each figure is the best of `trials` timings of at least `min_seconds` each, after a warm-up, so a
 momentary neighbour does not decide it; every trial starts on all ranks at once and counts the
-slowest rank's time (collective_seconds), as a training step does. `launchers.calibrate` submits the jobs and writes the file. (train.calibrate is the trainer's own
-run-time peak measurement for MFU; this is the site calibration of the time model.)
+slowest rank's time (concurrent_seconds), as a training step does. `launchers.calibrate` submits the
+jobs and writes the file. (train.calibrate is the trainer's own run-time peak measurement for MFU;
+this is the site calibration of the time model.)
 """
 
 from __future__ import annotations
@@ -79,10 +80,10 @@ def best_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds:
     return best
 
 
-def collective_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
-    """best_seconds with every rank of the job timing `fn` at the same moment, each trial's figure the
-    span from the first rank's start to the last rank's finish: what a training step sees, since it
-    waits for its slowest rank.
+def concurrent_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
+    """best_seconds with every rank of the job timing `fn` (a computation or a collective) at the same
+    moment, each trial's figure the span from the first rank's start to the last rank's finish: what
+    a training step sees, since it waits for its slowest rank.
 
     Timed rank by rank, ranks drift apart: whichever finishes its list first leaves the others the
     cores it shared with them, and their best trials then show more than a node delivers. On the
@@ -169,13 +170,13 @@ def pointwise_seconds(
     """(forward, backward) seconds per element of one pointwise op on a tensor of `shape`."""
     op = _pointwise_op(kind, shape, dtype, device)
     x = torch.randn(shape, device=device).to(dtype).requires_grad_()
-    forward = collective_seconds(lambda: op(x.detach()), device=device, **timing)
+    forward = concurrent_seconds(lambda: op(x.detach()), device=device, **timing)
 
     def both() -> None:
         y = op(x)
         y.backward(torch.ones_like(y))
 
-    both_s = collective_seconds(both, device=device, **timing)
+    both_s = concurrent_seconds(both, device=device, **timing)
     elements = math.prod(shape)
     return forward / elements, max(both_s - forward, 0.0) / elements
 
@@ -223,14 +224,14 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
     barrier = dist.barrier if launch is not None else (lambda: None)
     barrier()
     gemms = [
-        asdict(GemmTiming(m, n, k, b, spec.precision, collective_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
+        asdict(GemmTiming(m, n, k, b, spec.precision, concurrent_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
         for m, n, k, b, lay in spec.gemms
     ]
     src = torch.empty(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    copy = collective_seconds(lambda: dst.copy_(src), device=device, **timing)
+    copy = concurrent_seconds(lambda: dst.copy_(src), device=device, **timing)
     tiny = torch.ones(8, device=device)
-    op = collective_seconds(lambda: tiny.add(1.0), device=device, **timing)
+    op = concurrent_seconds(lambda: tiny.add(1.0), device=device, **timing)
     pointwise = {kind: list(pointwise_seconds(kind, shape, dtype, device, timing)) for kind, shape in spec.pointwise}
     collectives = _collectives(spec, launch, device, timing) if launch is not None else []
     layers = layer_timings(spec, launch, device, timing) if spec.layer_model is not None else []
@@ -299,8 +300,8 @@ def layer_timings(
                 loss.backward()
 
             # Ranks of a TP group must call as often as each other; the agreed count does that.
-            seconds[layers] = (collective_seconds(forward, device=device, **timing),
-                               collective_seconds(step, device=device, **timing))  # fmt: skip
+            seconds[layers] = (concurrent_seconds(forward, device=device, **timing),
+                               concurrent_seconds(step, device=device, **timing))  # fmt: skip
         few, many = (seconds[n] for n in LAYER_COUNTS)
         span = LAYER_COUNTS[1] - LAYER_COUNTS[0]
         out.append({"tp": tp, "kind": kind, "hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq,
@@ -331,7 +332,7 @@ def _collectives(
             fn = _collective(op, nbytes, group, peer, device)
             if fn is None:
                 continue
-            seconds = collective_seconds(fn, device=device, **timing)
+            seconds = concurrent_seconds(fn, device=device, **timing)
             n = 2 if op == "send_recv" else ranks
             out.append(asdict(CollectiveTiming(op, scope, n, nbytes, seconds)))
             dist.barrier()

@@ -15,7 +15,7 @@ from train.calibration_job import (
     CalibrationSpec,
     _gemm,
     best_seconds,
-    collective_seconds,
+    concurrent_seconds,
     measure,
     pointwise_seconds,
 )
@@ -54,7 +54,7 @@ def _timing_worker(rank: int, init_file: str, out: str) -> None:
     try:
         # Rank 1's call takes three times rank 0's: a step waits for rank 1.
         pause = 0.002 if rank == 0 else 0.006
-        seconds = collective_seconds(lambda: time.sleep(pause), device=torch.device("cpu"), min_seconds=0.03, trials=2)
+        seconds = concurrent_seconds(lambda: time.sleep(pause), device=torch.device("cpu"), min_seconds=0.03, trials=2)
         Path(f"{out}.{rank}").write_text(repr(seconds))
     finally:
         dist.destroy_process_group()
