@@ -143,6 +143,22 @@ def test_corrupt_record_is_a_warning(sweep: Path) -> None:
     assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
 
 
+def test_what_orjson_refuses_is_read_as_json_reads_it(sweep: Path) -> None:
+    # result.json is parsed by orjson, which refuses NaN and integers beyond 64 bits that json
+    # reads (a record written by hand or by an older trainer); and text that is not UTF-8 stays a warning.
+    path = sweep / "runs" / "0" / "result.json"
+    record = json.loads(path.read_text())
+    record["final_loss"], record["params"] = math.nan, 2**70
+    path.write_text(json.dumps(record))
+    (sweep / "runs" / "1" / "result.json").write_bytes(b'{"status": "ok", "device": "\xff"}')
+    loaded = load_sweeps([sweep], queue=None)
+    rows = loaded.table.set_index("run_dir")
+    assert math.isnan(rows.loc["runs/0", "final_loss"]) and rows.loc["runs/0", "params"] == 2**70
+    assert rows.loc["runs/0", "outcome"] == record["status"]
+    assert [w for w in loaded.warnings if "runs/1/result.json" in w and "not a readable result record" in w]
+    assert not [w for w in loaded.warnings if "runs/0/" in w]
+
+
 def test_two_sweeps_in_one_table(tmp_path: Path) -> None:
     a, b = build_sweep(tmp_path / "a"), build_sweep(tmp_path / "b")
     loaded = load_sweeps([a, b], queue=None)
