@@ -1,6 +1,7 @@
 """The analysis' faster paths write what the plain ones wrote: results.csv by the csv module as
 DataFrame.to_csv wrote it, the plots of the table narrowed to their columns as those of the whole
-table, and the CLI's outputs alike whether its plots are drawn by a forked process or inline."""
+table, and the CLI's outputs alike whether its plots and results.csv are written by forked processes
+or inline; a write that fails aside is done again, and fails, in the CLI's own process."""
 
 from __future__ import annotations
 
@@ -127,3 +128,43 @@ def test_a_plotting_process_that_dies_is_replaced_by_drawing_here(
     assert cli.main([str(golden), "--no-queue", "-o", str(tmp_path / "inline")]) == 0
     for name in PLOT_FILES:
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
+
+
+def test_a_write_aside_runs_in_another_process_and_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "_can_fork", lambda: True)
+    path = tmp_path / "pid"
+    wait = cli._aside(lambda: path.write_text(str(os.getpid())))
+    wait()
+    assert path.read_text() != str(os.getpid())  # written, and by the child
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_write_that_fails_aside_is_done_again_here_and_raises_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool
+) -> None:
+    monkeypatch.setattr(cli, "_can_fork", lambda: fork)
+    calls = tmp_path / "calls"
+
+    def write() -> None:
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        cli._aside(write)()  # without fork, write() raises at once
+    pids = calls.read_text().split()
+    assert pids[-1] == str(os.getpid())
+    assert len(pids) == (2 if fork else 1) and (not fork or pids[0] != str(os.getpid()))
+
+
+def test_an_unwritable_results_csv_is_one_line_and_exit_2(golden: Path, tmp_path: Path) -> None:
+    # results.csv is written by a forked child on two or more CPUs: its failure is the parent's error.
+    out = tmp_path / "out"
+    (out / "results.csv").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", str(golden), "--no-queue", "--no-plots", "-o", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "results.csv" in proc.stderr
+    assert (out / "results.md").is_file()
