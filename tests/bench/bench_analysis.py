@@ -18,6 +18,7 @@ Figures only; nothing here asserts on time.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import resource
 import statistics
@@ -125,7 +126,15 @@ def _run(args: list[str], what: str) -> tuple[float, str]:
     return wall, proc.stdout
 
 
+PACKAGES = ("analysis", "conf", "launchers", "train")
+"""megasweep's packages, byte-compiled before timing: as pip leaves an installed package (and as a
+second run finds a checkout), not compiling every module again in each run, as it would under
+PYTHONDONTWRITEBYTECODE."""
+
+
 def bench(root: Path, out: Path) -> None:
+    for package in PACKAGES:
+        compileall.compile_dir(REPO / package, quiet=1)
     anchors, inner, clis = [], [], []
     for i in range(REPEATS):
         anchors.append(_run([sys.executable, "-c", ANCHOR], ANCHOR)[0])
