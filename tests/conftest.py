@@ -100,6 +100,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (slurm/cluster-up.sh)")
 
 
+# tryfirst: xdist's worker reads the xdist_group markers in its own pytest_collection_modifyitems,
+# registered after this conftest and so called before it; without it the markers came too late and
+# the Slurm tests of `make test` ran on both workers at once, waiting in the queue for each other.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
