@@ -294,7 +294,11 @@ def _aside(write: Callable[[], object]) -> Callable[[], None]:
         return lambda: None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): written here, as without fork
+        write()
+        return lambda: None
     if pid == 0:  # the child: nothing of the parent's (atexit, buffers, finally) may run here
         code = 1
         try:

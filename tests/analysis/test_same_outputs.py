@@ -168,3 +168,15 @@ def test_an_unwritable_results_csv_is_one_line_and_exit_2(golden: Path, tmp_path
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "results.csv" in proc.stderr
     assert (out / "results.md").is_file()
+
+
+def test_a_fork_that_fails_leaves_the_write_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(cli, "_can_fork", lambda: True)
+    monkeypatch.setattr(cli.os, "fork", no_fork)
+    path = tmp_path / "pid"
+    wait = cli._aside(lambda: path.write_text(str(os.getpid())))
+    assert path.read_text() == str(os.getpid())  # written before _aside returned, by this process
+    wait()
