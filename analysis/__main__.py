@@ -36,9 +36,11 @@ Bad input ends with one line on stderr and exit status 2. No torch is imported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -244,12 +246,27 @@ def _plots_process(conn: Connection) -> None:
 def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
     """The recommendation, results.csv, results.md, scaling.csv and zero.csv (those with rows) into out:
     (the files written, results.md's text, the recommendation's text)."""
-    from analysis.recommend import Constraints, format_recommendations, recommend
     from analysis.records import write_results_csv
-    from analysis.tables import results_markdown, scaling_frame, scaling_markdown, zero_frame, zero_markdown
 
     # Started first: results.csv takes longest (every cell of every column) and needs only the table.
     csv_written = _aside(lambda: write_results_csv(df, out / "results.csv"))
+    try:
+        written, md, rec_text = _reports(df, sweeps, args, out)
+    except BaseException:
+        # results.csv is finished all the same (the child reaped, no half-written file left), as
+        # when it was written first; what stopped the reports is what the user sees.
+        with contextlib.suppress(Exception):
+            csv_written()
+        raise
+    csv_written()
+    return [out / "results.csv", *written], md, rec_text
+
+
+def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
+    """_tables' files but results.csv: results.md, scaling.csv and zero.csv (those with rows)."""
+    from analysis.recommend import Constraints, format_recommendations, recommend
+    from analysis.tables import results_markdown, scaling_frame, scaling_markdown, zero_frame, zero_markdown
+
     constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
     recs = recommend(df, constraints)
     rec_text = format_recommendations(recs)
@@ -264,19 +281,17 @@ def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pat
     scaling = scaling_frame(df)
     scaling_md = scaling_markdown(scaling)
     zero = zero_frame(df)
-    written = [out / "results.csv"]
     md = results_markdown(
         df, labels=sweeps.labels, recommendation=rec_text, scaling=scaling_md, zero=zero_markdown(zero)
     )
     (out / "results.md").write_text(md, encoding="utf-8")
-    written.append(out / "results.md")
+    written = [out / "results.md"]
     if not scaling.empty:
         scaling.to_csv(out / "scaling.csv", index=False)
         written.append(out / "scaling.csv")
     if not zero.empty:
         zero.to_csv(out / "zero.csv", index=False)
         written.append(out / "zero.csv")
-    csv_written()
     return written, md, rec_text
 
 
@@ -284,21 +299,25 @@ def _aside(write: Callable[[], object]) -> Callable[[], None]:
     """write() run by a forked child while this process goes on; the callable returned waits for it.
 
     A child that fails (or is killed) leaves the write to this process, which then raises what
-    write() raises, as if nothing had been forked. Without fork (see _can_fork) write() runs here.
+    write() raises, as if nothing had been forked. Without a fork (see _can_fork; a fork refused;
+    SIGCHLD ignored, which reaps the child before anyone can ask how it ended) the callable
+    returned is write() itself: the files come in the same order, and fail alike, either way.
     Forked after loading, unlike the plots: the child only reads the table and lives about a
     second, so the pages this process writes meanwhile (results.md touches the table's objects)
     are few to copy. results.csv of 10,000 records takes ~1 s, now beside results.md and the plots.
     """
-    if not _can_fork():
+
+    def here() -> None:
         write()
-        return lambda: None
+
+    if not _can_fork() or signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        return here
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         pid = os.fork()
-    except OSError:  # no process to spare (EAGAIN, ENOMEM): written here, as without fork
-        write()
-        return lambda: None
+    except OSError:  # no process to spare (EAGAIN, ENOMEM)
+        return here
     if pid == 0:  # the child: nothing of the parent's (atexit, buffers, finally) may run here
         code = 1
         try:
@@ -308,8 +327,11 @@ def _aside(write: Callable[[], object]) -> Callable[[], None]:
             os._exit(code)
 
     def wait() -> None:
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already (SIGCHLD ignored since): how it ended is unknown
+            status = -1
+        if status == -1 or os.waitstatus_to_exitcode(status) != 0:
             write()
 
     return wait

@@ -143,20 +143,26 @@ def test_corrupt_record_is_a_warning(sweep: Path) -> None:
     assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
 
 
-def test_what_orjson_refuses_is_read_as_json_reads_it(sweep: Path) -> None:
-    # result.json is parsed by orjson, which refuses NaN and integers beyond 64 bits that json
-    # reads (a record written by hand or by an older trainer); and text that is not UTF-8 stays a warning.
-    path = sweep / "runs" / "0" / "result.json"
-    record = json.loads(path.read_text())
-    record["final_loss"], record["params"] = math.nan, 2**70
-    path.write_text(json.dumps(record))
+def test_what_orjson_reads_otherwise_or_refuses_is_read_as_json_reads_it(sweep: Path) -> None:
+    # result.json is parsed by orjson, which refuses NaN and reads integers beyond 64 bits as floats;
+    # json reads both (a record written by hand or by an older trainer). Text that is not UTF-8
+    # stays a warning. Each in a record of its own: one refused value sends the whole file to json.
+    def rewrite(run: str, **fields: object) -> dict[str, object]:
+        path = sweep / "runs" / run / "result.json"
+        record = {**json.loads(path.read_text()), **fields}
+        path.write_text(json.dumps(record))
+        return record
+
+    nan_record = rewrite("0", final_loss=math.nan)
+    rewrite("2", params=2**70 + 1)  # no float: read as one, it would come back as 2**70
     (sweep / "runs" / "1" / "result.json").write_bytes(b'{"status": "ok", "device": "\xff"}')
     loaded = load_sweeps([sweep], queue=None)
     rows = loaded.table.set_index("run_dir")
-    assert math.isnan(rows.loc["runs/0", "final_loss"]) and rows.loc["runs/0", "params"] == 2**70
-    assert rows.loc["runs/0", "outcome"] == record["status"]
+    params = rows.loc["runs/2", "params"]
+    assert type(params) is int and params == 2**70 + 1
+    assert math.isnan(rows.loc["runs/0", "final_loss"]) and rows.loc["runs/0", "outcome"] == nan_record["status"]
     assert [w for w in loaded.warnings if "runs/1/result.json" in w and "not a readable result record" in w]
-    assert not [w for w in loaded.warnings if "runs/0/" in w]
+    assert not [w for w in loaded.warnings if "runs/0/" in w or "runs/2/" in w]
 
 
 def test_two_sweeps_in_one_table(tmp_path: Path) -> None:

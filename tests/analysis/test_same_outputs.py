@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -151,23 +153,86 @@ def test_a_write_that_fails_aside_is_done_again_here_and_raises_here(
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left"):
-        cli._aside(write)()  # without fork, write() raises at once
+        cli._aside(write)()  # without fork, write() runs (and raises) in the wait
     pids = calls.read_text().split()
     assert pids[-1] == str(os.getpid())
     assert len(pids) == (2 if fork else 1) and (not fork or pids[0] != str(os.getpid()))
 
 
-def test_an_unwritable_results_csv_is_one_line_and_exit_2(golden: Path, tmp_path: Path) -> None:
-    # results.csv is written by a forked child on two or more CPUs: its failure is the parent's error.
+def _cli(golden: Path, out: Path, *, sigchld_ignored: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m analysis` on golden into out, in a fresh interpreter (which forks, on 2+ CPUs)."""
+
+    def ignore_sigchld() -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inherited through exec, as from such a parent
+
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", str(golden), "--no-queue", "--no-plots", "-o", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=ignore_sigchld if sigchld_ignored else None,
+    )
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_an_unwritable_results_csv_is_one_line_and_exit_2(
+    golden: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fork: bool
+) -> None:
+    # Written aside or here, results.csv fails the same way: one line, exit 2, results.md written.
     out = tmp_path / "out"
     (out / "results.csv").mkdir(parents=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "analysis", str(golden), "--no-queue", "--no-plots", "-o", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "results.csv" in proc.stderr
+    if fork:
+        proc = _cli(golden, out)
+        code, err = proc.returncode, proc.stderr
+    else:
+        monkeypatch.setattr(cli, "_can_fork", lambda: False)
+        code, err = cli.main([str(golden), "--no-queue", "--no-plots", "-o", str(out)]), capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "results.csv" in err
     assert (out / "results.md").is_file()
+
+
+def test_reports_that_fail_leave_results_csv_whole_and_no_child(
+    golden: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = _cli(golden, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "out"
+    (out / "results.md").mkdir(parents=True)  # results.md cannot be written: the reports fail
+    monkeypatch.setattr(cli, "_can_fork", lambda: True)
+    assert cli.main([str(golden), "--no-queue", "--no-plots", "-o", str(out)]) == 2
+    # Finished before main returned (it waited for the child), not half written.
+    assert (out / "results.csv").read_bytes() == (tmp_path / "whole" / "results.csv").read_bytes()
+    time.sleep(1)  # a child left unwaited for would be a zombie by now
+    try:
+        left = os.waitpid(-1, os.WNOHANG)[0]
+    except ChildProcessError:  # no child at all
+        left = 0
+    assert left == 0
+
+
+def test_with_sigchld_ignored_the_analysis_still_succeeds(golden: Path, tmp_path: Path) -> None:
+    # A parent that ignores SIGCHLD hands that on: children are reaped unasked, and waitpid finds none.
+    proc = _cli(golden, tmp_path / "out", sigchld_ignored=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "results.csv").read_bytes() == _cli_bytes(golden, tmp_path / "plain")
+
+
+def _cli_bytes(golden: Path, out: Path) -> bytes:
+    proc = _cli(golden, out)
+    assert proc.returncode == 0, proc.stderr
+    return (out / "results.csv").read_bytes()
+
+
+def test_a_child_reaped_unasked_leaves_the_write_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def reaped(pid: int, options: int) -> tuple[int, int]:
+        real_waitpid(pid, options)  # reaped here, as SIGCHLD ignored would have
+        raise ChildProcessError(10, "No child processes")
+
+    real_waitpid = os.waitpid
+    monkeypatch.setattr(cli, "_can_fork", lambda: True)
+    path = tmp_path / "pid"
+    wait = cli._aside(lambda: path.write_text(str(os.getpid())))
+    monkeypatch.setattr(cli.os, "waitpid", reaped)
+    wait()
+    assert path.read_text() == str(os.getpid())  # written again, here
 
 
 def test_a_fork_that_fails_leaves_the_write_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,5 +243,6 @@ def test_a_fork_that_fails_leaves_the_write_here(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(cli.os, "fork", no_fork)
     path = tmp_path / "pid"
     wait = cli._aside(lambda: path.write_text(str(os.getpid())))
-    assert path.read_text() == str(os.getpid())  # written before _aside returned, by this process
+    assert not path.exists()  # left for the wait, in the order the forked write would come
     wait()
+    assert path.read_text() == str(os.getpid())
