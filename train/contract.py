@@ -775,6 +775,18 @@ class PlanRow:
     """Hardware FLOPs of one iteration, all devices (recomputed forwards included)."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank (chunks; > 1: interleaved 1F1B)."""
+    sequence_parallel: bool = False
+    """Norms and dropout sharded along the sequence under TP (parallelism.sequence_parallel)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective or full (parallelism.recompute)."""
+    zero_stage: int = 0
+    """ZeRO stage, 0-3 (parallelism.zero_stage)."""
+    offload: str = "none"
+    """What ZeRO keeps in host memory: none, optimizer or params (parallelism.offload)."""
+    precision: str = "bf16"
+    """Numeric format of the matmuls: bf16, fp16 or fp32 (parallelism.precision)."""
+    engine: str = "native"
+    """Training engine: native or deepspeed (parallelism.engine)."""
     pred_sec_per_iter: float = float("nan")
     """Seconds per iteration the time model predicts (train.planner.perf; NaN: a figure it needs is unknown)."""
     pred_tflops: float = float("nan")

@@ -16,6 +16,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 from conf.schema import (
     HardwareConfig,
@@ -40,6 +41,11 @@ NAN = float("nan")
 
 def _is_pos_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _option(value: object) -> str:
+    # The config may hold the enum or, for a value the rules refuse, the string as typed.
+    return value.value if isinstance(value, Enum) else str(value)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -155,6 +161,12 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         tp=par.tp,
         pp=par.pp,
         virtual_stages=par.virtual_stages,
+        sequence_parallel=bool(par.sequence_parallel),
+        recompute=_option(par.recompute),
+        zero_stage=par.zero_stage,
+        offload=_option(par.offload),
+        precision=_option(par.precision),
+        engine=_option(par.engine),
         micro_batch_size=mbs if isinstance(mbs, int) else 0,
         global_batch_size=par.global_batch_size,
         params=total_params(m, par.tp if _is_pos_int(par.tp) else 1) if sane else 0,
@@ -258,8 +270,14 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("TP", ">"),
     ("PP", ">"),
     ("VPP", ">"),
+    ("SP", ">"),
     ("MBS", ">"),
     ("GBS", ">"),
+    ("recompute", ">"),
+    ("ZeRO", ">"),
+    ("offload", ">"),
+    ("prec", ">"),
+    ("engine", ">"),
     ("params", ">"),
     ("mem GiB / cap", ">"),
     ("quant eff %", ">"),
@@ -269,6 +287,9 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rank", ">"),
     ("reasons", "<"),
 )
+_SHOWN_WHEN_VARYING = frozenset({"offload", "prec", "engine"})
+"""Columns shown only when the rows differ in them: rarely swept, and the table is wide already.
+The layout columns (SP, recompute, ZeRO) are always shown, as the search's table shows them."""
 
 
 def _table_cells(row: PlanRow) -> list[str]:
@@ -281,8 +302,14 @@ def _table_cells(row: PlanRow) -> list[str]:
         str(row.tp),
         str(row.pp),
         str(row.virtual_stages) if row.virtual_stages > 1 else "-",
+        "yes" if row.sequence_parallel else "-",
         str(row.micro_batch_size),
         str(row.global_batch_size),
+        row.recompute,
+        str(row.zero_stage),
+        row.offload,
+        row.precision,
+        row.engine,
         format_params(row.params),
         f"{_num(row.mem_gib, '.1f')} / {row.mem_capacity_gib:.1f}",
         _num(100 * row.quant_efficiency, ".1f"),
@@ -295,13 +322,22 @@ def _table_cells(row: PlanRow) -> list[str]:
 
 
 def format_plan_table(rows: Sequence[PlanRow]) -> str:
-    """Fixed-width table of rows, one line each under a header; reasons come last, unpadded."""
-    cells = [[h for h, _ in _TABLE_COLUMNS]] + [_table_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_TABLE_COLUMNS) - 1)]
+    """Fixed-width table of rows, one line each under a header; reasons come last, unpadded.
+
+    Two rows always differ in a shown column unless their configs plan the same: offload,
+    precision and engine appear when the rows do not all share them."""
+    body = [_table_cells(r) for r in rows]
+    shown = [
+        i for i, (header, _) in enumerate(_TABLE_COLUMNS)
+        if header not in _SHOWN_WHEN_VARYING or len({line[i] for line in body}) > 1
+    ]
+    cells = [[_TABLE_COLUMNS[i][0] for i in shown]] + [[line[i] for i in shown] for line in body]
+    aligns = [_TABLE_COLUMNS[i][1] for i in shown]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(shown) - 1)]
     lines = []
     for line in cells:
         # The last column (reasons) has no width: it is free text and is left unpadded.
-        padded = [format(line[i], f"{_TABLE_COLUMNS[i][1]}{w}") for i, w in enumerate(widths)]
+        padded = [format(line[i], f"{aligns[i]}{w}") for i, w in enumerate(widths)]
         lines.append("  ".join(padded + [line[-1]]).rstrip())
     return "\n".join(lines)
 

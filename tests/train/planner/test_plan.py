@@ -183,6 +183,58 @@ def test_table_has_every_column_and_one_line_per_row() -> None:
     assert f"{rows[2].mem_gib:.1f} / {rows[2].mem_capacity_gib:.1f}" in lines[3]
 
 
+def test_rows_that_differ_only_in_a_layout_option_are_told_apart() -> None:
+    # A dry run of parallelism.recompute=none,full parallelism.zero_stage=0,1 printed four identical lines.
+    runs = [
+        compose_run(f"parallelism.recompute={r}", f"parallelism.zero_stage={z}", f"parallelism.offload={o}",
+                    f"parallelism.precision={p}", f"parallelism.engine={e}", f"parallelism.sequence_parallel={sp}")
+        for r, z, o, p, e, sp in (
+            ("none", 0, "none", "bf16", "native", False),
+            ("full", 0, "none", "bf16", "native", False),
+            ("none", 1, "none", "bf16", "native", False),
+            ("selective", 3, "params", "fp32", "deepspeed", True),
+        )
+    ]
+    rows = [plan_run(run) for run in runs]
+    last = rows[3]
+    assert (last.recompute, last.zero_stage, last.offload, last.precision, last.engine, last.sequence_parallel) == (
+        "selective", 3, "params", "fp32", "deepspeed", True)
+    assert (rows[0].recompute, rows[0].zero_stage, rows[0].offload, rows[0].precision, rows[0].engine,
+            rows[0].sequence_parallel) == ("none", 0, "none", "bf16", "native", False)
+
+    def columns(table: str) -> list[dict[str, str]]:
+        header, *lines = table.splitlines()
+        names = header.split()
+        return [dict(zip(names, line.split(), strict=False)) for line in lines]
+
+    table = format_plan_table(rows[:3])
+    assert len(set(table.splitlines()[1:])) == 3
+    cells = columns(table)
+    assert [(c["recompute"], c["ZeRO"], c["SP"]) for c in cells] == [("none", "0", "-"), ("full", "0", "-"),
+                                                                     ("none", "1", "-")]
+    # Offload, precision and engine are shown only when the rows differ in them.
+    for name in ("offload", "prec", "engine"):
+        assert name not in table.splitlines()[0].split()
+    cells = columns(format_plan_table(rows))
+    assert [(c["offload"], c["prec"], c["engine"], c["SP"]) for c in cells][::3] == [
+        ("none", "bf16", "native", "-"), ("params", "fp32", "deepspeed", "yes")]
+
+
+def test_a_plan_written_before_the_layout_option_columns_reads_with_their_defaults(tmp_path: Path) -> None:
+    path = write_plan_csv([plan_run(compose_run("parallelism.recompute=full"))], tmp_path / "plan.csv")
+    with path.open(newline="") as f:
+        records = list(csv.DictReader(f))
+    new = ("sequence_parallel", "recompute", "zero_stage", "offload", "precision", "engine")
+    old = [c for c in PLAN_COLUMNS if c not in new]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    (row,) = read_plan_csv(path)
+    assert (row.recompute, row.zero_stage, row.sequence_parallel) == ("none", 0, False)
+    assert row.model == "tiny" and row.feasible
+
+
 def test_format_params() -> None:
     assert format_params(1_300_000_000) == "1.3B"
     assert format_params(1_315_575_808) == "1.32B"
