@@ -81,6 +81,9 @@ def _worker(rank: int, port: int, out: str, shard: bool) -> None:
             weight = None
         torch.save({"early": launched_early, "launched": launched, "grads": grads, "weight": weight,
                     "buckets": len(sync.buckets)}, f"{out}/{rank}.pt")
+        # Leave together: a rank that exits while its peer still talks to it tears gloo's threads down
+        # under it ("terminate called without an active exception", SIGABRT; seen in CI, test_dp).
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         traceback.print_exc()
