@@ -324,8 +324,8 @@ def _table_cells(row: PlanRow) -> list[str]:
 def format_plan_table(rows: Sequence[PlanRow]) -> str:
     """Fixed-width table of rows, one line each under a header; reasons come last, unpadded.
 
-    Two rows always differ in a shown column unless their configs plan the same: offload,
-    precision and engine appear when the rows do not all share them."""
+    Every layout option is shown: SP, recompute and ZeRO always, offload, precision and engine
+    when the rows do not all share them. Other overrides are in plan.csv's `overrides`."""
     body = [_table_cells(r) for r in rows]
     shown = [
         i for i, (header, _) in enumerate(_TABLE_COLUMNS)
