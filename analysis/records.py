@@ -32,7 +32,6 @@ import json
 import math
 import operator
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -331,8 +330,11 @@ def _read_file(path: str) -> bytes:
         os.close(fd)
 
 
-_LONG_DIGITS = re.compile(rb"\d{19}")
-"""19 digits in a row: an integer orjson may read as a float (beyond 64 bits; json keeps it an int)."""
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS = b"0" * 19
+"""19 digits in a row: an integer orjson may read as a float (beyond 64 bits; json keeps it an int).
+Searched for as 19 zeros in a copy whose digits are all zeros: 5 us a record against the 60 us of
+the regular expression \\d{19}, which took longer than orjson's parse."""
 
 
 def _parse_json(data: bytes) -> Any:
@@ -343,7 +345,7 @@ def _parse_json(data: bytes) -> Any:
     otherwise (an integer beyond 64 bits becomes a float there: any run of 19 digits goes to json)
     and what it refuses (NaN, Infinity), and raises json's own errors.
     """
-    if not _LONG_DIGITS.search(data):
+    if data.translate(_DIGITS_AS_ZERO).find(_LONG_DIGITS) < 0:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -19,6 +19,7 @@ from analysis.records import (
     AnalysisError,
     _flatten,
     _join_str,
+    _parse_json,
     _records_table,
     load_sweeps,
     outcome_counts,
@@ -163,6 +164,20 @@ def test_what_orjson_reads_otherwise_or_refuses_is_read_as_json_reads_it(sweep: 
     assert math.isnan(rows.loc["runs/0", "final_loss"]) and rows.loc["runs/0", "outcome"] == nan_record["status"]
     assert [w for w in loaded.warnings if "runs/1/result.json" in w and "not a readable result record" in w]
     assert not [w for w in loaded.warnings if "runs/0/" in w or "runs/2/" in w]
+
+
+@pytest.mark.parametrize(
+    "number",
+    [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, 10**18, 10**19, 123456789012345678, 0.1234567890123456789,
+     1.0e300, -2.5e-300, 12345678901234567.0],
+)
+def test_numbers_parse_as_json_parses_them(number: float) -> None:
+    # orjson turns integers beyond 64 bits into floats: whatever the shortcut that decides which
+    # parser reads a record, every number must come back with json's type and value.
+    text = json.dumps({"a": [number, {"b": number}], "id": f"x{number}"})
+    parsed = _parse_json(text.encode())
+    assert parsed == json.loads(text)
+    assert type(parsed["a"][0]) is type(number) and type(parsed["a"][1]["b"]) is type(number)
 
 
 def test_two_sweeps_in_one_table(tmp_path: Path) -> None:
