@@ -27,6 +27,7 @@ the parameter it belongs to (TP-sharded, replicated, or the tied copy counted on
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,25 @@ def make_buckets(
     return buckets
 
 
+def _weak_hook(sync: GradSync) -> Callable[[torch.Tensor], None]:
+    """The parameters' post-accumulate-grad hook of `sync`, holding it only weakly.
+
+    A bound method would close a reference cycle (parameter -> hook -> GradSync -> bucket ->
+    parameter) that the collector cannot always see through the autograd engine, so the GradSync
+    and its process group would outlive the run until the interpreter's teardown, after
+    destroy_process_group, where gloo may abort the process ("terminate called without an active
+    exception") after a record that says ok. The trainer's Setup owns the GradSync instead.
+    """
+    ref = weakref.ref(sync)
+
+    def on_grad(p: torch.Tensor) -> None:
+        owner = ref()
+        if owner is not None:
+            owner._on_grad(p)
+
+    return on_grad
+
+
 @dataclass
 class GradSync:
     """The DP gradient reduction of one replica's parameters (see the module docstring)."""
@@ -111,11 +131,12 @@ class GradSync:
     """The ZeRO-1 optimizer stepping this sync's slices (train.parallel.apply_zero1 sets it)."""
 
     def __post_init__(self) -> None:
+        hook = _weak_hook(self)
         for bucket in self.buckets:
             for p in bucket.params:
                 self.owner[id(p)] = bucket
                 if self.group is not None and not bucket.deferred:
-                    p.register_post_accumulate_grad_hook(self._on_grad)
+                    p.register_post_accumulate_grad_hook(hook)
 
     def begin_step(self, micro_batches: int) -> None:
         """Before a step's first backward: each parameter will get `micro_batches` gradients."""

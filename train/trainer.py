@@ -13,6 +13,7 @@ refusal has a record too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -216,6 +217,10 @@ def _outcome(
         # A CPU allocator failure is an OOM, a collective timeout a timeout (train.failures).
         status, message, failure = failures.classify(exc), f"{type(exc).__name__}: {exc}", exc
     finally:
+        # Free what the run built (its Setup, the GradSync and the process groups they hold) while
+        # the groups still exist: left to the interpreter's teardown, after destroy_process_group,
+        # gloo may abort the process after a record that says ok (train.dp._weak_hook).
+        gc.collect()
         distributed.destroy_process_group()
         if watch is not None:
             progress.neighbours = watch.stop()

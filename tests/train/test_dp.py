@@ -82,10 +82,10 @@ def _worker(rank: int, port: int, out: str, shard: bool) -> None:
             weight = None
         torch.save({"early": launched_early, "launched": launched, "grads": grads, "weight": weight,
                     "buckets": len(sync.buckets)}, f"{out}/{rank}.pt")
-        # The gradient hooks keep `sync`, and with it the process group, alive in a reference cycle
-        # until the interpreter's own teardown, where gloo's threads sometimes end the process with
-        # "terminate called without an active exception" (SIGABRT, about 1 run in 30 here, once in
-        # CI). Collected now, the group goes while the interpreter is whole.
+        # Whatever still holds the process group must go before destroy_process_group: freed in the
+        # interpreter's teardown, gloo's threads sometimes ended the process with "terminate called
+        # without an active exception" (SIGABRT, 9 runs in 180 when the hooks held `sync` strongly,
+        # once in CI; train.dp._weak_hook). As the trainer does, drop it and collect now.
         del sync, zero, model
         gc.collect()
         dist.destroy_process_group()
