@@ -215,8 +215,9 @@ def _plots_process(conn: Connection) -> None:
     failed: BaseException | None = None
     columns: tuple[str, ...] = ()
     try:
-        from analysis.plots import PLOT_COLUMNS, write_plots
+        from analysis.plots import PLOT_COLUMNS, pyplot, write_plots
 
+        pyplot()  # matplotlib's start-up, while the parent loads the sweep
         columns = PLOT_COLUMNS
     except BaseException as exc:  # raised to the parent with the table, as drawing here would
         failed = exc

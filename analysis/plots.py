@@ -16,20 +16,19 @@ The *_figure functions return the open figure (the caller closes it); write_plot
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
+from analysis.tables import TIE_BREAK, sort_results
 
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from analysis.tables import TIE_BREAK, sort_results  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIGSIZE = (10.0, 6.0)
 DPI = 100
@@ -43,6 +42,19 @@ PLOT_COLUMNS = (
 narrowed to them are those of the whole table."""
 # Runs whose peaks (TFLOPs / MFU) differ by less than this share one peak: one scale for both axes.
 _SAME_PEAK = 0.01
+
+
+@functools.cache
+def pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend, imported by the first figure rather than with this module:
+    it takes ~0.4 s, which a process that only reads a Plots or PLOT_COLUMNS does not need (the
+    analysis CLI, which unpickles the Plots its plotting process sends back)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 class NothingToPlot(Exception):
@@ -92,7 +104,7 @@ def tflops_mfu_figure(df: pd.DataFrame) -> Figure:
     runs = sort_results(df[(df["outcome"] == "ok") & df["tflops"].notna()]).head(MAX_BARS)
     if runs.empty:
         raise NothingToPlot("no successful run with a measured TFLOPs")
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     x = np.arange(len(runs))
     tflops = runs["tflops"].astype(float).to_numpy()
     bars = ax.bar(x, tflops, color="tab:blue", label="TFLOPs per device (left axis)")
@@ -125,10 +137,12 @@ def tflops_mfu_figure(df: pd.DataFrame) -> Figure:
 
 def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
     """Seconds per iteration against nodes: every run as a point, the fastest per node count joined."""
+    from matplotlib.ticker import MaxNLocator
+
     runs = df[(df["outcome"] == "ok") & df["sec_per_iter"].notna() & df["nodes"].notna()]
     if runs.empty:
         raise NothingToPlot("no successful run with a measured seconds per iteration")
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     work = runs["model"].astype(str) + " GBS " + runs["gbs"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
     for i, (name, group) in enumerate(runs.groupby(work, sort=True)):
         color = f"C{i % 10}"
@@ -156,7 +170,7 @@ def memory_figure(df: pd.DataFrame) -> Figure:
     oom = df[(df["outcome"] == "oom") & df["mem_pred_gib"].notna() & df["mem_capacity_gib"].notna()]
     if measured.empty and oom.empty:
         raise NothingToPlot("no run with both a measured and a predicted peak memory")
-    fig, ax = plt.subplots(figsize=FIGSIZE)
+    fig, ax = pyplot().subplots(figsize=FIGSIZE)
     ok = measured["outcome"] == "ok"
     ax.scatter(measured.loc[ok, "mem_pred_gib"], measured.loc[ok, "mem_gib"], color="tab:blue", label="run ok")
     if (~ok).any():
@@ -200,7 +214,7 @@ def write_plots(df: pd.DataFrame, out_dir: Path) -> Plots:
             skipped.append((name, str(why)))
             continue
         fig.savefig(path, dpi=DPI)  # no bbox_inches='tight': the pixel size stays FIGSIZE x DPI
-        plt.close(fig)
+        pyplot().close(fig)
         written.append(path)
     return Plots(written=tuple(written), skipped=tuple(skipped))
 

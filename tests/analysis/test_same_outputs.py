@@ -113,6 +113,23 @@ def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path) 
     assert (out / "results.csv").is_file() and (out / "results.md").is_file()
 
 
+def test_the_cli_leaves_matplotlib_to_its_plotting_process(golden: Path, tmp_path: Path) -> None:
+    # matplotlib's start-up (~0.4 s) belongs to the plotting process; the CLI's own process, which
+    # only reads back what was drawn, must not pay it again at the end of its run.
+    code = (
+        "import sys, analysis.__main__ as cli\n"
+        f"code = cli.main([{str(golden)!r}, '--no-queue', '-o', {str(tmp_path / 'out')!r}])\n"
+        "print(code, cli._can_fork(), sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')[:3])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    code_, forked, matplotlib_modules = proc.stdout.strip().splitlines()[-1].split(" ", 2)
+    if forked != "True":
+        pytest.skip("one CPU: the plots are drawn in the CLI's own process")
+    assert (code_, matplotlib_modules) == ("0", "[]")
+    assert (tmp_path / "out" / "tflops_mfu.png").is_file()
+
+
 @pytest.mark.parametrize("when", ["importing", "drawing"])
 def test_a_plotting_process_that_dies_is_replaced_by_drawing_here(
     golden: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
