@@ -102,14 +102,17 @@ def _weak_hook(sync: GradSync) -> Callable[[torch.Tensor], None]:
     parameter) that the collector cannot always see through the autograd engine, so the GradSync
     and its process group would outlive the run until the interpreter's teardown, after
     destroy_process_group, where gloo may abort the process ("terminate called without an active
-    exception") after a record that says ok. The trainer's Setup owns the GradSync instead.
+    exception") after a record that says ok. The trainer's Setup owns the GradSync instead; a
+    backward after its owner let it go is an error, never a gradient left unreduced.
     """
     ref = weakref.ref(sync)
 
     def on_grad(p: torch.Tensor) -> None:
         owner = ref()
-        if owner is not None:
-            owner._on_grad(p)
+        if owner is None:
+            raise RuntimeError("a data-parallel parameter got a gradient after its GradSync was freed: keep the "
+                               "GradSync (train.parallel.apply_dp's result) for as long as the model trains")
+        owner._on_grad(p)
 
     return on_grad
 

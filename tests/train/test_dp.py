@@ -121,3 +121,30 @@ def test_reductions_start_during_the_last_backward_and_sum_the_replicas(tmp_path
     assert sum(g.numel() for g in results[0]["grads"]) == sum(g.numel() for g in results[1]["grads"])
     torch.testing.assert_close(torch.sort(both[both != 0]).values, torch.sort(flat[flat != 0]).values)
     torch.testing.assert_close(results[0]["weight"], results[1]["weight"])
+
+
+def _backward_after_free(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        model = nn.Linear(4, 1)
+        sync = GradSync(make_buckets([(list(model.parameters()), 0.0)], dp=2), group=dist.group.WORLD, size=2,
+                        rank=rank, shard=False)
+        sync.begin_step(1)
+        del sync  # the hooks hold it weakly: nothing else keeps it
+        try:
+            model(torch.ones(2, 4)).sum().backward()
+            message = "no error"
+        except RuntimeError as exc:
+            message = str(exc)
+        Path(f"{out}/{rank}.txt").write_text(message)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_backward_after_the_sync_was_freed_is_an_error_not_a_silent_skip(tmp_path: Path) -> None:
+    # The hooks hold GradSync weakly (so that it and its group go with the run); a gradient that
+    # arrives after it went must fail loudly: skipped, the replicas would drift apart unseen.
+    mp.spawn(_backward_after_free, args=(free_port(), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert "after its GradSync was freed" in (tmp_path / f"{rank}.txt").read_text()
