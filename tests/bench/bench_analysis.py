@@ -18,7 +18,6 @@ Figures only; nothing here asserts on time.
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import resource
 import statistics
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.bench import compile_packages
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 10_000
@@ -128,14 +129,11 @@ def _run(args: list[str], what: str) -> tuple[float, str]:
 
 
 PACKAGES = ("analysis", "conf", "launchers", "train")
-"""megasweep's packages, byte-compiled before timing: as pip leaves an installed package (and as a
-second run finds a checkout), not compiling every module again in each run, as it would under
-PYTHONDONTWRITEBYTECODE."""
+"""The packages the CLI and the in-process runs import, byte-compiled before timing (compile_packages)."""
 
 
 def bench(root: Path, out: Path) -> None:
-    for package in PACKAGES:
-        compileall.compile_dir(REPO / package, quiet=1)
+    compile_packages(PACKAGES)
     anchors, inner, clis = [], [], []
     for i in range(REPEATS):
         anchors.append(_run([sys.executable, "-c", ANCHOR], ANCHOR)[0])

@@ -14,7 +14,6 @@ nothing here asserts on time.
 
 from __future__ import annotations
 
-import compileall
 import csv
 import itertools
 import re
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.bench import compile_packages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,10 +93,7 @@ def time_cfg_job() -> float:
 
 
 def bench_end_to_end(tmp: Path) -> None:
-    # Both commands import the same modules: with PYTHONDONTWRITEBYTECODE set (as on this machine)
-    # and no .pyc yet, each run would compile them again, a cost a user's installed package never pays.
-    for package in ("conf", "hydra_plugins", "launchers", "train"):
-        compileall.compile_dir(REPO / package, quiet=1)
+    compile_packages(("conf", "hydra_plugins", "launchers", "train"))
     n = len(jobs())
     walls, anchors = [], []
     for i in range(REPEATS):

@@ -439,45 +439,30 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # no update
 
 
-def _rank_of_two(rank: int, port: int, out: str, errors: Any) -> None:
-    try:
-        import gc
+def _rank_of_two(rank: int, port: int, out: str) -> None:
+    import gc
 
-        from train.dp import GradSync
+    from train.dp import GradSync
 
-        # Only the trainer may free the DP hooks' cycle here: with the collector off, whatever it
-        # leaves behind is what the interpreter's teardown would have to free.
-        gc.disable()
-        os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port), WANDB_MODE="disabled")
-        torch.set_num_threads(1)
-        record = run_training(compose_run("parallelism.dp=2"), output_dir=Path(out), overrides=[])
-        left = [o for o in gc.get_objects() if isinstance(o, GradSync)]
-        if record["status"] != "ok" or left:
-            errors.put(f"rank {rank}: status {record['status']}, {len(left)} GradSync alive after the run")
-    except BaseException as exc:  # noqa: BLE001  (reported to the parent, which fails the test)
-        errors.put(f"rank {rank}: {type(exc).__name__}: {exc}")
+    # Only the trainer may free what the run built here: with the collector off, whatever it leaves
+    # behind is what the interpreter's teardown would have to free, after destroy_process_group.
+    gc.disable()
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), WANDB_MODE="disabled")
+    torch.set_num_threads(1)
+    record = run_training(compose_run("parallelism.dp=2"), output_dir=Path(out), overrides=[])
+    left = [o for o in gc.get_objects() if isinstance(o, GradSync)]
+    assert record["status"] == "ok" and not left, f"rank {rank}: {record['status']}, {len(left)} GradSync alive"
 
 
 def test_a_data_parallel_run_frees_its_gradient_hooks_before_it_returns(tmp_path: Path) -> None:
-    # The gradient hooks hold the data-parallel group in a reference cycle; if it outlives the
-    # run, the interpreter's teardown frees the group after destroy_process_group and gloo may
-    # abort the rank after its record said ok (as test_dp's workers did, 5% of the time).
+    # The DP gradient hooks' GradSync holds the data-parallel group; if it outlives the run, the
+    # interpreter's teardown frees the group after destroy_process_group and gloo may abort the
+    # rank after its record said ok (as test_dp's workers did, 5% of the time). mp.spawn raises
+    # what a rank raised, and for a rank that died of a signal.
     import torch.multiprocessing as mp
 
     from train.distributed import free_port
 
-    ctx = mp.get_context("spawn")
-    errors = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_of_two, args=(r, port, str(tmp_path), errors)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=240)
-    assert [proc.exitcode for proc in procs] == [0, 0]
-    found = []
-    while not errors.empty():
-        found.append(errors.get())
-    assert not found, found
+    mp.spawn(_rank_of_two, args=(free_port(), str(tmp_path)), nprocs=2)
     assert read_record(tmp_path)["world"]["dp"] == 2
