@@ -40,7 +40,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-import conf  # registers the schema in Hydra's ConfigStore
+import conf
 from conf.schema import Recompute, RunConfig, to_run_config
 from train.contract import EXIT_USAGE
 from train.planner.flops import (
@@ -197,6 +197,7 @@ def _parse_devices(text: str) -> int:
 def compose_run(overrides: Sequence[str]) -> RunConfig:
     """Compose conf/config.yaml with the overrides, as `python -m train` does, without Hydra's output dirs."""
     config_dir = str(Path(conf.__file__).resolve().parent)
+    conf.register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = compose("config", overrides=list(overrides))

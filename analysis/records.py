@@ -52,7 +52,7 @@ from conf.schema import (
     Precision,
     Recompute,
 )
-from launchers.compose import bulk_allocation
+from launchers.bulk import bulk_allocation
 from launchers.queue import ended_outcome, is_live, is_running, read_states
 from train.contract import (
     MANIFEST_FILE,

@@ -7,6 +7,7 @@ plugins defined in the `hydra_plugins` namespace package.
 
     __main__    python -m launchers status | rerun | sbatch | calibrate
     compose     thousands of sweep configs composed in seconds
+    bulk        the garbage collector paused while thousands of configs or records are built
     sweepdir    one sweep per directory, checked before anything is written
     site        partitions, accounts, QoS the cluster accepts
     plan        hydra/launcher=plan, the dry run

@@ -36,18 +36,15 @@ context a launcher keeps), `HydraJob` (a job of any other Hydra app, run as Hydr
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import copy
 import dataclasses
 import functools
-import gc
 import logging
 import os
 import sys
 import time
 import typing
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +62,15 @@ from hydra.types import HydraContext, RunMode, TaskFunction
 from omegaconf import Container, DictConfig, OmegaConf, ValueNode, flag_override, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config, unknown_override
+from conf.schema import (
+    GROUP_SCHEMAS,
+    RunConfig,
+    register_configs,
+    to_field_config,
+    to_run_config,
+    unknown_override,
+)
+from launchers.bulk import bulk_allocation
 from launchers.sweepdir import HYDRA_OPTIONS, claim_sweep_dir, writable_dir
 from train.contract import ManifestEntry
 
@@ -76,7 +81,6 @@ __all__ = [
     "FastComposer",
     "FastValidation",
     "apply_value_overrides",
-    "bulk_allocation",
     "is_megasweep_config",
     "parse_override",
     "sweep_composer",
@@ -522,6 +526,7 @@ class FastComposer:
         from hydra._internal.utils import create_config_search_path
 
         version.setbase(version_base)
+        register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
         loader = ConfigLoaderImpl(
             config_search_path=create_config_search_path(str(Path(config_dir).resolve()))
         )
@@ -909,37 +914,6 @@ def sweep_composer(config_loader: ConfigLoader, master_config: DictConfig) -> Fa
     composer = FastComposer.for_sweep(config_loader, master_config)
     _shared = (config_loader, master_config, composer)
     return composer
-
-
-_freezing_at_exit = False
-
-
-@contextlib.contextmanager
-def bulk_allocation() -> Iterator[None]:
-    """CPython's cyclic garbage collector paused while a sweep's batch is composed or planned.
-
-    A batch of 10,000 configs creates some 10 objects per config that all stay alive (RunConfigs,
-    memoised estimates, plan rows): each burst of allocations starts a collection that walks every
-    live object, Hydra's and the caches' included, again and again, to free nothing, since these
-    objects hold no cycles (reference counting frees what is dropped). Measured on the 10,000-config
-    plan (tests/bench/bench_plan.py): 0.3-0.5 s of 4 s. The collector's state comes back after.
-
-    Also, once per process, an exit handler freezes what is alive then (gc.freeze): the
-    interpreter's last collection at exit would otherwise walk every object of the plan (0.3 s
-    for 10,000 configs) just before the process frees its memory as a whole. In a process that
-    goes on (a test session) the collector keeps working normally until then.
-    """
-    global _freezing_at_exit
-    if not _freezing_at_exit:
-        atexit.register(gc.freeze)
-        _freezing_at_exit = True
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class FastValidation:

@@ -28,10 +28,10 @@ from typing import TextIO
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException
 
+from launchers.bulk import bulk_allocation
 from launchers.compose import (
     FastComposer,
     SweepLauncher,
-    bulk_allocation,
     is_megasweep_config,
     sweep_composer,
 )

@@ -25,7 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from conf import register_configs
 from train.contract import CACHE_DIR_ENV
+
+# Many tests compose with hydra.compose, which reads the schema from Hydra's ConfigStore; the
+# entry points (python -m train, analysis.calc, FastComposer) register it themselves.
+register_configs()
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_SCRIPTS = REPO / "slurm"

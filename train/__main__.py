@@ -30,13 +30,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-import conf  # noqa: F401  (registers the schema in Hydra's ConfigStore)
+from conf import register_configs
 from conf.schema import RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted
+
+register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -113,21 +114,36 @@ def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path) 
     assert (out / "results.csv").is_file() and (out / "results.md").is_file()
 
 
-def test_the_cli_leaves_matplotlib_to_its_plotting_process(golden: Path, tmp_path: Path) -> None:
-    # matplotlib's start-up (~0.4 s) belongs to the plotting process; the CLI's own process, which
-    # only reads back what was drawn, must not pay it again at the end of its run.
+def _cli_in_a_fresh_interpreter(golden: Path, out: Path, options: Sequence[str], then: str) -> str:
+    """Runs the CLI's main on golden in a new interpreter, whose modules are its own, and returns
+    its exit code and the text of `then` (an expression over sys and cli) evaluated after it."""
     code = (
         "import sys, analysis.__main__ as cli\n"
-        f"code = cli.main([{str(golden)!r}, '--no-queue', '-o', {str(tmp_path / 'out')!r}])\n"
-        "print(code, cli._can_fork(), sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')[:3])\n"
+        f"code = cli.main([{str(golden)!r}, '--no-queue', *{list(options)!r}, '-o', {str(out)!r}])\n"
+        f"print(code, {then})\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    code_, forked, matplotlib_modules = proc.stdout.strip().splitlines()[-1].split(" ", 2)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_cli_leaves_matplotlib_to_its_plotting_process(golden: Path, tmp_path: Path) -> None:
+    # matplotlib's start-up (~0.4 s) belongs to the plotting process; the CLI's own process, which
+    # only reads back what was drawn, must not pay it again at the end of its run.
+    then = "cli._can_fork(), sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib')[:3]"
+    code, forked, matplotlib_modules = _cli_in_a_fresh_interpreter(golden, tmp_path / "out", [], then).split(" ", 2)
     if forked != "True":
         pytest.skip("one CPU: the plots are drawn in the CLI's own process")
-    assert (code_, matplotlib_modules) == ("0", "[]")
+    assert (code, matplotlib_modules) == ("0", "[]")
     assert (tmp_path / "out" / "tflops_mfu.png").is_file()
+
+
+def test_the_cli_imports_neither_hydra_nor_torch(golden: Path, tmp_path: Path) -> None:
+    # The analysis reads the schema's dataclasses and the planner's arithmetic and composes nothing:
+    # Hydra and OmegaConf cost ~0.15-0.2 s of every start, torch far more.
+    then = "sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf', 'torch'})"
+    assert _cli_in_a_fresh_interpreter(golden, tmp_path / "out", ["--no-plots"], then) == "0 []"
+    assert (tmp_path / "out" / "results.md").is_file()
 
 
 @pytest.mark.parametrize("when", ["importing", "drawing"])

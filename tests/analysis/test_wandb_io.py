@@ -92,7 +92,6 @@ def trainer_sweep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """<tmp>/wb_sweep/0: one real trainer run with its result.json and its offline W&B run."""
     from hydra import compose, initialize_config_dir
 
-    import conf  # noqa: F401  (registers the schema)
     from conf.schema import to_run_config
     from train.trainer import run_training
 

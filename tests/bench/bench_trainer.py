@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from torch import nn
 
-import conf  # noqa: F401  (registers the schema)
+from conf import register_configs
 from conf.schema import RunConfig, to_run_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,7 @@ ROUNDS = 3
 
 
 def compose_run() -> RunConfig:
+    register_configs()  # Hydra reads the schema from its ConfigStore
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return to_run_config(compose("config", overrides=list(OVERRIDES)))
 

@@ -14,7 +14,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import conf  # noqa: F401  (registers the schema)
 from conf import schema
 from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config
 

@@ -15,7 +15,6 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import open_dict
 
-import conf  # noqa: F401  (registers the schema)
 from conf.schema import GROUP_SCHEMAS, Precision, Recompute, RunConfig, to_run_config
 from launchers.compose import FastComposer
 

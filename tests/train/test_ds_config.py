@@ -19,7 +19,6 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 def compose_run(*overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
-    import conf  # noqa: F401  (registers the schema)
     from conf.schema import to_run_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -18,7 +18,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import conf  # noqa: F401  (registers the schema)
 from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
 from train import loop, trainer
 from train.data import MASK_PROBABILITY, MemmapTokens, SyntheticTokens, get_batch, make_source

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[3]
 def compose_run(*overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
-    import conf  # noqa: F401  (registers the schema)
     from conf.schema import to_run_config
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

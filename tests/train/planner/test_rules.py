@@ -59,7 +59,6 @@ def make_run(
 def compose_run(*overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
-    import conf  # noqa: F401  (registers the schema)
     from conf.schema import to_run_config
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

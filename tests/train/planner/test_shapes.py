@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import conf  # noqa: F401  (registers the schema before composing)
 from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, RunConfig, to_run_config
 from train.planner.flops import Gemm
 from train.planner.shapes import (
