@@ -254,6 +254,14 @@ BLOOM_SEC_PER_ITER: list[tuple[str, int, int, int, int, int, int, int, int, int,
 ]
 
 
+BLOOM_NOT_COMPARABLE = {
+    "ZeRO": "its two rows ran on different branches, and the notes ask for a retest on one",
+}
+"""Tables whose rows the notes themselves say cannot be compared with each other (seed 001, under
+'Trying with ZeRO_STAGE=0/1': ZeRO_STAGE=0 could not run on master, nor 1 on the special branch).
+Their rows still count in the error; only their order is left out of Kendall's tau."""
+
+
 def bloom_time(row: tuple[str, int, int, int, int, int, int, int, int, int, float]) -> TimePrediction:
     _, hidden, layers, heads, zero, dp, tp, pp, mbs, gbs, _ = row
     model = ModelConfig(name="bloom", num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
@@ -282,12 +290,17 @@ def test_bloom_seconds_per_iteration_error_and_order(capsys: pytest.CaptureFixtu
     tables: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for row, p in zip(BLOOM_SEC_PER_ITER, predicted, strict=True):
         tables[row[0]].append((row[-1], p))
-    taus = {name: kendall_tau([m for m, _ in v], [p for _, p in v]) for name, v in tables.items() if len(v) > 1}
+    taus = {
+        name: kendall_tau([m for m, _ in v], [p for _, p in v])
+        for name, v in tables.items()
+        if len(v) > 1 and name not in BLOOM_NOT_COMPARABLE
+    }
     with capsys.disabled():
         print(f"\nBLOOM sec/it, {len(errors)} rows: mean absolute error {mae:.1%}, median error "
               f"{statistics.median(errors):+.1%}; Kendall tau per table: "
               + ", ".join(f"{k} {t:+.2f}" for k, t in taus.items())
-              + f"; mean tau {statistics.mean(taus.values()):+.2f}")
+              + f"; mean tau {statistics.mean(taus.values()):+.2f}; not ordered: "
+              + "; ".join(f"{k} ({why})" for k, why in BLOOM_NOT_COMPARABLE.items()))
     assert len(errors) == 73
     # With datasheet figures, the efficiencies conf/hardware/a100_80gb.yaml cites and Jean Zay's
     # network, the model is about 22% fast: what it leaves out of Megatron-DeepSpeed's 2022 step is
@@ -295,7 +308,7 @@ def test_bloom_seconds_per_iteration_error_and_order(capsys: pytest.CaptureFixtu
     # that makes it worse fails; every prediction is below the measurement (no overhead is invented).
     assert mae <= 0.23
     assert max(errors[i] for i, r in enumerate(BLOOM_SEC_PER_ITER) if not r[0].startswith("max 18B")) < 0
-    assert statistics.mean(taus.values()) > 0.25
+    assert statistics.mean(taus.values()) > 0.4
 
 
 def test_bloom_hidden_13824_beats_14400() -> None:
