@@ -18,6 +18,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from conf import register_configs
 from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
 from train import loop, trainer
 from train.data import MASK_PROBABILITY, MemmapTokens, SyntheticTokens, get_batch, make_source
@@ -73,6 +74,7 @@ RECORD_FIELDS = {
 
 
 def compose_run(*overrides: str) -> RunConfig:
+    register_configs()  # here, not in conftest alone: the ranks mp.spawn starts compose too
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return to_run_config(compose("config", overrides=[*SMALL, *overrides]))
 
