@@ -223,7 +223,9 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
     groups = df[df["gbs"].notna()].groupby(["model", "gbs", "seq_length"], dropna=False, sort=True)
     recs = []
     for (model, gbs, seq), group in groups:
-        masks: dict[str, pd.Series] = {}
+        # A record that does not say where it ran (a hand-written or damaged result.json, or one
+        # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
+        masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}
         if c.max_nodes is not None:
             masks[f"over the {c.max_nodes}-node limit"] = group["nodes"] <= c.max_nodes
         if c.max_mem_gib is not None:
@@ -266,6 +268,10 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
             )
         )
     return recs
+
+
+_LAYOUT_COUNTS = ("nodes", "devices", "dp", "tp", "pp", "mbs")
+_NO_LAYOUT = "whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)"
 
 
 def _satisfied(best: Candidate, c: Constraints, configs: int) -> tuple[str, ...]:

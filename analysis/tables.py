@@ -450,9 +450,12 @@ def _with_varying(runs: pd.DataFrame, label: pd.Series, fields: Sequence[tuple[s
 def _cells_of(runs: pd.DataFrame, variant: pd.Series) -> pd.DataFrame:
     """The runs with their row (`variant`), column (`scale`: nodes*devices per node) and whether they
     have a throughput to show (`_ok`), as the scaling and ZeRO tables place them."""
+    # A record that does not say its nodes (copied out of its sweep, no Slurm, no whole layout) is
+    # placed by its devices alone: "nodes*per node" would read "*" for every such device count.
+    placed = _texts(runs["nodes"]) + "*" + _texts(runs["devices"] / runs["nodes"])
     return runs.assign(
         variant=variant,
-        scale=_texts(runs["nodes"]) + "*" + _texts(runs["devices"] / runs["nodes"]),
+        scale=placed.where(runs["nodes"].notna(), _texts(runs["devices"]) + " devices"),
         _ok=(runs["outcome"] == "ok") & runs["samples_per_s"].notna(),
     )
 

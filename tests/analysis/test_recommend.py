@@ -186,3 +186,19 @@ def test_no_prediction_line_unless_every_compared_run_was_predicted(tmp_path: Pa
     (rec,) = recommend(df)
     assert rec.predicted_best is None and rec.predicted_rank is None
     assert "prediction:" not in format_recommendations([rec])
+
+
+def test_a_run_whose_record_gives_no_layout_is_left_out_and_counted(tmp_path: Path) -> None:
+    # A result.json copied out of its sweep, or written by hand, may not say how many nodes or
+    # which degrees it ran with: the recommendation leaves it out and says so, rather than failing.
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    fastest = df["sec_per_iter"].idxmin()
+    (before,) = recommend(df)
+    damaged = df.copy()
+    damaged.loc[fastest, "nodes"] = float("nan")
+    damaged.loc[df["sec_per_iter"].nlargest(1).index, "dp"] = 0.0  # as a record with no world would read
+    (rec,) = recommend(damaged)
+    assert rec.candidates == before.candidates - 2
+    assert rec.best.sec_per_iter > before.best.sec_per_iter == df.loc[fastest, "sec_per_iter"]
+    assert any(e.startswith("2 whose record does not give its layout") for e in rec.excluded), rec.excluded
+    assert "2 whose record does not give its layout" in format_recommendations([rec])

@@ -135,6 +135,20 @@ def test_scaling_efficiency_against_smallest_run(tmp_path: Path) -> None:
     assert "1658.93 samples/s<br>2.94 TFLOPs/dev" in row and "99%" in row and row.rstrip(" |").endswith("OOM")
 
 
+def test_runs_that_do_not_say_their_nodes_get_a_column_per_device_count(tmp_path: Path) -> None:
+    # Records copied out of their sweep, without Slurm's node count or a whole layout: two scales of
+    # one layout must stay two columns (they both read "*" as nodes*per node, and the table failed).
+    df = _scaling_sweep(tmp_path)
+    df.loc[df["nodes"].isin((4, 8)), "nodes"] = float("nan")
+    frame = scaling_frame(df)
+    assert frame["scale"].tolist() == ["1*8", "32 devices", "64 devices", "16*8", "32*8"]
+    md = scaling_markdown(frame)
+    assert md is not None
+    header, _, row = md.splitlines()[:3]
+    assert header.index("1*8") < header.index("32 devices") < header.index("64 devices") < header.index("16*8")
+    assert "6558.31 samples/s" in row and "12442.73 samples/s" in row
+
+
 def test_no_scaling_table_for_one_scale(tmp_path: Path) -> None:
     df = _scaling_sweep(tmp_path)
     assert scaling_markdown(scaling_frame(df[df["nodes"] == 4])) is None
