@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -71,6 +72,28 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _at_least_one(text: str) -> int:
+    """A count of nodes or a DP multiple: a whole number, 1 or more (0 would exclude every run, or divide by 0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1, e.g. 8")
+    return value
+
+
+def _gib(text: str) -> float:
+    """A memory limit in GiB: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0, e.g. 70")
+    return value
+
+
 def _analyse_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m analysis", description="Analyse megasweep sweeps.")
     p.add_argument("sweeps", nargs="*", type=Path, help="sweep directories")
@@ -80,9 +103,9 @@ def _analyse_parser() -> argparse.ArgumentParser:
                      help="read offline W&B runs (sweep dirs, run dirs or .wandb files)")
     src.add_argument("--group", default=None, help="W&B group (the sweep's name) to read")
     p.add_argument("-o", "--out", type=Path, default=None, help="output directory (default: <first sweep>/analysis)")
-    p.add_argument("--max-nodes", type=int, default=None, help="recommend layouts on at most this many nodes")
-    p.add_argument("--max-mem-gib", type=float, default=None, help="recommend layouts peaking at most this (GiB)")
-    p.add_argument("--dp-multiple", type=int, default=None, help="recommend layouts whose DP is a multiple of this")
+    p.add_argument("--max-nodes", type=_at_least_one, default=None, help="recommend layouts on at most this many nodes")
+    p.add_argument("--max-mem-gib", type=_gib, default=None, help="recommend layouts peaking at most this (GiB)")
+    p.add_argument("--dp-multiple", type=_at_least_one, default=None, help="recommend layouts whose DP is a multiple of this")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
     log = p.add_argument_group("logging the analysis to W&B")

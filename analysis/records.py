@@ -869,10 +869,17 @@ def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None =
     # table is built: collections would walk them again and again (half the parsing time).
     with bulk_allocation():
         for d, label in zip(dirs, labels, strict=True):
+            seen = len(warnings)
             frame = load_sweep_dir(d, label=label, queue=queue, warnings=warnings)
             if frame.empty:
+                # The warnings are printed after loading, which this stops: what was found and could
+                # not be read goes into the error, or it would read as if there were nothing there.
+                unread = [w.removesuffix("; ignored") for w in warnings[seen:]]
+                why = f"; {len(unread)} file(s) could not be read: " + "; ".join(unread[:3]) if unread else ""
+                more = f"; and {len(unread) - 3} more" if len(unread) > 3 else ""
                 raise AnalysisError(
-                    f"sweep directory {d} holds no {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: nothing to analyse"
+                    f"sweep directory {d} holds no readable {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: "
+                    f"nothing to analyse{why}{more}"
                 )
             frames.append(frame)
         table = pd.concat(frames, ignore_index=True)

@@ -38,7 +38,7 @@ from tests.analysis.golden.build import (
 )
 from tests.train.planner.test_calibration import MODEL as CAL_MODEL
 from tests.train.planner.test_calibration import calibration
-from train.contract import EXPORTED_JOBS_DIR, ManifestEntry, write_json_atomic, write_manifest
+from train.contract import EXPORTED_JOBS_DIR, RESULT_FILE, ManifestEntry, write_json_atomic, write_manifest
 from train.planner.layout import Layout
 from train.planner.plan import plan_run
 
@@ -225,6 +225,22 @@ def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
         load_sweeps([tmp_path / "empty"], queue=None)
 
 
+def test_a_sweep_whose_records_are_all_unreadable_says_which_and_why(tmp_path: Path) -> None:
+    # The warnings about unreadable files are printed after loading; a sweep with nothing else in it
+    # stops the loading, so they must be in the error, not lost behind "holds no result.json".
+    texts = ['{"status": "ok", "sec_per', "[1, 2, 3]", '{"status": "ok"', "", "null"]
+    for i, text in enumerate(texts):
+        (tmp_path / "s" / str(i)).mkdir(parents=True)
+        (tmp_path / "s" / str(i) / RESULT_FILE).write_text(text)
+    with pytest.raises(AnalysisError) as info:
+        load_sweeps([tmp_path / "s"], queue=None)
+    message = str(info.value)
+    assert "holds no readable result.json" in message and "5 file(s) could not be read" in message
+    assert f"{tmp_path / 's' / '1' / RESULT_FILE}: not a result record (no 'status')" in message
+    assert "not a readable result record" in message and "; and 2 more" in message
+    assert "; ignored" not in message
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI and import hygiene
 
@@ -270,6 +286,20 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path, case: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-nodes", "0"), ("--max-nodes", "-3"), ("--max-nodes", "two"), ("--dp-multiple", "0"),
+     ("--max-mem-gib", "nan"), ("--max-mem-gib", "-1"), ("--max-mem-gib", "inf")],
+)  # fmt: skip
+def test_a_constraint_that_no_run_could_meet_is_refused(tmp_path: Path, flag: str, value: str) -> None:
+    # --max-nodes 0 or --dp-multiple 0 used to exclude every run (or divide by zero) and report "no
+    # run met the constraints"; a NaN limit did the same. The flag, its value and the rule are named.
+    proc = _cli(str(tmp_path), flag, value, "--no-queue")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: argument {flag}: '{value}' is not a") and "e.g." in line, line
 
 
 def test_analysis_imports_without_torch() -> None:
