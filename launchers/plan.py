@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 
 from launchers.bulk import bulk_allocation
 from launchers.compose import (
@@ -183,6 +183,12 @@ def progress_printer(
     return report
 
 
+class NothingFeasible(CompactHydraException):
+    """A dry run none of whose configs could run: the command exits non-zero, as the same launch
+    with hydra/launcher=slurm or local would (launchers.submit.launch_failure), after the table
+    and plan.csv say why."""
+
+
 class PlanLauncher(SweepLauncher):
     """Hydra launcher that plans each job instead of running it (`hydra/launcher=plan`).
 
@@ -191,7 +197,8 @@ class PlanLauncher(SweepLauncher):
     rows and the infeasible ones by rule), top (feasible rows printed, fastest first; null: all),
     progress_every (a stderr line every this many configs; 0: none), append (plan
     into a directory that holds a launched sweep, adding to its plan.csv; without it such a
-    directory is refused: launchers.sweepdir).
+    directory is refused: launchers.sweepdir). Exits non-zero (NothingFeasible) when no
+    config of a launch is feasible, so that a script can stop before the real launch.
     """
 
     def __init__(
@@ -251,6 +258,11 @@ class PlanLauncher(SweepLauncher):
         # A sweeper may launch in batches: later ones say which jobs they hold.
         jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
         print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)
+        if rows and not summary.feasible:
+            raise NothingFeasible(
+                f"Nothing would be submitted: all {len(rows)} configs are infeasible, by the rules above "
+                f"(each config's reasons are in {csv_path}). Change the overrides those rules name and plan again."
+            )
         task_name = str(self.config.hydra.job.name)
         return [
             JobReturn(

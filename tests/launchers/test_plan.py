@@ -80,6 +80,19 @@ def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in sweep_dir.iterdir()) == ["multirun.yaml", "plan.csv"]
 
 
+def test_a_dry_run_where_nothing_is_feasible_exits_non_zero_after_its_report(tmp_path: Path) -> None:
+    # The same launch with hydra/launcher=slurm or local would fail (nothing submitted): a script
+    # that plans first must be able to stop there. The table and plan.csv still say why.
+    sweep_dir = tmp_path / "sweep"
+    proc = run_train("-m", "parallelism.tp=0,3", "hydra/launcher=plan", f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 1, proc.stderr
+    assert "Nothing would be submitted: all 2 configs are infeasible" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "plan: 2 configs: 0 feasible, 2 infeasible" in proc.stdout
+    assert "[positive] 1" in proc.stdout and "[ffn_divisible_by_tp] 1" in proc.stdout
+    assert [r["feasible"] for r in read_rows(sweep_dir / "plan.csv")] == ["False", "False"]
+
+
 def test_plan_of_a_thousand_configs(tmp_path: Path) -> None:
     # 4 x 5 x 5 x 5 x 2 = 1,000 configs: seconds, where one Hydra composition per job takes minutes.
     sweep_dir = tmp_path / "sweep"
