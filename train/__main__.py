@@ -17,12 +17,13 @@ train.contract.EXIT_INTERRUPTED, without tracebacks.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -31,12 +32,15 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from conf import register_configs
-from conf.schema import RunConfig, to_run_config, unknown_override
+from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
 
@@ -188,6 +192,10 @@ def check_override_keys(argv: list[str]) -> str | None:
 
     args, _ = get_args_parser().parse_known_args(argv)
     parser = OverridesParser.create()
+    # Options of a group may also come from a search path the user adds: only conf/'s are known here.
+    own_options = not (args.config_dir or args.config_path) and not any(
+        a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or []
+    )
     for text in args.overrides or []:
         try:
             (override,) = parser.parse_overrides([text])
@@ -197,8 +205,32 @@ def check_override_keys(argv: list[str]) -> str | None:
         if "/" in key or key.split(".", 1)[0] == "hydra":
             continue
         problem = unknown_override(key, text)
+        if problem is None and own_options and key in GROUP_SCHEMAS and not override.is_delete():
+            problem = _unknown_option(key, override, text)
         if problem is not None:
             return problem
+    return None
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""The config groups' YAML files (Hydra's config_path of main, above)."""
+
+
+def _unknown_option(group: str, override: Override, text: str) -> str | None:
+    """One line when `group=<option>` (or a choice sweep `a,b`) names an option conf/<group>/ lacks,
+    with the closest ones; Hydra's own error for it lists the options but exits 1, the code of a
+    run that failed, where bad input exits 2."""
+    from hydra.core.override_parser.types import ValueType
+
+    if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
+        return None  # ranges and globs: Hydra expands them (a glob against the options it finds)
+    chosen = list(override.sweep_string_iterator()) if override.is_choice_sweep() else [override.get_value_element_as_str()]
+    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    for option in chosen:
+        if option not in options and option != "null" and "${" not in option:
+            close = difflib.get_close_matches(option, options, n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"
     return None
 
 

@@ -267,6 +267,38 @@ def test_an_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
         assert not (tmp_path / "s").exists()
 
 
+def _train(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_an_unknown_group_option_is_bad_input_with_did_you_mean(tmp_path: Path) -> None:
+    # Hydra's own error lists the options but exits 1, the status of a run that failed.
+    proc = _train("hardware=a100_80", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == EXIT_USAGE
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: hardware=a100_80 is not a hardware config; did you mean a100_80gb or a100_40gb? ")
+    assert "options: a100_40gb, a100_80gb, a100_80gb_jean_zay," in line and line.endswith("(override 'hardware=a100_80')")
+    assert not (tmp_path / RESULT_FILE).exists()
+    # Each option of a choice sweep, before anything is planned or written.
+    proc = _train("-m", "model=tiny,gpt13b", "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 's'}")
+    assert proc.returncode == EXIT_USAGE and "model=gpt13b is not a model config; did you mean gpt_13b" in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_group_option_from_the_users_search_path_is_left_to_hydra(tmp_path: Path) -> None:
+    # A site's own hardware file, found through hydra.searchpath: conf/ does not have it, Hydra does.
+    (tmp_path / "site" / "hardware").mkdir(parents=True)
+    (tmp_path / "site" / "hardware" / "my_gpu.yaml").write_text(
+        (REPO / "conf" / "hardware" / "a100_80gb.yaml").read_text().replace("name: a100_80gb", "name: my_gpu")
+    )
+    proc = _train(
+        "-m", "hardware=my_gpu", "model=gpt_1.3b", f"hydra.searchpath=[file://{tmp_path / 'site'}]",
+        "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 's'}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "my_gpu" in (tmp_path / "s" / "plan.csv").read_text()
+
+
 def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
     """A single run's directory is checked before Hydra composes (Hydra's own mkdir failed with a
     chained traceback); for a sweep, launchers.sweepdir checks hydra.sweep.dir."""
