@@ -72,7 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sbatch.add_argument(
         "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
     )
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse ends a positional list at the first option: in `rerun DIR --failed lr=1` or `sbatch a=1
+    # --name x b=2` the overrides after the option come back unparsed. They are overrides all the same.
+    if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "sbatch":

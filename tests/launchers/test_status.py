@@ -252,9 +252,12 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
     first = read_manifest(sweep_dir)
     assert [e.status for e in first] == ["refused", "submitted"]
 
-    def rerun(*changes: str) -> subprocess.CompletedProcess[str]:
+    def rerun(*changes: str, readme_order: bool = False) -> subprocess.CompletedProcess[str]:
+        # The README writes `rerun DIR --failed field=value`, where argparse alone leaves the overrides
+        # after the option unparsed ("unrecognized arguments"); both orders must work.
+        where = [str(sweep_dir), "--failed"] if readme_order else ["--failed", str(sweep_dir)]
         return subprocess.run(
-            [sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
+            [sys.executable, "-m", "launchers", "rerun", *where, *changes],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
@@ -262,7 +265,7 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
     assert bad.returncode == EXIT_USAGE and "did you mean parallelism.tp" in bad.stderr, bad.stderr
     assert read_manifest(sweep_dir) == first
 
-    done = rerun("cluster.gres=null", "training.train_iters=5")
+    done = rerun("cluster.gres=null", "training.train_iters=5", readme_order=True)
     entries = read_manifest(sweep_dir)
     try:
         assert done.returncode == 0, done.stderr
