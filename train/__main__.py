@@ -205,7 +205,9 @@ def check_override_keys(argv: list[str]) -> str | None:
         if "/" in key or key.split(".", 1)[0] == "hydra":
             continue
         problem = unknown_override(key, text)
-        if problem is None and own_options and key in GROUP_SCHEMAS and not override.is_delete():
+        if problem is None and key in GROUP_SCHEMAS and override.is_delete():
+            problem = _no_group(key, text)
+        elif problem is None and own_options and key in GROUP_SCHEMAS:
             problem = _unknown_option(key, override, text)
         if problem is not None:
             return problem
@@ -214,6 +216,13 @@ def check_override_keys(argv: list[str]) -> str | None:
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 """The config groups' YAML files (Hydra's config_path of main, above)."""
+
+
+def _no_group(group: str, text: str) -> str:
+    """`~group` or `group=null`: Hydra would leave the schema's bare defaults, which no YAML file
+    describes (for hardware, a CPU without peaks), or fail with a traceback."""
+    options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+    return f"a run needs a {group} config: null or ~{group} leaves none; choose one of: {options} (override '{text}')"
 
 
 def _unknown_option(group: str, override: Override, text: str) -> str | None:
@@ -227,7 +236,9 @@ def _unknown_option(group: str, override: Override, text: str) -> str | None:
     chosen = list(override.sweep_string_iterator()) if override.is_choice_sweep() else [override.get_value_element_as_str()]
     options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
     for option in chosen:
-        if option not in options and option != "null" and "${" not in option:
+        if option == "null":
+            return _no_group(group, text)
+        if option not in options and "${" not in option:
             close = difflib.get_close_matches(option, options, n=3)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"

@@ -283,6 +283,14 @@ def test_an_unknown_group_option_is_bad_input_with_did_you_mean(tmp_path: Path) 
     proc = _train("-m", "model=tiny,gpt13b", "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 's'}")
     assert proc.returncode == EXIT_USAGE and "model=gpt13b is not a model config; did you mean gpt_13b" in proc.stderr
     assert not (tmp_path / "s").exists()
+    # Removing a group: Hydra either failed with a traceback (null) or left the schema's bare
+    # defaults, a CPU without peaks that no YAML file describes (~hardware).
+    for override in ("hardware=null", "~hardware"):
+        proc = _train(override, f"hydra.run.dir={tmp_path}")
+        assert proc.returncode == EXIT_USAGE, proc.stderr
+        assert proc.stderr.startswith("error: a run needs a hardware config: null or ~hardware leaves none; "
+                                      "choose one of: a100_40gb,"), proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / RESULT_FILE).exists()
 
 
 def test_a_group_option_from_the_users_search_path_is_left_to_hydra(tmp_path: Path) -> None:
