@@ -166,7 +166,7 @@ CLI_CASES = {
     "unknown-key": (["model.foo=1"], "model.foo"),
     "wrong-type": (["parallelism.tp=abc"], "parallelism.tp=abc"),
     "bad-enum": (["parallelism.recompute=xx"], "parallelism.recompute=xx"),
-    "missing-option": (["model=nosuch"], "model/nosuch"),
+    "missing-option": (["model=nosuch"], "model=nosuch is not a model config; options: bert_345m,"),
     "infeasible": (["model=tiny", "parallelism.tp=3"], "parallelism.tp=3"),
     "add-unknown-key": (["+model.foo=1"], "model.foo"),
 }
