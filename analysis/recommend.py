@@ -316,7 +316,8 @@ def _repeat_advice(r: Recommendation) -> list[str]:
     lines = [
         f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters) "
         "on whole nodes (cluster.exclusive=true), as a sweep of their own, e.g. `python -m train -m "
-        "hydra/launcher=slurm training.train_iters=<more> <its overrides>`:"
+        "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true` (these two "
+        "last: Hydra keeps the last value given for a key, and a run's overrides may set them):"
     ]
     lines += [f"  - {c.label}: {c.overrides or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
     return lines

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.calc import compose_run
 from analysis.recommend import Constraints, Recommendation, format_recommendations, recommend
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
@@ -105,6 +106,12 @@ def test_a_margin_inside_the_noise_is_no_winner_and_names_what_to_repeat(tmp_pat
     assert "the best shared its nodes with 2 other Slurm job(s)" in out
     table = (sweep / "analysis" / "results.md").read_text()
     assert "| 161.96 | 5.0% |" in table and "beside 2 other job(s)" in table
+    # The example puts the new values after the run's overrides: Hydra keeps the last value of a key,
+    # and a run's own overrides may set training.train_iters (the advice said the opposite order,
+    # which reran with the old count).
+    assert "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true`" in out
+    assert compose_run(["training.train_iters=4", "training.train_iters=9"]).training.train_iters == 9
+    assert compose_run(["training.train_iters=9", "training.train_iters=4"]).training.train_iters == 4
 
 
 def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
