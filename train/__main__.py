@@ -192,9 +192,12 @@ def check_override_keys(argv: list[str]) -> str | None:
 
     args, _ = get_args_parser().parse_known_args(argv)
     parser = OverridesParser.create()
-    # Options of a group may also come from a search path the user adds: only conf/'s are known here.
-    own_options = not (args.config_dir or args.config_path) and not any(
-        a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or []
+    # Options of a group may also come from a search path the user adds (on the command line or in
+    # conf/config.yaml): only conf/'s own are known here.
+    own_options = (
+        not (args.config_dir or args.config_path)
+        and not any(a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or [])
+        and "searchpath" not in (CONF_DIR / "config.yaml").read_text(encoding="utf-8")
     )
     for text in args.overrides or []:
         try:
