@@ -223,10 +223,10 @@ def format_calibration(cal: Calibration) -> str:
 
 def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_seconds: float) -> int:
     """The CLI's work: compose, calibrate, write, print; returns the exit status."""
+    from conf import CONFIG_DIR
     from launchers.compose import FastComposer
-    from launchers.sbatch import default_config_dir
 
-    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(overrides))
+    run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(overrides))
     if run.parallelism.engine == Engine.deepspeed:
         print("calibrate: the engine does not matter here; measuring the GEMMs and links only", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)

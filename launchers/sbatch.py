@@ -63,6 +63,7 @@ from pathlib import Path
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
 
+from conf import CONFIG_DIR
 from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses
 from launchers.compose import FastComposer, parse_override
@@ -94,7 +95,6 @@ __all__ = [
     "Export",
     "ExportedScript",
     "SkippedConfig",
-    "default_config_dir",
     "expand_sweep",
     "export_sweep",
     "format_export",
@@ -139,14 +139,6 @@ class Export:
     sweep_dir: Path
     manifest: Path
     """<sweep dir>/manifest.jsonl: the exported and the skipped configs."""
-
-
-def default_config_dir() -> Path:
-    """megasweep's own conf/ (the one `python -m train` composes from)."""
-    import conf
-
-    assert conf.__file__ is not None
-    return Path(conf.__file__).resolve().parent
 
 
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
@@ -319,7 +311,7 @@ def export_sweep(
     out_dir = (cwd / out_dir).resolve()
     sweep_dir = (cwd / (sweep_dir or Path("multirun") / "sbatch" / name)).resolve()
     custom_dir = config_dir is not None
-    config_dir = (config_dir or default_config_dir()).resolve()
+    config_dir = (config_dir or CONFIG_DIR).resolve()
     entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
 
     for text in overrides:

@@ -318,8 +318,8 @@ def _rerun_changed(
 
 def _composer(settings: LaunchSettings) -> FastComposer:
     """A composer for the sweep's configs: the config directory and name its runs were given."""
-    from launchers.sbatch import default_config_dir
+    from conf import CONFIG_DIR
 
     options = dict(arg.removeprefix("--").split("=", 1) for arg in settings.entry_args if "=" in arg)
-    config_dir = options.get("config-dir") or default_config_dir()
+    config_dir = options.get("config-dir") or CONFIG_DIR
     return FastComposer.from_config_dir(config_dir, options.get("config-name", "config"))

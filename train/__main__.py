@@ -31,7 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from conf import register_configs
+from conf import CONFIG_DIR, group_options, register_configs
 from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
@@ -197,7 +197,7 @@ def check_override_keys(argv: list[str]) -> str | None:
     own_options = (
         not (args.config_dir or args.config_path)
         and not any(a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or [])
-        and "searchpath" not in (CONF_DIR / "config.yaml").read_text(encoding="utf-8")
+        and "searchpath" not in (CONFIG_DIR / "config.yaml").read_text(encoding="utf-8")
     )
     for text in args.overrides or []:
         try:
@@ -217,14 +217,10 @@ def check_override_keys(argv: list[str]) -> str | None:
     return None
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-"""The config groups' YAML files (Hydra's config_path of main, above)."""
-
-
 def _no_group(group: str, text: str) -> str:
     """`~group` or `group=null`: Hydra would leave the schema's bare defaults, which no YAML file
     describes (for hardware, a CPU without peaks), or fail with a traceback."""
-    options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+    options = ", ".join(group_options(group))
     return f"a run needs a {group} config: null or ~{group} leaves none; choose one of: {options} (override '{text}')"
 
 
@@ -237,7 +233,7 @@ def _unknown_option(group: str, override: Override, text: str) -> str | None:
     if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
         return None  # ranges and globs: Hydra expands them (a glob against the options it finds)
     chosen = list(override.sweep_string_iterator()) if override.is_choice_sweep() else [override.get_value_element_as_str()]
-    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    options = group_options(group)
     for option in chosen:
         if option == "null":
             return _no_group(group, text)

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conf import CONFIG_DIR
 from launchers.calibrate import gemm_shapes, layer_model, node_timing, pointwise_shapes
 from launchers.compose import FastComposer
-from launchers.sbatch import default_config_dir
 from train.planner.calibration import COLLECTIVES, fit_link, load_calibration
 from train.planner.perf import predict_time
 
@@ -24,7 +24,7 @@ SMALL = ("model.num_layers=2", "model.hidden_size=64", "model.num_attention_head
 
 
 def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> None:
-    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(SMALL))
+    run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(SMALL))
     shapes = gemm_shapes(run)
     # tp 1 and 2 (2 devices): 6 layer GEMMs and the logits, forward and two backward, per tp.
     assert {s[4] for s in shapes} == {"nt", "nn", "tn"}
@@ -55,7 +55,7 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     assert "narrow layer at tp=2" in proc.stdout
     cal = load_calibration(str(out))
     assert [(t.nodes, t.tasks_per_node) for t in cal.nodes] == [(1, 2), (2, 2)]
-    run = FastComposer.from_config_dir(default_config_dir(), "config").run_config(list(SMALL))
+    run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(SMALL))
     for timing in cal.nodes:
         assert len(timing.gemms) == len(gemm_shapes(run)) and all(g.seconds > 0 for g in timing.gemms)
         assert timing.memory_bw_gbs > 0 and timing.op_overhead_us > 0
@@ -68,7 +68,7 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
         assert {c.op for c in measured} == set(COLLECTIVES)
         link = fit_link(measured)
         assert link is not None and link.bandwidth > 0
-    calibrated = FastComposer.from_config_dir(default_config_dir(), "config").run_config(
+    calibrated = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(
         [*SMALL, f"hardware.calibration={out}", "parallelism.global_batch_size=2"])
     par = calibrated.parallelism
     assert predict_time(calibrated.model, par, calibrated.hardware, dp=2).sec_per_iter > 0

@@ -20,8 +20,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import open_dict, read_write
 
+from conf import CONFIG_DIR
 from launchers.compose import FastComposer
-from launchers.sbatch import default_config_dir
 from launchers.submit import (
     LaunchSettings,
     SubdirNamer,
@@ -199,7 +199,7 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
 
 
 def test_sweep_subdir_is_resolved_per_config_and_checked(tmp_path: Path) -> None:
-    composer = FastComposer.from_config_dir(default_config_dir())
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
     master = composer.compose([])
 
     def namer(template: str) -> SubdirNamer:
@@ -241,7 +241,7 @@ def test_sweep_subdir_is_resolved_per_config_and_checked(tmp_path: Path) -> None
 def test_manifest_entries_are_handed_over_after_each_array(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
-    composer = FastComposer.from_config_dir(default_config_dir())
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
     # Two time limits: two arrays, and a third config that sbatch refuses.
     jobs = [
         [*TINY, "cluster.time_limit_min=5"],
