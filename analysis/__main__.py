@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import math
 import multiprocessing
 import os
 import signal
@@ -49,6 +48,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis import finite_above_zero, whole_at_least_one
 from train.contract import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -74,22 +74,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _at_least_one(text: str) -> int:
     """A count of nodes or a DP multiple: a whole number, 1 or more (0 would exclude every run, or divide by 0)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if (value := whole_at_least_one(text)) is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1, e.g. 8")
     return value
 
 
 def _gib(text: str) -> float:
     """A memory limit in GiB: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if (value := finite_above_zero(text)) is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0, e.g. 70")
     return value
 

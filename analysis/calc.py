@@ -33,7 +33,6 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -41,6 +40,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 import conf
+from analysis import finite_above_zero, whole_at_least_one
 from conf.schema import Recompute, RunConfig, to_run_config
 from train.contract import EXIT_USAGE
 from train.planner.flops import (
@@ -169,11 +169,7 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
 
 
 def _parse_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if (value := finite_above_zero(text)) is None:
         raise CalcError(
             f"sec_per_iter={text} is invalid: sec_per_iter must be a positive, finite number of seconds "
             f"per training iteration, e.g. sec_per_iter=114.11."
@@ -182,11 +178,7 @@ def _parse_seconds(text: str) -> float:
 
 
 def _parse_devices(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if (value := whole_at_least_one(text)) is None:
         raise CalcError(
             f"devices={text} is invalid: devices must be a positive whole number of devices (GPUs, or CPU "
             f"sockets used as devices) that ran the iteration, e.g. devices=384."
@@ -196,7 +188,7 @@ def _parse_devices(text: str) -> int:
 
 def compose_run(overrides: Sequence[str]) -> RunConfig:
     """Compose conf/config.yaml with the overrides, as `python -m train` does, without Hydra's output dirs."""
-    config_dir = str(Path(conf.__file__).resolve().parent)
+    config_dir = str(conf.CONFIG_DIR)
     conf.register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
