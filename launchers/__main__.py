@@ -69,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument("--out", required=True, help="calibration file to write (JSON)")
     calibrate.add_argument("--nodes", type=int, nargs="+", default=[1, 2], help="node counts measured (1 2)")
     calibrate.add_argument("--min-seconds", type=float, default=0.05, help="shortest timing of each figure (s)")
+    calibrate.add_argument(
+        "--here", action="store_true",
+        help="measure this machine's one device in this process, without Slurm (no collectives; --nodes ignored)",
+    )
     sbatch.add_argument(
         "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
     )
@@ -112,7 +116,9 @@ def _calibrate(args: argparse.Namespace) -> int:
               "between two nodes, is what the time model's links need), e.g. --nodes 1 2", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return calibrate_main(args.overrides, out=Path(args.out), nodes=args.nodes, min_seconds=args.min_seconds)
+        return calibrate_main(
+            args.overrides, out=Path(args.out), nodes=args.nodes, min_seconds=args.min_seconds, here=args.here
+        )
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,8 @@ backward, a large copy, a tiny op, and the collectives by message size inside a 
 nodes. The file (train.planner.calibration) keeps the median task's figure of each GEMM, and is
 what `hardware.calibration` names.
 
-Torch is imported by the jobs only: this runs on login nodes.
+Torch is imported by the jobs only: this runs on login nodes. `--here` measures this machine's one
+device in this process instead (a workstation, or inside an allocation): no Slurm, no collectives.
 """
 
 from __future__ import annotations
@@ -146,13 +147,9 @@ def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any
     )
 
 
-def calibrate(
-    run: RunConfig, *, nodes: Sequence[int] = (1, 2), folder: Path, min_seconds: float = 0.05, trials: int = 3
-) -> Calibration:
-    """Submit one job per node count, wait for them, and reduce their tasks' measurements."""
-    import submitit
-
-    spec: dict[str, Any] = {
+def job_spec(run: RunConfig, *, min_seconds: float, trials: int, tasks_per_node: int) -> dict[str, Any]:
+    """The CalibrationSpec (as keyword arguments) every task of a calibration job measures."""
+    return {
         "gemms": tuple(gemm_shapes(run)),
         "precision": run.parallelism.precision.value,
         "device_type": run.hardware.device_type,
@@ -161,10 +158,33 @@ def calibrate(
         "pointwise": pointwise_shapes(run),
         # On a CPU only: a GPU's launches run ahead of its work, so the time model adds none of it there.
         "layer_model": layer_model(run) if run.hardware.device_type == "cpu" else None,
-        "layer_tp": tuple(sorted({1, max(1, run.hardware.devices_per_node)})),
+        "layer_tp": tuple(sorted({1, tasks_per_node})),
         "min_seconds": min_seconds,
         "trials": trials,
     }
+
+
+def _calibration(run: RunConfig, device: str, timings: list[NodeTiming], collectives: list[CollectiveTiming]) -> Calibration:
+    return Calibration(
+        version=CALIBRATION_VERSION,
+        hardware=run.hardware.name,
+        host=platform.node(),
+        device=device,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=_torch_version(),
+        nodes=timings,
+        collectives=collectives,
+    )
+
+
+def calibrate(
+    run: RunConfig, *, nodes: Sequence[int] = (1, 2), folder: Path, min_seconds: float = 0.05, trials: int = 3
+) -> Calibration:
+    """Submit one job per node count, wait for them, and reduce their tasks' measurements."""
+    import submitit
+
+    per_node = max(1, run.hardware.devices_per_node)
+    spec = job_spec(run, min_seconds=min_seconds, trials=trials, tasks_per_node=per_node)
     # One job after the other: jobs that share a machine's cores would time each other.
     timings, collectives, device = [], [], ""
     totals = license_totals() if run.cluster.core_license else None
@@ -177,16 +197,17 @@ def calibrate(
         timings.append(node_timing(n, max(1, run.hardware.devices_per_node), results))
         collectives += [CollectiveTiming(**c) for c in results[0]["collectives"]]
         device = results[0]["device"]
-    return Calibration(
-        version=CALIBRATION_VERSION,
-        hardware=run.hardware.name,
-        host=platform.node(),
-        device=device,
-        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        torch=_torch_version(),
-        nodes=timings,
-        collectives=collectives,
-    )
+    return _calibration(run, device, timings, collectives)
+
+
+def calibrate_here(run: RunConfig, *, min_seconds: float = 0.05, trials: int = 3) -> Calibration:
+    """Measure one device in this process, without Slurm: a workstation's GPU, or one rank's share of an
+    interactive allocation. No collective is timed (one task has no peer), so the file serves layouts
+    that communicate nothing: one device, or a one-node search whose links keep hardware's figures."""
+    spec = job_spec(run, min_seconds=min_seconds, trials=trials, tasks_per_node=1)
+    print(f"calibrate: on this machine, {len(spec['gemms'])} GEMM shapes", flush=True)
+    result = _run_task(spec)
+    return _calibration(run, result["device"], [node_timing(1, 1, [result])], [])
 
 
 def _torch_version() -> str:
@@ -221,8 +242,8 @@ def format_calibration(cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_seconds: float) -> int:
-    """The CLI's work: compose, calibrate, write, print; returns the exit status."""
+def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_seconds: float, here: bool = False) -> int:
+    """The CLI's work: compose, calibrate (on Slurm, or `here`), write, print; returns the exit status."""
     from conf import CONFIG_DIR
     from launchers.compose import FastComposer
 
@@ -230,11 +251,14 @@ def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_secon
     if run.parallelism.engine == Engine.deepspeed:
         print("calibrate: the engine does not matter here; measuring the GEMMs and links only", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cal = calibrate(run, nodes=nodes, folder=out.parent, min_seconds=min_seconds)
+    if here:
+        cal = calibrate_here(run, min_seconds=min_seconds)
+    else:
+        cal = calibrate(run, nodes=nodes, folder=out.parent, min_seconds=min_seconds)
     cal.write(out)
     print(format_calibration(cal))
     print(f"calibrate: -> {out} (use it as hardware.calibration={out})")
     return 0
 
 
-__all__ = ["calibrate", "format_calibration", "gemm_shapes", "main", "node_timing"]
+__all__ = ["calibrate", "calibrate_here", "format_calibration", "gemm_shapes", "main", "node_timing"]

@@ -76,3 +76,23 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     bad = subprocess.run([sys.executable, "-m", "launchers", "calibrate", "--nodes", "0", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "node counts are positive" in bad.stderr
+
+
+def test_calibrate_here_measures_this_device_without_slurm(tmp_path: Path) -> None:
+    out = tmp_path / "here.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "calibrate", "--here", *SMALL, "--min-seconds", "0.002", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "on this machine" in proc.stdout and "link" not in proc.stdout  # one task: no collective timed
+    cal = load_calibration(str(out))
+    run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(SMALL))
+    [timing] = cal.nodes
+    # Every shape the search's layouts run, tp=2's too: a rank's GEMM is timed on one device alike.
+    assert (timing.nodes, timing.tasks_per_node) == (1, 1) and not cal.collectives
+    assert {(g.m, g.n, g.k, g.batch, g.layout) for g in timing.gemms} == set(gemm_shapes(run))
+    assert all(g.seconds > 0 for g in timing.gemms) and timing.memory_bw_gbs > 0
+    assert [x.tp for x in timing.layers] == [1]
+    one = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config([*SMALL, f"hardware.calibration={out}"])
+    assert predict_time(one.model, one.parallelism, one.hardware, dp=1).sec_per_iter > 0
