@@ -30,8 +30,9 @@ from train.planner.shapes import MAIN_GEMMS, alignment_elements, gemm_efficiency
 
 HIDDEN = tuple(range(13312, 14464 + 1, 64)) + (14400,)
 TPS = (4, 8)
-HEADS = 96
-"""BLOOM's 176B head count; only the attention-core GEMMs depend on it, and they are not timed."""
+HEADS = 8
+"""Divides every hidden size above and both TP degrees; only the attention-core GEMMs depend on it,
+and they are not timed."""
 
 
 def hardware(name: str) -> HardwareConfig:

@@ -17,7 +17,8 @@ Stages:
 - plain: tests.bench.gpu.plain_loop at each model's fastest trainer layout (the 0.97x reference).
 - profile: one profiled iteration of gpt_1.3b's fastest layout, summarised by kernel class.
 - gemm: tests.bench.gpu.gemm_shapes (measured GEMM throughput against the tile and wave model).
-- memory: the local launcher over mbs 1, 2, 4, 8 x three recompute modes x both models.
+- memory: the local launcher over mbs 1, 2, 4, 8 x three recompute modes x both models (gbs 8).
+- best: python -m train at the two layouts per model that the memory stage measured fastest.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ RECOMPUTE = ("none", "selective", "full")
 COMMON = ("hardware=h100_sxm", "parallelism.precision=bf16", "logger=disabled")
 MFU_GBS = 32
 """Global batch of the MFU runs: 4 to 32 micro-batches, so the optimizer step is a small share."""
-ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 420}
+ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100}
 """Rough seconds per stage on an H100, to skip a stage that cannot end before the deadline."""
 
 
@@ -120,8 +121,8 @@ def fastest(d: Driver, model: str) -> dict[str, Any] | None:
     runs = [(k, v) for k, v in d.summary["stages"].get("mfu", {}).items() if k.startswith(model + "_") and v.get("sec_per_iter")]
     if not runs:
         return None
-    key, best = min(runs, key=lambda kv: kv[1]["sec_per_iter"])
-    return {**best, "recompute": key.rsplit("_", 1)[1]}
+    key, top = min(runs, key=lambda kv: kv[1]["sec_per_iter"])
+    return {"recompute": key.rsplit("_", 1)[1], **top}
 
 
 def plain(d: Driver) -> None:
@@ -169,13 +170,40 @@ def gemm(d: Driver) -> None:
 def memory(d: Driver) -> None:
     rc, _ = d.sh("memory", [sys.executable, "-m", "train", "-m", "hydra/launcher=local", "model=gpt_350m,gpt_1.3b",
                             *COMMON, "parallelism.micro_batch_size=1,2,4,8", "parallelism.recompute=none,selective,full",
-                            "parallelism.global_batch_size=8", "training.train_iters=3", "training.warmup_iters=1",
+                            "parallelism.global_batch_size=8", "training.train_iters=4", "training.warmup_iters=2",
                             f"hydra.sweep.dir={d.work / 'memory'}"])  # fmt: skip
     d.summary["stages"]["memory"] = rc
 
 
+def _grid_rank(d: Driver) -> dict[str, list[dict[str, Any]]]:
+    """The memory stage's ok runs of each model, fastest per sample first."""
+    ranked: dict[str, list[dict[str, Any]]] = {m: [] for m in MODELS}
+    for path in sorted((d.work / "memory").glob("*/result.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("status") != "ok" or not rec.get("sec_per_iter"):
+            continue
+        par = rec["config"]["parallelism"]
+        ranked[rec["config"]["model"]["name"]].append(
+            {"mbs": par["micro_batch_size"], "recompute": par["recompute"],
+             "sec_per_sample": rec["sec_per_iter"] / par["global_batch_size"]})  # fmt: skip
+    return {m: sorted(v, key=lambda r: r["sec_per_sample"]) for m, v in ranked.items()}
+
+
+def best(d: Driver) -> None:
+    """MFU runs at the layouts the memory grid measured fastest (two per model), at MFU_GBS."""
+    out = d.summary["stages"].setdefault("mfu", {})
+    for m, ranked in _grid_rank(d).items():
+        for cand in ranked[:2]:
+            run_dir = d.work / "mfu" / f"{m}_mbs{cand['mbs']}_{cand['recompute']}"
+            rc, _ = d.sh("best", [sys.executable, "-m", "train", f"model={m}", *COMMON,
+                                  f"parallelism.micro_batch_size={cand['mbs']}", f"parallelism.global_batch_size={MFU_GBS}",
+                                  f"parallelism.recompute={cand['recompute']}", "training.train_iters=12",
+                                  "training.warmup_iters=2", f"hydra.run.dir={run_dir}"])  # fmt: skip
+            out[f"{m}_mbs{cand['mbs']}_{cand['recompute']}"] = {"exit": rc, "recompute": cand["recompute"], **brief(result(run_dir))}
+
+
 STAGES = {"env": env, "smoke": smoke, "calibrate": calibrate, "mfu": mfu, "plain": plain, "profile": profile,
-          "gemm": gemm, "memory": memory}  # fmt: skip
+          "gemm": gemm, "memory": memory, "best": best}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
