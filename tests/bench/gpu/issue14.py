@@ -19,6 +19,7 @@ Stages:
 - gemm: tests.bench.gpu.gemm_shapes (measured GEMM throughput against the tile and wave model).
 - memory: the local launcher over mbs 1, 2, 4, 8 x three recompute modes x both models (gbs 8).
 - best: python -m train at the two layouts per model that the memory stage measured fastest.
+- trace: the CUDA allocator's live tensors at gpt_350m's peak (tests.bench.gpu.memory_trace).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ RECOMPUTE = ("none", "selective", "full")
 COMMON = ("hardware=h100_sxm", "parallelism.precision=bf16", "logger=disabled")
 MFU_GBS = 32
 """Global batch of the MFU runs: 4 to 32 micro-batches, so the optimizer step is a small share."""
-ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100}
+ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100, "trace": 40}
 """Rough seconds per stage on an H100, to skip a stage that cannot end before the deadline."""
 
 
 class Driver:
-    def __init__(self, work: Path, deadline_s: float) -> None:
+    def __init__(self, work: Path, deadline_s: float, grid: Path | None = None) -> None:
         self.work, self.start, self.deadline = work, time.monotonic(), deadline_s
+        self.grid = grid or work / "memory"
         self.summary: dict[str, Any] = {"stages": {}}
 
     def left(self) -> float:
@@ -178,7 +180,7 @@ def memory(d: Driver) -> None:
 def _grid_rank(d: Driver) -> dict[str, list[dict[str, Any]]]:
     """The memory stage's ok runs of each model, fastest per sample first."""
     ranked: dict[str, list[dict[str, Any]]] = {m: [] for m in MODELS}
-    for path in sorted((d.work / "memory").glob("*/result.json")):
+    for path in sorted(d.grid.glob("*/result.json")):
         rec = json.loads(path.read_text())
         if rec.get("status") != "ok" or not rec.get("sec_per_iter"):
             continue
@@ -202,8 +204,16 @@ def best(d: Driver) -> None:
             out[f"{m}_mbs{cand['mbs']}_{cand['recompute']}"] = {"exit": rc, "recompute": cand["recompute"], **brief(result(run_dir))}
 
 
+def trace(d: Driver) -> None:
+    """The allocator's live tensors at the peak of gpt_350m, mbs 4, no recompute (tests.bench.gpu.memory_trace)."""
+    rc, _ = d.sh("trace", [sys.executable, "-m", "tests.bench.gpu.memory_trace", "--out", str(d.work / "memory_trace.json"),
+                           "model=gpt_350m", *COMMON, "parallelism.micro_batch_size=4", "parallelism.global_batch_size=4",
+                           "training.train_iters=2", "training.warmup_iters=1", f"hydra.run.dir={d.work / 'trace_run'}"])  # fmt: skip
+    d.summary["stages"]["trace"] = rc
+
+
 STAGES = {"env": env, "smoke": smoke, "calibrate": calibrate, "mfu": mfu, "plain": plain, "profile": profile,
-          "gemm": gemm, "memory": memory, "best": best}  # fmt: skip
+          "gemm": gemm, "memory": memory, "best": best, "trace": trace}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,10 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=540.0, help="seconds from start by which to stop")
     p.add_argument("--work", type=Path, default=Path("/tmp/issue14"))
     p.add_argument("--label", default="run")
+    p.add_argument("--grid", type=Path, default=None, help="an earlier memory stage's sweep dir, for 'best'")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    d = Driver(args.work, args.deadline)
+    d = Driver(args.work, args.deadline, args.grid)
     try:
         for name in args.stages:
             if d.left() < ESTIMATE_S[name] * 0.6:
