@@ -214,6 +214,9 @@ def forward_backward(
     with autocast(run, tokens.device):
         logits = model(tokens)
     loss = loss_sum(logits, labels) / normalizer
+    # No backward needs the 16-bit logits (the loss upcasts them first); a name still holding them
+    # kept b·s·V of them allocated through the whole backward (1.5 GiB at gpt_350m, mbs 8).
+    del logits
     scaler.scale(loss).backward()
     return loss.detach()
 

@@ -337,9 +337,10 @@ def choose_micro_batch(
         how = "the planner's prediction, not probed (the probe needs the whole model on one rank: tp = pp = 1)"
     else:
         limit = probe_memory_limit(run, device, dp=layout.dp)
+        reserve = probe_reserve_bytes(run, device, dp=layout.dp)
 
         def step(size: int) -> object:
-            return probe_step(model, run, size, device=device, limit_bytes=limit)
+            return probe_step(model, run, size, device=device, limit_bytes=limit, reserve_bytes=reserve)
 
         choice = auto_micro_batch(run, dp=layout.dp, step_fn=step)
         predicted, reason, probed, found = choice.predicted, choice.reason, choice.probe, choice.micro_batch_size
@@ -369,6 +370,17 @@ def choose_micro_batch(
     return progress.run
 
 
+def probe_reserve_bytes(run: RunConfig, device: torch.device, *, dp: int) -> float:
+    """Bytes a GPU probe holds beside its step: the optimizer and master states the planner expects,
+    which the run allocates at its first step and holds through every later one. Without them a
+    probe on an H100 passed gpt_1.3b at a size whose run then ran out of memory. 0 on a CPU, whose
+    simulated limit subtracts them already (probe_memory_limit)."""
+    if device.type != "cuda":
+        return 0.0
+    states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp, run.hardware)
+    return states.optimizer + states.master
+
+
 def probe_memory_limit(run: RunConfig, device: torch.device, *, dp: int) -> float | None:
     """Bytes the probe step may allocate: None on CUDA (the device's own OOM decides); on CPU, the
     usable hardware.memory_gib minus the weights and optimizer states the planner expects, enforced
@@ -381,10 +393,12 @@ def probe_memory_limit(run: RunConfig, device: torch.device, *, dp: int) -> floa
 
 
 def probe_step(
-    model: nn.Module, run: RunConfig, size: int, *, device: torch.device, limit_bytes: float | None
+    model: nn.Module, run: RunConfig, size: int, *, device: torch.device, limit_bytes: float | None,
+    reserve_bytes: float = 0.0,
 ) -> int | None:
-    """One local forward/backward of `model` on `size` synthetic samples (no collective); the peak
-    bytes the simulated limit counted (None without a limit). The gradients are dropped after."""
+    """One local forward/backward of `model` on `size` synthetic samples (no collective), with
+    `reserve_bytes` allocated beside it; the peak bytes the simulated limit counted (None without a
+    limit). The gradients are dropped after."""
     from train.loop import autocast
     from train.mbs_probe import simulated_memory_limit
 
@@ -393,12 +407,18 @@ def probe_step(
     gen = torch.Generator().manual_seed(run.training.seed)
     tokens = torch.randint(0, m.vocab_size, (size, m.seq_length), generator=gen).to(device)
     limit = simulated_memory_limit(limit_bytes) if limit_bytes is not None else contextlib.nullcontext(None)
+    # On a GPU the device's own OOM decides, so the optimizer states the run will hold beside the
+    # step (not allocated yet: the optimizer is built after the probe) hold their bytes here.
+    held = torch.empty(int(reserve_bytes), dtype=torch.uint8, device=device) if reserve_bytes else None
     try:
         with limit as peak:
             with autocast(run, device):
                 logits = model(tokens)
-            lm_loss_sum(logits, tokens).backward()
+            loss = lm_loss_sum(logits, tokens)
+            del logits  # as train.loop.forward_backward: no backward needs them
+            loss.backward()
             return None if peak is None else int(peak())
     finally:
+        del held
         model.zero_grad(set_to_none=True)
 

@@ -107,7 +107,8 @@ min(pp - i, m) micro-batches in flight (m = micro-batches per step). Of each it 
 input (the first layer's saved input, already counted) and its output until the backward (4·sbh,
 non-last stages); while a backward runs, the gradient received for the output and the one sent for
 the input (4·sbh each). Backward's working set also holds the fp32 gradient of the logits
-(4·bs·V/t) on the last stage, and under full recompute one layer's recomputed activations.
+on the last stage (4·bs·V/t: two of them, the log-softmax output's and its input's, under
+F.cross_entropy at t = 1), and under full recompute one layer's recomputed activations.
 
 Activations, megatron_deepspeed (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", section 4; 16-bit, dropout masks 1 byte)
@@ -561,7 +562,7 @@ def _activations(
         per_mb = stored + copies
         peak = _with_accumulation(in_flight, stored, working * (layers > 0), tensors.largest, _FP32, m) + copies
         if last:
-            peak += _FP32 * vocab_shard  # the fp32 gradient of the logits, backward's first tensor
+            peak += _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp)
         if pp > 1 and traits.pipeline == "megasweep":
             peak += _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last)
         return _Activations(per_mb, peak)
@@ -688,6 +689,16 @@ def _megasweep_layer(model: ModelConfig, par: ParallelismConfig, recompute: Reco
     if recompute == Recompute.selective:
         return none - lse, lse
     return _FP32 * sbh / local, none - _FP32 * sbh / local
+
+
+def _loss_backward_logit_grads(tp: int) -> int:
+    """fp32 logit-sized gradients alive at once when backward starts at the loss, beyond the saved
+    log-softmax output. F.cross_entropy (tp = 1) is log_softmax then nll_loss: nll_loss's backward
+    makes a dense gradient of the log-softmax output, and log_softmax's backward then makes the
+    gradient of its input beside it, two b·s·V fp32 tensors (the CUDA allocator's history of an
+    H100 run shows both, tests/bench/results/gpu/). The vocabulary-parallel loss (tp > 1) computes
+    its softmax gradient from the saved softmax in one tensor."""
+    return 2 if tp == 1 else 1
 
 
 def _megasweep_ends(model: ModelConfig, par: ParallelismConfig, *, first: bool, last: bool) -> float:

@@ -48,6 +48,7 @@ class Driver:
     def __init__(self, work: Path, deadline_s: float, grid: Path | None = None) -> None:
         self.work, self.start, self.deadline = work, time.monotonic(), deadline_s
         self.grid = grid or work / "memory"
+        self.memory_models = MODELS
         self.summary: dict[str, Any] = {"stages": {}}
 
     def left(self) -> float:
@@ -170,7 +171,7 @@ def gemm(d: Driver) -> None:
 
 
 def memory(d: Driver) -> None:
-    rc, _ = d.sh("memory", [sys.executable, "-m", "train", "-m", "hydra/launcher=local", "model=gpt_350m,gpt_1.3b",
+    rc, _ = d.sh("memory", [sys.executable, "-m", "train", "-m", "hydra/launcher=local", f"model={','.join(d.memory_models)}",
                             *COMMON, "parallelism.micro_batch_size=1,2,4,8", "parallelism.recompute=none,selective,full",
                             "parallelism.global_batch_size=8", "training.train_iters=4", "training.warmup_iters=2",
                             f"hydra.sweep.dir={d.work / 'memory'}"])  # fmt: skip
@@ -223,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/issue14"))
     p.add_argument("--label", default="run")
     p.add_argument("--grid", type=Path, default=None, help="an earlier memory stage's sweep dir, for 'best'")
+    p.add_argument("--memory-models", nargs="+", default=list(MODELS), help="the memory stage's models")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     d = Driver(args.work, args.deadline, args.grid)
+    d.memory_models = tuple(args.memory_models)
     try:
         for name in args.stages:
             if d.left() < ESTIMATE_S[name] * 0.6:

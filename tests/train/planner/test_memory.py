@@ -183,10 +183,14 @@ def test_stage_extras_and_autocast_weight_copies() -> None:
 
 def test_peak_holds_the_in_flight_micro_batches_and_the_logits_gradient() -> None:
     one = estimate_memory(HAND, par(), dp=1)
-    assert one.activations == one.activations_per_micro_batch + 4 * BS * 1000  # + d(logits), fp32
+    # + the gradients of the log-softmax output and of its input, fp32, both alive in its backward
+    assert one.activations == one.activations_per_micro_batch + 2 * 4 * BS * 1000
     # Several micro-batches: a backward ends with the embedding's dense gradient beside the accumulated one.
     acc = estimate_memory(HAND, par(micro_batch_size=1, global_batch_size=4), dp=1)
-    assert acc.activations == max(acc.activations_per_micro_batch, 4 * WORD) + 4 * 32 * 1000
+    assert acc.activations == max(acc.activations_per_micro_batch, 4 * WORD) + 2 * 4 * 32 * 1000
+    # The vocabulary-parallel loss makes one softmax gradient.
+    tp2 = estimate_memory(HAND, par(tp=2), dp=1)
+    assert tp2.activations == tp2.activations_per_micro_batch + 4 * BS * 1008 / 2  # vocabulary padded to 16
 
 
 def test_first_pipeline_stage_holds_pp_micro_batches() -> None:
