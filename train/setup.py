@@ -372,9 +372,9 @@ def choose_micro_batch(
 
 def probe_reserve_bytes(run: RunConfig, device: torch.device, *, dp: int) -> float:
     """Bytes a GPU probe holds beside its step: the optimizer and master states the planner expects,
-    which the run allocates at its first step and holds through every later one. Without them a
-    probe on an H100 passed gpt_1.3b at a size whose run then ran out of memory. 0 on a CPU, whose
-    simulated limit subtracts them already (probe_memory_limit)."""
+    which the run allocates at its first step and holds through every later one: without them the
+    probe judged a size by less memory than its run holds (Adam's two fp32 moments, 10.5 GB at
+    gpt_1.3b). 0 on a CPU, whose simulated limit subtracts them already (probe_memory_limit)."""
     if device.type != "cuda":
         return 0.0
     states = estimated_memory(run.model, replace(run.parallelism, micro_batch_size=1), dp, run.hardware)
