@@ -5,7 +5,9 @@ are a site's measurements when `hardware.calibration` names a file (train.planne
 else the datasheet's with the efficiencies conf/hardware/*.yaml states with their sources; never
 a constant fitted to one table:
 
-- GEMMs: a calibrated GEMM's measured seconds for its shape and operand layout; otherwise FLOPs /
+- GEMMs: a calibrated GEMM's measured seconds for its shape and operand layout; a shape it did not
+  time runs at the achieved fraction of its class (the measured shape that differs from it in one
+  dimension only, the nearest: the same GEMM at another micro-batch or TP degree); otherwise FLOPs /
   (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from train.planner.shapes)
   plus a launch overhead. Y = X W^T has two backward GEMMs, dX = dY W and dW = dY^T X.
 - attention core: the same for QK^T and attention-over-values. Under SDPA on a GPU (megasweep's
@@ -160,6 +162,11 @@ class _Machine:
     """Measured (forward, backward) seconds per element of each pointwise op kind (calibration)."""
     layers: dict[int, LayerTiming] = field(default_factory=dict)
     """A narrow model's measured layer, by TP degree (calibration)."""
+    classes: dict[tuple[tuple[int, ...], int, str, str], tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    """Measured GEMMs by class: (the shape without dimension i, i, precision, layout) -> (dimension i,
+    achieved fraction of `flops` x tile x wave efficiency) of each (calibration)."""
+    unmeasured: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict)
+    """Seconds of the untimed shapes predicted so far: filled as they are asked for."""
 
 
 def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
@@ -203,8 +210,9 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
             f"hardware.calibration={hw.calibration!r} timed no {precision.value} GEMM: calibrate with that precision"
         )
     fitted = links(hw.calibration)
+    best = max(rates)
     return _Machine(
-        flops=max(rates),
+        flops=best,
         mem_bw=timing.memory_bw_gbs * 1e9,
         kernel=timing.op_overhead_us * 1e-6,
         intra=fitted.get("intra"),
@@ -214,7 +222,42 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
         gemms=table,
         pointwise={kind: (f, b) for kind, (f, b) in timing.pointwise.items()},
         layers={layer.tp: layer for layer in timing.layers},
+        classes=_gemm_classes(table, best, hw.num_sms),
     )
+
+
+def _gemm_classes(
+    table: dict[tuple[int, int, int, int, str, str], float], best: float, num_sms: int | None
+) -> dict[tuple[tuple[int, ...], int, str, str], tuple[tuple[int, float], ...]]:
+    """Each measured GEMM's achieved fraction of the best rate x its tile and wave efficiency, filed
+    under each of its four dimensions. A calibration times the GEMMs of the micro-batches it was
+    asked for; a layout at another one (micro_batch_size=auto reaches 16 or 32) runs the same GEMMs
+    with one dimension scaled (the tokens m, the batch of heads, or dW's inner k), and its speed is
+    that class's, not the best of all: on an H100 the batched attention GEMMs ran at a fifth to a third
+    of it."""
+    classes: dict[tuple[tuple[int, ...], int, str, str], list[tuple[int, float]]] = {}
+    for (m, n, k, batch, precision, layout), seconds in table.items():
+        if seconds <= 0:
+            continue
+        flops, quant = _quantized(m, n, k, batch, num_sms, alignment_elements(Precision(precision)))
+        fraction = flops / seconds / (best * quant)
+        dims = (m, n, k, batch)
+        for i in range(4):
+            key = (dims[:i] + dims[i + 1 :], i, precision, layout)
+            classes.setdefault(key, []).append((dims[i], fraction))
+    return {key: tuple(sorted(found)) for key, found in classes.items()}
+
+
+def _class_fraction(dims: tuple[int, int, int, int], precision: str, layout: str, mach: _Machine) -> float | None:
+    """The achieved fraction of the measured GEMM nearest to `dims` (by the ratio of the one dimension
+    they differ in; the larger on a tie), or None when no measured GEMM differs in one dimension only."""
+    best: tuple[float, int, float] | None = None
+    for i in range(4):
+        for value, fraction in mach.classes.get((dims[:i] + dims[i + 1 :], i, precision, layout), ()):
+            distance = abs(math.log(value / dims[i]))
+            if best is None or (distance, -value) < (best[0], -best[1]):
+                best = (distance, value, fraction)
+    return None if best is None else best[2]
 
 
 def _link(mach: _Machine, span: int) -> Link:
@@ -240,11 +283,21 @@ def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, passes: int) 
 
 
 def _one_gemm(m: int, n: int, k: int, batch: int, layout: str, mach: _Machine, precision: Precision) -> float:
-    measured = mach.gemms.get((m, n, k, batch, precision.value, layout))
+    key = (m, n, k, batch, precision.value, layout)
+    measured = mach.gemms.get(key)
+    if measured is None:
+        measured = mach.unmeasured.get(key)
     if measured is not None:
         return measured
     flops, quant = _quantized(m, n, k, batch, mach.hw.num_sms, alignment_elements(precision))
-    return flops / (mach.flops * quant) + mach.kernel
+    fraction = _class_fraction((m, n, k, batch), precision.value, layout, mach) if mach.classes else None
+    if fraction is None:
+        seconds = flops / (mach.flops * quant) + mach.kernel
+    else:
+        # The class's measured time holds its launch; no shape runs above the best measured rate.
+        seconds = flops / (mach.flops * min(quant * fraction, 1.0))
+    mach.unmeasured[key] = seconds
+    return seconds
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -22,7 +22,15 @@ from train.planner.calibration import (
 from train.planner.flops import layer_gemms, logits_gemm
 from train.planner.inventory import stage_numel
 from train.planner.memory import Stack
-from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes, predict_time
+from train.planner.perf import (
+    FORWARD_LAYOUT,
+    _machine_cached,
+    _one_gemm,
+    _quantized,
+    backward_gemm_shapes,
+    predict_time,
+)
+from train.planner.shapes import alignment_elements
 
 MODEL = ModelConfig(name="m", num_layers=2, hidden_size=64, num_attention_heads=2, seq_length=32, vocab_size=256,
                     make_vocab_size_divisible_by=64)
@@ -39,12 +47,16 @@ def timings(scope: str, ranks: int) -> list[CollectiveTiming]:
     return out
 
 
-def calibration(tmp_path: Path) -> Path:
-    # Every GEMM of a tp=1, mbs=1 layout, forward and backward, timed at 1 ms.
+def _timed_shapes() -> set[tuple[int, int, int, int, str]]:
+    # Every GEMM of a tp=1, mbs=1 layout, forward and backward.
     gemms = [*layer_gemms(MODEL, micro_batch_size=1), logits_gemm(MODEL, micro_batch_size=1)]
     shapes = {(g.m, g.n, g.k, g.batch, FORWARD_LAYOUT) for g in gemms}
-    shapes |= {s for g in gemms for s in backward_gemm_shapes(g)}
-    timed = [GemmTiming(m, n, k, b, "fp32", 1e-3, layout) for m, n, k, b, layout in sorted(shapes)]
+    return shapes | {s for g in gemms for s in backward_gemm_shapes(g)}
+
+
+def calibration(tmp_path: Path) -> Path:
+    # Every GEMM of a tp=1, mbs=1 layout, forward and backward, timed at 1 ms.
+    timed = [GemmTiming(m, n, k, b, "fp32", 1e-3, layout) for m, n, k, b, layout in sorted(_timed_shapes())]
     cal = Calibration(
         version=CALIBRATION_VERSION, hardware="cpu", host="h", device="cpu x1", measured_at="now", torch="2.13",
         nodes=[NodeTiming(nodes=1, tasks_per_node=2, gemms=timed, memory_bw_gbs=10.0, op_overhead_us=7.0)],
@@ -81,8 +93,46 @@ def test_a_calibrated_cpu_is_predicted_from_its_measured_gemms(tmp_path: Path) -
     # 2 steps of latency, and each rank moves the whole message once at 1 GB/s.
     two = predict_time(MODEL, replace(layout, global_batch_size=2), hw, dp=2, stack=Stack.deepspeed)
     assert two.parts["dp_comm"] == pytest.approx(2 * LATENCY + 4 * stage_numel(MODEL) / BANDWIDTH)
-    # An unmeasured shape (mbs=2) falls back to the best measured rate: still a prediction.
-    assert predict_time(MODEL, replace(layout, micro_batch_size=2, global_batch_size=2), hw, dp=1).sec_per_iter > 0
+
+
+def test_an_untimed_shape_runs_at_its_class_measured_fraction(tmp_path: Path) -> None:
+    hw = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
+    one = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    p1 = predict_time(MODEL, one, hw, dp=1)
+    # mbs=2 was not timed. Each of its GEMMs differs from a timed one in one dimension (the tokens m,
+    # the batch of heads, or dW's inner k), doubled. The attention GEMMs' batch of heads fills no
+    # more of a tile: at the timed rate, twice the time.
+    p2 = predict_time(MODEL, replace(one, micro_batch_size=2, global_batch_size=2), hw, dp=1)
+    assert p2.parts["attention"] == pytest.approx(2 * p1.parts["attention"])
+    # The dense ones at most twice: a 32-token m fills half a 64-row tile, 64 tokens all of it.
+    assert p1.parts["gemm"] < p2.parts["gemm"] <= 2 * p1.parts["gemm"]
+    # The old fallback, the best measured rate (the logits' dX GEMM, the most FLOPs in 1 ms), would
+    # have priced the attention GEMMs, timed at an eighth of it, eight times too fast.
+    best = max(2 * m * n * k * b / 1e-3 for m, n, k, b, _ in _timed_shapes())
+    scores = next(g for g in layer_gemms(MODEL, micro_batch_size=2) if g.name == "attn_scores")
+    at_best = MODEL.num_layers * 2 * 3 * scores.flops / best
+    assert p2.parts["attention"] == pytest.approx(8 * at_best)
+    # At seq 64 every attention GEMM differs from each timed one in two dimensions (m and n, or m
+    # and k): no class, so the best rate x its tile efficiency, and a launch overhead.
+    longer = replace(MODEL, seq_length=64)
+    core = [g for g in layer_gemms(longer, micro_batch_size=1) if g.name in {"attn_scores", "attn_values"}]
+    shapes = [s for g in core for s in ((g.m, g.n, g.k, g.batch, FORWARD_LAYOUT), *backward_gemm_shapes(g))]
+    fallback = sum(2 * m * n * k * b / (best * _quantized(m, n, k, b, None, alignment_elements(Precision.fp32))[1]) + 7e-6
+                   for m, n, k, b, _ in shapes)  # fmt: skip
+    assert predict_time(longer, one, hw, dp=1).parts["attention"] == pytest.approx(MODEL.num_layers * fallback)
+
+
+def test_an_untimed_shape_never_runs_above_the_best_measured_rate(tmp_path: Path) -> None:
+    # The best rate's own GEMM at four times the tokens fills its tiles better than the timed one;
+    # its class's fraction x that efficiency exceeds 1, and the rate stays at the best measured.
+    hw = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
+    mach = _machine_cached(hw, Precision.fp32, 1)
+    best = max(2 * m * n * k * b / 1e-3 for m, n, k, b, _ in _timed_shapes())
+    assert mach.flops == pytest.approx(best)
+    gemms = [*layer_gemms(MODEL, micro_batch_size=4), logits_gemm(MODEL, micro_batch_size=4)]
+    shapes = {(g.m, g.n, g.k, g.batch, FORWARD_LAYOUT) for g in gemms} | {s for g in gemms for s in backward_gemm_shapes(g)}
+    rates = [2 * m * n * k * b / _one_gemm(m, n, k, b, layout, mach, Precision.fp32) for m, n, k, b, layout in shapes]
+    assert max(rates) == pytest.approx(best)
 
 
 def with_layers(tmp_path: Path, *layers: LayerTiming) -> HardwareConfig:
