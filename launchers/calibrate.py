@@ -7,7 +7,7 @@
 Two short jobs, one on one node and one on two, every task of them a rank as training places it
 (hardware.devices_per_node tasks per node, cluster.cpus_per_task each; train.calibration_job).
 They time the GEMM shapes the layouts of the search (`search.*`) run for the model, forward and
-backward, a large copy, a tiny op, and the collectives by message size inside a node and across
+backward, its attention core as the trainer runs it (SDPA) at those layouts, a large copy, a tiny op, and the collectives by message size inside a node and across
 nodes. The file (train.planner.calibration) keeps the median task's figure of each GEMM, and is
 what `hardware.calibration` names.
 
@@ -25,12 +25,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conf.schema import Engine, RunConfig
+from conf.schema import Engine, ModelKind, RunConfig
 from launchers.allocation import core_licenses
 from launchers.site import license_totals
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
+    AttentionTiming,
     Calibration,
     CollectiveTiming,
     GemmTiming,
@@ -61,6 +62,16 @@ def gemm_shapes(run: RunConfig) -> list[tuple[int, int, int, int, str]]:
             shapes.add((g.m, g.n, g.k, g.batch, FORWARD_LAYOUT))
             shapes.update(backward_gemm_shapes(g))
     return sorted(shapes)
+
+
+def attention_shapes(run: RunConfig) -> list[tuple[int, int, int, int, bool]]:
+    """(micro-batch, heads on a rank, sequence, head size, causal) of every attention core the
+    search's layouts run on one rank."""
+    m = run.model
+    heads, head_dim = m.num_attention_heads, m.hidden_size // m.num_attention_heads
+    causal = m.kind == ModelKind.gpt
+    pairs = {(par.tp, par.mbs) for _, par in layouts(run, run.search)}
+    return sorted({(mbs, heads // tp, m.seq_length, head_dim, causal) for tp, mbs in pairs if heads % tp == 0})
 
 
 def pointwise_shapes(run: RunConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -144,6 +155,10 @@ def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any
             LayerTiming(**{**first, **{k: statistics.median(r["layers"][i][k] for r in results) for k in ("forward_s", "step_s")}})
             for i, first in enumerate(results[0].get("layers", []))
         ],
+        attention=[
+            AttentionTiming(**{**first, **{k: statistics.median(r["attention"][i][k] for r in results) for k in ("forward_s", "backward_s")}})
+            for i, first in enumerate(results[0].get("attention", []))
+        ],
     )
 
 
@@ -156,6 +171,7 @@ def job_spec(run: RunConfig, *, min_seconds: float, trials: int, tasks_per_node:
         "message_bytes": MESSAGE_BYTES,
         "copy_bytes": 64 << 20,
         "pointwise": pointwise_shapes(run),
+        "attention": tuple(attention_shapes(run)),
         # On a CPU only: a GPU's launches run ahead of its work, so the time model adds none of it there.
         "layer_model": layer_model(run) if run.hardware.device_type == "cpu" else None,
         "layer_tp": tuple(sorted({1, tasks_per_node})),
@@ -230,6 +246,12 @@ def format_calibration(cal: Calibration) -> str:
             f"  {t.nodes} node(s) x {t.tasks_per_node} tasks: {len(t.gemms)} GEMM shapes, best "
             f"{best / 1e12:.3g} TFLOP/s per device; copy {t.memory_bw_gbs:.3g} GB/s; op {t.op_overhead_us:.3g} us"
         )
+        if t.attention:
+            # The core's QK^T and attention over values, forward (x1) and backward (x2), counting the
+            # whole s x s matrix as MFU does (a causal kernel skips about half of it).
+            rates = [12 * a.batch * a.heads * a.seq_length**2 * a.head_dim / (a.forward_s + a.backward_s) for a in t.attention]
+            lines.append(f"    attention core (SDPA): {len(rates)} shapes, {min(rates) / 1e12:.3g}-{max(rates) / 1e12:.3g} "
+                         "TFLOP/s forward + backward (whole s x s matrix counted)")  # fmt: skip
         for layer in t.layers:
             lines.append(
                 f"    narrow layer at tp={layer.tp}: forward {layer.forward_s * 1e3:.3g} ms, "
@@ -261,4 +283,4 @@ def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_secon
     return 0
 
 
-__all__ = ["calibrate", "calibrate_here", "format_calibration", "gemm_shapes", "main", "node_timing"]
+__all__ = ["attention_shapes", "calibrate", "calibrate_here", "format_calibration", "gemm_shapes", "main", "node_timing"]

@@ -4,6 +4,7 @@ Each task is a rank as training places it: same device, same thread count (SLURM
 its node's other tasks busy beside it. All tasks time the same work at the same moment, so what
 they share (a node's cores and memory bus on a CPU, its NICs across nodes) is shared as in training:
 - the GEMM shapes the candidate layouts run (`CalibrationSpec.gemms`), forward and backward shapes;
+- the attention core (SDPA) at the same layouts' micro-batches and heads per rank;
 - a large copy (memory bandwidth) and a tiny pointwise op (what any op costs beyond its work);
 - all-reduce, all-gather, reduce-scatter and send/recv by message size: over the whole job when it
   is one node ('intra'), over pairs of ranks on different nodes when it is two ('inter'), every
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from train import distributed
-from train.planner.calibration import COLLECTIVES, LAYER_COUNTS, CollectiveTiming, GemmTiming
+from train.planner.calibration import COLLECTIVES, LAYER_COUNTS, AttentionTiming, CollectiveTiming, GemmTiming
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -54,6 +55,9 @@ class CalibrationSpec:
     whole, per TP degree (train.planner.calibration.LayerTiming); None times none."""
     layer_tp: tuple[int, ...] = (1,)
     """TP degrees the layers are timed at (each divides the tasks of a node)."""
+    attention: tuple[tuple[int, int, int, int, bool], ...] = ()
+    """(micro-batch, heads on a rank, sequence, head size, causal) of each attention core to time
+    (train.planner.calibration.AttentionTiming)."""
     min_seconds: float = 0.05
     trials: int = 3
     timeout_s: float = 300.0
@@ -181,6 +185,30 @@ def pointwise_seconds(
     return forward / elements, max(both_s - forward, 0.0) / elements
 
 
+def attention_seconds(
+    shape: tuple[int, int, int, int, bool], dtype: torch.dtype, device: torch.device, timing: dict[str, Any]
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core as train.model runs it: SDPA on the q, k and
+    v views of one [b, s, heads, 3, head_dim] QKV output (strided, as the model hands them over)."""
+    b, heads, s, d, causal = shape
+    qkv = torch.randn(b, s, heads, 3, d, device=device).to(dtype).requires_grad_()
+    grad = torch.ones(b, heads, s, d, device=device, dtype=dtype)
+
+    def core(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = x.permute(3, 0, 2, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    # Recorded by autograd, as training's forward is (a GPU kernel then also keeps its softmax
+    # statistics for backward); the graph goes with the output.
+    forward = concurrent_seconds(lambda: core(qkv), device=device, **timing)
+
+    def both() -> None:
+        core(qkv).backward(grad)
+        qkv.grad = None
+
+    return forward, max(concurrent_seconds(both, device=device, **timing) - forward, 0.0)
+
+
 def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torch.device) -> Callable[[], object] | None:
     size = dist.get_world_size(group)
     n = max(size, nbytes // 4 // size * size)
@@ -233,6 +261,10 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
     tiny = torch.ones(8, device=device)
     op = concurrent_seconds(lambda: tiny.add(1.0), device=device, **timing)
     pointwise = {kind: list(pointwise_seconds(kind, shape, dtype, device, timing)) for kind, shape in spec.pointwise}
+    attention = [
+        asdict(AttentionTiming(b, heads, s, d, causal, spec.precision, *attention_seconds((b, heads, s, d, causal), dtype, device, timing)))
+        for b, heads, s, d, causal in spec.attention
+    ]
     collectives = _collectives(spec, launch, device, timing) if launch is not None else []
     layers = layer_timings(spec, launch, device, timing) if spec.layer_model is not None else []
     barrier()
@@ -245,6 +277,7 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         "memory_bw_gbs": 2 * src.numel() * 4 / copy / 1e9,
         "op_overhead_us": op * 1e6,
         "pointwise": pointwise,
+        "attention": attention,
         "collectives": collectives,
         "layers": layers,
     }

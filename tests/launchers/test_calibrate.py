@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conf import CONFIG_DIR
-from launchers.calibrate import gemm_shapes, layer_model, node_timing, pointwise_shapes
+from launchers.calibrate import attention_shapes, gemm_shapes, layer_model, node_timing, pointwise_shapes
 from launchers.compose import FastComposer
 from train.planner.calibration import COLLECTIVES, fit_link, load_calibration
 from train.planner.perf import predict_time
@@ -37,9 +37,16 @@ def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> N
     for task, s in zip(tasks, (1.0, 3.0, 2.0), strict=True):
         task["layers"] = [{"tp": 2, "kind": "gpt", "hidden_size": 32, "num_attention_heads": 2, "seq_length": 32,
                            "vocab_size": 256, "micro_batch_size": 1, "forward_s": s, "step_s": 3 * s}]
+        task["attention"] = [{"batch": 1, "heads": 2, "seq_length": 32, "head_dim": 32, "causal": True,
+                              "precision": "fp32", "forward_s": s, "backward_s": 2 * s}]
     t = node_timing(1, 3, tasks)
     assert t.gemms[0].seconds == 2.0 and t.memory_bw_gbs == 2.0 and t.pointwise == {"add": [2.0, 2.0]}
     assert [(x.tp, x.forward_s, x.step_s) for x in t.layers] == [(2, 2.0, 6.0)]
+    assert [(a.batch, a.heads, a.forward_s, a.backward_s) for a in t.attention] == [(1, 2, 2.0, 4.0)]
+    # The attention core of each (micro-batch, heads per rank) the search runs: tp 1 and 2, mbs 1.
+    assert attention_shapes(run) == [(1, 1, 32, 32, True), (1, 2, 32, 32, True)]
+    bert = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config([*SMALL, "model.kind=bert", "search.micro_batch_sizes=[1,4]"])
+    assert {(b, causal) for b, _, _, _, causal in attention_shapes(bert)} == {(1, False), (4, False)}
     assert layer_model(run) == ("gpt", 32, 2, 32, 256, 1)  # a head per device of a node
 
 
@@ -94,5 +101,8 @@ def test_calibrate_here_measures_this_device_without_slurm(tmp_path: Path) -> No
     assert {(g.m, g.n, g.k, g.batch, g.layout) for g in timing.gemms} == set(gemm_shapes(run))
     assert all(g.seconds > 0 for g in timing.gemms) and timing.memory_bw_gbs > 0
     assert [x.tp for x in timing.layers] == [1]
+    assert [(a.batch, a.heads) for a in timing.attention] == [(1, 1), (1, 2)]
+    assert all(a.forward_s > 0 and a.backward_s >= 0 for a in timing.attention)
+    assert "attention core (SDPA): 2 shapes" in proc.stdout
     one = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config([*SMALL, f"hardware.calibration={out}"])
     assert predict_time(one.model, one.parallelism, one.hardware, dp=1).sec_per_iter > 0

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from train.calibration_job import (
     CalibrationSpec,
     _gemm,
+    attention_seconds,
     best_seconds,
     concurrent_seconds,
     measure,
@@ -38,8 +39,11 @@ def test_one_process_measures_everything_but_collectives(monkeypatch: pytest.Mon
         monkeypatch.delenv(key, raising=False)
     spec = CalibrationSpec(gemms=((32, 64, 16, 1, "nt"), (32, 16, 64, 1, "nn")), precision="fp32", device_type="cpu",
                            message_bytes=(1024,), copy_bytes=1 << 20, pointwise=(("gelu", (64, 64)),),
-                           min_seconds=0.001, trials=1)  # fmt: skip
+                           attention=((2, 4, 64, 16, True),), min_seconds=0.001, trials=1)  # fmt: skip
     out = measure(spec)
+    [core] = out["attention"]
+    assert (core["batch"], core["heads"], core["seq_length"], core["head_dim"], core["causal"]) == (2, 4, 64, 16, True)
+    assert core["forward_s"] > 0 and core["backward_s"] >= 0 and core["precision"] == "fp32"
     assert [(g["m"], g["layout"]) for g in out["gemms"]] == [(32, "nt"), (32, "nn")]
     assert all(g["seconds"] > 0 for g in out["gemms"])
     assert out["memory_bw_gbs"] > 0 and out["op_overhead_us"] > 0 and out["collectives"] == []
@@ -47,6 +51,29 @@ def test_one_process_measures_everything_but_collectives(monkeypatch: pytest.Mon
                                           {"min_seconds": 0.001, "trials": 1})
     assert forward > 0 and backward >= 0
     assert out["pointwise"]["gelu"][0] > 0
+
+
+def test_the_timed_attention_core_is_the_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The core attention_seconds times computes what train.model's Attention does with the same q, k, v.
+    from train.model import Attention
+
+    attn = Attention(32, 4, causal=True)
+    x = torch.randn(2, 16, 32)
+    b, s, _ = x.shape
+    q, k, v = attn.qkv(x).view(b, s, -1, 3, attn.head_dim).permute(3, 0, 2, 1, 4)
+    expected = attn._core(q, k, v)
+    captured: list[torch.Tensor] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args: torch.Tensor, **kwargs: bool) -> torch.Tensor:
+        captured.append(args[0])
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    attention_seconds((2, 4, 16, 8, True), torch.float32, torch.device("cpu"), {"min_seconds": 0.0, "trials": 1})
+    # Same shape and the same strided view of a [b, s, heads, 3, head_dim] tensor as the model's q.
+    assert captured and captured[0].shape == expected.shape == q.shape
+    assert captured[0].stride() == q.stride()
 
 
 def _timing_worker(rank: int, init_file: str, out: str) -> None:

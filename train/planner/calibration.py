@@ -97,6 +97,27 @@ class LayerTiming:
 
 
 @dataclass(frozen=True)
+class AttentionTiming:
+    """The attention core as the trainer runs it (F.scaled_dot_product_attention) on one device: one
+    fused kernel on a GPU (FlashAttention, cuDNN). Without it the time model prices the core as the
+    two batched GEMMs of the same FLOPs, timed unfused, which on an H100 ran at a fifth (head size
+    64) to a third (128) of the best GEMM rate."""
+
+    batch: int
+    """Sequences (micro-batch size)."""
+    heads: int
+    """Attention heads on one rank (num_attention_heads / TP)."""
+    seq_length: int
+    head_dim: int
+    causal: bool
+    precision: str
+    forward_s: float
+    """One forward (s)."""
+    backward_s: float
+    """Its backward: the forward and backward's time less the forward's (s)."""
+
+
+@dataclass(frozen=True)
 class NodeTiming:
     """What a job on `nodes` nodes measured of each device's compute and memory."""
 
@@ -112,6 +133,9 @@ class NodeTiming:
     softmax, cross_entropy) at training's sizes."""
     layers: list[LayerTiming] = field(default_factory=list)
     """A narrow model's layer per TP degree measured (files from before it have none)."""
+    attention: list[AttentionTiming] = field(default_factory=list)
+    """The attention core at each (micro-batch, TP) the search runs (files from before it have none:
+    the time model then prices the core as two batched GEMMs)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +165,8 @@ class Calibration:
 def _from_dict(data: dict[str, Any]) -> Calibration:
     nodes = [
         NodeTiming(**{**n, "gemms": [GemmTiming(**g) for g in n.get("gemms", [])],
-                      "layers": [LayerTiming(**t) for t in n.get("layers", [])]})
+                      "layers": [LayerTiming(**t) for t in n.get("layers", [])],
+                      "attention": [AttentionTiming(**a) for a in n.get("attention", [])]})
         for n in data.get("nodes", [])
     ]  # fmt: skip
     collectives = [CollectiveTiming(**c) for c in data.get("collectives", [])]
@@ -218,6 +243,7 @@ def gemm_table(path: str, nodes: int) -> dict[tuple[int, int, int, int, str, str
 
 
 __all__ = [
+    "AttentionTiming",
     "CALIBRATION_VERSION",
     "COLLECTIVES",
     "Calibration",

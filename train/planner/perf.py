@@ -10,9 +10,12 @@ a constant fitted to one table:
   dimension only, the nearest: the same GEMM at another micro-batch or TP degree); otherwise FLOPs /
   (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from train.planner.shapes)
   plus a launch overhead. Y = X W^T has two backward GEMMs, dX = dY W and dW = dY^T X.
-- attention core: the same for QK^T and attention-over-values. Under SDPA on a GPU (megasweep's
-  stacks) FlashAttention skips the masked half of a causal score matrix, so that work halves;
-  Megatron's explicit baddbmm path computes it whole.
+- attention core: where a calibration timed SDPA at this micro-batch and heads per rank (or at
+  another count of sequences x heads of the same length and head size, scaled by that count),
+  its measured forward and backward for megasweep's stacks, which run SDPA; otherwise the GEMM
+  rule for QK^T and attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
+  half of a causal score matrix, so that work halves; Megatron's explicit baddbmm path computes
+  it whole.
 - pointwise ops (LayerNorm, GeLU, residual adds, softmax, cross-entropy, embedding lookup): the
   slower of their bytes over memory bandwidth and their elements at the op's calibrated rate; a
   pointwise backward moves twice its forward's bytes.
@@ -66,6 +69,7 @@ from conf.schema import (
 )
 from train.planner.calibration import (
     LAYER_COUNTS,
+    AttentionTiming,
     LayerTiming,
     Link,
     gemm_table,
@@ -165,6 +169,9 @@ class _Machine:
     classes: dict[tuple[tuple[int, ...], int, str, str], tuple[tuple[int, float], ...]] = field(default_factory=dict)
     """Measured GEMMs by class: (the shape without dimension i, i, precision, layout) -> (dimension i,
     achieved fraction of `flops` x tile x wave efficiency) of each (calibration)."""
+    attention: dict[tuple[int, int, bool, str], tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    """Measured attention cores (calibration): (sequence, head size, causal, precision) -> (sequences x
+    heads, forward s, backward s) of each."""
     unmeasured: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict)
     """Seconds of the untimed shapes predicted so far: filled as they are asked for."""
 
@@ -223,7 +230,32 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
         pointwise={kind: (f, b) for kind, (f, b) in timing.pointwise.items()},
         layers={layer.tp: layer for layer in timing.layers},
         classes=_gemm_classes(table, best, hw.num_sms),
+        attention=_attention_table(timing.attention),
     )
+
+
+def _attention_table(
+    timings: list[AttentionTiming],
+) -> dict[tuple[int, int, bool, str], tuple[tuple[int, float, float], ...]]:
+    table: dict[tuple[int, int, bool, str], list[tuple[int, float, float]]] = {}
+    for a in timings:
+        table.setdefault((a.seq_length, a.head_dim, a.causal, a.precision), []).append(
+            (a.batch * a.heads, a.forward_s, a.backward_s)
+        )
+    return {key: tuple(sorted(found)) for key, found in table.items()}
+
+
+def _measured_attention(
+    rows: int, seq: int, head_dim: int, causal: bool, precision: str, mach: _Machine
+) -> tuple[float, float] | None:
+    """(forward, backward) seconds of SDPA over `rows` sequences x heads: as timed, or the timing of
+    the nearest count (the larger on a tie) scaled by the ratio: the kernel's work is independent per
+    sequence and head, and a count the calibration did not time differs only in how many there are."""
+    timed = mach.attention.get((seq, head_dim, causal, precision))
+    if not timed:
+        return None
+    count, forward, backward = min(timed, key=lambda t: (abs(math.log(t[0] / rows)), -t[0]))
+    return forward * rows / count, backward * rows / count
 
 
 def _gemm_classes(
@@ -368,8 +400,16 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     e, precision = _act_bytes(par.precision), Precision(par.precision)
     gemms = layer_gemms(model, micro_batch_size=b, tp=t)
     dense_f, dense_b = _gemm_seconds([g for g in gemms if g.name not in ATTENTION_CORE], mach, precision)
-    core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
     tokens, heads = b * s, model.num_attention_heads // t
+    # megasweep's model runs SDPA; Megatron-DeepSpeed's explicit core (baddbmm, fused softmax) does not.
+    sdpa = None
+    if stack != Stack.megatron_deepspeed:
+        causal = model.kind == ModelKind.gpt
+        sdpa = _measured_attention(b * heads, s, h // model.num_attention_heads, causal, precision.value, mach)
+    if sdpa is not None:
+        core_f, core_b = sdpa
+    else:
+        core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
     # The residual stream's tokens on this rank: s/t under sequence parallel.
     local = tokens // t if par.sequence_parallel else tokens
     # The pointwise ops: two LayerNorms, GeLU on the f/t activations, two residual adds; megasweep's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from conf.schema import HardwareConfig, ModelConfig, ParallelismConfig, Precision, Recompute
 from train.planner.calibration import (
     CALIBRATION_VERSION,
+    AttentionTiming,
     Calibration,
     CollectiveTiming,
     GemmTiming,
@@ -133,6 +135,44 @@ def test_an_untimed_shape_never_runs_above_the_best_measured_rate(tmp_path: Path
     shapes = {(g.m, g.n, g.k, g.batch, FORWARD_LAYOUT) for g in gemms} | {s for g in gemms for s in backward_gemm_shapes(g)}
     rates = [2 * m * n * k * b / _one_gemm(m, n, k, b, layout, mach, Precision.fp32) for m, n, k, b, layout in shapes]
     assert max(rates) == pytest.approx(best)
+
+
+def with_attention(tmp_path: Path, *timings: AttentionTiming) -> HardwareConfig:
+    cal = load_calibration(str(calibration(tmp_path)))
+    # A new name each time: files are memoised by path.
+    name = f"sdpa{len(list(tmp_path.iterdir()))}.json"
+    out = replace(cal, nodes=[replace(cal.nodes[0], attention=list(timings))]).write(tmp_path / name)
+    return HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(out))
+
+
+def test_a_timed_attention_core_is_what_megasweep_stacks_pay(tmp_path: Path) -> None:
+    # SDPA timed at mbs 1, tp 1 (2 sequences x heads): 5 ms forward, 7 ms backward.
+    hw = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 5e-3, 7e-3))
+    layout = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    assert predict_time(MODEL, layout, hw, dp=1).parts["attention"] == pytest.approx(2 * 12e-3)
+    # mbs 2 ran 4 sequences x heads: twice the timed one's work; tp 2 half of it.
+    mbs2 = replace(layout, micro_batch_size=2, global_batch_size=2)
+    assert predict_time(MODEL, mbs2, hw, dp=1).parts["attention"] == pytest.approx(2 * 24e-3)
+    assert predict_time(MODEL, replace(layout, tp=2), hw, dp=1).parts["attention"] == pytest.approx(2 * 6e-3)
+    # Selective recompute runs the core's forward again.
+    selective = predict_time(MODEL, replace(layout, recompute=Recompute.selective), hw, dp=1)
+    assert selective.parts["recompute"] == pytest.approx(2 * 5e-3)
+    # Megatron-DeepSpeed's explicit core (baddbmm, softmax) runs no SDPA: its timed GEMMs (1 ms each).
+    megatron = predict_time(MODEL, layout, hw, dp=1, stack=Stack.megatron_deepspeed)
+    assert megatron.parts["attention"] == pytest.approx(2 * 2 * 3e-3)
+    # Another sequence length, head size, causality or precision: the GEMMs again.
+    assert predict_time(replace(MODEL, seq_length=64), layout, hw, dp=1).parts["attention"] != pytest.approx(2 * 12e-3)
+    bidirectional = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, False, "fp32", 5e-3, 7e-3))
+    assert predict_time(MODEL, layout, bidirectional, dp=1).parts["attention"] == pytest.approx(2 * 2 * 3e-3)
+
+
+def test_a_calibration_from_before_the_attention_timings_still_reads(tmp_path: Path) -> None:
+    path = calibration(tmp_path)
+    data = json.loads(path.read_text())
+    for node in data["nodes"]:
+        del node["attention"]
+    path.write_text(json.dumps(data))
+    assert load_calibration(str(path)).nodes[0].attention == []
 
 
 def with_layers(tmp_path: Path, *layers: LayerTiming) -> HardwareConfig:
