@@ -82,9 +82,10 @@ def memory_table() -> list[str]:
     return lines
 
 
-def time_table(calibrated_in: str = "call1") -> list[str]:
-    """The time model with the GPU's own calibration (the files `calibrated_in` wrote) against every
-    gbs-32 run that ran."""
+def time_table(calibrated_in: str | None = "call1") -> list[str]:
+    """The time model with the GPU's own calibration (the files `calibrated_in` wrote; None: the
+    datasheet figures and default efficiencies of conf/hardware/h100_sxm.yaml) against every gbs-32
+    run that ran."""
     from conf import CONFIG_DIR, register_configs
     from launchers.compose import FastComposer
     from train.planner.perf import predict_time
@@ -101,8 +102,8 @@ def time_table(calibrated_in: str = "call1") -> list[str]:
             continue
         seen.add(layout)  # the latest call's measurement of a layout
         model, par = rec["config"]["model"]["name"], rec["config"]["parallelism"]
-        cal = RESULTS / calibrated_in / f"calibration_h100_{model}.json"
-        run = composer.run_config([f"model={model}", "hardware=h100_sxm", f"hardware.calibration={cal}",
+        cal = [f"hardware.calibration={RESULTS / calibrated_in / f'calibration_h100_{model}.json'}"] if calibrated_in else []
+        run = composer.run_config([f"model={model}", "hardware=h100_sxm", *cal,
                                    "hardware.devices_per_node=1", "parallelism.precision=bf16",
                                    f"parallelism.micro_batch_size={par['micro_batch_size']}",
                                    f"parallelism.recompute={par['recompute']}",
@@ -171,6 +172,8 @@ def report() -> str:
          "the measured runs", time_table("call1")),
         ("Time model with this GPU's calibration (call 5: the attention core timed as the trainer runs it, SDPA) "
          "against the same runs", time_table("call5")),
+        ("Time model without a calibration (the datasheet and conf/hardware/h100_sxm.yaml's default efficiencies) "
+         "against the same runs", time_table(None)),
         ("GEMM shapes against the tile and wave model", gemm_table()),
         ("Where one iteration's GPU time goes", profile_lines()),
     ]
