@@ -70,8 +70,14 @@ def attention_shapes(run: RunConfig) -> list[tuple[int, int, int, int, bool]]:
     m = run.model
     heads, head_dim = m.num_attention_heads, m.hidden_size // m.num_attention_heads
     causal = m.kind == ModelKind.gpt
-    pairs = {(par.tp, par.mbs) for _, par in layouts(run, run.search)}
-    return sorted({(mbs, heads // tp, m.seq_length, head_dim, causal) for tp, mbs in pairs if heads % tp == 0})
+    shapes = set()
+    for tp, mbs in {(par.tp, par.mbs) for _, par in layouts(run, run.search)}:
+        try:
+            layer_gemms(m, micro_batch_size=mbs, tp=tp)
+        except ValueError:
+            continue  # tp does not split the heads or the FFN: the planner rejects those layouts
+        shapes.add((mbs, heads // tp, m.seq_length, head_dim, causal))
+    return sorted(shapes)
 
 
 def pointwise_shapes(run: RunConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -189,10 +189,12 @@ def attention_seconds(
     shape: tuple[int, int, int, int, bool], dtype: torch.dtype, device: torch.device, timing: dict[str, Any]
 ) -> tuple[float, float]:
     """(forward, backward) seconds of the attention core as train.model runs it: SDPA on the q, k and
-    v views of one [b, s, heads, 3, head_dim] QKV output (strided, as the model hands them over)."""
+    v views of one [b, s, heads, 3, head_dim] QKV output (strided, as the model hands them over), its
+    output's gradient the transposed view of a [b, s, heads, head_dim] one (the model's output
+    projection reads the output through transpose(1, 2))."""
     b, heads, s, d, causal = shape
     qkv = torch.randn(b, s, heads, 3, d, device=device).to(dtype).requires_grad_()
-    grad = torch.ones(b, heads, s, d, device=device, dtype=dtype)
+    grad = torch.ones(b, s, heads, d, device=device, dtype=dtype).transpose(1, 2)
 
     def core(x: torch.Tensor) -> torch.Tensor:
         q, k, v = x.permute(3, 0, 2, 1, 4)

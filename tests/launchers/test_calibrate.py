@@ -102,7 +102,7 @@ def test_calibrate_here_measures_this_device_without_slurm(tmp_path: Path) -> No
     assert all(g.seconds > 0 for g in timing.gemms) and timing.memory_bw_gbs > 0
     assert [x.tp for x in timing.layers] == [1]
     assert [(a.batch, a.heads) for a in timing.attention] == [(1, 1), (1, 2)]
-    assert all(a.forward_s > 0 and a.backward_s >= 0 for a in timing.attention)
+    assert all(a.forward_s > 0 for a in timing.attention)
     assert "attention core (SDPA): 2 shapes" in proc.stdout
     one = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config([*SMALL, f"hardware.calibration={out}"])
     assert predict_time(one.model, one.parallelism, one.hardware, dp=1).sec_per_iter > 0

@@ -10,9 +10,9 @@ a constant fitted to one table:
   dimension only, the nearest: the same GEMM at another micro-batch or TP degree); otherwise FLOPs /
   (dense peak x `gemm_efficiency` x the GEMM's tile x wave efficiency from train.planner.shapes)
   plus a launch overhead. Y = X W^T has two backward GEMMs, dX = dY W and dW = dY^T X.
-- attention core: where a calibration timed SDPA at this micro-batch and heads per rank (or at
-  another count of sequences x heads of the same length and head size, scaled by that count),
-  its measured forward and backward for megasweep's stacks, which run SDPA; otherwise the GEMM
+- attention core: where a calibration timed SDPA at this length and head size, its measured
+  forward and backward at this count of sequences x heads (interpolated between the counts timed,
+  extrapolated along the nearest two) for megasweep's stacks, which run SDPA; otherwise the GEMM
   rule for QK^T and attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
   half of a causal score matrix, so that work halves; Megatron's explicit baddbmm path computes
   it whole.
@@ -55,6 +55,7 @@ Torch-free: the launcher plans on login nodes.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -153,7 +154,8 @@ class _Machine:
     """The hardware figures the model uses, in SI units."""
 
     flops: float
-    """Achieved GEMM rate for shapes the calibration did not time (FLOP/s)."""
+    """Achieved GEMM rate (FLOP/s): the datasheet's peak x gemm_efficiency, or a calibration's best
+    measured rate (the cap of every untimed shape, and its rate where no timed shape is its class's)."""
     mem_bw: float
     kernel: float
     intra: Link | None
@@ -168,12 +170,13 @@ class _Machine:
     """A narrow model's measured layer, by TP degree (calibration)."""
     classes: dict[tuple[tuple[int, ...], int, str, str], tuple[tuple[int, float], ...]] = field(default_factory=dict)
     """Measured GEMMs by class: (the shape without dimension i, i, precision, layout) -> (dimension i,
-    achieved fraction of `flops` x tile x wave efficiency) of each (calibration)."""
+    achieved rate / (`flops` x its tile x wave efficiency)) of each (calibration)."""
     attention: dict[tuple[int, int, bool, str], tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
     """Measured attention cores (calibration): (sequence, head size, causal, precision) -> (sequences x
-    heads, forward s, backward s) of each."""
-    unmeasured: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict)
-    """Seconds of the untimed shapes predicted so far: filled as they are asked for."""
+    heads, forward s, backward s) of each count timed, ascending."""
+    unmeasured: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict, compare=False, repr=False)
+    """Seconds of the untimed shapes predicted so far, filled as they are asked for: a memo of what the
+    figures above give (the same whichever shape is asked first), not a figure of its own."""
 
 
 def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
@@ -188,23 +191,32 @@ def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
         )
     peak = _need(peak_tflops(hw, precision), f"peak_tflops_{Precision(precision).value}", hw)
     mem = _need(hw.memory_bw_gbs, "memory_bw_gbs", hw)
-    latency = hw.comm_latency_us * 1e-6
-    intra = hw.intra_node_bw_gbs * 1e9 * hw.intra_node_comm_efficiency if hw.intra_node_bw_gbs else None
-    inter = hw.inter_node_bw_gbs * 1e9 * hw.inter_node_comm_efficiency / per_node if hw.inter_node_bw_gbs else None
+    intra, inter = _sheet_links(hw, per_node)
     return _Machine(
         flops=peak * 1e12 * hw.gemm_efficiency,
         mem_bw=mem * 1e9 * hw.memory_bw_efficiency,
         kernel=hw.kernel_overhead_us * 1e-6,
-        intra=Link(latency, intra) if intra else None,
-        inter=Link(latency, inter) if inter else None,
+        intra=intra,
+        inter=inter,
         per_node=per_node,
         hw=hw,
     )
 
 
+def _sheet_links(hw: HardwareConfig, per_node: int) -> tuple[Link | None, Link | None]:
+    """(intra-node, inter-node) links from the hardware config's bandwidths and efficiencies; a node's
+    devices share its network, so each gets 1/per_node of the inter-node bandwidth."""
+    latency = hw.comm_latency_us * 1e-6
+    intra = hw.intra_node_bw_gbs * 1e9 * hw.intra_node_comm_efficiency if hw.intra_node_bw_gbs else None
+    inter = hw.inter_node_bw_gbs * 1e9 * hw.inter_node_comm_efficiency / per_node if hw.inter_node_bw_gbs else None
+    return (Link(latency, intra) if intra else None), (Link(latency, inter) if inter else None)
+
+
 def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: int) -> _Machine:
-    """Measured figures: a GEMM's own time where its shape was timed, the best measured rate for the
-    others, the measured copy bandwidth and op cost, and the fitted links (train.planner.calibration)."""
+    """Measured figures: a GEMM's own time where its shape was timed, its class's measured rate for the
+    others (_class_fraction), the measured copy bandwidth and op cost, the timed attention cores, and
+    the fitted links (train.planner.calibration); a link the file did not fit (`calibrate --here`
+    times no collective) keeps the hardware config's figures."""
     assert hw.calibration is not None
     cal = load_calibration(hw.calibration)
     timing = node_timing(cal, nodes)
@@ -217,13 +229,14 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
             f"hardware.calibration={hw.calibration!r} timed no {precision.value} GEMM: calibrate with that precision"
         )
     fitted = links(hw.calibration)
+    sheet = _sheet_links(hw, per_node)
     best = max(rates)
     return _Machine(
         flops=best,
         mem_bw=timing.memory_bw_gbs * 1e9,
         kernel=timing.op_overhead_us * 1e-6,
-        intra=fitted.get("intra"),
-        inter=fitted.get("inter"),
+        intra=fitted.get("intra") or sheet[0],
+        inter=fitted.get("inter") or sheet[1],
         per_node=per_node,
         hw=hw,
         gemms=table,
@@ -237,25 +250,49 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
 def _attention_table(
     timings: list[AttentionTiming],
 ) -> dict[tuple[int, int, bool, str], tuple[tuple[int, float, float], ...]]:
-    table: dict[tuple[int, int, bool, str], list[tuple[int, float, float]]] = {}
+    found: dict[tuple[int, int, bool, str], dict[int, list[tuple[float, float]]]] = {}
     for a in timings:
-        table.setdefault((a.seq_length, a.head_dim, a.causal, a.precision), []).append(
-            (a.batch * a.heads, a.forward_s, a.backward_s)
-        )
-    return {key: tuple(sorted(found)) for key, found in table.items()}
+        key = (a.seq_length, a.head_dim, a.causal, a.precision)
+        found.setdefault(key, {}).setdefault(a.batch * a.heads, []).append((a.forward_s, a.backward_s))
+    # Layouts with the same sequences x heads (mbs 2 at tp 2, mbs 1 at tp 1) run the same kernel.
+    return {
+        key: tuple((rows, sum(f for f, _ in t) / len(t), sum(b for _, b in t) / len(t)) for rows, t in sorted(counts.items()))
+        for key, counts in found.items()
+    }
+
+
+def _between(points: list[tuple[int, float]], rows: int) -> float:
+    """Seconds at `rows` from timed (rows, seconds), ascending: linear between the two timed counts
+    around it (a kernel's fixed cost plus a cost per sequence and head), and outside them along the
+    nearest two's line, bounded by proportional scaling (a fuller GPU is never less efficient per
+    row) and by the nearest timed figure (more rows never take less time)."""
+    if len(points) == 1:
+        (count, seconds), = points
+        return seconds * rows / count
+    if rows > points[-1][0]:
+        (c0, t0), (c1, t1) = points[-2], points[-1]
+        return min(t1 + max(t1 - t0, 0.0) / (c1 - c0) * (rows - c1), t1 * rows / c1)
+    if rows < points[0][0]:
+        (c0, t0), (c1, t1) = points[0], points[1]
+        return min(max(t0 - max(t1 - t0, 0.0) / (c1 - c0) * (c0 - rows), t0 * rows / c0), t0)
+    for (c0, t0), (c1, t1) in itertools.pairwise(points):
+        if c0 <= rows <= c1:
+            return t0 + (t1 - t0) * (rows - c0) / (c1 - c0)
+    raise AssertionError("unreachable: rows lies within the timed counts")
 
 
 def _measured_attention(
     rows: int, seq: int, head_dim: int, causal: bool, precision: str, mach: _Machine
 ) -> tuple[float, float] | None:
-    """(forward, backward) seconds of SDPA over `rows` sequences x heads: as timed, or the timing of
-    the nearest count (the larger on a tie) scaled by the ratio: the kernel's work is independent per
-    sequence and head, and a count the calibration did not time differs only in how many there are."""
+    """(forward, backward) seconds of SDPA over `rows` sequences x heads, from the timings of the
+    same sequence length, head size, causality and precision (_between); None without one. On the
+    H100, gpt_350m's forward took 0.051/0.081/0.124/0.203 ms at 16/32/64/128 rows: far from
+    proportional at the counts that do not fill the GPU."""
     timed = mach.attention.get((seq, head_dim, causal, precision))
     if not timed:
         return None
-    count, forward, backward = min(timed, key=lambda t: (abs(math.log(t[0] / rows)), -t[0]))
-    return forward * rows / count, backward * rows / count
+    forward = _between([(count, f) for count, f, _ in timed], rows)
+    return forward, _between([(count, b) for count, _, b in timed], rows)
 
 
 def _gemm_classes(
@@ -613,7 +650,7 @@ def _layer_residual(hw: HardwareConfig, precision: Precision, nodes: int, tp: in
 
 @functools.lru_cache(maxsize=1 << 10)
 def _machine_cached(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
-    # Shared, never modified: the time model only reads a machine.
+    # Shared: the time model reads a machine's figures and only adds to its memo of untimed shapes.
     return _machine(hw, precision, nodes)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from train.planner.inventory import stage_numel
 from train.planner.memory import Stack
 from train.planner.perf import (
     FORWARD_LAYOUT,
+    UnknownHardwareFigure,
     _machine_cached,
     _one_gemm,
     _quantized,
@@ -37,6 +39,7 @@ from train.planner.shapes import alignment_elements
 MODEL = ModelConfig(name="m", num_layers=2, hidden_size=64, num_attention_heads=2, seq_length=32, vocab_size=256,
                     make_vocab_size_divisible_by=64)
 LATENCY, BANDWIDTH = 20e-6, 1e9
+_FILES = itertools.count()
 
 
 def timings(scope: str, ranks: int) -> list[CollectiveTiming]:
@@ -140,7 +143,7 @@ def test_an_untimed_shape_never_runs_above_the_best_measured_rate(tmp_path: Path
 def with_attention(tmp_path: Path, *timings: AttentionTiming) -> HardwareConfig:
     cal = load_calibration(str(calibration(tmp_path)))
     # A new name each time: files are memoised by path.
-    name = f"sdpa{len(list(tmp_path.iterdir()))}.json"
+    name = f"sdpa{next(_FILES)}.json"
     out = replace(cal, nodes=[replace(cal.nodes[0], attention=list(timings))]).write(tmp_path / name)
     return HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(out))
 
@@ -154,6 +157,10 @@ def test_a_timed_attention_core_is_what_megasweep_stacks_pay(tmp_path: Path) -> 
     mbs2 = replace(layout, micro_batch_size=2, global_batch_size=2)
     assert predict_time(MODEL, mbs2, hw, dp=1).parts["attention"] == pytest.approx(2 * 24e-3)
     assert predict_time(MODEL, replace(layout, tp=2), hw, dp=1).parts["attention"] == pytest.approx(2 * 6e-3)
+    # On a GPU the GEMM rule halves a causal core (FlashAttention skips the masked half); a timed
+    # core is what it measured.
+    cuda = replace(hw, device_type="cuda")
+    assert predict_time(MODEL, layout, cuda, dp=1).parts["attention"] == pytest.approx(2 * 12e-3)
     # Selective recompute runs the core's forward again.
     selective = predict_time(MODEL, replace(layout, recompute=Recompute.selective), hw, dp=1)
     assert selective.parts["recompute"] == pytest.approx(2 * 5e-3)
@@ -161,9 +168,63 @@ def test_a_timed_attention_core_is_what_megasweep_stacks_pay(tmp_path: Path) -> 
     megatron = predict_time(MODEL, layout, hw, dp=1, stack=Stack.megatron_deepspeed)
     assert megatron.parts["attention"] == pytest.approx(2 * 2 * 3e-3)
     # Another sequence length, head size, causality or precision: the GEMMs again.
-    assert predict_time(replace(MODEL, seq_length=64), layout, hw, dp=1).parts["attention"] != pytest.approx(2 * 12e-3)
+    plain = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
+    longer = replace(MODEL, seq_length=64)
+    gemm_rule = predict_time(longer, layout, plain, dp=1).parts["attention"]
+    assert predict_time(longer, layout, hw, dp=1).parts["attention"] == pytest.approx(gemm_rule)
     bidirectional = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, False, "fp32", 5e-3, 7e-3))
     assert predict_time(MODEL, layout, bidirectional, dp=1).parts["attention"] == pytest.approx(2 * 2 * 3e-3)
+
+
+def test_untimed_attention_counts_lie_on_the_line_through_the_nearest_timed_ones(tmp_path: Path) -> None:
+    # Forward 1 ms + 0.5 ms per row from 2 to 4 rows, then 2 ms more to 8 (its fixed cost shows at the
+    # low counts, as on a GPU the kernel does not fill); backward twice that. mbs 1, 2 and 4 at tp 1.
+    hw = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 2e-3, 4e-3),
+                        AttentionTiming(2, 2, 32, 32, True, "fp32", 3e-3, 6e-3),
+                        AttentionTiming(4, 2, 32, 32, True, "fp32", 5e-3, 10e-3))  # fmt: skip
+
+    def per_layer(tp: int, mbs: int) -> float:
+        layout = ParallelismConfig(tp=tp, micro_batch_size=mbs, global_batch_size=mbs, precision=Precision.fp32)
+        return predict_time(MODEL, layout, hw, dp=1).parts["attention"] / MODEL.num_layers
+
+    assert per_layer(1, 2) == pytest.approx(9e-3)  # timed
+    assert per_layer(2, 3) == pytest.approx(7.5e-3)  # 3 rows: halfway between 2 and 4 rows
+    assert per_layer(1, 3) == pytest.approx(12e-3)  # 6 rows: halfway between 4 and 8
+    # 16 rows: along the last line (0.5 ms a row forward, 1 ms backward), not 8 ms x 16 / 8.
+    assert per_layer(1, 8) == pytest.approx(3 * (5e-3 + 8 * 0.5e-3))
+    # 1 row: along the first line (2 ms - 0.5 ms), at least a proportional share of the 2-row time.
+    assert per_layer(2, 1) == pytest.approx(3 * 1.5e-3)
+    # A line steeper than proportional (no fixed cost) is held to proportional going up, and a
+    # falling one never makes more rows faster.
+    steep = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 1e-3, 2e-3),
+                           AttentionTiming(2, 2, 32, 32, True, "fp32", 4e-3, 8e-3))  # fmt: skip
+    layout = ParallelismConfig(micro_batch_size=4, global_batch_size=4, precision=Precision.fp32)
+    assert predict_time(MODEL, layout, steep, dp=1).parts["attention"] == pytest.approx(2 * 2 * 12e-3)
+    falling = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 2e-3, 4e-3),
+                             AttentionTiming(2, 2, 32, 32, True, "fp32", 1e-3, 2e-3))  # fmt: skip
+    assert predict_time(MODEL, layout, falling, dp=1).parts["attention"] == pytest.approx(2 * 3e-3)
+    # The same count timed twice (mbs 2 at tp 2 and mbs 1 at tp 1: 2 rows each): their mean.
+    twice = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 2e-3, 4e-3),
+                           AttentionTiming(2, 1, 32, 32, True, "fp32", 4e-3, 8e-3))  # fmt: skip
+    one = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    assert predict_time(MODEL, one, twice, dp=1).parts["attention"] == pytest.approx(2 * 9e-3)
+
+
+def test_a_link_the_file_did_not_fit_keeps_the_hardware_figures(tmp_path: Path) -> None:
+    # `calibrate --here` times no collective: a tp=2 layout's all-reduces then run over the hardware
+    # config's intra-node link, not "unknown". Here that link is the one the full file fits (20 us a
+    # ring step, 1 GB/s), so both files predict the same step.
+    full = calibration(tmp_path)
+    here = replace(load_calibration(str(full)), collectives=[]).write(tmp_path / "here.json")
+    sheet = HardwareConfig(peak_measured=True, devices_per_node=2, intra_node_bw_gbs=BANDWIDTH / 1e9,
+                           intra_node_comm_efficiency=1.0, comm_latency_us=LATENCY * 1e6)  # fmt: skip
+    tp2 = ParallelismConfig(tp=2, micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    fitted = predict_time(MODEL, tp2, replace(sheet, calibration=str(full)), dp=1)
+    kept = predict_time(MODEL, tp2, replace(sheet, calibration=str(here)), dp=1)
+    assert kept.parts["tp_comm"] > 0 and kept.parts == pytest.approx(fitted.parts)
+    # Without the figure either, the layout stays unpredictable, naming it.
+    with pytest.raises(UnknownHardwareFigure, match="intra_node_bw_gbs"):
+        predict_time(MODEL, tp2, replace(sheet, calibration=str(here), intra_node_bw_gbs=None), dp=1)
 
 
 def test_a_calibration_from_before_the_attention_timings_still_reads(tmp_path: Path) -> None:
