@@ -70,6 +70,40 @@ def memory_rows() -> list[tuple[str, str, float, float]]:
     return rows
 
 
+def memory_today_table() -> list[str]:
+    """Call 4's runs (after the trainer's memory fixes) against today's planner: the records keep the
+    prediction of the planner they ran with, so a later change to the memory model shows here."""
+    from conf import CONFIG_DIR, register_configs
+    from launchers.compose import FastComposer
+    from train.planner.memory import estimate_memory
+
+    register_configs()
+    composer = FastComposer.from_config_dir(CONFIG_DIR, "config")
+    lines = ["| layout | micro-batches per step | recorded prediction GiB | today's prediction GiB | measured GiB | "
+             "today / measured |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    ratios = []
+    for call, _, rec in records("*/*/result.json"):
+        ranks = (rec.get("memory") or {}).get("ranks") or []
+        if call != "call4" or rec.get("status") != "ok" or not ranks or not ranks[0].get("peak_measured"):
+            continue
+        par = rec["config"]["parallelism"]
+        run = composer.run_config([f"model={rec['config']['model']['name']}", "hardware=h100_sxm",
+                                   "hardware.devices_per_node=1", "parallelism.precision=bf16",
+                                   f"parallelism.micro_batch_size={par['micro_batch_size']}",
+                                   f"parallelism.recompute={par['recompute']}",
+                                   f"parallelism.global_batch_size={par['global_batch_size']}"])  # fmt: skip
+        today = estimate_memory(run.model, run.parallelism, dp=1, hardware=run.hardware).allocated
+        measured = float(ranks[0]["peak_measured"])
+        ratios.append(today / measured)
+        steps = par["global_batch_size"] // par["micro_batch_size"]
+        lines.append(f"| {_layout(rec)} | {steps} | {float(ranks[0]['peak_predicted']) / 2**30:.2f} | "
+                     f"{today / 2**30:.2f} | {measured / 2**30:.2f} | {today / measured:.3f} |")  # fmt: skip
+    if ratios:
+        lines.append(f"\ntoday's planner: {len(ratios)} runs, predicted/measured median {statistics.median(ratios):.3f}, "
+                     f"min {min(ratios):.3f}, max {max(ratios):.3f}")  # fmt: skip
+    return lines
+
+
 def memory_table() -> list[str]:
     lines = ["| call | layout | predicted GiB | measured GiB | predicted / measured |", "| --- | --- | --- | --- | --- |"]
     for call, layout, pred, meas in memory_rows():
@@ -168,6 +202,7 @@ def report() -> str:
         ("Trainer runs (bf16, seq 2048, one GPU)", mfu_table()),
         ("Against a plain PyTorch loop", plain_table()),
         ("Memory: the planner's peak against the CUDA allocator's max allocated", memory_table()),
+        ("Memory: call 4's runs against today's planner", memory_today_table()),
         ("Time model with this GPU's calibration (call 1: the attention core priced as two batched GEMMs) against "
          "the measured runs", time_table("call1")),
         ("Time model with this GPU's calibration (call 5: the attention core timed as the trainer runs it, SDPA) "

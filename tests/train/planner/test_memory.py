@@ -286,7 +286,7 @@ def test_communicators_per_stack() -> None:
 
 def test_overhead_reserved_and_what_must_fit() -> None:
     hw = load_hardware("a100_80gb")
-    est = estimate_memory(HAND, par(tp=2, pp=2), dp=2, hardware=hw)
+    est = estimate_memory(HAND, par(tp=2, pp=2, global_batch_size=8), dp=2, hardware=hw)
     # first stage: the world (8), tp, dp and pp groups (pairs) and the tied pair.
     assert est.overhead == (hw.process_overhead_gib + hw.comm_buffer_gib + 4 * hw.comm_buffer_pair_gib) * GIB
     dynamic = est.activations + est.optimizer_temp
@@ -296,6 +296,22 @@ def test_overhead_reserved_and_what_must_fit() -> None:
     # No caching allocator on a CPU: reserved is what is allocated.
     cpu = estimate_memory(HAND, par(tp=2, pp=2), dp=2, hardware=load_hardware("cpu"))
     assert cpu.reserved == cpu.allocated and cpu.overhead == load_hardware("cpu").process_overhead_gib * GIB
+
+
+def test_one_micro_batch_per_step_holds_no_gradient_beside_the_loss_backward() -> None:
+    # The step sets the gradients to None before its first backward, so with one micro-batch its
+    # loss backward (two fp32 b x s x V logit gradients at tp = 1) runs before any of them exists;
+    # with two, the first micro-batch's gradients are held through the second one's loss backward.
+    one, two = (estimate_memory(HAND, par(global_batch_size=g), dp=1) for g in (2, 4))
+    assert two.allocated == two.model_states + two.activations
+    assert one.activations == two.activations and one.gradients == two.gradients > 0
+    loss_grads = 2 * 4 * 2 * 32 * 1000  # fp32, mbs 2 x seq 32 x vocab 1000
+    without = one.weights + one.optimizer + one.master
+    assert one.allocated == without + max(one.activations, one.gradients + one.activations - loss_grads)
+    assert one.allocated < two.allocated
+    # DeepSpeed keeps its gradient partitions allocated across steps: the sum there.
+    ds = estimate_memory(HAND, par(global_batch_size=2), dp=1, stack=Stack.deepspeed)
+    assert ds.allocated == ds.model_states + max(ds.activations, ds.optimizer_temp)
 
 
 def test_predicts_oom_on_what_must_fit_and_honours_the_margin() -> None:
