@@ -539,6 +539,22 @@ def test_interleaving_keeps_the_states_and_holds_more_micro_batch_chunks_in_flig
     assert estimate_memory(model, replace(plain, virtual_stages=2), dp=1).activations >= first[1]
 
 
+def test_the_interleaved_last_stage_holds_the_loss_backward_as_1f1b_does() -> None:
+    # Both schedules end in the same loss: F.cross_entropy's two fp32 logit gradients at tp = 1,
+    # the vocabulary-parallel loss's one at tp = 2.
+    from train.planner.memory import TRAITS, _activations, _stage_tensors
+    from train.planner.sizes import padded_vocab_size
+
+    model = replace(HAND, num_layers=8)
+    for tp, grads in ((1, 2), (2, 1)):
+        layout = par(tp=tp, pp=2, micro_batch_size=1, global_batch_size=8, precision=Precision.bf16)
+        tensors = _stage_tensors(model, tp, 1, 2)
+        found = [_activations(model, replace(layout, virtual_stages=v), TRAITS[Stack.megasweep], stage=1,
+                              micro_batches=8, tensors=tensors).loss_grads for v in (1, 2)]  # fmt: skip
+        vocab_shard = 32 * padded_vocab_size(model, tp) / tp
+        assert found == [grads * 4 * vocab_shard] * 2
+
+
 def test_memoised_activations_read_the_micro_batch_count_only_as_far_as_it_matters() -> None:
     # stage_memory's activations are memoised on min(m, pp - stage + 1) for 1F1B (m itself when
     # interleaved): each must equal the activations computed with the real micro-batch count.
