@@ -352,13 +352,14 @@ def stage_memory(
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
     allocated = resident + max([held, *(b for _, b in states.transients)])
-    if traits.states == "megasweep" and m == 1 and acts.loss_grads > 0:
+    if traits.states == "megasweep" and m == 1 and acts.after_loss is not None:
         # One micro-batch per step: its loss backward, where the logit gradients peak, runs before
         # any parameter gradient exists (train.loop sets them to None at each step's start, and
         # train.dp's buckets start empty), so the two never add up. On an H100, gpt_1.3b at mbs 8
         # and global batch 8 peaked 4.8 GiB (its fp32 gradients, 4.9) below their sum.
         grads = states.gradients
-        allocated = resident - grads + max([held, grads + held - acts.loss_grads, *(grads + b for _, b in states.transients)])
+        after = acts.after_loss + states.gradient_buffers
+        allocated = resident - grads + max([held, grads + after, *(grads + b for _, b in states.transients)])
     reserved = allocated
     if hardware is not None and hardware.device_type == "cuda":
         # Cached activation blocks are too small for a flat transient, which takes its own segment;
@@ -541,9 +542,9 @@ def _deepspeed_states(
 class _Activations:
     per_micro_batch: float
     peak: float
-    loss_grads: float = 0.0
-    """Of `peak`: the loss backward's logit gradients (megasweep's last stage), alive before any
-    parameter gradient of the micro-batch exists."""
+    after_loss: float | None = None
+    """megasweep's last stage: the peak of the moments after a loss backward, whose logit gradients
+    are freed by then (None elsewhere)."""
 
 
 def _activations(
@@ -571,11 +572,14 @@ def _activations(
         stored = layers * per_layer + extras
         per_mb = stored + copies
         peak = _with_accumulation(in_flight, stored, working * (layers > 0), tensors.largest, _FP32, m) + copies
-        loss_grads = _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp) if last else 0.0
-        peak += loss_grads
-        if pp > 1 and traits.pipeline == "megasweep":
-            peak += _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last)
-        return _Activations(per_mb, peak, loss_grads)
+        buffers = _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last) if pp > 1 and traits.pipeline == "megasweep" else 0.0
+        if not last:
+            return _Activations(per_mb, peak + buffers)
+        # A loss backward's logit gradients are freed by the hidden state's gradient before any layer
+        # backward (and its recompute) runs, and before a backward's last gradient is accumulated:
+        # a moment of its own, with the in-flight micro-batches' saved tensors.
+        at_loss = in_flight * stored + copies + _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp)
+        return _Activations(per_mb, max(peak, at_loss) + buffers, peak + buffers)
     # Megatron (Korthikanti et al.), 16-bit activations and 1-byte dropout masks.
     kept, core = _korthikanti_terms(model, par)
     w = _act_bytes(par.precision)
@@ -668,8 +672,8 @@ def _interleaved_activations(
     if not last:
         return _Activations(per_mb, peak)
     if traits.activations == "megasweep":
-        loss_grads = _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp)
-        return _Activations(per_mb, peak + loss_grads, loss_grads)
+        # Counted beside the interleaved peak (whichever moment it is), as it once was for 1F1B.
+        return _Activations(per_mb, peak + _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp), peak)
     return _Activations(per_mb, peak + _FP32 * vocab_shard)  # the fp32 gradient of the logits
 
 
