@@ -18,7 +18,11 @@ A rank's peak
                 the backward's working set, and gradient buffers held during backward
     transients  allocations of the reduction and optimizer step, after the activations are freed
 
-    allocated   resident + max(activations, largest transient): live tensors at the worst moment
+    allocated   resident + max(activations, largest transient): live tensors at the worst moment.
+                megasweep with one micro-batch per step: its loss backward runs before any gradient
+                exists (the step sets them to None), so there the gradients join only the moments
+                after it: resident - gradients + max(activations, gradients + what follows the loss
+                backward, gradients + largest transient)
     reserved    what the allocator holds (a GPU's caching allocator; = allocated elsewhere). It
                 keeps freed blocks and never merges blocks of different segments (PyTorch's "CUDA
                 memory management" notes), so a flat transient larger than every cached activation
