@@ -298,7 +298,7 @@ def _measured_attention(
 def _gemm_classes(
     table: dict[tuple[int, int, int, int, str, str], float], best: float, num_sms: int | None
 ) -> dict[tuple[tuple[int, ...], int, str, str], tuple[tuple[int, float], ...]]:
-    """Each measured GEMM's achieved fraction of the best rate x its tile and wave efficiency, filed
+    """Each measured GEMM's achieved rate / (the best rate x its tile and wave efficiency), filed
     under each of its four dimensions. A calibration times the GEMMs of the micro-batches it was
     asked for; a layout at another one (micro_batch_size=auto reaches 16 or 32) runs the same GEMMs
     with one dimension scaled (the tokens m, the batch of heads, or dW's inner k), and its speed is
