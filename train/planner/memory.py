@@ -357,10 +357,10 @@ def stage_memory(
     held = acts.peak + states.gradient_buffers
     allocated = resident + max([held, *(b for _, b in states.transients)])
     if traits.states == "megasweep" and m == 1 and acts.after_loss is not None:
-        # One micro-batch per step: its loss backward, where the logit gradients peak, runs before
-        # any parameter gradient exists (train.loop sets them to None at each step's start, and
-        # train.dp's buckets start empty), so the two never add up. On an H100, gpt_1.3b at mbs 8
-        # and global batch 8 peaked 4.8 GiB (its fp32 gradients, 4.9) below their sum.
+        # One micro-batch per step: its forward and its loss backward, where the logit gradients
+        # peak, run before any parameter gradient exists (train.loop sets them to None at each
+        # step's start, and train.dp's buckets start empty), so those never add up. On an H100,
+        # gpt_1.3b at mbs 8 and global batch 8 peaked 4.8 GiB (its fp32 gradients, 4.9) below the sum.
         grads = states.gradients
         after = acts.after_loss + states.gradient_buffers
         allocated = resident - grads + max([held, grads + after, *(grads + b for _, b in states.transients)])
@@ -547,8 +547,9 @@ class _Activations:
     per_micro_batch: float
     peak: float
     after_loss: float | None = None
-    """megasweep's last stage: the peak of the moments after a loss backward, whose logit gradients
-    are freed by then (None elsewhere)."""
+    """megasweep: the peak of the moments from a loss backward's first layer backward on, when a step
+    of one micro-batch has made gradients (its forward's end and its loss backward come before any;
+    None for the other stacks)."""
 
 
 def _activations(
@@ -575,15 +576,20 @@ def _activations(
             copies = c * (tensors.gemm_numel if recompute != Recompute.full else tensors.gemm_wte_numel)
         stored = layers * per_layer + extras
         per_mb = stored + copies
-        peak = _with_accumulation(in_flight, stored, working * (layers > 0), tensors.largest, _FP32, m) + copies
+        backward = _with_accumulation(in_flight, stored, working * (layers > 0), tensors.largest, _FP32, m) + copies
+        before = 0.0  # the moments of a step's first micro-batch before any gradient exists
+        if recompute == Recompute.full and c != _FP32:
+            # Autocast caches each weight's 16-bit copy until its region ends, so a forward's end holds
+            # every GEMM weight's copy (after it, full recompute keeps only the word embedding's): on
+            # an H100, gpt_1.3b mbs 1 peaked there, 1.4 GiB above the loss backward's moment.
+            before = in_flight * stored + c * tensors.gemm_numel
+        if last:
+            # A loss backward's logit gradients are freed by the hidden state's gradient before any
+            # layer backward (and its recompute) runs, and before a backward's last gradient is
+            # accumulated: a moment of its own, with the in-flight micro-batches' saved tensors.
+            before = max(before, in_flight * stored + copies + _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp))
         buffers = _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last) if pp > 1 and traits.pipeline == "megasweep" else 0.0
-        if not last:
-            return _Activations(per_mb, peak + buffers)
-        # A loss backward's logit gradients are freed by the hidden state's gradient before any layer
-        # backward (and its recompute) runs, and before a backward's last gradient is accumulated:
-        # a moment of its own, with the in-flight micro-batches' saved tensors.
-        at_loss = in_flight * stored + copies + _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp)
-        return _Activations(per_mb, max(peak, at_loss) + buffers, peak + buffers)
+        return _Activations(per_mb, max(backward, before) + buffers, backward + buffers)
     # Megatron (Korthikanti et al.), 16-bit activations and 1-byte dropout masks.
     kept, core = _korthikanti_terms(model, par)
     w = _act_bytes(par.precision)

@@ -316,6 +316,27 @@ def test_a_loss_backward_and_a_layer_recompute_are_separate_moments() -> None:
         assert acts.peak == pytest.approx(stored + max(working, loss))
 
 
+def test_full_recompute_in_16_bit_peaks_at_the_forward_end_with_every_weight_copy() -> None:
+    # Autocast caches each GEMM weight's bf16 copy for its whole region: the forward's end holds all
+    # of them beside the saved layer inputs; afterwards full recompute keeps the word embedding's.
+    from train.planner.memory import TRAITS, _activations, _stage_tensors
+
+    # Wide and short: the weights' copies outweigh the saved activations and the loss's gradients.
+    model = replace(HAND, num_layers=4, hidden_size=256, seq_length=8, vocab_size=64)
+    tensors = _stage_tensors(model, 1, 0, 1)
+    for recompute in (Recompute.full, Recompute.none):
+        layout = par(recompute=recompute, global_batch_size=2, precision=Precision.bf16)
+        acts = _activations(model, layout, TRAITS[Stack.megasweep], stage=0, micro_batches=1, tensors=tensors)
+        saved = 2 * (tensors.gemm_wte_numel if recompute == Recompute.full else tensors.gemm_numel)
+        stored = acts.per_micro_batch - saved
+        loss = 2 * 4 * 2 * 8 * 64  # two fp32 logit gradients, mbs 2 x seq 8 x vocab 64
+        forward_end = stored + 2 * tensors.gemm_numel if recompute == Recompute.full else 0.0
+        assert acts.after_loss is not None
+        assert acts.peak == pytest.approx(max(acts.after_loss, forward_end, stored + saved + loss))
+        if recompute == Recompute.full:
+            assert acts.peak == pytest.approx(forward_end) and forward_end > acts.after_loss  # it peaks there
+
+
 def test_one_micro_batch_per_step_holds_no_gradient_beside_the_loss_backward() -> None:
     # The step sets the gradients to None before its first backward, so with one micro-batch its
     # loss backward (two fp32 b x s x V logit gradients at tp = 1) runs before any of them exists;
