@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.records import FAILED, MISSING
+from analysis.records import FAILED, MISSING, value_texts
 from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size, narrow
 
 RERUN_TOP = 3
@@ -71,11 +71,15 @@ class Candidate:
     """Other Slurm jobs seen on the run's nodes during training."""
     pred_sec_per_iter: float | None = None
     """Seconds per iteration the time model predicts for the run's config; None when it cannot."""
+    distinct: str = ""
+    """The run's other layout fields that differ among the runs it is compared with (recompute=full
+    ZeRO=1 ...), so that two runs of one DP x TP x PP x MBS are told apart."""
 
     @property
     def label(self) -> str:
+        extra = f" {self.distinct}" if self.distinct else ""
         return (
-            f"DP={self.dp} TP={self.tp} PP={self.pp} MBS={self.mbs} on {self.nodes} node(s) "
+            f"DP={self.dp} TP={self.tp} PP={self.pp} MBS={self.mbs}{extra} on {self.nodes} node(s) "
             f"({self.devices} devices)"
         )
 
@@ -129,7 +133,26 @@ def _opt_float(v: object) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # type: ignore[arg-type]
 
 
-def _candidate(row: pd.Series) -> Candidate:
+_DISTINCT = (
+    ("config.parallelism.recompute", "recompute"),
+    ("config.parallelism.zero_stage", "ZeRO"),
+    ("config.parallelism.sequence_parallel", "SP"),
+    ("config.parallelism.virtual_stages", "VPP"),
+    ("config.parallelism.offload", "offload"),
+    ("config.parallelism.precision", "precision"),
+    ("config.parallelism.engine", "engine"),
+)
+"""Layout fields beside DP x TP x PP x MBS a label names when the compared runs differ in them."""
+
+
+def _varying(runs: pd.DataFrame) -> tuple[tuple[str, str], ...]:
+    """The (_DISTINCT) fields whose values differ among `runs`."""
+    return tuple((col, name) for col, name in _DISTINCT if col in runs.columns and len(set(value_texts(runs[col]))) > 1)
+
+
+def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Candidate:
+    texts = value_texts(row[[col for col, _ in varying]]) if varying else []
+    distinct = " ".join(f"{name}={text}" for (_, name), text in zip(varying, texts, strict=True))
     return Candidate(
         sweep=str(row["sweep"]),
         run_dir=str(row["run_dir"]),
@@ -149,10 +172,13 @@ def _candidate(row: pd.Series) -> Candidate:
         sec_cv=_opt_float(row["sec_cv"]),
         neighbours=int(n) if (n := _opt_float(row["neighbour_jobs"])) is not None else 0,
         pred_sec_per_iter=_opt_float(row.get("pred_sec_per_iter")),
+        distinct=distinct,
     )
 
 
-def _prediction_check(runs: pd.DataFrame, best: Candidate) -> tuple[Candidate | None, int | None]:
+def _prediction_check(
+    runs: pd.DataFrame, best: Candidate, varying: tuple[tuple[str, str], ...] = ()
+) -> tuple[Candidate | None, int | None]:
     """(the run predicted fastest, the measured best's predicted rank) among `runs` (sorted, measured
     fastest first); (None, None) unless there are two or more and the model predicted them all."""
     if len(runs) < 2 or "pred_sec_per_iter" not in runs.columns:
@@ -164,7 +190,7 @@ def _prediction_check(runs: pd.DataFrame, best: Candidate) -> tuple[Candidate | 
     if rank == 1:
         return best, rank
     by_pred = runs.assign(_pred=pred).sort_values(["_pred", *TIE_BREAK], kind="mergesort")
-    return _candidate(by_pred.iloc[0]), rank
+    return _candidate(by_pred.iloc[0], varying), rank
 
 
 def _noise_pct(a: Candidate, b: Candidate) -> float | None:
@@ -174,14 +200,16 @@ def _noise_pct(a: Candidate, b: Candidate) -> float | None:
     return 100.0 * math.hypot(a.sec_cv, b.sec_cv)
 
 
-def _within_noise(best: Candidate, others: pd.DataFrame) -> tuple[Candidate, ...]:
+def _within_noise(
+    best: Candidate, others: pd.DataFrame, varying: tuple[tuple[str, str], ...] = ()
+) -> tuple[Candidate, ...]:
     """The runs of `others` (sorted, fastest first) within the noise of `best`; vectorised, since a
     group may hold thousands of runs and only a few are close."""
     if best.sec_cv is None or others.empty:
         return ()
     gap = others["sec_per_iter"] / best.sec_per_iter - 1.0
     noise = np.hypot(best.sec_cv, others["sec_cv"].astype(float))
-    return tuple(_candidate(r) for _, r in others[gap <= noise].iterrows())
+    return tuple(_candidate(r, varying) for _, r in others[gap <= noise].iterrows())
 
 
 def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ...]:
@@ -209,7 +237,7 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
 
 _READ = (
     "outcome", "model", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
-    "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params",
+    "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
 )  # fmt: skip
 """The columns recommend reads."""
 
@@ -238,15 +266,16 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         runs = group[ok].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
         if runs.empty:
             continue
-        best = _candidate(runs.iloc[0])
-        runner_up = _candidate(runs.iloc[1]) if len(runs) > 1 else None
+        varying = _varying(runs)
+        best = _candidate(runs.iloc[0], varying)
+        runner_up = _candidate(runs.iloc[1], varying) if len(runs) > 1 else None
         margin = None if runner_up is None else 100.0 * (runner_up.sec_per_iter / best.sec_per_iter - 1.0)
         by_tflops = runs.sort_values("tflops", ascending=False, kind="mergesort", na_position="last")
         per_nodes: tuple[Candidate, ...] = ()
         if runs["nodes"].nunique() > 1:
             firsts = runs.drop_duplicates("nodes", keep="first").sort_values("nodes", kind="mergesort")
-            per_nodes = tuple(_candidate(r) for _, r in firsts.iterrows())
-        predicted_best, predicted_rank = _prediction_check(runs, best)
+            per_nodes = tuple(_candidate(r, varying) for _, r in firsts.iterrows())
+        predicted_best, predicted_rank = _prediction_check(runs, best, varying)
         recs.append(
             Recommendation(
                 model=str(model),
@@ -256,13 +285,13 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 best=best,
                 runner_up=runner_up,
                 margin_pct=margin,
-                highest_tflops=_candidate(by_tflops.iloc[0]),
+                highest_tflops=_candidate(by_tflops.iloc[0], varying),
                 satisfied=_satisfied(best, c, len(group)),
                 per_nodes=per_nodes,
                 candidates=len(runs),
                 excluded=_excluded(group, masks),
                 noise_pct=None if runner_up is None else _noise_pct(best, runner_up),
-                close=_within_noise(best, runs.iloc[1:]),
+                close=_within_noise(best, runs.iloc[1:], varying),
                 predicted_best=predicted_best,
                 predicted_rank=predicted_rank,
             )

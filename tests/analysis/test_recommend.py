@@ -41,6 +41,25 @@ def test_lowest_sec_per_iter_wins_over_highest_tflops(tmp_path: Path) -> None:
     assert "constraints satisfied:" in text
 
 
+def test_runs_of_one_dp_tp_pp_mbs_are_told_apart_by_what_differs(tmp_path: Path) -> None:
+    # Two runs of DP=4 TP=8 PP=10 MBS=2 that differ in their ZeRO stage: the labels name it, and name
+    # nothing else (their recompute, engine and precision are the same).
+    data = _two_layouts()
+    same = next(r for r in data["runs"] if r["name"] == "n40_pp10_mbs2")
+    other = next(r for r in data["runs"] if r["name"] == "n48_pp6_mbs2")
+    other.update(nodes=same["nodes"], layout={**same["layout"], "zero_stage": 0})
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    assert rec.runner_up is not None
+    assert {rec.best.label, rec.runner_up.label} == {
+        "DP=4 TP=8 PP=10 MBS=2 ZeRO=0 on 40 node(s) (320 devices)",
+        "DP=4 TP=8 PP=10 MBS=2 ZeRO=1 on 40 node(s) (320 devices)",
+    }
+    assert "ZeRO=0" in format_recommendations([rec]) and "ZeRO=1" in format_recommendations([rec])
+    # Runs that differ in DP x TP x PP x MBS only keep the short label.
+    (plain,) = recommend(load_sweeps([build_sweep(tmp_path / "t", _two_layouts())], queue=None).table)
+    assert plain.best.label == "DP=8 TP=8 PP=6 MBS=2 on 48 node(s) (384 devices)"
+
+
 def test_fastest_per_node_count_and_failures_excluded(tmp_path: Path) -> None:
     df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
     (rec,) = recommend(df)  # the skipped GBS-2016 config is other work and has no successful run
