@@ -13,7 +13,6 @@ refusal has a record too.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import platform
@@ -217,10 +216,9 @@ def _outcome(
         # A CPU allocator failure is an OOM, a collective timeout a timeout (train.failures).
         status, message, failure = failures.classify(exc), f"{type(exc).__name__}: {exc}", exc
     finally:
-        # Free what the run built (its Setup, the GradSync and the process groups they hold) while
-        # the groups still exist: left to the interpreter's teardown, after destroy_process_group,
-        # gloo may abort the process after a record that says ok (train.dp._weak_hook).
-        gc.collect()
+        # Frees what the run built (its Setup, the GradSync and the process groups they hold) while
+        # the groups still exist: left to the interpreter's teardown, after the groups, gloo may
+        # abort the process after a record that says ok (train.dp._weak_hook).
         distributed.destroy_process_group()
         if watch is not None:
             progress.neighbours = watch.stop()

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from train import distributed
 from train.distributed import build_mesh
 from train.parallel import GlobalGradScaler
 from train.trainer import run_training
@@ -77,7 +78,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         }
         torch.save(results, f"{out}.{rank}")
     finally:
-        dist.destroy_process_group()
+        distributed.destroy_process_group()  # collects first: nothing left for gloo's teardown
 
 
 @pytest.fixture(scope="module")

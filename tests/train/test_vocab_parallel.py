@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conf.schema import ModelConfig, ModelKind
+from train import distributed
 from train.distributed import build_mesh
 from train.model import IGNORE_INDEX, build_model, count_params, lm_loss_sum
 from train.parallel import VocabParallelEmbedding, apply_tp, apply_tp_plain, lm_loss_fn
@@ -96,7 +97,7 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
                 }
         torch.save(results, f"{out}.{rank}")
     finally:
-        dist.destroy_process_group()
+        distributed.destroy_process_group()  # collects first: nothing left for gloo's teardown
 
 
 @pytest.fixture(scope="module")
