@@ -108,9 +108,13 @@ class AttentionTiming:
     heads: int
     """Attention heads on one rank (num_attention_heads / TP)."""
     seq_length: int
+    """Tokens per sequence."""
     head_dim: int
+    """Elements per head (hidden size / heads)."""
     causal: bool
+    """Masked to earlier tokens (GPT) or not (BERT)."""
     precision: str
+    """The q, k and v dtype: fp32, bf16 or fp16."""
     forward_s: float
     """One forward (s)."""
     backward_s: float
