@@ -38,7 +38,7 @@ from train.planner.calibration import (
     LayerTiming,
     NodeTiming,
 )
-from train.planner.flops import head_gemms, layer_gemms
+from train.planner.flops import Gemm, head_gemms, layer_gemms
 from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
 from train.planner.search import layouts
 from train.planner.sizes import padded_vocab_size
@@ -50,15 +50,22 @@ JOB_TIME_LIMIT_MIN = 20
 """Slurm time limit of one calibration job (minutes)."""
 
 
+def _rank_layers(run: RunConfig) -> list[tuple[int, int, list[Gemm]]]:
+    """(tp, micro-batch, that rank's layer GEMMs) of every (tp, micro-batch) the search's layouts run."""
+    out = []
+    for tp, mbs in sorted({(par.tp, par.mbs) for _, par in layouts(run, run.search)}):
+        try:
+            out.append((tp, mbs, layer_gemms(run.model, micro_batch_size=mbs, tp=tp)))
+        except ValueError:
+            continue  # tp does not split the heads or the FFN: the planner rejects those layouts
+    return out
+
+
 def gemm_shapes(run: RunConfig) -> list[tuple[int, int, int, int, str]]:
     """(m, n, k, batch, layout) of every GEMM the search's layouts run on one rank, forward and backward."""
     shapes: set[tuple[int, int, int, int, str]] = set()
-    for tp, mbs in sorted({(par.tp, par.mbs) for _, par in layouts(run, run.search)}):
-        try:
-            gemms = [*layer_gemms(run.model, micro_batch_size=mbs, tp=tp), *head_gemms(run.model, micro_batch_size=mbs, tp=tp)]
-        except ValueError:
-            continue  # tp does not split the heads: the planner rejects those layouts
-        for g in gemms:
+    for tp, mbs, layer in _rank_layers(run):
+        for g in [*layer, *head_gemms(run.model, micro_batch_size=mbs, tp=tp)]:
             shapes.add((g.m, g.n, g.k, g.batch, FORWARD_LAYOUT))
             shapes.update(backward_gemm_shapes(g))
     return sorted(shapes)
@@ -70,14 +77,7 @@ def attention_shapes(run: RunConfig) -> list[tuple[int, int, int, int, bool]]:
     m = run.model
     heads, head_dim = m.num_attention_heads, m.hidden_size // m.num_attention_heads
     causal = m.kind == ModelKind.gpt
-    shapes = set()
-    for tp, mbs in {(par.tp, par.mbs) for _, par in layouts(run, run.search)}:
-        try:
-            layer_gemms(m, micro_batch_size=mbs, tp=tp)
-        except ValueError:
-            continue  # tp does not split the heads or the FFN: the planner rejects those layouts
-        shapes.add((mbs, heads // tp, m.seq_length, head_dim, causal))
-    return sorted(shapes)
+    return sorted({(mbs, heads // tp, m.seq_length, head_dim, causal) for tp, mbs, _ in _rank_layers(run)})
 
 
 def pointwise_shapes(run: RunConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -10,6 +10,7 @@ GPU section can be recomputed from the committed files. Nothing here is measured
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -70,15 +71,30 @@ def memory_rows() -> list[tuple[str, str, float, float]]:
     return rows
 
 
+@functools.lru_cache(maxsize=1)
+def _composer() -> Any:
+    from conf import CONFIG_DIR, register_configs
+    from launchers.compose import FastComposer
+
+    register_configs()
+    return FastComposer.from_config_dir(CONFIG_DIR, "config")
+
+
+def _run_of(rec: dict[str, Any], *extra: str) -> Any:
+    """The RunConfig of a record's layout on the H100 as the device calls ran it (bf16, one device)."""
+    par = rec["config"]["parallelism"]
+    return _composer().run_config([
+        f"model={rec['config']['model']['name']}", "hardware=h100_sxm", *extra, "hardware.devices_per_node=1",
+        "parallelism.precision=bf16", f"parallelism.micro_batch_size={par['micro_batch_size']}",
+        f"parallelism.recompute={par['recompute']}", f"parallelism.global_batch_size={par['global_batch_size']}",
+    ])  # fmt: skip
+
+
 def memory_today_table() -> list[str]:
     """Call 4's runs (after the trainer's memory fixes) against today's planner: the records keep the
     prediction of the planner they ran with, so a later change to the memory model shows here."""
-    from conf import CONFIG_DIR, register_configs
-    from launchers.compose import FastComposer
     from train.planner.memory import estimate_memory
 
-    register_configs()
-    composer = FastComposer.from_config_dir(CONFIG_DIR, "config")
     lines = ["| layout | micro-batches per step | recorded prediction GiB | today's prediction GiB | measured GiB | "
              "today / measured |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     ratios = []
@@ -87,11 +103,7 @@ def memory_today_table() -> list[str]:
         if call != "call4" or rec.get("status") != "ok" or not ranks or not ranks[0].get("peak_measured"):
             continue
         par = rec["config"]["parallelism"]
-        run = composer.run_config([f"model={rec['config']['model']['name']}", "hardware=h100_sxm",
-                                   "hardware.devices_per_node=1", "parallelism.precision=bf16",
-                                   f"parallelism.micro_batch_size={par['micro_batch_size']}",
-                                   f"parallelism.recompute={par['recompute']}",
-                                   f"parallelism.global_batch_size={par['global_batch_size']}"])  # fmt: skip
+        run = _run_of(rec)
         today = estimate_memory(run.model, run.parallelism, dp=1, hardware=run.hardware).allocated
         measured = float(ranks[0]["peak_measured"])
         ratios.append(today / measured)
@@ -120,12 +132,8 @@ def time_table(calibrated_in: str | None = "call1") -> list[str]:
     """The time model with the GPU's own calibration (the files `calibrated_in` wrote; None: the
     datasheet figures and default efficiencies of conf/hardware/h100_sxm.yaml) against every gbs-32
     run that ran."""
-    from conf import CONFIG_DIR, register_configs
-    from launchers.compose import FastComposer
     from train.planner.perf import predict_time
 
-    register_configs()
-    composer = FastComposer.from_config_dir(CONFIG_DIR, "config")
     lines = ["| layout | measured sec/it | predicted sec/it | error | gemm | attention | memory-bound | other |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     errors = []
@@ -135,13 +143,9 @@ def time_table(calibrated_in: str | None = "call1") -> list[str]:
         if rec["status"] != "ok" or layout in seen:
             continue
         seen.add(layout)  # the latest call's measurement of a layout
-        model, par = rec["config"]["model"]["name"], rec["config"]["parallelism"]
+        model = rec["config"]["model"]["name"]
         cal = [f"hardware.calibration={RESULTS / calibrated_in / f'calibration_h100_{model}.json'}"] if calibrated_in else []
-        run = composer.run_config([f"model={model}", "hardware=h100_sxm", *cal,
-                                   "hardware.devices_per_node=1", "parallelism.precision=bf16",
-                                   f"parallelism.micro_batch_size={par['micro_batch_size']}",
-                                   f"parallelism.recompute={par['recompute']}",
-                                   f"parallelism.global_batch_size={par['global_batch_size']}"])  # fmt: skip
+        run = _run_of(rec, *cal)
         pred = predict_time(run.model, run.parallelism, run.hardware, dp=1)
         err = pred.sec_per_iter / rec["sec_per_iter"] - 1
         errors.append(abs(err))
