@@ -7,7 +7,6 @@ wire before backward returns, and what each rank keeps under ZeRO-1.
 
 from __future__ import annotations
 
-import gc
 import os
 import traceback
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from train import distributed
 from train.distributed import free_port
 from train.dp import DistributedOptimizer, GradSync, make_buckets
 
@@ -85,10 +85,9 @@ def _worker(rank: int, port: int, out: str, shard: bool) -> None:
         # Whatever still holds the process group must go before destroy_process_group: freed in the
         # interpreter's teardown, gloo's threads sometimes ended the process with "terminate called
         # without an active exception" (SIGABRT, 9 runs in 180 when the hooks held `sync` strongly,
-        # once in CI; train.dp._weak_hook). As the trainer does, drop it and collect now.
+        # once in CI; train.dp._weak_hook). As the trainer does, drop it; the helper collects.
         del sync, zero, model
-        gc.collect()
-        dist.destroy_process_group()
+        distributed.destroy_process_group()  # collects first
     except BaseException:
         traceback.print_exc()
         raise

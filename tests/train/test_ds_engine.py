@@ -86,6 +86,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         DS_ACCELERATOR="cpu",
     )
     torch.set_num_threads(1)
+    from train import distributed
     from train.ds_config import deepspeed_config
     from train.ds_engine import build_deepspeed_engine, deepspeed_train_step, profile_deepspeed_step
     from train.model import build_model
@@ -115,7 +116,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     # Leave together: a rank exiting while a peer still talks to it aborts gloo's threads.
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    distributed.destroy_process_group()  # collects first
 
 
 def _free_port() -> int:
