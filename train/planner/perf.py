@@ -405,6 +405,8 @@ class _Stage:
     """One micro-batch's forward + backward on one stage, part by part (s)."""
 
     parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    backward: float = 0.0
+    """Of parts' GEMM and attention seconds, those of the backward pass (the DP reduction's cover)."""
 
     def add(self, part: str, seconds: float) -> None:
         self.parts[part] += seconds
@@ -457,7 +459,7 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     fwd_mem, bwd_mem = _pointwise(ops, mach, e)
     softmax_f = _pointwise([("softmax", b * heads * s * s)], mach, e)[0] if stack == Stack.megatron_deepspeed else 0.0
     ar = _tp_collective(mach, tokens * h * e, t, sequence_parallel=par.sequence_parallel)
-    stage = _Stage()
+    stage = _Stage(backward=dense_b + core_b)
     stage.add("gemm", dense_f + dense_b)
     stage.add("attention", core_f + core_b)
     stage.add("memory_bound", fwd_mem + bwd_mem)
@@ -489,7 +491,9 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
         stage.add("memory_bound", sum(_pointwise([("add", tokens * h)] * 3, mach, e)))
         stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
     if last:
-        stage.add("gemm", sum(_gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)))
+        head_f, head_b = _gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)
+        stage.add("gemm", head_f + head_b)
+        stage.backward += head_b
         logits = tokens * padded_vocab_size(model, t) // t
         local = tokens // t if par.sequence_parallel else tokens
         norms = [("layer_norm", local * h)] * (2 if model.kind == ModelKind.bert else 1)
@@ -576,12 +580,12 @@ def _predict(
     worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep and hw.device_type == "cuda":
-        # Buckets reduce while the last micro-batch's backward (2/3 of its compute) still runs: NCCL
+        # Buckets reduce while the last micro-batch's backward GEMMs and attention still run: NCCL
         # moves them on its own SMs and links. Gloo on a CPU sums and copies them on threads of the
         # same cores the rank's compute already fills (one intra-op thread per allocated CPU), so
         # there nothing hides (a profile of dp=2 on the local cluster: the all-reduce thread's time
         # is added to the step's).
-        dp_time = max(dp_time - 2 / 3 * (slowest.parts["gemm"] + slowest.parts["attention"]), 0.0)
+        dp_time = max(dp_time - slowest.backward, 0.0)
     if par.pp > 1:
         # The tied word embedding's fp32 gradient is summed between the first and the last stage
         # (train.parallel.tie_embedding_grads; Megatron's embedding group), after backward.
@@ -669,15 +673,15 @@ class _RankWork:
     mach: _Machine
     stack: Stack
     layer: _Stage
-    _ends: dict[tuple[bool, bool], dict[str, float]] = field(default_factory=dict)
+    _ends: dict[tuple[bool, bool], _Stage] = field(default_factory=dict)
     _stages: dict[tuple[int, int, tuple[bool, ...], float], list[_Stage]] = field(default_factory=dict)
 
-    def ends(self, first: bool, last: bool) -> dict[str, float]:
-        """The parts of _ends (the caller copies them into a stage of its own, which it adds to)."""
-        parts = self._ends.get((first, last))
-        if parts is None:
-            parts = self._ends[(first, last)] = _ends(self.model, self.key, self.mach, first=first, last=last).parts
-        return parts
+    def ends(self, first: bool, last: bool) -> _Stage:
+        """_ends' stage (the caller copies it into a stage of its own, which it adds to)."""
+        ends = self._ends.get((first, last))
+        if ends is None:
+            ends = self._ends[(first, last)] = _ends(self.model, self.key, self.mach, first=first, last=last)
+        return ends
 
     def stages(
         self, pp: int, chunks: int, crossings: tuple[bool, ...], p2p_bytes: float, numels: tuple[int, ...],
@@ -725,7 +729,7 @@ class _RankWork:
             key_s = (first, last, layers, tuple(neighbours), held)
             stage = alike.get(key_s)
             if stage is None:
-                stage = _Stage(dict(ends))
+                stage = _Stage(dict(ends.parts), ends.backward + layers * self.layer.backward)
                 for part, seconds in layer_parts:
                     stage.add(part, layers * seconds)
                 stage.add("pp_comm", per_neighbour * sum(neighbours))

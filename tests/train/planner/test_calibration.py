@@ -227,6 +227,24 @@ def test_a_link_the_file_did_not_fit_keeps_the_hardware_figures(tmp_path: Path) 
         predict_time(MODEL, tp2, replace(sheet, calibration=str(here), intra_node_bw_gbs=None), dp=1)
 
 
+def test_the_dp_reduction_hides_behind_the_backward_gemms_and_attention(tmp_path: Path) -> None:
+    # Every GEMM timed at 1 ms (a layer: 4 dense forward, 8 backward; the head's logits 1 + 2) and
+    # SDPA at 5 ms forward, 7 ms backward. The gradients cross a 1 MB/s link, which nothing hides.
+    sdpa = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, True, "fp32", 5e-3, 7e-3))
+    assert sdpa.calibration is not None
+    here = replace(load_calibration(sdpa.calibration), collectives=[]).write(tmp_path / "slow_link.json")
+    slow = HardwareConfig(peak_measured=True, devices_per_node=2, intra_node_bw_gbs=1e-3,
+                          comm_latency_us=LATENCY * 1e6, calibration=str(here))  # fmt: skip
+    layout = ParallelismConfig(micro_batch_size=1, global_batch_size=2, precision=Precision.fp32)
+    gpu = predict_time(MODEL, layout, replace(slow, device_type="cuda"), dp=2)
+    cpu = predict_time(MODEL, layout, replace(slow, device_type="cpu"), dp=2)
+    assert gpu.parts["dp_comm"] > 0
+    # On a GPU NCCL reduces while the last micro-batch's backward runs: the backward GEMMs and SDPA's
+    # backward (34 ms if it were 2/3 of the GEMMs and attention, as the model once took it).
+    hidden = cpu.parts["dp_comm"] - gpu.parts["dp_comm"]
+    assert hidden == pytest.approx(MODEL.num_layers * (8e-3 + 7e-3) + 2e-3)
+
+
 def test_a_calibration_from_before_the_attention_timings_still_reads(tmp_path: Path) -> None:
     path = calibration(tmp_path)
     data = json.loads(path.read_text())
