@@ -20,12 +20,13 @@ this is the site calibration of the time model.)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ from train import distributed
 from train.planner.calibration import COLLECTIVES, LAYER_COUNTS, AttentionTiming, CollectiveTiming, GemmTiming
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,18 @@ def concurrent_seconds(fn: Callable[[], object], *, device: torch.device, min_se
 
 
 CACHE_BYTES = 256 << 20
-"""Operand bytes a GEMM's timing cycles through: more than any last-level cache, so that each call
-reads its operands from memory as training's ever-new activations do, not from a warm cache."""
+"""Operand bytes a GEMM's or attention core's timing cycles through: more than any last-level cache,
+so that each call reads its operands from memory as training's ever-new activations do, not from a
+warm cache."""
+
+
+def fresh_operands(make: Callable[[], T], nbytes: int) -> Callable[[], T]:
+    """A supplier that hands out, in turn, copies made by `make` (`nbytes` each): at least two, and
+    as many as CACHE_BYTES holds (at most 64), so no call finds the previous one's operands cached."""
+    copies = max(2, min(64, CACHE_BYTES // max(1, nbytes)))
+    made = [make() for _ in range(copies)]
+    turn = itertools.count()
+    return lambda: made[next(turn) % copies]
 
 
 def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, device: torch.device) -> Callable[[], object]:
@@ -138,14 +150,13 @@ def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, d
     lead = (batch,) if batch > 1 else ()
     a_shape = (*lead, k, m) if layout == "tn" else (*lead, m, k)
     b_shape = (*lead, n, k) if layout == "nt" else (*lead, k, n)
-    size = dtype.itemsize * batch * (m * k + k * n)
-    copies = max(2, min(64, CACHE_BYTES // max(1, size)))
-    pairs = [(torch.randn(a_shape, device=device).to(dtype), torch.randn(b_shape, device=device).to(dtype))
-             for _ in range(copies)]  # fmt: skip
-    turn = iter(range(1 << 62))
+    pairs = fresh_operands(
+        lambda: (torch.randn(a_shape, device=device).to(dtype), torch.randn(b_shape, device=device).to(dtype)),
+        dtype.itemsize * batch * (m * k + k * n),
+    )
 
     def call() -> object:
-        a, b = pairs[next(turn) % copies]
+        a, b = pairs()
         return torch.matmul(a.transpose(-2, -1) if layout == "tn" else a, b.transpose(-2, -1) if layout == "nt" else b)
 
     return call
@@ -191,10 +202,14 @@ def attention_seconds(
     """(forward, backward) seconds of the attention core as train.model runs it: SDPA on the q, k and
     v views of one [b, s, heads, 3, head_dim] QKV output (strided, as the model hands them over), its
     output's gradient the transposed view of a [b, s, heads, head_dim] one (the model's output
-    projection reads the output through transpose(1, 2))."""
+    projection reads the output through transpose(1, 2)). Each call takes the next of fresh_operands'
+    QKV outputs and output gradients."""
     b, heads, s, d, causal = shape
-    qkv = torch.randn(b, s, heads, 3, d, device=device).to(dtype).requires_grad_()
-    grad = torch.ones(b, s, heads, d, device=device, dtype=dtype).transpose(1, 2)
+    operands = fresh_operands(
+        lambda: (torch.randn(b, s, heads, 3, d, device=device).to(dtype).requires_grad_(),
+                 torch.randn(b, s, heads, d, device=device).to(dtype).transpose(1, 2)),
+        dtype.itemsize * b * s * heads * 4 * d,
+    )  # fmt: skip
 
     def core(x: torch.Tensor) -> torch.Tensor:
         q, k, v = x.permute(3, 0, 2, 1, 4)
@@ -202,9 +217,10 @@ def attention_seconds(
 
     # Recorded by autograd, as training's forward is (a GPU kernel then also keeps its softmax
     # statistics for backward); the graph goes with the output.
-    forward = concurrent_seconds(lambda: core(qkv), device=device, **timing)
+    forward = concurrent_seconds(lambda: core(operands()[0]), device=device, **timing)
 
     def both() -> None:
+        qkv, grad = operands()
         core(qkv).backward(grad)
         qkv.grad = None
 

@@ -3,6 +3,7 @@ and in two gloo processes (timing every rank at once)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -12,11 +13,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train.calibration_job import (
+    CACHE_BYTES,
     CalibrationSpec,
     _gemm,
     attention_seconds,
     best_seconds,
     concurrent_seconds,
+    fresh_operands,
     measure,
     pointwise_seconds,
 )
@@ -76,6 +79,30 @@ def test_the_timed_attention_core_is_the_models(monkeypatch: pytest.MonkeyPatch)
         assert q.shape == model_q.shape and q.stride() == model_q.stride()
         assert kwargs == {"is_causal": causal}
         assert torch.allclose(out, attn._core(q, k, v))
+
+
+def test_timed_operands_take_turns_beyond_the_cache() -> None:
+    # Small operands: as many copies as CACHE_BYTES holds (at most 64), handed out in turn.
+    made = iter(range(1000))
+    supply = fresh_operands(lambda: next(made), 1 << 20)
+    assert [supply() for _ in range(66)] == [*range(64), 0, 1]
+    # Operands larger than the cache: still two, so no call reads the previous one's.
+    big = iter(range(1000))
+    supply = fresh_operands(lambda: next(big), CACHE_BYTES + 1)
+    assert [supply() for _ in range(3)] == [0, 1, 0]
+
+
+def test_successive_attention_timings_read_other_operands(monkeypatch: pytest.MonkeyPatch) -> None:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    queries: list[int] = []
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+        queries.append(q.data_ptr())
+        return sdpa(q, k, v, is_causal=is_causal)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    attention_seconds((2, 4, 16, 8, True), torch.float32, torch.device("cpu"), {"min_seconds": 0.0, "trials": 2})
+    assert len(queries) >= 2 and all(a != b for a, b in itertools.pairwise(queries))
 
 
 def _timing_worker(rank: int, init_file: str, out: str) -> None:
