@@ -39,6 +39,7 @@ from launchers.submit import (
     check_output_dirs,
     command_for,
     entry_args_for,
+    infeasible_summary,
     launch_failure,
     merge_entries,
     plan_configs,
@@ -103,6 +104,8 @@ class LocalLauncher(SweepLauncher):
             f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
             flush=True,
         )
+        for line in infeasible_summary(entries):
+            print(f"local: {line}", file=sys.stderr, flush=True)
         failure = launch_failure(entries, sweep_dir)
         if failure is not None:
             raise failure

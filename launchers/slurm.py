@@ -42,6 +42,7 @@ from launchers.submit import (
     check_output_dirs,
     entry_args_for,
     entry_for,
+    infeasible_summary,
     launch_failure,
     merge_entries,
     plan_configs,
@@ -228,6 +229,8 @@ class SlurmLauncher(SweepLauncher):
             f"array(s) ({arrays}), {infeasible} infeasible, {len(refused)} refused by sbatch -> {path}",
             flush=True,
         )
+        for line in infeasible_summary(entries):
+            print(f"slurm: {line}", file=sys.stderr)
         for e in refused:
             print(f"slurm: config {e.index} {' '.join(e.overrides)}: {e.reason}", file=sys.stderr)
 

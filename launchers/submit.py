@@ -430,6 +430,27 @@ def submit_configs(
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
 
 
+_RULE = re.compile(r"\[([a-z0-9_]+)\]")
+
+
+def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
+    """Console lines for the skipped configs of a launch: per rule broken, how many configs and the
+    first one's overrides and reasons, so that the fix can be read without opening the manifest."""
+    by_rule: dict[str, list[ManifestEntry]] = {}
+    for e in entries:
+        if e.status == "skipped":
+            for rule in dict.fromkeys(_RULE.findall(e.reason or "")) or ("other",):
+                by_rule.setdefault(rule, []).append(e)
+    lines = []
+    for rule, hit in sorted(by_rule.items(), key=lambda item: (-len(item[1]), item[0])):
+        first = hit[0]
+        lines.append(
+            f"infeasible [{rule}]: {len(hit)} config(s), e.g. config {first.index} "
+            f"({' '.join(first.overrides) or 'no overrides'}): {first.reason}"
+        )
+    return lines
+
+
 class LaunchFailed(CompactHydraException):
     """A launch that queued nothing, or whose sbatch Slurm refused for some configs: the command
     exits non-zero (Hydra prints this paragraph) after the manifest says what happened."""

@@ -6,10 +6,11 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep` an
 - `writable_dir`: the directory is created and proved writable (a file made and removed), so an
   unwritable one is one paragraph naming the option to change, before a script, a manifest or a
   job exists, instead of a traceback halfway through.
-- `claim_sweep_dir`: a directory whose manifest.jsonl lists a sweep is refused, unless the user
-  asks to add to that sweep (hydra.launcher.append=true, --append). Added configs then take the
-  indices after the last one listed: an index (and the default output directory named after it)
-  is never given to a second config, so no old result.json sits where a new config writes.
+- `claim_sweep_dir`: a directory whose manifest.jsonl lists a sweep, or whose plan.csv holds a
+  dry run, is refused, unless the user asks to add to that sweep (hydra.launcher.append=true,
+  --append). Added configs then take the indices after the last one listed: an index (and the
+  default output directory named after it) is never given to a second config, so no old
+  result.json sits where a new config writes. A dry run's configs have no index to take after.
 
 The errors are Hydra's CompactHydraException: Hydra prints the message alone, without a traceback;
 the command-line tools print it after `error:`.
@@ -27,6 +28,7 @@ from hydra.errors import CompactHydraException
 
 from train.contract import (
     MANIFEST_FILE,
+    PLAN_FILE,
     ManifestEntry,
     ManifestError,
     manifest_path,
@@ -89,12 +91,20 @@ def claim_sweep_dir(sweep_dir: str | Path, *, append: bool, options: SweepOption
 def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS) -> int:
     """The index of the first config launched into `sweep_dir`; nothing is created or written.
 
-    0 for a new (or manifest-less) directory. A directory that holds a sweep is refused unless
-    `append`, and then its next free index is returned (see the module docstring).
+    0 for a new directory or a dry run's. A directory that holds a sweep or a dry run is refused
+    unless `append`, and then its next free index is returned (see the module docstring).
     """
     sweep_dir = Path(sweep_dir)
     path = manifest_path(sweep_dir)
     if not path.exists():
+        if (sweep_dir / PLAN_FILE).is_file() and not append:
+            # Launched there, the dry run's rows would vanish from the analysis of the directory
+            # (it reports the launched sweep's manifest) and its results.md would be replaced.
+            raise SweepDirError(
+                f"{sweep_dir} already holds a dry run ({PLAN_FILE}), and a directory holds one sweep. "
+                f"Nothing was launched or written. Launch into a new directory ({options.directory}=...), "
+                f"or into this one with {options.append}: {PLAN_FILE} then stays beside the configs added."
+            )
         return 0
     try:
         entries = read_manifest(path)

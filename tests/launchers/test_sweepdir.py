@@ -143,3 +143,19 @@ def test_every_launcher_refuses_a_sweep_directory(launcher: str, sweeper: str, t
     assert proc.returncode != 0 and "already holds a sweep (1 configs" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert [e.index for e in read_manifest(tmp_path)] == [0]
+
+
+def test_a_dry_run_directory_is_a_sweep_too(tmp_path: Path) -> None:
+    # A launch into a dry run's directory would leave its rows out of the directory's analysis
+    # (which reports the launched manifest) and replace its results.md: refused unless appended.
+    planned = train_multirun("training.lr=1e-4,2e-4", "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path}")
+    assert planned.returncode == 0, planned.stderr
+    plan = (tmp_path / "plan.csv").read_bytes()
+    with pytest.raises(SweepDirError, match=r"already holds a dry run \(plan.csv\).*hydra.launcher.append=true"):
+        claim_sweep_dir(tmp_path, append=False)
+    assert first_index(tmp_path, append=True) == 0
+    for launcher in ("local", "plan"):
+        proc = train_multirun("training.lr=3e-4", f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path}")
+        assert proc.returncode != 0 and "already holds a dry run" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "manifest.jsonl").exists()
+    assert (tmp_path / "plan.csv").read_bytes() == plan
