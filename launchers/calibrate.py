@@ -1,7 +1,7 @@
 """`python -m launchers calibrate [overrides]`: measure a site for the time model, on Slurm.
 
-    python -m launchers calibrate cluster=local hardware=cpu model=gpt_350m \\
-        search.nodes=[1,2] --out calibration/cpu-local.json
+    python -m launchers calibrate cluster=local hardware=cpu hardware.devices_per_node=2 \\
+        model=gpt_350m search.nodes=[1,2] --out calibration/cpu-local.json
     python -m train -m hydra/sweeper=layouts hardware.calibration=calibration/cpu-local.json ...
 
 Two short jobs, one on one node and one on two, every task of them a rank as training places it
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from conf.schema import Engine, ModelKind, RunConfig
-from launchers.allocation import core_licenses
-from launchers.site import license_totals
+from launchers.allocation import Allocation, ArrayKey, array_key, core_licenses
+from launchers.site import check_site, license_totals
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
@@ -206,6 +206,13 @@ def calibrate(
     import submitit
 
     per_node = max(1, run.hardware.devices_per_node)
+    # Before any job: one that its partition's nodes cannot hold would wait in the queue forever.
+    gpus = per_node if run.hardware.device_type == "cuda" else 0
+    check_site(
+        ArrayKey(Allocation(nodes=n, tasks_per_node=per_node, gpus_per_node=gpus, time_limit_min=JOB_TIME_LIMIT_MIN),
+                 array_key(run).options)
+        for n in nodes
+    )  # fmt: skip
     spec = job_spec(run, min_seconds=min_seconds, trials=trials, tasks_per_node=per_node)
     # One job after the other: jobs that share a machine's cores would time each other.
     timings, collectives, device = [], [], ""

@@ -67,7 +67,7 @@ from conf import CONFIG_DIR
 from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses
 from launchers.compose import FastComposer, parse_override
-from launchers.site import license_totals
+from launchers.site import check_site, license_totals
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
@@ -326,6 +326,9 @@ def export_sweep(
         composer, expand_sweep(overrides), first, array_parallelism=array_parallelism
     )
     skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
+    # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what
+    # it could never run is refused now, not when the scripts are submitted by hand.
+    check_site(s.key for s in specs)
     size = max_array_size or read_max_array_size()
     totals = license_totals() if any(s.key.options.core_license for s in specs) else None
     pieces = [

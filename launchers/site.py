@@ -7,6 +7,11 @@ and QoS this user's associations allow (every one the cluster defines when the u
 `scontrol show licenses` for cluster.core_license (and its total, the most one job may ask for).
 A value that is not among them is refused before a single job is queued, naming the valid ones.
 
+Each job's shape is checked too (`scontrol show partition`, `scontrol show node`): a job that asks
+for more nodes than its partition has of its CPUs and GPUs per node would otherwise be queued and
+wait forever (squeue reason PartitionConfig or PartitionNodeLimit, sbatch's "CPU count per node
+can not be satisfied" at best), so it is refused first, naming the fields that size it.
+
 A tool that is missing or fails (no accounting, the controller down) answers nothing, and the
 option is not checked: sbatch then has the last word, as before.
 
@@ -24,9 +29,19 @@ from dataclasses import dataclass
 
 from hydra.errors import CompactHydraException
 
-from launchers.allocation import SbatchOptions
+from launchers.allocation import ArrayKey, SbatchOptions
 
-__all__ = ["SiteOptionError", "check_site_options", "license_totals", "site_choices"]
+__all__ = [
+    "NodeShape",
+    "PartitionInfo",
+    "SiteOptionError",
+    "check_site",
+    "check_site_options",
+    "check_site_shapes",
+    "license_totals",
+    "partition_nodes",
+    "site_choices",
+]
 
 TIMEOUT_S = 30
 
@@ -127,3 +142,108 @@ def check_site_options(options: Iterable[SbatchOptions]) -> None:
                 f"{', '.join(choices) or 'none'}{hint}. "
                 "Nothing was submitted."
             )
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """What one node of a partition offers a job."""
+
+    cpus: int
+    """CPUs Slurm schedules on it (CPUTot) (CPUs)."""
+    gpus: int
+    """GPUs its Gres lists (GPUs)."""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """A partition as a job sees it: its nodes, whether it is the default, its MaxNodes."""
+
+    nodes: tuple[NodeShape, ...]
+    """Its nodes, as `scontrol show node` lists them."""
+    default: bool
+    """Whether sbatch uses it when no partition is given."""
+    max_nodes: int | None
+    """MaxNodes; None: unlimited."""
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(item.partition("=")[::2] for item in line.split())
+
+
+def _gres_gpus(gres: str) -> int:
+    """GPUs in a Gres string: 'gpu:8', 'gpu:a100:4(S:0-1),gpu:v100:2', '(null)'."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and len(parts) > 1 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def partition_nodes() -> dict[str, PartitionInfo] | None:
+    """Each partition's nodes, whether it is the default one, and its MaxNodes; None when Slurm cannot say."""
+    partitions = _lines(["scontrol", "show", "partition", "--oneliner"])
+    nodes = _lines(["scontrol", "show", "node", "--oneliner"])
+    if partitions is None or nodes is None:
+        return None
+    members: dict[str, list[NodeShape]] = {}
+    for line in nodes:
+        f = _fields(line)
+        if not f.get("CPUTot", "").isdigit():
+            continue
+        shape = NodeShape(cpus=int(f["CPUTot"]), gpus=_gres_gpus(f.get("Gres", "")))
+        for name in f.get("Partitions", "").split(","):
+            if name:
+                members.setdefault(name, []).append(shape)
+    out = {}
+    for line in partitions:
+        f = _fields(line)
+        if "PartitionName" not in f:
+            continue
+        name, limit = f["PartitionName"], f.get("MaxNodes", "UNLIMITED")
+        out[name] = PartitionInfo(
+            nodes=tuple(members.get(name, [])),
+            default=f.get("Default") == "YES",
+            max_nodes=int(limit) if limit.isdigit() else None,
+        )
+    return out
+
+
+def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
+    """Raise SiteOptionError for the first job shape that no set of nodes of its partition can hold."""
+    partitions: dict[str, PartitionInfo] | None = None
+    for key in dict.fromkeys(keys):
+        if partitions is None:
+            partitions = partition_nodes()
+            if partitions is None:
+                return
+        a, o = key.allocation, key.options
+        name = o.partition or next((p for p, part in partitions.items() if part.default), None)
+        part = partitions.get(name) if name is not None else None
+        if part is None or not part.nodes:
+            continue  # no default partition, or one check_site_options refuses: sbatch judges
+        cpus = a.tasks_per_node * o.cpus_per_task
+        fit = sum(1 for n in part.nodes if n.cpus >= cpus and n.gpus >= a.gpus_per_node)
+        usable = fit if part.max_nodes is None else min(fit, part.max_nodes)
+        if a.nodes <= usable:
+            continue
+        most_cpus = max(n.cpus for n in part.nodes)
+        most_gpus = max(n.gpus for n in part.nodes)
+        per_node = max(1, (most_gpus if a.gpus_per_node else most_cpus // max(1, o.cpus_per_task)))
+        limit = f", MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < fit else ""
+        raise SiteOptionError(
+            f"A job of {a.nodes} node(s) x {a.tasks_per_node} task(s) x cluster.cpus_per_task={o.cpus_per_task} "
+            f"CPU(s){f' and {a.gpus_per_node} GPU(s)' if a.gpus_per_node else ''} per node ({a.tasks} devices: "
+            f"dp x tp x pp, placed hardware.devices_per_node to a node) cannot start in partition {name!r}: "
+            f"{fit} of its {len(part.nodes)} nodes hold {cpus} CPUs{f' and {a.gpus_per_node} GPUs' if a.gpus_per_node else ''}"
+            f"{limit} (the largest has {most_cpus} CPUs, {most_gpus} GPUs). Nothing was submitted. Use fewer "
+            f"devices, set hardware.devices_per_node to what a node runs (at most {per_node} here), or choose "
+            f"another partition (cluster.partition; partitions: {', '.join(sorted(partitions))})."
+        )
+
+
+def check_site(keys: Iterable[ArrayKey]) -> None:
+    """check_site_options, then check_site_shapes, for the jobs of `keys`."""
+    keys = list(keys)
+    check_site_options(k.options for k in keys)
+    check_site_shapes(keys)

@@ -35,7 +35,7 @@ from launchers.compose import (
     prepare_sweep_dir,
     sweep_composer,
 )
-from launchers.site import check_site_options
+from launchers.site import check_site
 from launchers.submit import (
     LaunchSettings,
     Submission,
@@ -200,7 +200,7 @@ class SlurmLauncher(SweepLauncher):
         # Earlier batches of this sweep, or the sweep it is appended to.
         old = read_manifest(path) if path.exists() else []
         check_output_dirs(merge_entries(old, [*skipped, *(entry_for(s, "submitted") for s in specs)]))
-        check_site_options(s.key.options for s in specs)
+        check_site(s.key for s in specs)
         save_launch_file(sweep_dir, settings, specs)
         known = merge_entries(old, skipped)
         submission = submit_configs(

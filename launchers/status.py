@@ -46,7 +46,7 @@ from typing import Any
 
 from launchers.compose import FastComposer, parse_override
 from launchers.queue import base_state, is_live, is_running, read_states
-from launchers.site import check_site_options
+from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
@@ -270,7 +270,7 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         )
     if overrides:
         return _rerun_changed(sweep_dir, [specs[s.index] for s in failed], settings, overrides)
-    check_site_options(specs[s.index].key.options for s in failed)
+    check_site(specs[s.index].key for s in failed)
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
@@ -302,7 +302,7 @@ def _rerun_changed(
     composer = _composer(settings)
     specs, skipped = plan_configs(composer, [changed_overrides(s.overrides, changes) for s in failed], first)
     origin = {first + i: s.index for i, s in enumerate(failed)}
-    check_site_options(s.key.options for s in specs)
+    check_site(s.key for s in specs)
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
         return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from launchers.site import site_choices
+from launchers.site import SiteOptionError, check_site_shapes, partition_nodes, site_choices
 from tests.launchers.test_slurm_launcher import sweep
 from tests.launchers.test_sweepdir import train_multirun
 
@@ -53,3 +53,44 @@ def test_a_launch_with_nothing_to_submit_fails(launcher: str, tmp_path: Path) ->
     )
     assert proc.returncode != 0 and "Nothing was submitted: all 2 configs are infeasible" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_partitions_nodes_are_read(slurm_cluster: SlurmClusterInfo) -> None:
+    partitions = partition_nodes()
+    assert partitions is not None
+    part = partitions[slurm_cluster.partition]
+    assert part.default and part.max_nodes is None
+    assert [(n.cpus, n.gpus) for n in part.nodes] == [(slurm_cluster.cpus_per_node, 0)] * len(slurm_cluster.nodes)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        # More nodes than the partition has (it would wait with reason PartitionConfig for ever).
+        (("parallelism.dp=16", "hardware.devices_per_node=2"), "A job of 8 node(s) x 2 task(s)"),
+        # More tasks on a node than its CPUs (sbatch: "CPU count per node can not be satisfied").
+        (("parallelism.dp=4",), "A job of 1 node(s) x 4 task(s)"),
+    ],
+)
+def test_a_job_no_nodes_can_hold_submits_nothing(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path, overrides: tuple[str, ...], words: str
+) -> None:
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, *overrides, "parallelism.global_batch_size=64", "+hydra.launcher.sbatch_args.hold=''",
+                 check=False)  # fmt: skip
+    assert proc.returncode != 0 and words in proc.stderr, proc.stderr
+    assert f"cannot start in partition '{slurm_cluster.partition}'" in proc.stderr
+    assert f"at most {slurm_cluster.cpus_per_node} here" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (sweep_dir / "manifest.jsonl").exists()
+
+
+def test_without_a_partition_the_default_ones_nodes_count(slurm_cluster: SlurmClusterInfo) -> None:
+    from launchers.allocation import Allocation, ArrayKey, SbatchOptions
+
+    options = SbatchOptions(partition=None, account=None, qos=None, gres=None, constraint=None, cpus_per_task=1,
+                            mem_per_node_gb=None, array_parallelism=1, setup=())  # fmt: skip
+    key = ArrayKey(Allocation(nodes=99, tasks_per_node=1, gpus_per_node=0, time_limit_min=1), options)
+    with pytest.raises(SiteOptionError, match=f"A job of 99 node.*partition '{slurm_cluster.partition}'"):
+        check_site_shapes([key])
+    check_site_shapes([ArrayKey(Allocation(nodes=len(slurm_cluster.nodes), tasks_per_node=1, gpus_per_node=0,
+                                           time_limit_min=1), options)])  # fmt: skip
