@@ -84,14 +84,18 @@ def ended_outcome(state: str) -> str:
 
 
 def parse_states(text: str) -> dict[str, str]:
-    """`JobID|State` lines (squeue -o '%i|%T', sacct -P -o JobID,State) -> {task id: state}; later
-    lines win, ranges are expanded."""
+    """`JobID|State[|Reason]` lines (squeue -o '%i|%T|%r', sacct -P -o JobID,State) -> {task id:
+    state, with squeue's reason when it gives one: 'PENDING (Licenses)'}; later lines win, ranges
+    are expanded."""
     states: dict[str, str] = {}
     for line in text.splitlines():
-        job, sep, state = line.strip().partition("|")
-        if sep and job and base_state(state):
+        job, sep, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        base, reason = base_state(state), reason.strip()
+        if sep and job and base:
+            shown = f"{base} ({reason})" if reason and reason != "None" else base
             for one in expand_job_ids(job.strip()):
-                states[one] = base_state(state)
+                states[one] = shown
     return states
 
 
@@ -106,13 +110,14 @@ def _run(cmd: list[str], timeout_s: float) -> str:
 
 
 def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
-    """Slurm's state of each job (or array task) id that sacct or squeue knows."""
+    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states)."""
     ids = sorted({str(j) for j in job_ids if j})
     if not ids:
         return {}
     arrays = ",".join(sorted({j.split("_")[0] for j in ids}))
     states = parse_states(_run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s))
     # -r: one line per array task, so that '1234_5' appears as itself.
-    states.update(parse_states(_run(["squeue", "-h", "-r", "-j", arrays, "-o", "%i|%T"], timeout_s)))
+    # %r: why a pending job waits (Licenses, Priority, PartitionConfig...), which status shows.
+    states.update(parse_states(_run(["squeue", "-h", "-r", "-j", arrays, "-o", "%i|%T|%r"], timeout_s)))
     return {j: states[j] for j in ids if j in states}
 

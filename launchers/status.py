@@ -150,7 +150,12 @@ def classify(
         status = record.get("status")
         if status == "ok":
             return "done", ""
-        return "failed", f"result.json status {status}: {record.get('message') or 'no message'}"
+        detail = f"result.json status {status}: {record.get('message') or 'no message'}"
+        if status == "timeout" and slurm_state is not None and base_state(slurm_state) == "CANCELLED":
+            # scancel sends the SIGTERM a time limit sends, so the record cannot tell them apart:
+            # Slurm's state can, and a cancelled run needs no longer time limit.
+            return "failed", f"cancelled (Slurm state CANCELLED), not a time limit; {detail}"
+        return "failed", detail
     if slurm_state is None:
         if entry.status == "exported" and entry.job_id is None:
             return "pending", f"no job started yet ({entry.reason or 'exported'})"
@@ -158,7 +163,7 @@ def classify(
     if is_running(slurm_state):
         return "running", ""
     if is_live(slurm_state):
-        return "pending", base_state(slurm_state)
+        return "pending", slurm_state  # with squeue's reason: Licenses, Priority, PartitionConfig...
     if base_state(slurm_state) == "COMPLETED":
         # The trainer writes result.json before it exits: a job that completed without one ran something else.
         return "failed", "job completed without writing result.json"

@@ -30,6 +30,8 @@ def test_parse_states_expands_ranges_drops_suffixes_and_keeps_the_last_run() -> 
     # sacct lists a requeued job once per run, oldest first.
     text = "7_0|TIMEOUT\n7_0|COMPLETED\n7_[1-2]|PENDING\n8|CANCELLED by 0\nbad line\n9|\n"
     assert parse_states(text) == {"7_0": "COMPLETED", "7_1": "PENDING", "7_2": "PENDING", "8": "CANCELLED"}
+    # squeue's third column: the reason a pending job waits ('None' for a running one).
+    assert parse_states("5_1|PENDING|Licenses\n6|RUNNING|None\n") == {"5_1": "PENDING (Licenses)", "6": "RUNNING"}
 
 
 def test_what_a_state_means_for_a_run_without_a_record() -> None:
@@ -67,7 +69,8 @@ def test_states_of_live_array_tasks_and_ended_jobs(slurm_cluster: SlurmClusterIn
             if states.get(done) == "COMPLETED":
                 break
             time.sleep(1)
-        assert states[f"{held}_0"] == states[f"{held}_2"] == "PENDING"
+        # squeue says why they wait, as status then shows it.
+        assert states[f"{held}_0"] == states[f"{held}_2"] == "PENDING (JobHeldUser)"
         assert states[done] == "COMPLETED"  # from sacct, once the job has left the queue
         assert "999999" not in states  # unknown ids are left out, not guessed
     finally:

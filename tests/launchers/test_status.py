@@ -40,6 +40,13 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     assert classify(SUBMITTED, None, "COMPLETED")[0] == "failed"
     assert classify(SUBMITTED, None, "RUNNING") == ("running", "")
     assert classify(SUBMITTED, None, "PENDING") == ("pending", "PENDING")
+    assert classify(SUBMITTED, None, "PENDING (Licenses)") == ("pending", "PENDING (Licenses)")
+    # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
+    cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
+    assert cancelled[0] == "failed" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
+    assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "TIMEOUT")[1].startswith(
+        "result.json status timeout"
+    )
     assert classify(SUBMITTED, None, None) == ("pending", "")
     skipped = ManifestEntry(
         index=1, overrides=(), output_dir="1", status="skipped", reason="tp=3 does not divide"
