@@ -2,9 +2,10 @@
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
-Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed or refused configs that
-no rerun stands for (0 with --ok-if-failed); EXIT_USAGE, after one paragraph on stderr, for a
-directory that is not a sweep, a refused directory or option, or a config that does not compose."""
+Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
+configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
+EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun; EXIT_USAGE, after one paragraph on stderr,
+for a directory that is not a sweep, a refused directory or option, or a config that does not compose."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
-from train.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
+from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,13 +97,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # a local sweep's rerun: the manifest says which configs were interrupted
+        print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not entries:
         print("rerun: no failed configs")
         return 0
     for e in entries:
-        what = f"job {e.job_id}" if e.status == "submitted" else f"{e.status}: {e.reason}"
+        ran = "ran here" if e.job_id is None else f"job {e.job_id}"
+        what = ran if e.status == "submitted" else f"{e.status}: {e.reason}"
         origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
         print(f"rerun: config {e.index}{origin}: {what}")
+    here = {e.index for e in entries if e.status == "submitted" and e.job_id is None}
+    if here:
+        # A local sweep's configs ran to the end before this returns: say whether they failed again.
+        again = [s for s in unresolved_failures(sweep_status(args.sweep_dir)) if s.index in here]
+        if again:
+            print(f"rerun: {len(again)} configs failed again (python -m launchers status {args.sweep_dir})",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
     return 0
 
 

@@ -9,7 +9,11 @@ the Slurm launcher does: the index by default), with cluster.env exported; the t
 starts the processes a multi-device layout needs itself. The manifest (job_id null) and the
 result.json files are those of a Slurm sweep, so `python -m launchers status` and the
 analysis read both alike. A failed config does not stop the sweep; the launcher reports
-every failure to Hydra at the end, as Hydra's own launchers do.
+every failure to Hydra at the end, as Hydra's own launchers do. Ctrl-C stops the sweep: the
+running config records itself `interrupted`, and the configs not yet started become
+`interrupted` manifest entries (they would otherwise read as pending for ever). The launch
+settings are saved as the Slurm launcher saves them, so `python -m launchers rerun --failed`
+runs the failed and interrupted configs here again (run_here).
 
 A sweep of any other Hydra app (a config not composed on megasweep's schema) runs as Hydra's
 basic launcher runs it: each job's task function in this process, one after another.
@@ -19,6 +23,7 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +40,7 @@ from launchers.compose import (
     sweep_composer,
 )
 from launchers.submit import (
+    ConfigSpec,
     LaunchSettings,
     check_output_dirs,
     command_for,
@@ -43,11 +49,47 @@ from launchers.submit import (
     launch_failure,
     merge_entries,
     plan_configs,
+    save_launch_file,
     subdir_namer,
 )
 from train.contract import ManifestEntry, manifest_path, read_manifest, write_manifest
 
-__all__ = ["LocalLauncher"]
+__all__ = ["INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
+
+INTERRUPTED_BEFORE_START = "the local sweep was interrupted (Ctrl-C) before this config started"
+"""The reason of an `interrupted` manifest entry."""
+
+
+def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: Path) -> dict[int, tuple[JobStatus, Any]]:
+    """Run each config as a subprocess on this machine, in order: (status, value) by index.
+
+    A failed config does not stop the others. On Ctrl-C the configs not yet started are marked
+    `interrupted` in the manifest, and the interrupt goes on (the running one, which got the same
+    SIGINT, records itself).
+    """
+    outcomes: dict[int, tuple[JobStatus, Any]] = {}
+    started: set[int] = set()
+    try:
+        for n, spec in enumerate(specs, start=1):
+            started.add(spec.index)
+            print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
+            try:
+                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
+            except Exception as exc:  # reported to Hydra below, after the other configs have run
+                print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
+                outcomes[spec.index] = (JobStatus.FAILED, exc)
+    except KeyboardInterrupt:
+        never = {s.index for s in specs} - started
+        path = manifest_path(sweep_dir)
+        write_manifest(
+            [
+                dataclasses.replace(e, status="interrupted", reason=INTERRUPTED_BEFORE_START) if e.index in never else e
+                for e in read_manifest(path)
+            ],
+            path,
+        )
+        raise
+    return outcomes
 
 
 class LocalLauncher(SweepLauncher):
@@ -78,6 +120,7 @@ class LocalLauncher(SweepLauncher):
             job_name=self.module,
             max_array_size=1,  # unused: nothing is submitted
             entry_args=entry_args_for(self.config),
+            local=True,
         )
         specs, skipped = plan_configs(
             composer, job_overrides, first + initial_job_idx, subdir=subdir_namer(self.config, composer)
@@ -99,6 +142,7 @@ class LocalLauncher(SweepLauncher):
         old = read_manifest(path) if path.exists() else []
         merged = merge_entries(old, entries)
         check_output_dirs(merged)
+        save_launch_file(sweep_dir, settings, specs)
         write_manifest(merged, path)
         print(
             f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
@@ -110,15 +154,7 @@ class LocalLauncher(SweepLauncher):
         if failure is not None:
             raise failure
 
-        outcomes: dict[int, tuple[JobStatus, Any]] = {}
-        for n, spec in enumerate(specs, start=1):
-            print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
-            try:
-                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
-            except Exception as exc:  # reported to Hydra below, after the other configs have run
-                print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
-                outcomes[spec.index] = (JobStatus.FAILED, exc)
-
+        outcomes = run_here(specs, settings, sweep_dir)
         task_name = str(self.config.hydra.job.name)
         returns = []
         for e in entries:

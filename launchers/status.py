@@ -12,6 +12,8 @@ result.json counts for a config only when the overrides it records are the confi
 (train.contract.record_matches): a directory may hold an older run of another config.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
+A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its
+result.json says so) and those that had not started (their manifest entries say so).
 A config of an exported array script (`python -m launchers sbatch`, submitted by hand) has no
 job id in the manifest; its array task records one when it starts (train.contract.
 resolve_exported), and until then the config is `pending` (queued or not yet submitted: this
@@ -20,11 +22,12 @@ side cannot tell which).
 Every failed config's log is named below the table: the run directory's own log (LOG_FILE, the
 trainer's output), else Slurm's output of its job (a job that died before the trainer started).
 
-`rerun --failed` resubmits the `failed` and the `refused` configs: a refused sbatch is a
-config that did not run, and rerunning it after fixing the cause (a partition back up, a
+`rerun --failed` resubmits the `failed`, `interrupted` and `refused` configs: a refused sbatch
+is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
 again and is left alone. Exported configs are resubmitted by the launcher (submitit), with the
-settings the export saved in <sweep dir>/.megasweep/launch.json.
+settings the export saved in <sweep dir>/.megasweep/launch.json; a local sweep's configs run on
+this machine again (launchers.local.run_here), one after another.
 
 `rerun --failed field=value ...` resubmits them changed: each failed config's overrides with
 those fields replaced (or added) is a new config of the same sweep, composed and checked by the
@@ -50,6 +53,7 @@ from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
+    entry_for,
     load_launch_file,
     merge_entries,
     plan_configs,
@@ -88,8 +92,8 @@ __all__ = [
     "unresolved_failures",
 ]
 
-STATES = ("pending", "running", "done", "failed", "refused", "skipped")
-RERUN_STATES = frozenset({"failed", "refused"})
+STATES = ("pending", "running", "done", "failed", "interrupted", "refused", "skipped")
+RERUN_STATES = frozenset({"failed", "interrupted", "refused"})
 """States `rerun --failed` resubmits (see the module docstring)."""
 
 
@@ -144,12 +148,14 @@ def classify(
     """(state, detail) of one config from its manifest entry, result.json and Slurm state."""
     if entry.status == "skipped":
         return "skipped", entry.reason or ""
-    if entry.status == "refused":
-        return "refused", entry.reason or ""
+    if entry.status in ("refused", "interrupted"):
+        return entry.status, entry.reason or ""
     if record is not None:
         status = record.get("status")
         if status == "ok":
             return "done", ""
+        if status == "interrupted":  # Ctrl-C of a local sweep, or SIGINT to the run
+            return "interrupted", f"result.json status interrupted: {record.get('message') or 'no message'}"
         detail = f"result.json status {status}: {record.get('message') or 'no message'}"
         if status == "timeout" and slurm_state is not None and base_state(slurm_state) == "CANCELLED":
             # scancel sends the SIGTERM a time limit sends, so the record cannot tell them apart:
@@ -217,7 +223,7 @@ def sweep_status(
 
 
 def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
-    """Failed and refused configs that no rerun stands for: what makes `status` exit non-zero."""
+    """Failed, interrupted and refused configs that no rerun stands for: what makes `status` exit non-zero."""
     return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
 
 
@@ -234,14 +240,16 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     lines = [line.rstrip() for line in lines]
     counts = {state: sum(1 for s in statuses if s.state == state) for state in STATES}
     total = len(statuses) - counts["skipped"]
-    # A refused config will not run unless rerun: it is as finished as a failed one.
-    finished = counts["done"] + counts["failed"] + counts["refused"]
+    # A refused or interrupted config will not run unless rerun: it is as finished as a failed one.
+    finished = counts["done"] + counts["failed"] + counts["interrupted"] + counts["refused"]
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
     lines += [f"log of failed config {s.index}: {s.log or 'none found'}" for s in statuses if s.state == "failed"]
     lines.append(
-        f"[{bar}] {finished}/{total} finished: " + ", ".join(f"{counts[state]} {state}" for state in STATES)
+        f"[{bar}] {finished}/{total} finished: "
+        # Only a local sweep stopped by Ctrl-C has interrupted configs: other sweeps' line stays as it was.
+        + ", ".join(f"{counts[state]} {state}" for state in STATES if state != "interrupted" or counts[state])
     )
     return "\n".join(lines)
 
@@ -275,13 +283,16 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         )
     if overrides:
         return _rerun_changed(sweep_dir, [specs[s.index] for s in failed], settings, overrides)
-    check_site(specs[s.index].key for s in failed)
+    if not settings.local:
+        check_site(specs[s.index].key for s in failed)
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
             old.rename(old.with_name(previous_result_name(s.job_id)))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
+    if settings.local:
+        return _run_here(sweep_dir, [specs[s.index] for s in failed], settings, before)
     submission = submit_configs(
         sweep_dir,
         [specs[s.index] for s in failed],
@@ -307,18 +318,38 @@ def _rerun_changed(
     composer = _composer(settings)
     specs, skipped = plan_configs(composer, [changed_overrides(s.overrides, changes) for s in failed], first)
     origin = {first + i: s.index for i, s in enumerate(failed)}
-    check_site(s.key for s in specs)
+    if not settings.local:
+        check_site(s.key for s in specs)
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
         return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]
 
     known = merge_entries(before, traced(skipped))
     save_launch_file(sweep_dir, settings, specs)
+    if settings.local:
+        ran = _run_here(sweep_dir, specs, settings, known, rerun_of=origin)
+        return sorted([*traced(skipped), *ran], key=lambda e: e.index)
     submission = submit_configs(
         sweep_dir, specs, settings, on_queued=lambda queued: write_manifest(merge_entries(known, traced(queued)), path)
     )
     write_manifest(merge_entries(known, traced(submission.entries)), path)
     return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index)
+
+
+def _run_here(
+    sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, before: Sequence[ManifestEntry],
+    *, rerun_of: Mapping[int, int] | None = None,
+) -> list[ManifestEntry]:
+    """A local sweep's rerun: the configs' entries `submitted` again (no job id), then each run here."""
+    from launchers.local import run_here
+
+    entries = [
+        dataclasses.replace(entry_for(s, "submitted"), rerun_of=(rerun_of or {}).get(s.index)) for s in specs
+    ]
+    path = manifest_path(sweep_dir)
+    write_manifest(merge_entries(before, entries), path)
+    run_here(specs, settings, sweep_dir)
+    return entries
 
 
 def _composer(settings: LaunchSettings) -> FastComposer:

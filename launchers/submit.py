@@ -131,6 +131,8 @@ class LaunchSettings:
     sbatch_args: Mapping[str, str] = field(default_factory=dict)
     """Extra sbatch options, without the leading dashes ({'exclusive': ''} gives --exclusive)."""
     srun_args: tuple[str, ...] = ()
+    local: bool = False
+    """The configs ran on this machine (hydra/launcher=local), so a rerun runs them here too."""
 
 
 @dataclass(frozen=True)
@@ -553,6 +555,7 @@ def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigS
         entry_args=tuple(raw.get("entry_args", ())),
         sbatch_args=dict(raw.get("sbatch_args", {})),
         srun_args=tuple(raw.get("srun_args", ())),
+        local=bool(raw.get("local", False)),
     )
     specs = {}
     for index, c in data["configs"].items():

@@ -537,6 +537,8 @@ class PeakCalibration:
 #                 resolve_exported() puts it into the entry for the readers.
 #     refused     sbatch refused its job (unknown partition, bad gres): reason holds Slurm's words
 #     skipped     infeasible, never submitted: reason holds the rules' paragraph
+#     interrupted a local sweep (hydra/launcher=local, or its rerun) was interrupted (Ctrl-C)
+#                 before this config started: it never ran, and will not unless rerun
 #
 # One sweep per directory: a launcher or an export refuses a directory that already has a manifest
 # unless asked to add to it; added configs take indices after the last one, never an old one's.
@@ -546,7 +548,7 @@ class PeakCalibration:
 # starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
 # them as the failures they are.
 
-ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped")
+ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped", "interrupted")
 REFUSED_PREFIX = "sbatch refused: "
 """How the reason of a `refused` entry starts (and how old manifests marked one, as `skipped`)."""
 _JOB_ID = re.compile(r"\d+(_\d+)?")

@@ -6,10 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launchers.local import INTERRUPTED_BEFORE_START
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
 from tests.train.test_main import TINY_RUN, interrupt
-from train.contract import EXIT_INTERRUPTED, LOG_FILE, read_manifest
+from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, LOG_FILE, read_manifest
+
+
+def rerun(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
 def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:
@@ -66,16 +72,31 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     assert bad is not None and bad["status"] == "error"
     # The failure of config 0 did not stop config 1.
     assert good is not None and good["status"] == "ok"
+    # `rerun --failed` runs a local sweep's failure here again (it fails the same way: exit 1,
+    # the earlier record kept beside), and with a changed field as a new config, which succeeds.
+    again = rerun(sweep_dir)
+    assert again.returncode == EXIT_FAILED and "rerun: config 0: ran here" in again.stdout, again.stderr
+    assert "1 configs failed again" in again.stderr and (sweep_dir / first.output_dir / "result.previous.json").exists()
+    fixed = rerun(sweep_dir, "training.data_path=null")
+    assert fixed.returncode == 0 and "rerun: config 2 (rerun of config 0): ran here" in fixed.stdout, fixed.stderr
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "done", "done"]
 
 
 def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     code, stderr = interrupt(
-        ["-m", "train", "-m", "training.train_iters=100000", *TINY_RUN, "hydra/launcher=local",
+        ["-m", "train", "-m", "training.train_iters=100000", "training.lr=1e-4,2e-4", *TINY_RUN,
+         "hydra/launcher=local",
          f"hydra.sweep.dir={sweep_dir}"],
     )  # fmt: skip
     assert code == EXIT_INTERRUPTED and "Traceback" not in stderr, stderr
-    record = result(sweep_dir, read_manifest(sweep_dir)[0])
+    running, never = read_manifest(sweep_dir)
+    record = result(sweep_dir, running)
     assert record is not None and record["status"] == "interrupted"
-    # The sweep's status says so, as a failure to rerun.
-    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"]
+    # The config that had not started is not left pending for ever: the manifest says why it never ran.
+    assert (never.status, never.reason) == ("interrupted", INTERRUPTED_BEFORE_START)
+    # The sweep's status says so, as configs to rerun (status exits non-zero on them).
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted", "interrupted"]
+    again = rerun(sweep_dir, "training.train_iters=3", "training.warmup_iters=1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted"] * 2 + ["done"] * 2
