@@ -72,8 +72,8 @@ class LayoutSweeper(Sweeper):
         print(f"search: all feasible layouts -> {csv_path}", flush=True)
         if not result.ranked:
             why = (
-                f"{len(result.unpredicted)} feasible layouts, but hardware '{run.hardware.name}' lacks a figure "
-                "the time model needs (see analysis.calc predict=true)"
+                f"{len(result.unpredicted)} feasible layouts, but the time model cannot predict them: "
+                + "; ".join(result.unpredictable)
                 if result.unpredicted
                 else "no layout is feasible: see the rules above"
             )

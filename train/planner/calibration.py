@@ -184,12 +184,19 @@ def load_calibration(path: str) -> Calibration:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"hardware.calibration={path!r} cannot be read as a calibration file: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"hardware.calibration={path!r} holds a JSON {type(data).__name__}, not a calibration file's object")
     if data.get("version") != CALIBRATION_VERSION:
         raise ValueError(
             f"hardware.calibration={path!r} is version {data.get('version')!r}, this megasweep reads version "
             f"{CALIBRATION_VERSION}: measure again with `python -m launchers calibrate`"
         )
-    return _from_dict(data)
+    try:
+        return _from_dict(data)
+    except (TypeError, KeyError) as exc:
+        # A missing or misspelled field surfaces as a constructor's TypeError naming it.
+        raise ValueError(f"hardware.calibration={path!r} is not a calibration file of version "
+                         f"{CALIBRATION_VERSION}: {exc}") from exc
 
 
 @dataclass(frozen=True)

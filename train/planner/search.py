@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchConfig
 from train.contract import PlanRow
 from train.planner.perf import predict_time
-from train.planner.plan import plan_run, rank_predictions
+from train.planner.plan import plan_run, rank_predictions, time_prediction
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class SearchResult:
     """Infeasible candidates per broken rule (a candidate counts once per rule it breaks)."""
     candidates: int
     seconds: float
+    unpredictable: Counter[str] = dataclasses.field(default_factory=Counter)
+    """Unpredicted layouts per reason the time model gave (a missing figure, an unusable calibration)."""
 
 
 def _divisors(n: int) -> list[int]:
@@ -128,8 +130,22 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
     rows = rank_predictions([c.row for c in feasible])
     feasible = [dataclasses.replace(c, row=r) for c, r in zip(feasible, rows, strict=True)]
     ranked = sorted((c for c in feasible if c.row.pred_rank), key=lambda c: c.row.pred_sec_per_iter)
-    unpredicted = [c for c in feasible if not c.row.pred_rank]
-    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic)
+    unpredicted, unpredictable = _unpredicted([c for c in feasible if not c.row.pred_rank])
+    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic, unpredictable)
+
+
+def _unpredicted(candidates: list[Candidate]) -> tuple[list[Candidate], Counter[str]]:
+    """The candidates with the time model's reason in their warnings (search.csv), and the reasons
+    counted: without them a missing figure and an unreadable calibration file read the same."""
+    out: list[Candidate] = []
+    reasons: Counter[str] = Counter()
+    for c in candidates:
+        # Memoised: the prediction plan_run already asked for, this time kept as its reason.
+        prediction = time_prediction(c.run.model, c.run.parallelism, c.run.hardware, c.row.dp)
+        reason = prediction if isinstance(prediction, str) else "the time model predicted no finite time"
+        reasons[reason] += 1
+        out.append(dataclasses.replace(c, row=dataclasses.replace(c.row, warnings=[*c.row.warnings, f"[unpredicted] {reason}"])))
+    return out, reasons
 
 
 def _breakdown(candidate: Candidate, top: int = 3) -> str:
@@ -163,6 +179,8 @@ def format_search(result: SearchResult, show: int) -> str:
         f"ranked ({what}), {len(result.unpredicted):,} feasible but unpredicted, "
         f"{result.candidates - len(result.ranked) - len(result.unpredicted):,} rejected",
     ]
+    for reason, n in result.unpredictable.most_common():
+        summary.append(f"unpredicted ({n:,}): {reason}")
     if result.rejected:
         summary.append("rejected by rule: " + ", ".join(f"{rule} {n:,}" for rule, n in result.rejected.most_common()))
     return "\n".join([*text, *summary])

@@ -85,6 +85,11 @@ def test_the_file_round_trips_and_another_version_is_refused(tmp_path: Path) -> 
     old.write_text(path.read_text().replace(f'"version": {CALIBRATION_VERSION}', '"version": 0'))
     with pytest.raises(ValueError, match="version 0"):
         load_calibration(str(old))
+    # A file of this version missing a field is refused naming it, not left to a TypeError.
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "hardware"}))
+    with pytest.raises(ValueError, match="partial.json.*missing.*'hardware'"):
+        load_calibration(str(partial))
 
 
 def test_a_calibrated_cpu_is_predicted_from_its_measured_gemms(tmp_path: Path) -> None:

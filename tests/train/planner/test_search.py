@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from conf.schema import Engine, Recompute, SearchConfig
 from train.planner.rules import validate
@@ -10,10 +11,11 @@ from train.planner.search import format_search, layout_overrides, layouts, searc
 
 from .test_plan import compose_run
 
+GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512")
+
 
 def gpt_1_3b() -> object:
-    return compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16",
-                       "parallelism.global_batch_size=512")
+    return compose_run(*GPT)
 
 
 def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
@@ -72,3 +74,19 @@ def test_cpu_layouts_are_feasible_but_unpredicted() -> None:
     run = compose_run("hardware.devices_per_node=2")
     result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))  # type: ignore[arg-type]
     assert result.unpredicted and not result.ranked
+
+
+def test_unpredicted_layouts_carry_the_time_model_reason(tmp_path: Path) -> None:
+    # A calibration file that is missing or empty left every layout unpredicted without saying why.
+    small = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0],  # type: ignore[arg-type]
+                         sequence_parallel=[False], virtual_stages=[1])  # fmt: skip
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    for path, why in ((tmp_path / "missing.json", "cannot be read"), (empty, "version None")):
+        run = compose_run(*GPT, f"hardware.calibration={path}")
+        result = search_layouts(run, small)  # type: ignore[arg-type]
+        assert result.unpredicted and not result.ranked
+        [(reason, n)] = result.unpredictable.items()
+        assert f"hardware.calibration='{path}'" in reason and why in reason and n == len(result.unpredicted)
+        assert all(f"[unpredicted] {reason}" in c.row.warnings for c in result.unpredicted)
+        assert f"unpredicted ({n}): {reason}" in format_search(result, show=3)
