@@ -219,6 +219,14 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
     times no collective) keeps the hardware config's figures."""
     assert hw.calibration is not None
     cal = load_calibration(hw.calibration)
+    if cal.hardware != hw.name:
+        # Another machine's seconds would be ranked as this one's (an H100's file on an A100 predicted
+        # an MFU of 148%). A site's own config (a100_80gb_jean_zay) is measured under its own name.
+        raise UnknownHardwareFigure(
+            f"hardware.calibration={hw.calibration!r} was measured on hardware '{cal.hardware}', not on this "
+            f"config's hardware '{hw.name}': give it with hardware={cal.hardware}, or measure {hw.name} with "
+            f"`python -m launchers calibrate hardware={hw.name}`"
+        )
     timing = node_timing(cal, nodes)
     if timing is None or not timing.gemms or timing.memory_bw_gbs <= 0:
         raise UnknownHardwareFigure(f"hardware.calibration={hw.calibration!r} holds no compute measurement")

@@ -179,6 +179,13 @@ def format_search(result: SearchResult, show: int) -> str:
         f"ranked ({what}), {len(result.unpredicted):,} feasible but unpredicted, "
         f"{result.candidates - len(result.ranked) - len(result.unpredicted):,} rejected",
     ]
+    impossible = sum(1 for c in result.ranked if c.row.pred_mfu > 1)
+    if impossible:
+        # Above 100% no layout runs: the time model's figures (a calibration, a peak) are wrong.
+        summary.append(
+            f"warning: {impossible:,} ranked layouts predict an MFU above 100%, which no run reaches: "
+            "check hardware.calibration and the hardware's peak_tflops_* before trusting this ranking"
+        )
     for reason, n in result.unpredictable.most_common():
         summary.append(f"unpredicted ({n:,}): {reason}")
     if result.rejected:

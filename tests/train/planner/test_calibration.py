@@ -105,6 +105,14 @@ def test_a_calibrated_cpu_is_predicted_from_its_measured_gemms(tmp_path: Path) -
     assert two.parts["dp_comm"] == pytest.approx(2 * LATENCY + 4 * stage_numel(MODEL) / BANDWIDTH)
 
 
+def test_a_file_measured_on_other_hardware_is_refused(tmp_path: Path) -> None:
+    # An H100's file on an A100 was ranked as the A100's, at a predicted MFU of 148%.
+    hw = HardwareConfig(name="a100_80gb", peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
+    layout = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    with pytest.raises(UnknownHardwareFigure, match="hardware.calibration=.*measured on hardware 'cpu'.*'a100_80gb'"):
+        predict_time(MODEL, layout, hw, dp=1)
+
+
 def test_an_untimed_shape_runs_at_its_class_measured_fraction(tmp_path: Path) -> None:
     hw = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
     one = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)

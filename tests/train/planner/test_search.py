@@ -90,3 +90,12 @@ def test_unpredicted_layouts_carry_the_time_model_reason(tmp_path: Path) -> None
         assert f"hardware.calibration='{path}'" in reason and why in reason and n == len(result.unpredicted)
         assert all(f"[unpredicted] {reason}" in c.row.warnings for c in result.unpredicted)
         assert f"unpredicted ({n}): {reason}" in format_search(result, show=3)
+
+
+def test_a_predicted_mfu_above_100_percent_is_flagged() -> None:
+    result = search_layouts(gpt_1_3b(), SearchConfig(nodes=[1], micro_batch_sizes=[4]))  # type: ignore[arg-type]
+    assert "MFU above 100%" not in format_search(result, show=3)
+    first = result.ranked[0]
+    wrong = dataclasses.replace(first, row=dataclasses.replace(first.row, pred_mfu=1.48))
+    text = format_search(dataclasses.replace(result, ranked=[wrong, *result.ranked[1:]]), show=3)
+    assert "warning: 1 ranked layouts predict an MFU above 100%" in text and "hardware.calibration" in text
