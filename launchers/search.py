@@ -25,6 +25,21 @@ from launchers.compose import is_megasweep_config, parse_override, sweep_compose
 from train.contract import SEARCH_FILE, write_plan_csv
 from train.planner.search import format_search, search_layouts
 
+CHOSEN_BY_SEARCH = {
+    "parallelism.dp": "search.nodes (every dp x tp x pp of their devices is tried)",
+    "parallelism.tp": "search.nodes (every dp x tp x pp of their devices is tried)",
+    "parallelism.pp": "search.nodes (every dp x tp x pp of their devices is tried)",
+    "parallelism.micro_batch_size": "search.micro_batch_sizes=[N]",
+    "parallelism.recompute": "search.recompute=[MODE]",
+    "parallelism.zero_stage": "search.zero_stages=[N]",
+    "parallelism.engine": "search.zero_stages (stages 2 and 3 run on DeepSpeed)",
+    "parallelism.sequence_parallel": "search.sequence_parallel=[true|false]",
+    "parallelism.virtual_stages": "search.virtual_stages=[N]",
+    "parallelism.rampup_batch_size": "none: layouts are planned and launched without ramp-up",
+}
+"""The layout fields the search sets on every candidate (train.planner.search.layouts), with what
+narrows each instead."""
+
 
 class LayoutSweeper(Sweeper):
     """A sweeper whose jobs are the fastest predicted layouts of one config (module docstring)."""
@@ -54,6 +69,16 @@ class LayoutSweeper(Sweeper):
                 "what it searches, with sequence parallelism and virtual stages; choose them with search.nodes, "
                 "search.micro_batch_sizes, search.recompute, search.zero_stages, search.sequence_parallel and "
                 "search.virtual_stages), or use the default sweeper"
+            )
+        pinned = {a: CHOSEN_BY_SEARCH[key] for a in arguments if (key := parse_override(a).key_or_group) in CHOSEN_BY_SEARCH}
+        if pinned:
+            # The search replaces these on every candidate: honouring one would need a search.* list
+            # of its own (conf.schema.SearchConfig), and ignoring it launched tp=1 for parallelism.tp=2.
+            raise CompactHydraException(
+                f"hydra/sweeper=layouts chooses the layout itself, but it would replace {' '.join(pinned)} on every "
+                "layout it tries: leave it out and narrow the search instead ("
+                + "; ".join(f"{a.split('=')[0]}: {narrow}" for a, narrow in pinned.items())
+                + "), or plan that one layout with the default sweeper (python -m train -m hydra/launcher=plan ...)"
             )
         run = sweep_composer(self.hydra_context.config_loader, self.config).run_config(arguments)
         search = run.search

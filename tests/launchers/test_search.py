@@ -35,6 +35,12 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
     assert swept.returncode != 0
     assert "model=gpt_1.3b,gpt_2.7b lists several values" in swept.stderr
     assert "Traceback" not in swept.stderr
+    # The search sets every layout field itself: a pinned one was silently replaced (tp=1 for tp=2).
+    pinned = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "parallelism.tp=2",
+                       "parallelism.recompute=full", f"hydra.sweep.dir={tmp_path / 'p'}")
+    assert pinned.returncode != 0 and "Traceback" not in pinned.stderr
+    assert "replace parallelism.tp=2 parallelism.recompute=full" in pinned.stderr
+    assert "search.recompute=[MODE]" in pinned.stderr and not (tmp_path / "p" / "search.csv").exists()
     cpu = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "hardware.devices_per_node=2",
                     f"hydra.sweep.dir={tmp_path / 'b'}")
     assert cpu.returncode != 0
@@ -48,9 +54,11 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
 
 def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
     # The CPU's figures given by hand (what a calibration provides): 2 devices, one layout of each kind.
+    # TINY's micro-batch is left out: the search sets it (search.micro_batch_sizes) and refuses a pinned one.
     sweep_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "train", "-m", *TINY, "hydra/sweeper=layouts", "hydra/launcher=local",
+        [sys.executable, "-m", "train", "-m", *(a for a in TINY if not a.startswith("parallelism.micro_batch_size=")),
+         "hydra/sweeper=layouts", "hydra/launcher=local",
          "hardware.peak_measured=false", "hardware.peak_tflops_fp32=0.05", "hardware.memory_bw_gbs=5",
          "hardware.intra_node_bw_gbs=1", "hardware.devices_per_node=2", "parallelism.precision=fp32",
          "search.nodes=[1]", "search.micro_batch_sizes=[1]", "search.recompute=[none]", "search.zero_stages=[0]",
