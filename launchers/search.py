@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launchers.compose import is_megasweep_config, parse_override, sweep_composer
 from train.contract import SEARCH_FILE, write_plan_csv
-from train.planner.search import format_search, search_layouts
+from train.planner.search import format_search, search_layouts, search_problems
 
 CHOSEN_BY_SEARCH = {
     "parallelism.dp": "search.nodes (every dp x tp x pp of their devices is tried)",
@@ -82,11 +82,8 @@ class LayoutSweeper(Sweeper):
             )
         run = sweep_composer(self.hydra_context.config_loader, self.config).run_config(arguments)
         search = run.search
-        if search.top_k < 0 or not search.nodes or any(n < 1 for n in search.nodes):
-            raise CompactHydraException(
-                f"search.nodes={search.nodes} and search.top_k={search.top_k}: nodes is a non-empty list of "
-                "positive node counts and top_k a count >= 0, e.g. search.nodes=[1,2,4] search.top_k=3"
-            )
+        if problems := search_problems(search):
+            raise CompactHydraException("hydra/sweeper=layouts cannot search: " + "; ".join(problems))
         result = search_layouts(run, search)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)

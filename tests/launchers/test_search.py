@@ -41,6 +41,10 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
     assert pinned.returncode != 0 and "Traceback" not in pinned.stderr
     assert "replace parallelism.tp=2 parallelism.recompute=full" in pinned.stderr
     assert "search.recompute=[MODE]" in pinned.stderr and not (tmp_path / "p" / "search.csv").exists()
+    zero = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.micro_batch_sizes=[0]",
+                     f"hydra.sweep.dir={tmp_path / 'z'}")
+    assert zero.returncode != 0 and "Traceback" not in zero.stderr  # was a ZeroDivisionError
+    assert "search.micro_batch_sizes=[0] must be a non-empty list of positive" in zero.stderr
     cpu = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "hardware.devices_per_node=2",
                     f"hydra.sweep.dir={tmp_path / 'b'}")
     assert cpu.returncode != 0

@@ -52,6 +52,35 @@ class SearchResult:
     """Unpredicted layouts per reason the time model gave (a missing figure, an unusable calibration)."""
 
 
+def search_problems(search: SearchConfig) -> list[str]:
+    """What is wrong with `search`, one sentence per option (field, value, rule, example); [] when
+    nothing is. An empty list leaves nothing to try and a zero micro-batch divides by zero, so the
+    sweeper refuses both before searching."""
+    problems = []
+    lists: tuple[tuple[str, list[int], bool, str, str], ...] = (
+        # (option, values, each allowed, what they are, an example)
+        ("nodes", search.nodes, all(n >= 1 for n in search.nodes), "positive node counts", "[1,2,4]"),
+        ("micro_batch_sizes", search.micro_batch_sizes, all(b >= 1 for b in search.micro_batch_sizes),
+         "positive micro-batch sizes (samples)", "[1,2,4,8]"),
+        ("zero_stages", search.zero_stages, all(z in (0, 1, 2, 3) for z in search.zero_stages),
+         "ZeRO stages 0, 1, 2 or 3", "[0,1]"),
+        ("virtual_stages", search.virtual_stages, all(v >= 1 for v in search.virtual_stages),
+         "positive chunk counts per pipeline rank (1: not interleaved)", "[1,2]"),
+    )  # fmt: skip
+    for name, values, allowed, what, example in lists:
+        if not values or not allowed:
+            problems.append(f"search.{name}={list(values)} must be a non-empty list of {what}, e.g. search.{name}={example}")
+    if not search.recompute:
+        problems.append(
+            "search.recompute=[] must be a non-empty list of recompute modes (none, selective, full), "
+            "e.g. search.recompute=[none,full]"
+        )
+    for name, count, what in (("top_k", search.top_k, "layouts launched"), ("show", search.show, "layouts printed")):
+        if count < 0:
+            problems.append(f"search.{name}={count} must be a count >= 0 of {what}, e.g. search.{name}=3")
+    return problems
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -193,4 +222,4 @@ def format_search(result: SearchResult, show: int) -> str:
     return "\n".join([*text, *summary])
 
 
-__all__ = ["Candidate", "SearchResult", "format_search", "layout_overrides", "layouts", "search_layouts"]
+__all__ = ["Candidate", "SearchResult", "format_search", "layout_overrides", "layouts", "search_layouts", "search_problems"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conf.schema import Engine, Recompute, SearchConfig
 from train.planner.rules import validate
-from train.planner.search import format_search, layout_overrides, layouts, search_layouts
+from train.planner.search import format_search, layout_overrides, layouts, search_layouts, search_problems
 
 from .test_plan import compose_run
 
@@ -99,3 +99,14 @@ def test_a_predicted_mfu_above_100_percent_is_flagged() -> None:
     wrong = dataclasses.replace(first, row=dataclasses.replace(first.row, pred_mfu=1.48))
     text = format_search(dataclasses.replace(result, ranked=[wrong, *result.ranked[1:]]), show=3)
     assert "warning: 1 ranked layouts predict an MFU above 100%" in text and "hardware.calibration" in text
+
+
+def test_an_option_that_leaves_nothing_to_try_or_divides_by_zero_is_refused() -> None:
+    assert search_problems(SearchConfig()) == []
+    bad = SearchConfig(nodes=[0], micro_batch_sizes=[0], recompute=[], zero_stages=[4], virtual_stages=[0],
+                       top_k=-1, show=-1)  # fmt: skip
+    problems = " ".join(search_problems(bad))
+    for option in ("nodes=[0]", "micro_batch_sizes=[0]", "recompute=[]", "zero_stages=[4]", "virtual_stages=[0]",
+                   "top_k=-1", "show=-1"):  # fmt: skip
+        assert f"search.{option} must be" in problems
+    assert "e.g. search.micro_batch_sizes=[1,2,4,8]" in problems
