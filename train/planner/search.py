@@ -89,16 +89,17 @@ def layouts(run: RunConfig, search: SearchConfig) -> Iterator[tuple[int, Paralle
     """(devices, layout) of every combination the search tries, before the planner judges it."""
     per_node = max(1, run.hardware.devices_per_node)
     base = run.parallelism
-    for nodes in search.nodes:
+    # Each value once, in the order given: search.nodes=[1,1] planned and launched every layout twice.
+    for nodes in dict.fromkeys(search.nodes):
         devices = nodes * per_node
         for tp in _divisors(devices):
             for pp in _divisors(devices // tp):
                 if pp > run.model.num_layers:
                     continue
                 dp = devices // (tp * pp)
-                for mbs in search.micro_batch_sizes:
-                    for recompute in search.recompute:
-                        for zero in search.zero_stages:
+                for mbs in dict.fromkeys(search.micro_batch_sizes):
+                    for recompute in dict.fromkeys(search.recompute):
+                        for zero in dict.fromkeys(search.zero_stages):
                             if zero and dp == 1:
                                 continue  # ZeRO over one replica is the same layout as no ZeRO
                             # Sequence parallel splits tokens over TP, in the native engine only.

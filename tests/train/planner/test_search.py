@@ -101,6 +101,13 @@ def test_a_predicted_mfu_above_100_percent_is_flagged() -> None:
     assert "warning: 1 ranked layouts predict an MFU above 100%" in text and "hardware.calibration" in text
 
 
+def test_a_value_listed_twice_is_searched_once() -> None:
+    once = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0])  # type: ignore[arg-type]
+    twice = SearchConfig(nodes=[1, 1], micro_batch_sizes=[4, 4], recompute=[Recompute.none, Recompute.none],  # type: ignore[arg-type]
+                         zero_stages=[0, 0])  # fmt: skip
+    assert list(layouts(gpt_1_3b(), twice)) == list(layouts(gpt_1_3b(), once))  # type: ignore[arg-type]
+
+
 def test_an_option_that_leaves_nothing_to_try_or_divides_by_zero_is_refused() -> None:
     assert search_problems(SearchConfig()) == []
     bad = SearchConfig(nodes=[0], micro_batch_sizes=[0], recompute=[], zero_stages=[4], virtual_stages=[0],
