@@ -24,6 +24,7 @@ from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchC
 from train.contract import PlanRow
 from train.planner.perf import predict_time
 from train.planner.plan import plan_run, rank_predictions, time_prediction
+from train.planner.rules import reason_rule
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class SearchResult:
     seconds: float
     unpredictable: Counter[str] = dataclasses.field(default_factory=Counter)
     """Unpredicted layouts per reason the time model gave (a missing figure, an unusable calibration)."""
+    examples: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per broken rule, the first rejected candidate's overrides and reason, as the dry run shows them."""
 
 
 def search_problems(search: SearchConfig) -> list[str]:
@@ -147,6 +150,7 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
     tic = time.perf_counter()
     feasible: list[Candidate] = []
     rejected: Counter[str] = Counter()
+    examples: dict[str, str] = {}
     count = 0
     for devices, par in layouts(run, search):
         count += 1
@@ -155,13 +159,18 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
         row = plan_run(candidate, world_size=devices, overrides=" ".join(overrides))
         if row.feasible:
             feasible.append(Candidate(candidate, row, overrides))
-        else:
-            rejected.update(reason.split("]")[0].lstrip("[") for reason in row.reasons)
+            continue
+        for reason in row.reasons:
+            rule = reason_rule(reason)
+            if rule not in examples:
+                examples[rule] = f"{row.overrides}: {reason.removeprefix(f'[{rule}] ')}"
+        # A rule named twice in one row (two offending fields) is one candidate.
+        rejected.update({reason_rule(reason) for reason in row.reasons})
     rows = rank_predictions([c.row for c in feasible])
     feasible = [dataclasses.replace(c, row=r) for c, r in zip(feasible, rows, strict=True)]
     ranked = sorted((c for c in feasible if c.row.pred_rank), key=lambda c: c.row.pred_sec_per_iter)
     unpredicted, unpredictable = _unpredicted([c for c in feasible if not c.row.pred_rank])
-    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic, unpredictable)
+    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic, unpredictable, examples)
 
 
 def _unpredicted(candidates: list[Candidate]) -> tuple[list[Candidate], Counter[str]]:
@@ -219,7 +228,10 @@ def format_search(result: SearchResult, show: int) -> str:
     for reason, n in result.unpredictable.most_common():
         summary.append(f"unpredicted ({n:,}): {reason}")
     if result.rejected:
-        summary.append("rejected by rule: " + ", ".join(f"{rule} {n:,}" for rule, n in result.rejected.most_common()))
+        summary.append("rejected by rule: " + ", ".join(f"{rule or 'other'} {n:,}" for rule, n in result.rejected.most_common()))
+        # One example per rule, as the dry run gives: a count alone does not say what to change.
+        summary += [f"  [{rule or 'other'}] e.g. {result.examples[rule]}" for rule, _ in result.rejected.most_common()
+                    if rule in result.examples]  # fmt: skip
     return "\n".join([*text, *summary])
 
 

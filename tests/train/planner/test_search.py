@@ -66,8 +66,19 @@ def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_o
         assert c.overrides == layout_overrides(c.run.parallelism) and c.row.overrides == " ".join(c.overrides)
     assert sum(result.rejected.values()) >= result.candidates - len(result.ranked)
     text = format_search(result, show=4)
-    assert len(text.splitlines()) == 1 + 4 + 2
+    # Header, 4 layouts, the summary, the rules line and one example per rule.
+    assert len(text.splitlines()) == 1 + 4 + 2 + len(result.rejected)
     assert "where the time goes" in text and "rejected by rule" in text
+
+
+def test_each_rejecting_rule_is_shown_with_an_example_reason() -> None:
+    # A V100 has no bf16: the count alone gave no hint that fp16 or fp32 would do.
+    run = compose_run(*GPT, "hardware=v100_32gb")
+    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))  # type: ignore[arg-type]
+    assert not result.ranked and result.rejected["precision_supported"] == result.candidates
+    text = format_search(result, show=3)
+    example = next(line for line in text.splitlines() if line.startswith("  [precision_supported] e.g. "))
+    assert "parallelism.tp=" in example and "Valid precision on v100_32gb: fp16, fp32" in example
 
 
 def test_cpu_layouts_are_feasible_but_unpredicted() -> None:
