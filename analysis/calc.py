@@ -11,7 +11,9 @@ devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm),
 output=text|json (default text), and predict=true|false (default false): the time model's seconds
 per iteration and where they go (train.planner.perf), for the software stack=megasweep|deepspeed|
 megatron_deepspeed (default: the one `python -m train` runs); with predict=true, sec_per_iter may be
-left out and the figures are then those of the predicted time. One iteration is one optimizer step over
+left out and the figures are then those of the predicted time. A predicted layout must pass the
+planner's rules, as in the dry run (micro_batch_size=auto resolved as the planner resolves it), and
+the layout predicted is printed. One iteration is one optimizer step over
 parallelism.global_batch_size samples (batch ramp-up is ignored).
 
 Conventions (see train.planner.flops for the arithmetic):
@@ -56,7 +58,7 @@ from train.planner.flops import (
 from train.planner.layout import Layout
 from train.planner.memory import Stack
 from train.planner.perf import UnknownHardwareFigure, predict_time
-from train.planner.rules import validate
+from train.planner.rules import resolve_auto_micro_batch, validate
 from train.planner.sizes import total_params
 
 STACKS = tuple(s.value for s in Stack)
@@ -121,6 +123,8 @@ class CalcResult:
     predicted_sec_per_iter: float | None = None
     predicted_breakdown: dict[str, float] | None = None
     """Seconds per iteration of each part of train.planner.perf.PARTS (predict=true only)."""
+    predicted_layout: dict[str, int | str] | None = None
+    """The layout predicted: dp, tp, pp, micro_batch_size (auto resolved), zero_stage, recompute (predict=true only)."""
 
 
 def parse_args(argv: Sequence[str]) -> CalcArgs:
@@ -249,8 +253,28 @@ def check_layout(run: RunConfig, devices: int) -> Layout:
     return Layout.of(par, devices)
 
 
-def calculate(run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm") -> CalcResult:
-    """FLOPs of one iteration under `convention`, per device per second, and utilization of the peak."""
+def planned_layout(run: RunConfig, devices: int) -> RunConfig:
+    """`run` as the dry run plans it on `devices` devices (micro_batch_size=auto resolved), or CalcError
+    naming each rule it breaks: a prediction of a layout that cannot start (a micro-batch larger than
+    the batch, a rank out of memory) would be a number for nothing."""
+    run = resolve_auto_micro_batch(run, world_size=devices)
+    broken = validate(run, world_size=devices)
+    if broken:
+        raise CalcError(
+            f"predict=true predicts only a layout the planner accepts, and this one on devices={devices} breaks "
+            "its rules (as the dry run, python -m train -m hydra/launcher=plan, reports): "
+            + " ".join(str(v) for v in broken)
+        )
+    return run
+
+
+def calculate(
+    run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm", predicted: bool = False
+) -> CalcResult:
+    """FLOPs of one iteration under `convention`, per device per second, and utilization of the peak.
+
+    predicted: sec_per_iter is the time model's, not a measurement, so an MFU above 100% is reported
+    (a fault of the model's figures) rather than refused as a mistyped input."""
     model, par, hw = run.model, run.parallelism, run.hardware
     gbs, tp = par.global_batch_size, par.tp
     recompute = Recompute(par.recompute)
@@ -301,6 +325,9 @@ def calculate(run: RunConfig, *, sec_per_iter: float, devices: int, convention: 
         try:
             utilizations[label] = utilization(achieved, peak)
         except ImpossibleUtilization as exc:
+            if predicted:
+                utilizations[label] = exc.ratio
+                continue
             raise CalcError(
                 f"{label}={exc.ratio:.1%} is impossible (it must be <= 100%), so an input is wrong: "
                 f"{achieved:.2f} TFLOP/s per device against a dense peak of {exc.peak_tflops:g} TFLOP/s. "
@@ -344,6 +371,9 @@ def format_text(result: CalcResult) -> str:
     """Human-readable summary, one figure per line."""
 
     def pct(value: float | None) -> str:
+        if value is not None and value > 1:
+            # Only a predicted time gets here (a measured one is refused): the model's figures are wrong.
+            return f"{100 * value:.2f}% (above 100%: the time model's figures for {result.hardware} are wrong)"
         return "unknown" if value is None else f"{100 * value:.2f}%"
 
     return "\n".join(
@@ -369,7 +399,10 @@ def _prediction_lines(result: CalcResult) -> list[str]:
     if result.predicted_sec_per_iter is None or result.predicted_breakdown is None:
         return []
     total = result.predicted_sec_per_iter
-    lines = [f"predicted s/it       {total:.4g} (train.planner.perf; where the time goes:)"]
+    lines = []
+    if result.predicted_layout is not None:
+        lines.append("predicted layout     " + " ".join(f"{k}={v}" for k, v in result.predicted_layout.items()))
+    lines.append(f"predicted s/it       {total:.4g} (train.planner.perf; where the time goes:)")
     lines += [
         f"  {part:<18} {seconds:10.4g} s  {100 * seconds / total:5.1f}%"
         for part, seconds in result.predicted_breakdown.items()
@@ -385,8 +418,16 @@ def predict(run: RunConfig, *, devices: int, stack: str | None = None) -> tuple[
     try:
         prediction = predict_time(run.model, par, run.hardware, dp=dp, stack=Stack(stack) if stack else None)
     except (UnknownHardwareFigure, ValueError, TypeError, KeyError) as exc:
-        raise CalcError(f"predict=true cannot predict on this hardware: {exc}.") from exc
+        raise CalcError(f"predict=true has no prediction for this config: {exc}.") from exc
     return prediction.sec_per_iter, dict(prediction.parts)
+
+
+def _layout_of(run: RunConfig, devices: int) -> dict[str, int | str]:
+    par = run.parallelism
+    return {
+        "dp": Layout.of(par, devices).dp, "tp": par.tp, "pp": par.pp, "micro_batch_size": par.mbs,
+        "zero_stage": par.zero_stage, "recompute": Recompute(par.recompute).value,
+    }  # fmt: skip
 
 
 def to_json(result: CalcResult) -> str:
@@ -406,12 +447,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = compose_run(args.overrides)
         check_layout(run, args.devices)
         predicted: tuple[float | None, dict[str, float] | None] = (None, None)
+        layout: dict[str, int | str] | None = None
         if args.predict:
+            run = planned_layout(run, args.devices)
             predicted = predict(run, devices=args.devices, stack=args.stack)
-        seconds = args.sec_per_iter if math.isfinite(args.sec_per_iter) else predicted[0]
+            layout = _layout_of(run, args.devices)
+        measured = math.isfinite(args.sec_per_iter)
+        seconds = args.sec_per_iter if measured else predicted[0]
         assert seconds is not None  # parse_args requires sec_per_iter unless predict=true
-        result = calculate(run, sec_per_iter=seconds, devices=args.devices, convention=args.convention)
-        result = replace(result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1])
+        result = calculate(
+            run, sec_per_iter=seconds, devices=args.devices, convention=args.convention, predicted=not measured
+        )
+        result = replace(
+            result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1], predicted_layout=layout
+        )
     except CalcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -248,3 +248,35 @@ def test_predict_adds_the_time_model_and_its_breakdown(capsys: pytest.CaptureFix
     assert "predict is true or false" in capsys.readouterr().err
     assert main(["model=tiny", "devices=1", "predict=true"]) == 2
     assert "measures its peak at run time" in capsys.readouterr().err
+
+
+PREDICT_GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512",
+               "devices=8", "predict=true")  # fmt: skip
+
+
+def test_predict_plans_the_layout_as_the_dry_run_does(capsys: pytest.CaptureFixture[str]) -> None:
+    # A micro-batch of 512 on 8 replicas of a 512 batch was predicted (38.8 s/it); 48 failed its MFU check.
+    assert main([*PREDICT_GPT, "parallelism.micro_batch_size=512"]) == 2
+    err = capsys.readouterr().err
+    assert "[global_batch_divisible]" in err and "[memory]" in err and "predicts only a layout the planner accepts" in err
+    assert main([*PREDICT_GPT, "parallelism.micro_batch_size=48"]) == 2
+    assert "sec_per_iter" not in capsys.readouterr().err
+    # auto is resolved as the planner resolves it, and the layout predicted is stated.
+    assert main([*PREDICT_GPT, "parallelism.micro_batch_size=auto", "output=json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["predicted_layout"] == {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 8, "zero_stage": 0,
+                                       "recompute": "none"}  # fmt: skip
+    assert main([*PREDICT_GPT, "parallelism.micro_batch_size=4"]) == 0
+    assert "predicted layout     dp=8 tp=1 pp=1 micro_batch_size=4 zero_stage=0 recompute=none" in capsys.readouterr().out
+
+
+def test_a_predicted_mfu_above_100_percent_is_reported_not_blamed_on_sec_per_iter() -> None:
+    from analysis.calc import CalcError, calculate, format_text
+
+    run = compose_run(["model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16",
+                       "parallelism.global_batch_size=512"])  # fmt: skip
+    with pytest.raises(CalcError, match="Check sec_per_iter"):
+        calculate(run, sec_per_iter=3.0, devices=8)
+    result = calculate(run, sec_per_iter=3.0, devices=8, predicted=True)
+    assert result.mfu is not None and result.mfu > 1
+    assert "(above 100%: the time model's figures for a100_80gb are wrong)" in format_text(result)
