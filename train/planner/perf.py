@@ -142,9 +142,11 @@ class TimePrediction:
 
 def _need(value: float | None, name: str, hw: HardwareConfig) -> float:
     if value is None or not value > 0:
+        # A zero is a typo to fix, not a figure left unknown.
+        why = ": the time model needs it (a positive number)" if value is None else " must be a positive number"
         raise UnknownHardwareFigure(
-            f"hardware.{name}={value!r} for hardware '{hw.name}': the time model needs it (a positive "
-            "number); set it in conf/hardware or measure it (calibration)"
+            f"hardware.{name}={value!r} for hardware '{hw.name}'{why}; set it in conf/hardware or measure it "
+            "(calibration)"
         )
     return float(value)
 
@@ -343,8 +345,11 @@ def _link(mach: _Machine, span: int) -> Link:
     link = mach.intra if inside else mach.inter
     if link is None:
         name = "intra_node_bw_gbs" if inside else "inter_node_bw_gbs"
+        value = getattr(mach.hw, name)
+        # _sheet_links drops a zero or negative bandwidth as it drops a null one; only null is unknown.
+        what = " is unknown" if value is None else f"={value!r} must be a positive number of GB/s"
         raise UnknownHardwareFigure(
-            f"hardware.{name} is unknown for hardware '{mach.hw.name}' (and no calibration measured it): "
+            f"hardware.{name}{what} for hardware '{mach.hw.name}' (and no calibration measured it): "
             "the time model needs it for this layout's communication"
         )
     return link

@@ -373,3 +373,13 @@ def test_memoised_pieces_read_only_their_keys() -> None:
                 assert _ends(model, key, mach, first=first, last=last).parts == _ends(
                     model, layout, mach, first=first, last=last
                 ).parts
+
+
+def test_a_zero_figure_must_be_positive_and_a_null_one_is_unknown() -> None:
+    two_nodes = par(global_batch_size=16)
+    with pytest.raises(UnknownHardwareFigure, match=r"hardware.inter_node_bw_gbs=0.0 must be a positive number of GB/s"):
+        predict_time(MODEL, two_nodes, replace(HW, inter_node_bw_gbs=0.0), dp=16)
+    with pytest.raises(UnknownHardwareFigure, match=r"hardware.inter_node_bw_gbs is unknown"):
+        predict_time(MODEL, two_nodes, replace(HW, inter_node_bw_gbs=None), dp=16)
+    with pytest.raises(UnknownHardwareFigure, match=r"hardware.memory_bw_gbs=0.0 for hardware '\w+' must be a positive"):
+        predict_time(MODEL, two_nodes, replace(HW, memory_bw_gbs=0.0), dp=16)
