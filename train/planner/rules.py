@@ -21,6 +21,7 @@ Torch-free: the launcher runs this on login nodes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 
 from conf.schema import (
     AUTO_MICRO_BATCH,
+    ClusterConfig,
     Engine,
     HardwareConfig,
     ModelConfig,
@@ -52,6 +54,8 @@ RULES: tuple[str, ...] = (
     "positive",
     "train_iters",
     "warmup_iters",
+    "hardware_figures",
+    "cluster_settings",
     "micro_batch_size",
     "hidden_divisible_by_heads",
     "heads_divisible_by_tp",
@@ -457,6 +461,71 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
         if longer is not None:
             out.append(longer)
     return out
+
+
+_FRACTIONS = ("gemm_efficiency", "memory_bw_efficiency", "intra_node_comm_efficiency", "inter_node_comm_efficiency")
+_POSITIVE_IF_SET = ("peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp32", "num_sms", "intra_node_bw_gbs",
+                    "inter_node_bw_gbs", "memory_bw_gbs", "host_link_bw_gbs")  # fmt: skip
+_NON_NEGATIVE = ("memory_reserve_gib", "process_overhead_gib", "comm_buffer_gib", "comm_buffer_pair_gib",
+                 "comm_latency_us", "kernel_overhead_us")  # fmt: skip
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_hardware(hw: HardwareConfig) -> Violation | None:
+    """A device's figures within what they can physically be: every memory and time figure the
+    planner derives from them (an efficiency of 2 gave a predicted MFU of 144%, one of -1 a
+    negative step time ranked first) is only as sane as they are."""
+    bad: dict[str, object] = {}
+    for name in _FRACTIONS:
+        if not (_number(v := getattr(hw, name)) and 0 < v <= 1):
+            bad[f"hardware.{name}"] = v
+    for name in _POSITIVE_IF_SET:
+        if (v := getattr(hw, name)) is not None and not (_number(v) and v > 0):
+            bad[f"hardware.{name}"] = v
+    for name in _NON_NEGATIVE:
+        if not (_number(v := getattr(hw, name)) and v >= 0):
+            bad[f"hardware.{name}"] = v
+    if not (_number(hw.memory_gib) and hw.memory_gib > 0):
+        bad["hardware.memory_gib"] = hw.memory_gib
+    if not (_number(hw.allocator_fragmentation) and 0 <= hw.allocator_fragmentation < 1):
+        bad["hardware.allocator_fragmentation"] = hw.allocator_fragmentation
+    if not bad:
+        return None
+    listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+    return Violation(
+        "hardware_figures",
+        bad,
+        f"{listed}: out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}) are shares "
+        f"of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
+        f"including, 1; memory_gib, peaks, SM counts and bandwidths are positive (or null: unknown); reserves, "
+        f"overheads and latencies are 0 or more. See conf/hardware/*.yaml for sourced values.",
+    )
+
+
+def _check_cluster(c: ClusterConfig) -> Violation | None:
+    """Slurm settings sbatch would take and then misread: a --time of -5 is accepted, 0 means no
+    limit at all, a --cpus-per-task of 0 fails with words that do not name the field."""
+    bad: dict[str, object] = {}
+    for name, least in (("time_limit_min", 1), ("cpus_per_task", 1), ("array_parallelism", 1), ("max_retries", 0)):
+        v = getattr(c, name)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
+            bad[f"cluster.{name}"] = v
+    if c.mem_per_node_gb is not None and not _is_pos_int(c.mem_per_node_gb):
+        bad["cluster.mem_per_node_gb"] = c.mem_per_node_gb
+    if not bad:
+        return None
+    listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+    return Violation(
+        "cluster_settings",
+        bad,
+        f"{listed}: not a setting a job can run with. time_limit_min (minutes), cpus_per_task, array_parallelism "
+        f"and mem_per_node_gb (GB, or null: the site's default) are whole numbers of at least 1, max_retries "
+        f"(requeues) 0 or more.",
+    )
 
 
 def _warmups_longer_than_the_run(tr: TrainingConfig) -> Violation | None:
@@ -960,6 +1029,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         if ok("model.num_layers"):
             out.append(_check_layers_virtual_stages(m, par))
     out += _check_training(run.training)
+    hardware_bad = _check_hardware(hw)
+    out += [hardware_bad, _check_cluster(run.cluster)]
 
     # dp is known when the world size (if any) agrees with the layout.
     dp: int | None = None
@@ -973,7 +1044,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
             dp = Layout.of(par, None).dp
         if dp is not None and ok("hardware.devices_per_node"):
             out.append(_check_whole_nodes(Layout(dp, par.tp, par.pp), hw))
-    if requested_micro_batch(par) == AUTO_MICRO_BATCH and dp is not None and positive is None and _auto_sane(run):
+    if (requested_micro_batch(par) == AUTO_MICRO_BATCH and dp is not None and positive is None
+            and hardware_bad is None and _auto_sane(run)):  # fmt: skip
         run, auto = _check_micro_batch_auto(run, dp)
         out.append(auto)
         if auto is None:
@@ -1000,7 +1072,8 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     out.append(_check_precision(par, hw))
 
     # The estimate needs sane shapes and a known dp; structural problems are reported first.
-    if batch_ok and positive is None and zero is None and par.pp <= m.num_layers and _vocab_ok(m) and _known_precision(par):
+    if (batch_ok and positive is None and zero is None and hardware_bad is None and par.pp <= m.num_layers
+            and _vocab_ok(m) and _known_precision(par)):  # fmt: skip
         assert dp is not None
         out.append(_check_memory(m, par, hw, dp))
     # Rules are evaluated in dependency order; reports come in RULES order.

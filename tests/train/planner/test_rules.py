@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conf.schema import (
+    ClusterConfig,
     Engine,
     HardwareConfig,
     ModelConfig,
@@ -46,13 +47,15 @@ BASE_HW = HardwareConfig(
 
 
 def make_run(
-    model: dict | None = None, par: dict | None = None, hw: dict | None = None, training: dict | None = None
+    model: dict | None = None, par: dict | None = None, hw: dict | None = None, training: dict | None = None,
+    cluster: dict | None = None,
 ) -> RunConfig:
     return RunConfig(
         model=dataclasses.replace(BASE_MODEL, **(model or {})),
         parallelism=dataclasses.replace(BASE_PAR, **(par or {})),
         hardware=dataclasses.replace(BASE_HW, **(hw or {})),
         training=TrainingConfig(**(training or {})),
+        cluster=ClusterConfig(**(cluster or {})),
     )
 
 
@@ -119,6 +122,19 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     peak = {"bf16": hw.peak_tflops_bf16, "fp16": hw.peak_tflops_fp16, "fp32": hw.peak_tflops_fp32}[p.precision]
     if peak is None and not hw.peak_measured:
         broken.add("precision_supported")
+    # A device's figures: efficiencies are shares of a datasheet figure, sizes and rates positive.
+    shares = (hw.gemm_efficiency, hw.memory_bw_efficiency, hw.intra_node_comm_efficiency, hw.inter_node_comm_efficiency)
+    rates = (hw.peak_tflops_bf16, hw.peak_tflops_fp16, hw.peak_tflops_fp32, hw.num_sms, hw.intra_node_bw_gbs,
+             hw.inter_node_bw_gbs, hw.memory_bw_gbs, hw.host_link_bw_gbs)  # fmt: skip
+    costs = (hw.memory_reserve_gib, hw.process_overhead_gib, hw.comm_buffer_gib, hw.comm_buffer_pair_gib,
+             hw.comm_latency_us, hw.kernel_overhead_us)  # fmt: skip
+    if (not all(0 < x <= 1 for x in shares) or not all(x is None or x > 0 for x in rates)
+            or not all(x >= 0 for x in costs) or not hw.memory_gib > 0 or not 0 <= hw.allocator_fragmentation < 1):
+        broken.add("hardware_figures")
+    c = run.cluster
+    if (min(c.time_limit_min, c.cpus_per_task, c.array_parallelism) < 1 or c.max_retries < 0
+            or (c.mem_per_node_gb is not None and c.mem_per_node_gb < 1)):
+        broken.add("cluster_settings")
 
     mbs: object = p.micro_batch_size
     ints = {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
@@ -173,7 +189,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     devices = None if dp is None else dp * p.tp * p.pp
     if devices is not None and ok("dpn") and devices > hw.devices_per_node and devices % hw.devices_per_node:
         broken.add("whole_nodes")
-    if mbs == "auto" and dp is not None and not bad and "vocab_padding" not in broken \
+    if mbs == "auto" and dp is not None and not bad and not {"vocab_padding", "hardware_figures"} & broken \
             and p.zero_stage in (0, 1, 2, 3) and p.pp <= m.num_layers:
         # The largest power of two up to 128 that splits the global batch and fits, by direct estimate.
         fused = p.optimizer != OptimizerImpl.torch
@@ -206,8 +222,8 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
                 batches |= {ramp[0], ramp[1]}
             if any(b % step == 0 and b % (step * p.pp) for b in batches):
                 broken.add("interleaved_micro_batches")
-    if bad:
-        return broken  # the memory estimate needs every size positive
+    if bad or "hardware_figures" in broken:
+        return broken  # the memory estimate needs every size positive and the device's figures sane
     if dp is not None and p.zero_stage in (0, 1, 2, 3) and "vocab_padding" not in broken:
         fused = p.optimizer != OptimizerImpl.torch
         if estimate_memory(m, p, dp=dp, hardware=hw, fused_optimizer=fused).needed > usable_bytes(hw):
@@ -401,6 +417,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
     par: dict = {}
     hw: dict = {}
     training: dict = {}
+    cluster: dict = {}
     world: int | None = None
     expected = {rule}
     if rule == "positive":
@@ -474,6 +491,17 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         hw = {"devices_per_node": dpn}
     elif rule == "train_iters":
         training = draw(st.sampled_from([{"train_iters": 0}, {"train_iters": -3}, {"log_interval": 0}]))
+    elif rule == "hardware_figures":
+        hw = draw(st.sampled_from([
+            {"gemm_efficiency": 2.0}, {"gemm_efficiency": -1.0}, {"memory_bw_efficiency": 0.0},
+            {"inter_node_comm_efficiency": 1.5}, {"memory_bw_gbs": 0.0}, {"intra_node_bw_gbs": -300.0},
+            {"allocator_fragmentation": 1.0}, {"comm_latency_us": -5.0}, {"kernel_overhead_us": float("nan")},
+        ]))
+    elif rule == "cluster_settings":
+        cluster = draw(st.sampled_from([
+            {"time_limit_min": 0}, {"time_limit_min": -5}, {"cpus_per_task": 0}, {"max_retries": -1},
+            {"array_parallelism": 0}, {"mem_per_node_gb": 0},
+        ]))
     elif rule == "warmup_iters":
         iters = draw(st.integers(1, 20))
         training = draw(st.sampled_from([
@@ -559,7 +587,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             world = 2
     else:
         raise AssertionError(rule)
-    return make_run(model, par, hw, training), world, expected
+    return make_run(model, par, hw, training, cluster), world, expected
 
 
 def _render(value: object) -> str:
