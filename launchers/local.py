@@ -41,6 +41,7 @@ from launchers.compose import (
 )
 from launchers.submit import (
     ConfigSpec,
+    LaunchFailed,
     LaunchSettings,
     check_output_dirs,
     command_for,
@@ -155,6 +156,16 @@ class LocalLauncher(SweepLauncher):
             raise failure
 
         outcomes = run_here(specs, settings, sweep_dir)
+        failed = [i for i, (status, _) in sorted(outcomes.items()) if status == JobStatus.FAILED]
+        if failed:
+            # One paragraph, as Hydra prints a CompactHydraException, instead of the traceback Hydra's
+            # sweeper prints for a failed JobReturn (each failure's own words are above, and in its log).
+            raise LaunchFailed(
+                f"{len(failed)} of {len(specs)} configs failed ({', '.join(map(str, failed[:10]))}"
+                f"{', ...' if len(failed) > 10 else ''}); every other config ran. python -m launchers status "
+                f"{sweep_dir} names each one's log; python -m launchers rerun {sweep_dir} --failed runs them again "
+                "(followed by field=value overrides to change them)."
+            )
         task_name = str(self.config.hydra.job.name)
         returns = []
         for e in entries:

@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONFIG_DIR, group_options, register_configs
 from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override
-from train.contract import EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
+from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
@@ -77,10 +77,17 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     if world_size is not None and world_size > 1 and launch is None:
         return spawn_workers(run, world_size=world_size, output_dir=output_dir, overrides=overrides, multirun=multirun)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
+    from train.data import DataFileError
     from train.trainer import TrainingPreempted, run_training
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
+    except DataFileError as bad_data:
+        if multirun:
+            raise
+        # The record says `error` with these words; the console needs them, not a traceback.
+        print(f"error: {bad_data} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
         if multirun:
             raise

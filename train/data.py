@@ -22,6 +22,10 @@ MASK_PROBABILITY = 0.15
 """Share of positions BERT predicts (Devlin et al. 2019); of those 80% [MASK], 10% random, 10% kept."""
 
 
+class DataFileError(ValueError):
+    """training.data_path names no usable token file: the user's input, said in one line, not a crash."""
+
+
 class TokenSource(Protocol):
     """seq_length + 1 token ids for a global sample index."""
 
@@ -53,11 +57,17 @@ class MemmapTokens:
 
     def __init__(self, path: str | Path, model: ModelConfig, *, dtype: np.dtype | None = None) -> None:
         self.dtype = np.dtype(dtype or (np.uint16 if model.vocab_size <= 2**16 else np.uint32))
-        self.tokens = np.memmap(path, dtype=self.dtype, mode="r")
+        try:
+            self.tokens = np.memmap(path, dtype=self.dtype, mode="r")
+        except (OSError, ValueError) as exc:  # missing, a directory, unreadable, empty
+            raise DataFileError(
+                f"training.data_path={str(path)!r} cannot be read as a token file ({exc}); give a flat file of "
+                f"{self.dtype.name} token ids, or null for synthetic tokens"
+            ) from None
         self.seq_length = model.seq_length
         self.vocab_size = model.vocab_size
         if len(self.tokens) < self.seq_length + 1:
-            raise ValueError(
+            raise DataFileError(
                 f"token file {path} holds {len(self.tokens)} tokens, fewer than seq_length + 1 = "
                 f"{self.seq_length + 1}"
             )
@@ -67,7 +77,7 @@ class MemmapTokens:
         start = (index % self.windows) * self.seq_length
         window = np.asarray(self.tokens[start : start + self.seq_length + 1], dtype=np.int64)
         if window.max(initial=0) >= self.vocab_size:
-            raise ValueError(
+            raise DataFileError(
                 f"token id {int(window.max())} in the token file is >= model.vocab_size {self.vocab_size}; "
                 "the file and the model's vocabulary do not match"
             )

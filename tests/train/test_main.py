@@ -33,7 +33,7 @@ from typing import TypeVar
 import pytest
 from hypothesis import strategies as st
 
-from train.contract import EXIT_INTERRUPTED, EXIT_USAGE, RESULT_FILE, read_record
+from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, RESULT_FILE, read_record
 from train.planner.plan import plan_run
 
 from .test_distributed import REPO, worker_env
@@ -324,3 +324,19 @@ def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert read_record(tmp_path / "new" / "run" / RESULT_FILE) is not None
+
+
+def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Path) -> None:
+    # A missing file, and a directory given as the file: the user's input, not a crash.
+    for data_path in (tmp_path / "missing.bin", tmp_path):
+        run_dir = tmp_path / f"run_{data_path.name}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", f"training.data_path={data_path}", f"hydra.run.dir={run_dir}",
+             "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+        assert line.startswith(f"error: training.data_path='{data_path}' cannot be read as a token file"), line
+        record = read_record(run_dir / RESULT_FILE)
+        assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]

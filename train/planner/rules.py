@@ -216,6 +216,16 @@ def valid_pp(model: ModelConfig) -> list[int]:
 # The rules. Each returns a Violation or None; `validate` runs them in RULES order.
 
 
+def _listed(bad: dict[str, object]) -> str:
+    """'a.b=1, c.d=None': the offending fields as a message names them."""
+    return ", ".join(f"{name}={v!r}" for name, v in bad.items())
+
+
+def _when_any(rule: str, bad: dict[str, object], why: str) -> Violation | None:
+    """The violation of `rule` by the fields in `bad` ('a=1, b=2: why'); None when there are none."""
+    return Violation(rule, bad, f"{_listed(bad)}: {why}") if bad else None
+
+
 def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation | None, set[str]]:
     m, p, hw = run.model, run.parallelism, run.hardware
     values: dict[str, object] = {
@@ -242,7 +252,7 @@ def _check_positive(run: RunConfig, world_size: int | None) -> tuple[Violation |
     bad = {name: v for name, v in values.items() if not _is_pos_int(v)}
     if not bad:
         return None, set()
-    listed = ", ".join(f"{name}={v!r}" for name, v in bad.items())
+    listed = _listed(bad)
     verb = "is" if len(bad) == 1 else "are"
     message = (
         f"{listed} {verb} not a positive integer (sizes, parallel degrees and batch sizes count "
@@ -440,7 +450,7 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
     steps: dict[str, object] = {"training.train_iters": tr.train_iters, "training.log_interval": tr.log_interval}
     bad = {k: v for k, v in steps.items() if not _is_pos_int(v)}
     if bad:
-        listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
+        listed = _listed(bad)
         out.append(
             Violation(
                 "train_iters",
@@ -452,7 +462,7 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
     warm: dict[str, object] = {"training.warmup_iters": tr.warmup_iters, "training.lr_warmup_iters": tr.lr_warmup_iters}
     negative = {k: v for k, v in warm.items() if not _is_nonneg_int(v)}
     if negative:
-        listed = ", ".join(f"{k}={v!r}" for k, v in negative.items())
+        listed = _listed(negative)
         out.append(
             Violation("warmup_iters", negative, f"{listed}: a warm-up is 0 or more iterations. Use 0 for none.")
         )
@@ -493,13 +503,10 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
         bad["hardware.memory_gib"] = hw.memory_gib
     if not (_number(hw.allocator_fragmentation) and 0 <= hw.allocator_fragmentation < 1):
         bad["hardware.allocator_fragmentation"] = hw.allocator_fragmentation
-    if not bad:
-        return None
-    listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
-    return Violation(
+    return _when_any(
         "hardware_figures",
         bad,
-        f"{listed}: out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}) are shares "
+        f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}) are shares "
         f"of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
         f"including, 1; memory_gib, peaks, SM counts and bandwidths are positive (or null: unknown); reserves, "
         f"overheads and latencies are 0 or more. See conf/hardware/*.yaml for sourced values.",
@@ -516,15 +523,12 @@ def _check_cluster(c: ClusterConfig) -> Violation | None:
             bad[f"cluster.{name}"] = v
     if c.mem_per_node_gb is not None and not _is_pos_int(c.mem_per_node_gb):
         bad["cluster.mem_per_node_gb"] = c.mem_per_node_gb
-    if not bad:
-        return None
-    listed = ", ".join(f"{k}={v!r}" for k, v in bad.items())
-    return Violation(
+    return _when_any(
         "cluster_settings",
         bad,
-        f"{listed}: not a setting a job can run with. time_limit_min (minutes), cpus_per_task, array_parallelism "
-        f"and mem_per_node_gb (GB, or null: the site's default) are whole numbers of at least 1, max_retries "
-        f"(requeues) 0 or more.",
+        "not a setting a job can run with. time_limit_min (minutes), cpus_per_task, array_parallelism "
+        "and mem_per_node_gb (GB, or null: the site's default) are whole numbers of at least 1, max_retries "
+        "(requeues) 0 or more.",
     )
 
 
