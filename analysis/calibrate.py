@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from omegaconf.errors import OmegaConfBaseException
 
-from analysis.records import AnalysisError, find_result_files
+from analysis.records import AnalysisError, read_records
 from conf.schema import to_run_config
-from train.contract import EXIT_USAGE
+from train.contract import EXIT_USAGE, RESULT_FILE
 from train.planner.perf import UnknownHardwareFigure, predict_time
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -86,28 +87,31 @@ def _groups(parts: dict[str, float]) -> dict[str, float]:
 
 def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
     """The finished, timed runs of the sweeps, predicted; and why others were left out."""
-    out, skipped = [], []
+    out: list[Point] = []
+    skipped: list[str] = []
     for sweep in sweep_dirs:
+        if not sweep.exists():
+            raise AnalysisError(f"sweep directory {sweep} does not exist")
         if not sweep.is_dir():
             raise AnalysisError(f"{sweep} is not a directory: give sweep directories")
-        for path in find_result_files(sweep):
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                skipped.append(f"{path}: not a readable record ({exc})")
-                continue
+        # The analysis' own reader: what it cannot read is skipped with the warning it gives there.
+        for record in read_records(sweep, skipped):
+            path = sweep / record["run_dir"] / RESULT_FILE
             measured = record.get("sec_per_iter")
             if record.get("status") != "ok" or not isinstance(measured, int | float) or not measured > 0:
                 continue
             if not isinstance(record.get("config"), dict):
-                skipped.append(f"{path}: the record has no config")
+                skipped.append(f"{path}: the record has no config; ignored")
                 continue
-            run = to_run_config(record["config"])
-            dp = int(record.get("world", {}).get("dp") or 1)
             try:
+                run = to_run_config(record["config"])
+                world = record.get("world")
+                dp = int((world.get("dp") if isinstance(world, dict) else None) or 1)
                 parts = predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts
-            except (UnknownHardwareFigure, ValueError, TypeError, KeyError) as exc:
-                skipped.append(f"{path.parent}: {exc}")
+            except (UnknownHardwareFigure, OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
+                # omegaconf's messages run over several lines (key, type, value): the first says it.
+                why = str(exc).partition("\n")[0]
+                skipped.append(f"{path}: the record's config cannot be predicted ({why}); ignored")
                 continue
             p = run.parallelism
             label = f"dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
@@ -166,12 +170,13 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     try:
         data, skipped = points(args.sweeps)
+        # Before the fit: when nothing is left to fit, what was skipped says why.
+        for why in skipped:
+            print(f"warning: {why}", file=sys.stderr)
         result = fit(data)
     except AnalysisError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    for why in skipped:
-        print(f"skipped: {why}", file=sys.stderr)
     print(format_fit(result))
     if args.json is not None:
         payload = {"factors": result.factors, "mae_predicted": result.mae(fitted=False),

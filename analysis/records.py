@@ -353,8 +353,9 @@ def _parse_json(data: bytes) -> Any:
     return json.loads(data.decode("utf-8"))
 
 
-def _read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """Every readable result record below sweep_dir, as parsed, with its `run_dir`."""
+def read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """Every readable result record below sweep_dir, as parsed, with its `run_dir`; a result.json
+    that is not one is left out with one line in warnings."""
     records = []
     for root, rel in _result_dirs(sweep_dir):
         path = os.path.join(root, RESULT_FILE)
@@ -820,7 +821,7 @@ def load_sweep_dir(
     sweep_dir: Path, *, label: str, queue: QueueLookup | None, warnings: list[str]
 ) -> pd.DataFrame:
     """The rows of one sweep directory (empty frame when it holds nothing the analysis reads)."""
-    results = _records_frame(_read_records(sweep_dir, warnings))
+    results = _records_frame(read_records(sweep_dir, warnings))
     plan_path = sweep_dir / PLAN_FILE
     plan = _plan_frame(plan_path, warnings) if plan_path.is_file() else pd.DataFrame()
     man_path = sweep_dir / MANIFEST_FILE
@@ -973,6 +974,7 @@ __all__ = [
     "load_sweeps",
     "outcome_counts",
     "overrides_key",
+    "read_records",
     "sweep_labels",
     "value_texts",
     "write_results_csv",

@@ -52,3 +52,27 @@ def test_nothing_to_fit_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["calibrate", str(tmp_path / "empty")]) == 2
     assert "nothing to fit" in capsys.readouterr().err
     assert main(["calibrate", str(tmp_path / "missing")]) == 2
+
+
+def test_unreadable_records_are_skipped_with_one_warning_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_sweep(tmp_path / "s")
+    for name, text in (("list", "[]"), ("broken", "{"), ("typed", None)):
+        (tmp_path / "s" / name).mkdir()
+        if text is None:  # a finished run whose config holds a wrongly typed field
+            record = json.loads((tmp_path / "s" / "0" / RESULT_FILE).read_text())
+            record["config"]["model"]["hidden_size"] = "wide"
+            text = json.dumps(record)
+        (tmp_path / "s" / name / RESULT_FILE).write_text(text)
+    assert main(["calibrate", str(tmp_path / "s")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == 3
+    for name in ("list", "broken", "typed"):
+        assert f"warning: {tmp_path / 's' / name / RESULT_FILE}: " in err
+    assert "'wide'" in err
+
+
+def test_a_missing_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: sweep directory {tmp_path / 'missing'} does not exist\n"
