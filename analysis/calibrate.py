@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf.errors import OmegaConfBaseException
 
-from analysis.records import AnalysisError, read_records
+from analysis.records import AnalysisError, read_records, sweep_labels
 from conf.schema import to_run_config
 from train.contract import EXIT_USAGE, RESULT_FILE
 from train.planner.perf import UnknownHardwareFigure, predict_time
@@ -47,8 +47,11 @@ class Point:
 
     run_dir: str
     label: str
+    """The run's model and layout."""
     groups: dict[str, float]
     measured: float
+    where: str
+    """The run's directory as the table shows it: below its sweep, whose name leads when there are several."""
 
     @property
     def predicted(self) -> float:
@@ -89,7 +92,9 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
     """The finished, timed runs of the sweeps, predicted; and why others were left out."""
     out: list[Point] = []
     skipped: list[str] = []
-    for sweep in sweep_dirs:
+    # Runs of one layout repeat across and within sweeps: the directory tells their rows apart.
+    several = len(sweep_dirs) > 1
+    for sweep, sweep_label in zip(sweep_dirs, sweep_labels(sweep_dirs), strict=True):
         if not sweep.exists():
             raise AnalysisError(f"sweep directory {sweep} does not exist")
         if not sweep.is_dir():
@@ -114,8 +119,11 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
                 skipped.append(f"{path}: the record's config cannot be predicted ({why}); ignored")
                 continue
             p = run.parallelism
-            label = f"dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
-            out.append(Point(str(path.parent), label, _groups(parts), float(measured)))
+            label = f"{run.model.name} dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
+            where = record["run_dir"]
+            if several:
+                where = sweep_label if where == "." else f"{sweep_label}/{where}"
+            out.append(Point(str(path.parent), label, _groups(parts), float(measured), where))
     return out, skipped
 
 
@@ -149,12 +157,12 @@ def format_fit(result: Fit) -> str:
     """The factors, every run's predicted / fitted / measured seconds, and the errors."""
     lines = ["factors (measured / predicted, per group): " + ", ".join(f"{g} {f:.3g}" for g, f in result.factors.items())]
     width = max(len(p.label) for p in result.points)
-    lines.append(f"{'run':<{width}}  {'pred s/it':>10}  {'fitted':>10}  {'measured':>10}  {'error':>7}  {'fitted':>7}")
+    lines.append(f"{'run':<{width}}  {'pred s/it':>10}  {'fitted':>10}  {'measured':>10}  {'error':>7}  {'fitted':>7}  dir")
     for p in sorted(result.points, key=lambda p: p.measured):
         fitted = result.fitted(p)
         lines.append(
             f"{p.label:<{width}}  {p.predicted:10.4g}  {fitted:10.4g}  {p.measured:10.4g}  "
-            f"{p.predicted / p.measured - 1:+7.1%}  {fitted / p.measured - 1:+7.1%}"
+            f"{p.predicted / p.measured - 1:+7.1%}  {fitted / p.measured - 1:+7.1%}  {p.where}"
         )
     lines.append(
         f"mean absolute error: {result.mae(fitted=False):.1%} as predicted, {result.mae(fitted=True):.1%} fitted "

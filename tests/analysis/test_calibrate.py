@@ -19,9 +19,9 @@ FACTORS = {"compute": 1.5, "memory": 0.8, "communication": 2.0}
 LAYOUTS = [(1, 1, 1, 1), (2, 2, 1, 4), (2, 1, 2, 2), (4, 2, 1, 1), (1, 2, 2, 8), (8, 1, 1, 2), (2, 4, 1, 2)]
 
 
-def write_sweep(sweep: Path) -> None:
+def write_sweep(sweep: Path, model: str = "gpt_350m") -> None:
     for i, (dp, tp, pp, mbs) in enumerate(LAYOUTS):
-        run = compose_run("model=gpt_350m", "hardware=a100_80gb", "parallelism.precision=bf16",
+        run = compose_run(f"model={model}", "hardware=a100_80gb", "parallelism.precision=bf16",
                           "parallelism.global_batch_size=64", f"parallelism.dp={dp}", f"parallelism.tp={tp}",
                           f"parallelism.pp={pp}", f"parallelism.micro_batch_size={mbs}")
         groups = _groups(predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts)
@@ -76,3 +76,17 @@ def test_unreadable_records_are_skipped_with_one_warning_each(
 def test_a_missing_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err == f"error: sweep directory {tmp_path / 'missing'} does not exist\n"
+
+
+def test_each_row_names_its_model_and_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_sweep(tmp_path / "small")
+    write_sweep(tmp_path / "large", model="gpt_1.3b")
+    assert main(["calibrate", str(tmp_path / "small")]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:-1]
+    assert len(rows) == len(LAYOUTS) and all(r.startswith("gpt_350m dp") for r in rows)
+    assert any(r.startswith("gpt_350m dp1 tp1 pp1 mbs1 none ") and r.endswith("  0") for r in rows)
+    # Several sweeps: the sweep's name leads the directory, the model the run.
+    assert main(["calibrate", str(tmp_path / "small"), str(tmp_path / "large")]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:-1]
+    ends = {(r.split()[0], r.split()[-1]) for r in rows if r.split()[1:6] == ["dp1", "tp1", "pp1", "mbs1", "none"]}
+    assert ends == {("gpt_350m", "small/0"), ("gpt_1.3b", "large/0")}
