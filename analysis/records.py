@@ -8,7 +8,9 @@ config becomes one row whose `outcome` is one of OUTCOMES:
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
                                   without writing one
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
-    skipped                       infeasible in plan.csv or skipped in the manifest (reason says why)
+    skipped                       infeasible in plan.csv or skipped in the manifest (reason says why;
+                                  a skipped or refused config plan.csv lacks is planned here, from
+                                  the configs multirun.yaml names, for its layout)
     pending, running              submitted or exported (manifest), no result yet; an exported
                                   config's job id is the one its array task recorded
                                   (train.contract.resolve_exported)
@@ -60,6 +62,7 @@ from train.contract import (
     RESULT_FILE,
     ManifestEntry,
     ManifestError,
+    PlanRow,
     normalize_dir,
     read_manifest,
     read_plan_csv,
@@ -68,10 +71,12 @@ from train.contract import (
 )
 from train.planner.layout import Layout
 from train.planner.memory import estimated_memory
-from train.planner.plan import time_prediction
+from train.planner.plan import plan_run, time_prediction
 from train.planner.sizes import total_params
 
 GIB = 2**30
+MULTIRUN_FILE = "multirun.yaml"
+"""Hydra's record of a sweep's config in its directory: the config directory and name its jobs composed."""
 _OBJECT = np.dtype(object)
 
 OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running", "planned")
@@ -675,6 +680,10 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         warnings.append(f"{path}: not a readable plan ({exc}); ignored")
         return pd.DataFrame()
+    return _plan_rows_frame(rows)
+
+
+def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     plan = pd.DataFrame([dataclasses.asdict(r) for r in rows])
@@ -704,6 +713,65 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
         }
     )
     return out
+
+
+def _sweep_config(sweep_dir: Path) -> tuple[Path, str]:
+    """The config directory and primary config the sweep's jobs were composed from: what Hydra's
+    multirun.yaml records (a --config-dir before the main one, as Hydra searches), else conf/."""
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from conf import CONFIG_DIR
+
+    try:
+        hydra = OmegaConf.load(sweep_dir / MULTIRUN_FILE).hydra
+        name = str(hydra.job.config_name)
+        sources = [s for s in hydra.runtime.config_sources if s.schema == "file"]
+        dirs = [Path(s.path) for s in sources if s.provider == "command-line"]
+        dirs += [Path(s.path) for s in sources if s.provider == "main"]
+    except (OSError, yaml.YAMLError, OmegaConfBaseException, AttributeError, TypeError):
+        # No multirun.yaml, or not Hydra's: the sweep was launched from this project's configs.
+        return CONFIG_DIR, "config"
+    return next((d for d in dirs if d.is_dir()), CONFIG_DIR), name
+
+
+def _manifest_plan(
+    sweep_dir: Path, entries: Sequence[ManifestEntry], plan: pd.DataFrame, warnings: list[str]
+) -> pd.DataFrame:
+    """plan.csv's rows and a plan row of each skipped or refused config that it lacks: such a config
+    never ran, so nothing but a plan says its layout. Planned as the dry run plans (the config
+    composed from the sweep's configs with the entry's overrides, then plan_run), so that a launched
+    sweep's rows read as a plan directory's."""
+    known = set(plan["config_key"]) if not plan.empty else set()
+    todo = {
+        key: e.overrides
+        for e in entries
+        if e.status in ("skipped", "refused") and (key := overrides_key(e.overrides)) not in known
+    }
+    if not todo:
+        return plan
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from launchers.compose import FastComposer
+
+    config_dir, config_name = _sweep_config(sweep_dir)
+    rows, failed = [], []
+    composer = FastComposer.from_config_dir(config_dir, config_name)
+    for overrides in todo.values():
+        try:
+            rows.append(plan_run(composer.run_config(overrides), overrides=" ".join(overrides)))
+        except (HydraException, OmegaConfBaseException, OSError, ValueError, TypeError, KeyError) as exc:
+            failed.append(str(exc).partition("\n")[0])
+    if failed:
+        warnings.append(
+            f"{sweep_dir / MANIFEST_FILE}: {len(failed)} skipped or refused config(s) do not compose from "
+            f"{config_dir / config_name}.yaml ({failed[0]}); their layout is left blank"
+        )
+    if not rows:
+        return plan
+    return _plan_rows_frame(rows) if plan.empty else pd.concat([plan, _plan_rows_frame(rows)], ignore_index=True)
 
 
 def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
@@ -830,6 +898,7 @@ def load_sweep_dir(
             entries = resolve_exported(read_manifest(man_path), sweep_dir)
         except (OSError, ManifestError) as exc:
             raise AnalysisError(f"bad manifest: {exc}") from None
+        plan = _manifest_plan(sweep_dir, entries, plan, warnings)
         df = _merge_manifest(results, plan, entries, warnings)
     else:
         parts = [results]

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,7 +27,9 @@ from analysis.records import (
     write_results_csv,
 )
 from analysis.tables import prediction_notes, results_markdown, results_table, summary_line
+from conf import CONFIG_DIR
 from conf.schema import Precision, RunConfig
+from launchers.compose import FastComposer
 from tests.analysis.golden.build import (
     build_sweep,
     fixture,
@@ -215,6 +218,58 @@ def test_refused_and_exported_configs_from_the_manifest(tmp_path: Path) -> None:
     (row,) = results_table(df).to_dict("records")
     assert row["Mem"] == "refused" and row["Sec/it"] == ""
     assert "invalid partition specified: nosuch" in row["Notes"]
+
+
+def test_skipped_and_refused_configs_of_a_launched_sweep_carry_their_layout(tmp_path: Path) -> None:
+    # A launched sweep has no plan.csv: its skipped and refused configs are planned from its configs,
+    # as a plan directory's are, and their rows told apart by their layout.
+    sweep = tmp_path / "launched"
+    sweep.mkdir()
+    refused = "sbatch refused: sbatch: error: invalid partition specified: nosuch"
+    entries = [
+        ManifestEntry(0, ("parallelism.tp=3", "training.train_iters=4"), "0", "skipped", "infeasible config: tp=3"),
+        ManifestEntry(1, ("parallelism.tp=5", "training.train_iters=4"), "1", "skipped", "infeasible config: tp=5"),
+        ManifestEntry(2, ("parallelism.tp=2", "cluster.partition=nosuch"), "2", "refused", refused, None, {"nodes": 1}),
+    ]
+    write_manifest(entries, sweep / "manifest.jsonl")
+    loaded = load_sweeps([sweep], queue=None)
+    assert not loaded.warnings
+    df = loaded.table.set_index("manifest_index")
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
+    for e in entries:
+        plan = plan_run(composer.run_config(e.overrides))
+        row = df.loc[e.index]
+        assert (row["model"], row["dp"], row["tp"], row["pp"], row["mbs"], row["gbs"]) == (
+            plan.model, plan.dp, plan.tp, plan.pp, plan.micro_batch_size, plan.global_batch_size
+        )
+        assert row["size_params"] == plan.params and row["nodes"] == plan.nodes
+    assert df["tp"].tolist() == [3, 5, 2] and set(df["model"]) == {"tiny"}
+    assert [(r["TP"], r["Mem"]) for r in results_table(loaded.table).to_dict("records")] == [
+        ("2", "refused"), ("3", "skipped"), ("5", "skipped")
+    ]
+
+
+def test_a_launched_sweep_is_planned_from_the_configs_its_multirun_yaml_names(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(CONFIG_DIR, conf, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    (conf / "bigger.yaml").write_text((CONFIG_DIR / "config.yaml").read_text().replace("model: tiny", "model: gpt_350m"))
+    sweep = tmp_path / "launched"
+    sweep.mkdir()
+    multirun = {"hydra": {"job": {"config_name": "bigger"},
+                          "runtime": {"config_sources": [{"path": str(conf), "schema": "file", "provider": "main"}]}}}  # fmt: skip
+    (sweep / "multirun.yaml").write_text(json.dumps(multirun))  # JSON is YAML
+    entries = [
+        ManifestEntry(0, ("parallelism.tp=3",), "0", "skipped", "infeasible config: tp=3"),
+        ManifestEntry(1, ("model=nosuch",), "1", "skipped", "infeasible config: no such model"),
+    ]
+    write_manifest(entries, sweep / "manifest.jsonl")
+    loaded = load_sweeps([sweep], queue=None)
+    df = loaded.table.set_index("manifest_index")
+    assert (df.loc[0, "model"], df.loc[0, "tp"]) == ("gpt_350m", 3)
+    # A config that does not compose keeps its row, without a layout, and says so once.
+    assert df.loc[1, "model"] == "" and math.isnan(df.loc[1, "tp"]) and df.loc[1, "outcome"] == "skipped"
+    (warning,) = loaded.warnings
+    assert "1 skipped or refused config(s) do not compose" in warning and "bigger.yaml" in warning
 
 
 def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
