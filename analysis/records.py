@@ -8,6 +8,8 @@ config becomes one row whose `outcome` is one of OUTCOMES:
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
                                   without writing one
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
+    interrupted                   a record that says so (Ctrl-C, SIGINT), or a local sweep's config
+                                  Ctrl-C stopped before it started (manifest)
     skipped                       infeasible in plan.csv or skipped in the manifest (reason says why;
                                   a skipped or refused config plan.csv lacks is planned here, from
                                   the configs multirun.yaml names, for its layout)
@@ -79,15 +81,15 @@ MULTIRUN_FILE = "multirun.yaml"
 """Hydra's record of a sweep's config in its directory: the config directory and name its jobs composed."""
 _OBJECT = np.dtype(object)
 
-OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "refused", "skipped", "pending", "running", "planned")
-FAILED = ("oom", "nan", "timeout", "fail", "refused", "skipped")
+OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped", "pending", "running", "planned")
+FAILED = ("oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped")
 MISSING = ("pending", "running")
 """Launched, no result yet: Slurm may still give one."""
 NOT_RUN = (*MISSING, "planned")
 """No result, and none is a failure: launched and not finished, or only planned."""
 
 # The record's status -> outcome; anything unknown is a failure of some kind.
-_STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail"}
+_STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail", "interrupted": "interrupted"}
 
 CORE_COLUMNS: tuple[str, ...] = (
     "sweep",  # the sweep directory's label (its name; its path when names clash)
@@ -835,8 +837,10 @@ def _merge_manifest(
     skipped = man[man["m_status"] == "skipped"]
     # A result.json in a refused config's directory is an older run's: that row already stands.
     refused = man[(man["m_status"] == "refused") & ~man["m_dir"].isin(done)]
+    # Stopped by Ctrl-C before it started (a local sweep): it never ran, and will not unless rerun.
+    interrupted = man[(man["m_status"] == "interrupted") & ~man["m_dir"].isin(done)]
     pending = man[man["m_status"].isin(("submitted", "exported")) & ~man["m_dir"].isin(done)]
-    for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (pending, "pending")):
+    for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (interrupted, "interrupted"), (pending, "pending")):
         if rows.empty:
             continue
         frame = pd.concat([rows.reset_index(drop=True), _plan_values(rows["m_key"]).reset_index(drop=True)], axis=1)

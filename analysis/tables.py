@@ -43,6 +43,7 @@ OUTCOME_TEXT = {
     "nan": "NaN",
     "timeout": "timeout",
     "fail": "fail",
+    "interrupted": "interrupted",
     "refused": "refused",
     "skipped": "skipped",
     "pending": "pending",
@@ -50,7 +51,8 @@ OUTCOME_TEXT = {
     "planned": "planned, not run",
 }
 _ORDER = {
-    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "refused": 5.5, "skipped": 6, "pending": 7, "running": 8,
+    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "interrupted": 5.2, "refused": 5.5, "skipped": 6, "pending": 7,
+    "running": 8,
     "planned": 8.5,
 }
 # Overrides whose value has its own column: repeating them in Notes would be noise.

@@ -220,6 +220,26 @@ def test_refused_and_exported_configs_from_the_manifest(tmp_path: Path) -> None:
     assert "invalid partition specified: nosuch" in row["Notes"]
 
 
+def test_a_local_sweep_stopped_by_ctrl_c_is_interrupted_not_pending(tmp_path: Path) -> None:
+    # The running config records `interrupted`; the one not yet started is so in the manifest.
+    from launchers.local import INTERRUPTED_BEFORE_START
+
+    sweep = tmp_path / "local"
+    sweep.mkdir()
+    entries = [
+        ManifestEntry(0, ("training.lr=1",), "0", "submitted"),
+        ManifestEntry(1, ("training.lr=2",), "1", "interrupted", INTERRUPTED_BEFORE_START),
+    ]
+    write_manifest(entries, sweep / "manifest.jsonl")
+    record = {"status": "interrupted", "message": "interrupted by SIGINT", "overrides": ["training.lr=1"]}
+    (sweep / "0").mkdir()
+    (sweep / "0" / "result.json").write_text(json.dumps(record))
+    df = load_sweeps([sweep], queue=None).table.set_index("manifest_index")
+    assert list(df.loc[[0, 1], "outcome"]) == ["interrupted", "interrupted"]
+    assert df.loc[1, "reason"] == INTERRUPTED_BEFORE_START
+    assert summary_line(df) == "2 configs: 2 interrupted"
+
+
 def test_skipped_and_refused_configs_of_a_launched_sweep_carry_their_layout(tmp_path: Path) -> None:
     # A launched sweep has no plan.csv: its skipped and refused configs are planned from its configs,
     # as a plan directory's are, and their rows told apart by their layout.
