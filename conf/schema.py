@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -514,6 +515,54 @@ def unknown_override(key: str, text: str) -> str | None:
     the override as typed; None when the key exists. Every entry point reports it in this form."""
     problem = unknown_field(key)
     return None if problem is None else f"{problem} (override '{text}')"
+
+
+def _field_hint(key: str) -> Any:
+    """The annotation of the dotted RunConfig field `key`; None when `key` names no field."""
+    typ: Any = RunConfig
+    hint: Any = None
+    for part in key.split("."):
+        if not (isinstance(typ, type) and dataclasses.is_dataclass(typ)):
+            return None
+        hints = typing.get_type_hints(typ)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        typ = _dataclass_in(hint)
+    return hint
+
+
+_BOOLEANS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+"""What OmegaConf reads as a boolean, case aside."""
+
+
+def wrong_value(key: str, value: str) -> str | None:
+    """One sentence when the command-line `value` of field `key` cannot be its type (a whole number,
+    a number, true/false, one of an enum's names), naming what it can be; None when it can, or when
+    the field takes text too (`micro_batch_size: int | str`) or more than one value. The schema
+    would reject it after Hydra composed, with a message that names the type's Python class."""
+    hint = _field_hint(key)
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    kinds = [a for a in args if a is not type(None)]
+    if len(kinds) != 1 or "${" in value:
+        return None
+    kind = kinds[0]
+    if value == "null":
+        return None if len(args) > 1 else f"{key}=null: the field needs a value (it has no 'unknown')"
+    if kind is bool:
+        ok, what = value.lower() in _BOOLEANS, "true or false"
+    elif kind is int:
+        ok, what = re.fullmatch(r"[+-]?\d+", value) is not None, "a whole number"
+    elif kind is float:
+        ok, what = re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", value) is not None, "a number"
+    elif isinstance(kind, type) and issubclass(kind, Enum):
+        names = [m.name for m in kind]
+        ok, what = value in names, f"one of {', '.join(names)}"
+        close = difflib.get_close_matches(value, names, n=1)
+        what += f" (did you mean {close[0]}?)" if close and not ok else ""
+    else:
+        return None
+    return None if ok else f"{key}={value} is not {what}"
 
 
 def _dataclass_in(hint: Any) -> Any:

@@ -36,6 +36,7 @@ context a launcher keeps), `HydraJob` (a job of any other Hydra app, run as Hydr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -44,7 +45,7 @@ import os
 import sys
 import time
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,8 @@ from conf.schema import (
     unknown_override,
 )
 from launchers.bulk import bulk_allocation
-from launchers.sweepdir import HYDRA_OPTIONS, claim_sweep_dir, writable_dir
-from train.contract import ManifestEntry
+from launchers.sweepdir import HYDRA_OPTIONS, UsageError, claim_sweep_dir, writable_dir
+from train.contract import EXIT_USAGE, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -902,6 +903,18 @@ def _group_checker(config_loader: ConfigLoader, known: set[str]) -> Callable[[st
 _shared: tuple[ConfigLoader, DictConfig, FastComposer] | None = None
 
 
+@contextlib.contextmanager
+def usage_exits() -> Iterator[None]:
+    """A sweep refused for its input (UsageError) or an override that does not compose ends as a
+    single run's bad input does: its paragraph on stderr and EXIT_USAGE. Hydra's run_and_report
+    would exit 1, a failed run's status, for any exception; SystemExit passes it by."""
+    try:
+        yield
+    except (UsageError, ConfigCompositionException, OverrideParseException) as exc:
+        print(str(exc).strip(), file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+
+
 def sweep_composer(config_loader: ConfigLoader, master_config: DictConfig) -> FastComposer:
     """The FastComposer of this sweep, shared by the sweeper and the launcher.
 
@@ -942,11 +955,12 @@ class FastValidation:
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        if append is None:  # a launcher that writes no manifest (not megasweep's)
-            writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
-        else:
-            claim_sweep_dir(sweep_dir, append=bool(append))
-        return super().sweep(arguments)  # type: ignore[misc]
+        with usage_exits():
+            if append is None:  # a launcher that writes no manifest (not megasweep's)
+                writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
+            else:
+                claim_sweep_dir(sweep_dir, append=bool(append))
+            return super().sweep(arguments)  # type: ignore[misc]
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.hydra_context is not None and self.config is not None

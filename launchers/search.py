@@ -21,7 +21,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.compose import is_megasweep_config, parse_override, sweep_composer
+from launchers.compose import is_megasweep_config, parse_override, sweep_composer, usage_exits
+from launchers.sweepdir import UsageError
 from train.contract import SEARCH_FILE, write_plan_csv
 from train.planner.search import format_search, search_layouts, search_problems
 
@@ -58,12 +59,16 @@ class LayoutSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        with usage_exits():
+            return self._sweep(arguments)
+
+    def _sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
-            raise CompactHydraException("hydra/sweeper=layouts searches megasweep configs (conf/config.yaml) only")
+            raise UsageError("hydra/sweeper=layouts searches megasweep configs (conf/config.yaml) only")
         sweeps = [a for a in arguments if parse_override(a).is_sweep_override()]
         if sweeps:
-            raise CompactHydraException(
+            raise UsageError(
                 f"hydra/sweeper=layouts searches the layout of one config, but {' '.join(sweeps)} lists several "
                 "values: give one value each (the layout's dp, tp, pp, micro-batch, recompute and ZeRO stage are "
                 "what it searches, with sequence parallelism and virtual stages; choose them with search.nodes, "
@@ -74,7 +79,7 @@ class LayoutSweeper(Sweeper):
         if pinned:
             # The search replaces these on every candidate: honouring one would need a search.* list
             # of its own (conf.schema.SearchConfig), and ignoring it launched tp=1 for parallelism.tp=2.
-            raise CompactHydraException(
+            raise UsageError(
                 f"hydra/sweeper=layouts chooses the layout itself, but it would replace {' '.join(pinned)} on every "
                 "layout it tries: leave it out and narrow the search instead ("
                 + "; ".join(f"{a.split('=')[0]}: {narrow}" for a, narrow in pinned.items())
@@ -83,7 +88,7 @@ class LayoutSweeper(Sweeper):
         run = sweep_composer(self.hydra_context.config_loader, self.config).run_config(arguments)
         search = run.search
         if problems := search_problems(search):
-            raise CompactHydraException("hydra/sweeper=layouts cannot search: " + "; ".join(problems))
+            raise UsageError("hydra/sweeper=layouts cannot search: " + "; ".join(problems))
         result = search_layouts(run, search)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)

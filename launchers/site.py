@@ -27,9 +27,8 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hydra.errors import CompactHydraException
-
 from launchers.allocation import ArrayKey, SbatchOptions
+from launchers.sweepdir import UsageError
 
 __all__ = [
     "NodeShape",
@@ -46,7 +45,7 @@ __all__ = [
 TIMEOUT_S = 30
 
 
-class SiteOptionError(CompactHydraException):
+class SiteOptionError(UsageError):
     """A partition, account or QoS that this cluster does not offer (the message names the valid ones)."""
 
 

@@ -39,6 +39,7 @@ from train.contract import (
 __all__ = [
     "HYDRA_OPTIONS",
     "SweepDirError",
+    "UsageError",
     "SweepOptions",
     "claim_sweep_dir",
     "first_index",
@@ -47,7 +48,13 @@ __all__ = [
 ]
 
 
-class SweepDirError(CompactHydraException):
+class UsageError(CompactHydraException):
+    """A launch refused for its input before anything ran (a sweep directory, a site option, a search
+    option): one paragraph, and the sweepers exit with EXIT_USAGE (launchers.compose.usage_exits),
+    where Hydra would exit 1 for any exception, the same status as a run that failed."""
+
+
+class SweepDirError(UsageError):
     """A sweep directory that cannot be used as asked (one paragraph: what, why, what to do)."""
 
 

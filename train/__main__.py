@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONFIG_DIR, group_options, register_configs
-from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override
+from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override, wrong_value
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
@@ -219,8 +219,27 @@ def check_override_keys(argv: list[str]) -> str | None:
             problem = _no_group(key, text)
         elif problem is None and own_options and key in GROUP_SCHEMAS:
             problem = _unknown_option(key, override, text)
+        elif problem is None:
+            problem = _wrong_values(key, override, text)
         if problem is not None:
             return problem
+    return None
+
+
+def _wrong_values(key: str, override: Override, text: str) -> str | None:
+    """One line when a value of `key=...` (each of a choice sweep's) cannot be the field's type:
+    Hydra fails on it while composing and exits 1, the code of a run that failed."""
+    from hydra.core.override_parser.types import ValueType
+
+    if override.value_type == ValueType.ELEMENT:
+        values = [override.get_value_element_as_str()]
+    elif override.value_type in (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
+        values = list(override.sweep_string_iterator())
+    else:
+        return None  # ranges and intervals are numbers; globs choose group options
+    for value in values:
+        if (problem := wrong_value(key, value)) is not None:
+            return f"{problem} (override '{text}')"
     return None
 
 

@@ -231,3 +231,32 @@ def test_unknown_field_suggests_the_closest_fields() -> None:
     # Fields, and anything below a dict or list field, are not unknown.
     for key in ("parallelism.tp", "model", "cluster.env.NCCL_DEBUG", "training.profile_steps"):
         assert unknown_field(key) is None, key
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("parallelism.tp", "abc", "parallelism.tp=abc is not a whole number"),
+        ("parallelism.tp", "2.5", "parallelism.tp=2.5 is not a whole number"),
+        ("training.lr", "fast", "training.lr=fast is not a number"),
+        ("logger.tensorboard", "maybe", "logger.tensorboard=maybe is not true or false"),
+        ("parallelism.precision", "bf61", "parallelism.precision=bf61 is not one of bf16, fp16, fp32 (did you mean bf16?)"),
+        ("parallelism.tp", "null", "parallelism.tp=null: the field needs a value"),
+    ],
+)
+def test_a_value_that_cannot_be_its_fields_type_is_named(key: str, value: str, problem: str) -> None:
+    from conf.schema import wrong_value
+
+    assert wrong_value(key, value) == problem or str(wrong_value(key, value)).startswith(problem)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("parallelism.tp", "8"), ("training.lr", "1e-4"), ("training.lr", "3"), ("logger.tensorboard", "True"),
+     ("parallelism.precision", "fp32"), ("parallelism.dp", "null"), ("parallelism.micro_batch_size", "auto"),
+     ("parallelism.tp", "${oc.env:TP}"), ("cluster.partition", "anything")],
+)  # fmt: skip
+def test_a_value_its_field_takes_passes(key: str, value: str) -> None:
+    from conf.schema import wrong_value
+
+    assert wrong_value(key, value) is None

@@ -340,3 +340,14 @@ def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Pat
         assert line.startswith(f"error: training.data_path='{data_path}' cannot be read as a token file"), line
         record = read_record(run_dir / RESULT_FILE)
         assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_value_of_the_wrong_type_is_bad_input(sweep: bool, tmp_path: Path) -> None:
+    # Hydra fails on it while composing, with exit 1 (a failed run's code) and the field's Python type.
+    args = ["-m", "parallelism.tp=1,x", f"hydra.sweep.dir={tmp_path}"] if sweep else ["parallelism.precision=fp8"]
+    proc = subprocess.run([sys.executable, "-m", "train", *args, *TINY_RUN], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    wanted = "parallelism.tp=x is not a whole number" if sweep else "parallelism.precision=fp8 is not one of bf16, fp16, fp32"
+    assert proc.stderr.startswith(f"error: {wanted}"), proc.stderr
