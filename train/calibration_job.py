@@ -10,9 +10,10 @@ they share (a node's cores and memory bus on a CPU, its NICs across nodes) is sh
   is one node ('intra'), over pairs of ranks on different nodes when it is two ('inter'), every
   pair at once.
 
-Each figure is the best of `trials` timings of at least `min_seconds` each, after a warm-up, so a
-momentary neighbour does not decide it; every trial starts on all ranks at once and counts the
-slowest rank's time (concurrent_seconds), as a training step does. `launchers.calibrate` submits the
+Each figure is the best of several timings, `trials` x `min_seconds` in all, after a warm-up, so a
+momentary neighbour does not decide it: in one process the best of short windows (best_seconds);
+across ranks the best of `trials` timings of at least `min_seconds`, each started on all ranks at
+once and counting the slowest rank's time (concurrent_seconds), as a training step does. `launchers.calibrate` submits the
 jobs and writes the file. (train.calibrate is the trainer's own run-time peak measurement for MFU;
 this is the site calibration of the time model.)
 """
@@ -23,6 +24,7 @@ import contextlib
 import itertools
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -65,24 +67,48 @@ class CalibrationSpec:
     timeout_s: float = 300.0
 
 
+WINDOW_S = 1e-3
+"""Length of one timing window on a CPU (s): best_seconds keeps the best window's mean per call.
+
+A CPU's torch runs each op on an OpenMP team, one thread per core, whose threads wait for each
+other at the op's end. A process of another job or user on one of those cores deschedules one
+thread, and the op waits for it: a scheduler slice of several ms. On the 2-core development VM, other
+processes busy, a 256x256x256 GEMM (0.18 ms) took 16 ms a call for seconds at a time, its threads each
+running half the time (clock ticks per thread), 3 involuntary context switches a call and no page
+fault; every 50 ms trial's mean then carried the stalls (0.52 ms, and up to 20 ms for a 1.4 ms shape)
+while its best 1 ms window kept 0.18 ms, as the shape timed alone (4 runs each, same sequences).
+Which shape met a busy neighbour decided the file: the tiny model's --here run recorded 256x256x256
+at 20 ms, and its narrow layer's step below its forward."""
+
+
 def best_seconds(fn: Callable[[], object], *, device: torch.device, min_seconds: float, trials: int) -> float:
-    """Seconds of one call of `fn`: warmed up, then the best of `trials` means over >= min_seconds."""
+    """Seconds of one call of `fn`: warmed up, then the best mean over windows of calls that together
+    last at least `trials` x `min_seconds` (and number at least `trials`).
+
+    A window is WINDOW_S on a CPU, so the best is one no neighbour interrupted (WINDOW_S says why);
+    interference only adds time, so the best window is the machine's own speed. On a GPU a window is
+    `min_seconds` (`trials` windows): its kernels queue ahead of the host, which a neighbour slows
+    without slowing them, and a longer window keeps a sustained run's clocks."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    window = min_seconds if device.type == "cuda" else min(WINDOW_S, min_seconds)
     for _ in range(2):
         fn()
     sync()
-    best = float("inf")
-    for _ in range(trials):
+    best, spent, windows = float("inf"), 0.0, 0
+    while windows < trials or spent < trials * min_seconds:
         calls, tic = 0, time.perf_counter()
         while True:
             fn()
             calls += 1
-            if calls % 4 == 0 or calls < 4:
+            # A GPU synchronises every 4 calls (its queue stays full); a CPU's sync is free.
+            if device.type != "cuda" or calls % 4 == 0 or calls < 4:
                 sync()
                 elapsed = time.perf_counter() - tic
-                if elapsed >= min_seconds:
+                if elapsed >= window:
                     break
         best = min(best, elapsed / calls)
+        spent += elapsed
+        windows += 1
     return best
 
 
@@ -136,13 +162,52 @@ so that each call reads its operands from memory as training's ever-new activati
 warm cache."""
 
 
+def operand_copies(nbytes: int) -> int:
+    """Copies of `nbytes` of operands a timing takes turns with: at least two, and as many as
+    CACHE_BYTES holds (at most 64)."""
+    return max(2, min(64, CACHE_BYTES // max(1, nbytes)))
+
+
 def fresh_operands(make: Callable[[], T], nbytes: int) -> Callable[[], T]:
-    """A supplier that hands out, in turn, copies made by `make` (`nbytes` each): at least two, and
-    as many as CACHE_BYTES holds (at most 64), so no call finds the previous one's operands cached."""
-    copies = max(2, min(64, CACHE_BYTES // max(1, nbytes)))
+    """A supplier that hands out, in turn, copies made by `make` (`nbytes` each, operand_copies of
+    them), so no call finds the previous one's operands cached."""
+    copies = operand_copies(nbytes)
     made = [make() for _ in range(copies)]
     turn = itertools.count()
     return lambda: made[next(turn) % copies]
+
+
+_POOLS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _carver(dtype: torch.dtype, device: torch.device, nbytes: int) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """A `make` helper for fresh_operands: each call returns the next `shape` of one random buffer
+    that the whole process shares (read only), at least operand_copies(nbytes) x `nbytes` long.
+
+    Views, not new tensors: drawing every shape's copies anew (randn; clones were no faster) took
+    30-41 s of the tiny model's 89-114 s --here run, 28 GB of fresh pages over its 189 GEMM shapes
+    (65,536 page faults per 256 MiB). The buffer is drawn once, and again only where a shape needs
+    more (measure() lets it go at the end)."""
+    key = (device, dtype)
+    # Each view starts on 64 bytes, as torch's allocator aligns a tensor: room for two per copy.
+    align = max(1, 64 // dtype.itemsize)
+    elements = operand_copies(nbytes) * (nbytes // dtype.itemsize + 2 * align)
+    if key not in _POOLS or _POOLS[key].numel() < elements:
+        _POOLS.pop(key, None)
+        _POOLS[key] = torch.randn(elements, device=device).to(dtype)
+    pool, offset = _POOLS[key], 0
+
+    def take(shape: tuple[int, ...]) -> torch.Tensor:
+        nonlocal offset
+        size = math.prod(shape)
+        offset = -(-offset // align) * align
+        if offset + size > pool.numel():
+            offset = 0
+        view = pool[offset : offset + size].view(shape)
+        offset += size
+        return view
+
+    return take
 
 
 def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, device: torch.device) -> Callable[[], object]:
@@ -150,10 +215,9 @@ def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, d
     lead = (batch,) if batch > 1 else ()
     a_shape = (*lead, k, m) if layout == "tn" else (*lead, m, k)
     b_shape = (*lead, n, k) if layout == "nt" else (*lead, k, n)
-    pairs = fresh_operands(
-        lambda: (torch.randn(a_shape, device=device).to(dtype), torch.randn(b_shape, device=device).to(dtype)),
-        dtype.itemsize * batch * (m * k + k * n),
-    )
+    nbytes = dtype.itemsize * batch * (m * k + k * n)
+    take = _carver(dtype, device, nbytes)
+    pairs = fresh_operands(lambda: (take(a_shape), take(b_shape)), nbytes)
 
     def call() -> object:
         a, b = pairs()
@@ -205,11 +269,11 @@ def attention_seconds(
     projection reads the output through transpose(1, 2)). Each call takes the next of fresh_operands'
     QKV outputs and output gradients."""
     b, heads, s, d, causal = shape
-    operands = fresh_operands(
-        lambda: (torch.randn(b, s, heads, 3, d, device=device).to(dtype).requires_grad_(),
-                 torch.randn(b, s, heads, d, device=device).to(dtype).transpose(1, 2)),
-        dtype.itemsize * b * s * heads * 4 * d,
-    )  # fmt: skip
+    nbytes = dtype.itemsize * b * s * heads * 4 * d
+    take = _carver(dtype, device, nbytes)
+    # Each QKV output a leaf of its own (its gradient goes to it, not to the shared buffer).
+    operands = fresh_operands(lambda: (take((b, s, heads, 3, d)).detach().requires_grad_(),
+                                       take((b, s, heads, d)).transpose(1, 2)), nbytes)  # fmt: skip
 
     def core(x: torch.Tensor) -> torch.Tensor:
         q, k, v = x.permute(3, 0, 2, 1, 4)
@@ -273,7 +337,9 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         asdict(GemmTiming(m, n, k, b, spec.precision, concurrent_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
         for m, n, k, b, lay in spec.gemms
     ]
-    src = torch.empty(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
+    # Written first: a CPU's untouched torch.empty reads as the kernel's one zero page, from cache
+    # (a 64 MiB copy then took 1.3 ms, "113 GB/s", against 8 ms from a written source).
+    src = torch.randn(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     copy = concurrent_seconds(lambda: dst.copy_(src), device=device, **timing)
     tiny = torch.ones(8, device=device)
@@ -283,6 +349,7 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         asdict(AttentionTiming(b, heads, s, d, causal, spec.precision, *attention_seconds((b, heads, s, d, causal), dtype, device, timing)))
         for b, heads, s, d, causal in spec.attention
     ]
+    _POOLS.clear()  # the operands' buffer (_carver): what follows runs in training's memory
     collectives = _collectives(spec, launch, device, timing) if launch is not None else []
     layers = layer_timings(spec, launch, device, timing) if spec.layer_model is not None else []
     barrier()
@@ -329,7 +396,7 @@ def layer_timings(
         if tp > 1 and (launch is None or per_node % tp):
             continue
         mesh = distributed.build_mesh(device.type, pp=1, dp=world // tp, tp=tp) if tp > 1 else None
-        seconds: dict[int, tuple[float, float]] = {}
+        calls: dict[int, tuple[Callable[[], object], Callable[[], object]]] = {}
         for layers in LAYER_COUNTS:
             cfg = ModelConfig(kind=ModelKind(kind), num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                               seq_length=seq, vocab_size=vocab)  # fmt: skip
@@ -350,15 +417,57 @@ def layer_timings(
                     loss = loss_fn(model(tokens), tokens)
                 loss.backward()
 
-            # Ranks of a TP group must call as often as each other; the agreed count does that.
-            seconds[layers] = (concurrent_seconds(forward, device=device, **timing),
-                               concurrent_seconds(step, device=device, **timing))  # fmt: skip
-        few, many = (seconds[n] for n in LAYER_COUNTS)
-        span = LAYER_COUNTS[1] - LAYER_COUNTS[0]
+            calls[layers] = (forward, step)
         out.append({"tp": tp, "kind": kind, "hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq,
-                    "vocab_size": vocab, "micro_batch_size": mbs, "forward_s": (many[0] - few[0]) / span,
-                    "step_s": (many[1] - few[1]) / span})  # fmt: skip
+                    "vocab_size": vocab, "micro_batch_size": mbs,
+                    **_layer_seconds(calls, device, timing, tp=tp)})  # fmt: skip
     return out
+
+
+LAYER_ATTEMPTS = (2, 3)
+"""Timings of the two narrow models _layer_seconds keeps the best of: at least the first, apart in
+time (a narrow layer's call runs dozens of ops, each a chance for a neighbour to stall it, so one
+busy spell decides a whole timing: on the 2-core VM a 1-layer forward timed 58-88 ms, then 0.22 ms
+seconds later), and at most the second while their difference is no layer's."""
+
+
+def per_layer(few: tuple[float, float], many: tuple[float, float]) -> tuple[float, float] | None:
+    """(forward, forward + backward) seconds of one layer from the (forward, step) seconds of the
+    LAYER_COUNTS models, or None where they cannot be one layer's: a forward not above zero, or a
+    step below its forward (each model's figures timed apart, a neighbour can slow the smaller
+    model's; a --here run on a busy 2-core VM recorded forward 112 ms, step -22.6 ms)."""
+    span = LAYER_COUNTS[1] - LAYER_COUNTS[0]
+    forward, step = (many[0] - few[0]) / span, (many[1] - few[1]) / span
+    return (forward, step) if 0 < forward <= step else None
+
+
+def _layer_seconds(
+    calls: dict[int, tuple[Callable[[], object], Callable[[], object]]], device: torch.device, timing: dict[str, Any], *, tp: int
+) -> dict[str, float]:
+    """forward_s and step_s of one layer: the difference of the LAYER_COUNTS models' best timings.
+
+    Interference only adds time, so each figure keeps its best over attempts, and an inconsistent
+    difference (per_layer) is timed again, up to LAYER_ATTEMPTS[1] times. Every rank gets the same
+    figures from concurrent_seconds (the slowest rank's), so the ranks of a TP group agree on another
+    attempt and keep calling as often as each other. Still inconsistent, the file gets the larger
+    model's time per layer: positive, step no less than forward, and an upper bound (it spreads the
+    embeddings', head's and loss's time over the layers), so the time model's framework residual
+    errs towards pricing more, never a negative time."""
+    best: dict[int, tuple[float, float]] = {}
+    for attempt in range(1, LAYER_ATTEMPTS[1] + 1):
+        for layers, (forward_fn, step_fn) in calls.items():
+            f, st = concurrent_seconds(forward_fn, device=device, **timing), concurrent_seconds(step_fn, device=device, **timing)
+            f0, st0 = best.get(layers, (f, st))
+            best[layers] = (min(f0, f), min(st0, st))
+        few, many = (best[n] for n in LAYER_COUNTS)
+        if attempt >= LAYER_ATTEMPTS[0] and (seconds := per_layer(few, many)) is not None:
+            return {"forward_s": seconds[0], "step_s": seconds[1]}
+    forward, step = many[0] / LAYER_COUNTS[1], many[1] / LAYER_COUNTS[1]
+    # Reported: the file keeps no note of it.
+    print(f"calibrate: the narrow layer at tp={tp} timed {few} s at {LAYER_COUNTS[0]} layer(s) and {many} s at "
+          f"{LAYER_COUNTS[1]} (forward, step) in {LAYER_ATTEMPTS[1]} attempts, no consistent difference: recording the "
+          f"{LAYER_COUNTS[1]}-layer model's time per layer instead (an upper bound)", file=sys.stderr, flush=True)  # fmt: skip
+    return {"forward_s": forward, "step_s": max(step, forward)}
 
 
 def _collectives(
