@@ -195,3 +195,6 @@ def main(argv: Sequence[str]) -> int:
 
 
 __all__ = ["GROUPS", "Fit", "Point", "fit", "format_fit", "main", "points"]
+
+if __name__ == "__main__":  # `python -m analysis.calibrate`, as `python -m analysis calibrate`
+    sys.exit(main(sys.argv[1:]))

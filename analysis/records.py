@@ -183,11 +183,6 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
     return sorted(found, key=lambda found: [part for part in found[1].split("/") if part])
 
 
-def find_result_files(sweep_dir: Path) -> list[Path]:
-    """Every result.json below sweep_dir, in sorted order (so that tables are reproducible)."""
-    return [Path(root) / RESULT_FILE for root, _ in _result_dirs(sweep_dir)]
-
-
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:
     """A record as one flat row, exactly as pandas.json_normalize(records, sep=".") flattens it:
     the top level's plain values first, then nested dicts' values under dotted keys (an empty
@@ -1042,7 +1037,6 @@ __all__ = [
     "AnalysisError",
     "QueueLookup",
     "Sweeps",
-    "find_result_files",
     "load_sweep_dir",
     "load_sweeps",
     "outcome_counts",
