@@ -904,13 +904,19 @@ _shared: tuple[ConfigLoader, DictConfig, FastComposer] | None = None
 
 
 @contextlib.contextmanager
-def usage_exits() -> Iterator[None]:
+def usage_exits(*, made: Path | None = None) -> Iterator[None]:
     """A sweep refused for its input (UsageError) or an override that does not compose ends as a
     single run's bad input does: its paragraph on stderr and EXIT_USAGE. Hydra's run_and_report
-    would exit 1, a failed run's status, for any exception; SystemExit passes it by."""
+    would exit 1, a failed run's status, for any exception; SystemExit passes it by. `made`: the
+    sweep directory when this launch created it; refused, it goes again with the multirun.yaml
+    Hydra's sweeper wrote there first, so that "nothing was written" holds."""
     try:
         yield
     except (UsageError, ConfigCompositionException, OverrideParseException) as exc:
+        if made is not None:
+            with contextlib.suppress(OSError):
+                (made / "multirun.yaml").unlink(missing_ok=True)
+                made.rmdir()  # only when nothing else is there
         print(str(exc).strip(), file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
 
@@ -955,7 +961,7 @@ class FastValidation:
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        with usage_exits():
+        with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
             if append is None:  # a launcher that writes no manifest (not megasweep's)
                 writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
             else:

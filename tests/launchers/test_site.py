@@ -43,6 +43,8 @@ def test_an_unknown_partition_account_qos_or_license_submits_nothing(
     assert wanted in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (sweep_dir / "manifest.jsonl").exists() and not (sweep_dir / ".megasweep").exists()
+    # The directory this launch made is gone again, with the multirun.yaml Hydra wrote into it first.
+    assert not sweep_dir.exists()
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "local"])
