@@ -913,12 +913,20 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
     try:
         yield
     except (UsageError, ConfigCompositionException, OverrideParseException) as exc:
-        if made is not None:
-            with contextlib.suppress(OSError):
-                (made / "multirun.yaml").unlink(missing_ok=True)
-                made.rmdir()  # only when nothing else is there
+        _forget_sweep_dir(made)
         print(str(exc).strip(), file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+    except SystemExit as done:
+        if done.code == EXIT_USAGE:  # a launcher's own usage_exits has said why
+            _forget_sweep_dir(made)
+        raise
+
+
+def _forget_sweep_dir(made: Path | None) -> None:
+    if made is not None:
+        with contextlib.suppress(OSError):
+            (made / "multirun.yaml").unlink(missing_ok=True)
+            made.rmdir()  # only when nothing else is there
 
 
 def sweep_composer(config_loader: ConfigLoader, master_config: DictConfig) -> FastComposer:

@@ -38,6 +38,7 @@ from launchers.compose import (
     job_return,
     prepare_sweep_dir,
     sweep_composer,
+    usage_exits,
 )
 from launchers.submit import (
     ConfigSpec,
@@ -108,6 +109,11 @@ class LocalLauncher(SweepLauncher):
         self.module = module
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # Under any sweeper (Hydra's basic one too), a refusal of the input exits as bad input.
+        with usage_exits():
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             return self._launch_hydra_jobs(job_overrides, initial_job_idx)

@@ -34,6 +34,7 @@ from launchers.compose import (
     SweepLauncher,
     is_megasweep_config,
     sweep_composer,
+    usage_exits,
 )
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import (
@@ -225,8 +226,9 @@ class PlanLauncher(SweepLauncher):
         self.rows: list[PlanRow] = []
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        # Planning keeps every row and estimate alive: no collector walks over them meanwhile.
-        with bulk_allocation():
+        # Planning keeps every row and estimate alive: no collector walks over them meanwhile. Under
+        # any sweeper (Hydra's basic one too), a refusal of the input exits as bad input.
+        with bulk_allocation(), usage_exits():
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

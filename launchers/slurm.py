@@ -34,6 +34,7 @@ from launchers.compose import (
     job_return,
     prepare_sweep_dir,
     sweep_composer,
+    usage_exits,
 )
 from launchers.site import check_site
 from launchers.submit import (
@@ -175,6 +176,11 @@ class SlurmLauncher(SweepLauncher):
         )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        # Under any sweeper (Hydra's basic one too), a refusal of the input exits as bad input.
+        with usage_exits():
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             # Any other Hydra app: no validation or shapes to group by, and Hydra's launcher

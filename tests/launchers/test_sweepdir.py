@@ -140,7 +140,8 @@ def test_every_launcher_refuses_a_sweep_directory(launcher: str, sweeper: str, t
     proc = train_multirun(
         "training.lr=1e-4", f"hydra/launcher={launcher}", f"hydra/sweeper={sweeper}", f"hydra.sweep.dir={tmp_path}"
     )
-    assert proc.returncode != 0 and "already holds a sweep (1 configs" in proc.stderr, proc.stderr
+    # Bad input, as a single run's: exit 2 (Hydra's own would be 1, a failed run's), under either sweeper.
+    assert proc.returncode == EXIT_USAGE and "already holds a sweep (1 configs" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert [e.index for e in read_manifest(tmp_path)] == [0]
 
