@@ -923,10 +923,12 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
 
 
 def _forget_sweep_dir(made: Path | None) -> None:
-    if made is not None:
-        with contextlib.suppress(OSError):
-            (made / "multirun.yaml").unlink(missing_ok=True)
-            made.rmdir()  # only when nothing else is there
+    # Only a directory that holds nothing but Hydra's multirun.yaml: a refusal after a plan.csv or a
+    # manifest was written (every config infeasible) leaves them, and the config they were made of.
+    with contextlib.suppress(OSError):
+        if made is not None and [p.name for p in made.iterdir()] == ["multirun.yaml"]:
+            (made / "multirun.yaml").unlink()
+            made.rmdir()
 
 
 def sweep_composer(config_loader: ConfigLoader, master_config: DictConfig) -> FastComposer:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import HydraException
 
 from launchers.bulk import bulk_allocation
 from launchers.compose import (
@@ -36,6 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
+from launchers.sweepdir import UsageError
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import (
     RuleCount,
@@ -184,10 +185,10 @@ def progress_printer(
     return report
 
 
-class NothingFeasible(CompactHydraException):
-    """A dry run none of whose configs could run: the command exits non-zero, as the same launch
-    with hydra/launcher=slurm or local would (launchers.submit.launch_failure), after the table
-    and plan.csv say why."""
+class NothingFeasible(UsageError):
+    """A dry run none of whose configs could run: the command exits 2, as the same launch with
+    hydra/launcher=slurm or local would (launchers.submit.NothingSubmitted), after the table and
+    plan.csv say why."""
 
 
 class PlanLauncher(SweepLauncher):

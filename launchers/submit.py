@@ -68,6 +68,7 @@ from launchers.allocation import (
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
 from launchers.site import license_totals
+from launchers.sweepdir import UsageError
 from train.contract import (
     LAUNCH_FILE,
     REFUSED_PREFIX,
@@ -454,8 +455,12 @@ def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
 
 
 class LaunchFailed(CompactHydraException):
-    """A launch that queued nothing, or whose sbatch Slurm refused for some configs: the command
-    exits non-zero (Hydra prints this paragraph) after the manifest says what happened."""
+    """A launch whose sbatch Slurm refused for some configs, or whose local configs failed: the
+    command exits 1 (Hydra prints this paragraph) after the manifest says what happened."""
+
+
+class NothingSubmitted(LaunchFailed, UsageError):
+    """A launch every config of which is infeasible: nothing ran, so it exits as bad input does (2)."""
 
 
 def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchFailed | None:
@@ -471,7 +476,7 @@ def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchF
             f"{sweep_dir} --failed (followed by field=value overrides to change them)."
         )
     if not any(e.status == "submitted" for e in entries):
-        return LaunchFailed(
+        return NothingSubmitted(
             f"Nothing was submitted: all {len(entries)} configs are infeasible; the rules' reasons are "
             f"in {manifest_path(sweep_dir)} (hydra/launcher=plan prints them as a table)."
         )

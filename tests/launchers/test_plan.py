@@ -14,7 +14,7 @@ from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
 from launchers.plan import plan_sweep
-from train.contract import PlanRow, read_plan_csv
+from train.contract import EXIT_USAGE, PlanRow, read_plan_csv
 from train.planner.plan import format_plan_table, plan_run, table_order
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_a_dry_run_where_nothing_is_feasible_exits_non_zero_after_its_report(tmp
     # that plans first must be able to stop there. The table and plan.csv still say why.
     sweep_dir = tmp_path / "sweep"
     proc = run_train("-m", "parallelism.tp=0,3", "hydra/launcher=plan", f"hydra.sweep.dir={sweep_dir}")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stderr  # nothing can run: bad input, as a single run's
     assert "Nothing would be submitted: all 2 configs are infeasible" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "plan: 2 configs: 0 feasible, 2 infeasible" in proc.stdout

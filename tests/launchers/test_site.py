@@ -11,6 +11,7 @@ import pytest
 from launchers.site import SiteOptionError, check_site_shapes, partition_nodes, site_choices
 from tests.launchers.test_slurm_launcher import sweep
 from tests.launchers.test_sweepdir import train_multirun
+from train.contract import EXIT_USAGE
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -53,7 +54,7 @@ def test_a_launch_with_nothing_to_submit_fails(launcher: str, tmp_path: Path) ->
     proc = train_multirun(
         "hardware.peak_measured=false", "training.lr=1e-4,2e-4", f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path}"
     )
-    assert proc.returncode != 0 and "Nothing was submitted: all 2 configs are infeasible" in proc.stderr, proc.stderr
+    assert proc.returncode == EXIT_USAGE and "Nothing was submitted: all 2 configs are infeasible" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
