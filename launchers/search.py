@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.plugins import Plugins
-from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -104,7 +103,8 @@ class LayoutSweeper(Sweeper):
                 if result.unpredicted
                 else "no layout is feasible: see the rules above"
             )
-            raise CompactHydraException(f"hydra/sweeper=layouts found nothing to rank: {why}")
+            # What the user gave leaves nothing to run, as an all-infeasible launch: exit 2.
+            raise UsageError(f"hydra/sweeper=layouts found nothing to rank: {why}")
         top = result.ranked[: search.top_k]
         if not top:
             return []

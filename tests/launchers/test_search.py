@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.launchers.test_plan import read_rows, run_train
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
-from train.contract import read_manifest
+from train.contract import EXIT_USAGE, read_manifest
 
 GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512")
 
@@ -47,7 +47,7 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
     assert "search.micro_batch_sizes=[0] must be a non-empty list of positive" in zero.stderr
     cpu = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "hardware.devices_per_node=2",
                     f"hydra.sweep.dir={tmp_path / 'b'}")
-    assert cpu.returncode != 0
+    assert cpu.returncode == EXIT_USAGE  # nothing the input allows can be ranked
     assert "found nothing to rank" in cpu.stderr and "measures its peak" in cpu.stderr
     # The time model's own reason, not a guess at a missing figure.
     missing = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.micro_batch_sizes=[4]",
