@@ -6,7 +6,7 @@ launcher's manifest.jsonl (train.contract; which configs were submitted, which s
 config becomes one row whose `outcome` is one of OUTCOMES:
 
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
-                                  without writing one
+                                  without writing one, or a local run killed before it (manifest)
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
     interrupted                   a record that says so (Ctrl-C, SIGINT), or a local sweep's config
                                   Ctrl-C stopped before it started (manifest)
@@ -834,8 +834,11 @@ def _merge_manifest(
     refused = man[(man["m_status"] == "refused") & ~man["m_dir"].isin(done)]
     # Stopped by Ctrl-C before it started (a local sweep): it never ran, and will not unless rerun.
     interrupted = man[(man["m_status"] == "interrupted") & ~man["m_dir"].isin(done)]
+    # Killed on this machine before its record (the local launcher saw its process end).
+    killed = man[(man["m_status"] == "failed") & ~man["m_dir"].isin(done)]
     pending = man[man["m_status"].isin(("submitted", "exported")) & ~man["m_dir"].isin(done)]
-    for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (interrupted, "interrupted"), (pending, "pending")):
+    for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (interrupted, "interrupted"), (killed, "fail"),
+                          (pending, "pending")):  # fmt: skip
         if rows.empty:
             continue
         frame = pd.concat([rows.reset_index(drop=True), _plan_values(rows["m_key"]).reset_index(drop=True)], axis=1)

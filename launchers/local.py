@@ -54,7 +54,7 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
 )
-from train.contract import ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.contract import RESULT_FILE, ManifestEntry, manifest_path, read_manifest, write_manifest
 
 __all__ = ["INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
 
@@ -80,18 +80,24 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
             except Exception as exc:  # reported to Hydra below, after the other configs have run
                 print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
                 outcomes[spec.index] = (JobStatus.FAILED, exc)
+                if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():
+                    # Killed before its record (SIGKILL, the OOM killer): only this process saw it end.
+                    _mark(sweep_dir, {spec.index: str(exc)}, "failed")
     except KeyboardInterrupt:
         never = {s.index for s in specs} - started
-        path = manifest_path(sweep_dir)
-        write_manifest(
-            [
-                dataclasses.replace(e, status="interrupted", reason=INTERRUPTED_BEFORE_START) if e.index in never else e
-                for e in read_manifest(path)
-            ],
-            path,
-        )
+        _mark(sweep_dir, dict.fromkeys(never, INTERRUPTED_BEFORE_START), "interrupted")
         raise
     return outcomes
+
+
+def _mark(sweep_dir: Path, reasons: dict[int, str], status: str) -> None:
+    """The manifest entries of `reasons`' configs given `status`, each with its reason."""
+    path = manifest_path(sweep_dir)
+    write_manifest(
+        [dataclasses.replace(e, status=status, reason=reasons[e.index]) if e.index in reasons else e
+         for e in read_manifest(path)],
+        path,
+    )  # fmt: skip
 
 
 class LocalLauncher(SweepLauncher):

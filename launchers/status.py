@@ -148,7 +148,7 @@ def classify(
     """(state, detail) of one config from its manifest entry, result.json and Slurm state."""
     if entry.status == "skipped":
         return "skipped", entry.reason or ""
-    if entry.status in ("refused", "interrupted"):
+    if entry.status in ("refused", "interrupted", "failed"):
         return entry.status, entry.reason or ""
     if record is not None:
         status = record.get("status")

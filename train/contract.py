@@ -539,6 +539,9 @@ class PeakCalibration:
 #     skipped     infeasible, never submitted: reason holds the rules' paragraph
 #     interrupted a local sweep (hydra/launcher=local, or its rerun) was interrupted (Ctrl-C)
 #                 before this config started: it never ran, and will not unless rerun
+#     failed      it ran on this machine (the local launcher) and its process ended without writing
+#                 a result.json (killed: SIGKILL, the kernel's OOM killer): reason says how. No Slurm
+#                 state would ever say so, and it would read as pending for ever
 #
 # One sweep per directory: a launcher or an export refuses a directory that already has a manifest
 # unless asked to add to it; added configs take indices after the last one, never an old one's.
@@ -548,7 +551,7 @@ class PeakCalibration:
 # starting "sbatch refused: "; they are read as `refused`, so that old sweeps report (and rerun)
 # them as the failures they are.
 
-ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped", "interrupted")
+ENTRY_STATUSES = ("submitted", "exported", "refused", "skipped", "interrupted", "failed")
 REFUSED_PREFIX = "sbatch refused: "
 """How the reason of a `refused` entry starts (and how old manifests marked one, as `skipped`)."""
 _JOB_ID = re.compile(r"\d+(_\d+)?")

@@ -100,3 +100,23 @@ def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> N
     again = rerun(sweep_dir, "training.train_iters=3", "training.warmup_iters=1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted"] * 2 + ["done"] * 2
+
+
+def test_a_run_killed_before_its_record_is_failed_not_pending(tmp_path: Path) -> None:
+    # A process that ends without writing result.json (here an interpreter that exits at once; in
+    # life SIGKILL or the OOM killer): the manifest says failed and how, as no Slurm state would.
+    from analysis.records import load_sweeps
+
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra/launcher=local",
+         "hydra.launcher.python=/bin/false", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_FAILED and "2 of 2 configs failed" in proc.stderr, proc.stderr
+    entries = read_manifest(sweep_dir)
+    assert [e.status for e in entries] == ["failed", "failed"]
+    assert all("exited with status 1 before writing result.json" in (e.reason or "") for e in entries)
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "failed"]
+    table = load_sweeps([sweep_dir], queue=None).table
+    assert list(table["outcome"]) == ["fail", "fail"]
