@@ -1,7 +1,8 @@
 """The recommendation: the layout that finishes the same work soonest.
 
-Same work = same model, global batch size and sequence length: one iteration then trains the same
-tokens whatever the layout, so seconds per iteration is time to train. The fastest layout is the
+Same work = same model, hardware, global batch size and sequence length: one iteration then trains
+the same tokens whatever the layout, so seconds per iteration is time to train. Hardware is part of
+it: a layout is chosen for the machine it will run on, and a CPU run is no rival of a GPU run. The fastest layout is the
 one with the lowest seconds per iteration, not the highest TFLOPs per device: a layout on fewer
 devices can run each one harder and still finish later (the BLOOM notes' 40-node vs 48-node tables).
 
@@ -9,7 +10,13 @@ A winner is called only when its margin is larger than the noise: the runs' iter
 (their coefficient of variation, RunRecord.sec_per_iter_cv), and a margin smaller than the two
 runs' combined spread, sqrt(CV_best^2 + CV_runner_up^2), could go either way on a rerun. Then
 the recommendation says so and names the configs to repeat (the top few within the noise), with
-more measured iterations and whole nodes. Runs that shared their nodes with other Slurm jobs are
+more measured iterations and whole nodes.
+
+Runs of one layout (same fields of _LAYOUT_COUNTS and _DISTINCT; sweeps repeat a config, or run it
+again under other overrides such as a profiler's) are one candidate, never each other's runner-up:
+their median seconds per iteration ranks it, and its noise is the larger of the spread across the
+runs (CV of their medians) and the largest spread within one: iterations of one run vary less than
+runs do, which a within-run CV alone would hide. Runs that shared their nodes with other Slurm jobs are
 pointed out: their timings include their neighbours' load.
 
 When the time model predicted every compared run (records.py's pred_sec_per_iter, the dry run's
@@ -74,6 +81,10 @@ class Candidate:
     distinct: str = ""
     """The run's other layout fields that differ among the runs it is compared with (recompute=full
     ZeRO=1 ...), so that two runs of one DP x TP x PP x MBS are told apart."""
+    runs: int = 1
+    """Runs of this layout pooled into the candidate: with several, sec_per_iter, tflops and mfu are
+    their medians, mem_gib and neighbours their maxima, sec_cv the pooled noise (see the module), and
+    sweep, run_dir and overrides those of the run nearest the median."""
 
     @property
     def label(self) -> str:
@@ -114,6 +125,10 @@ class Recommendation:
     predicted_rank: int | None = None
     """Where the model ranked `best` among the compared runs by predicted time (1 = fastest; ties share
     the better place); None as for predicted_best."""
+    hardware: str = ""
+    """The hardware config every compared run ran on (part of the work)."""
+    runs: int = 0
+    """Qualifying runs behind the `candidates` layouts (more when a layout ran several times)."""
 
     @property
     def predicted_best_slower_pct(self) -> float | None:
@@ -173,6 +188,7 @@ def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Can
         neighbours=int(n) if (n := _opt_float(row["neighbour_jobs"])) is not None else 0,
         pred_sec_per_iter=_opt_float(row.get("pred_sec_per_iter")),
         distinct=distinct,
+        runs=int(row.get("_runs", 1)),
     )
 
 
@@ -212,6 +228,41 @@ def _within_noise(
     return tuple(_candidate(r, varying) for _, r in others[gap <= noise].iterrows())
 
 
+_LAYOUT_COUNTS = ("nodes", "devices", "dp", "tp", "pp", "mbs")
+_NO_LAYOUT = "whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)"
+
+
+def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per layout of `runs` (one piece of work, sorted fastest first), fastest first, with
+    `_runs` the runs pooled into it: see the module for the pooled figures."""
+    cols = [c for c in (*_LAYOUT_COUNTS, *(c for c, _ in _DISTINCT)) if c in runs.columns]
+    key = pd.Series(["|".join(t) for t in zip(*(value_texts(runs[c]) for c in cols), strict=True)], index=runs.index)
+    counts = key.map(key.value_counts())
+    if (counts == 1).all():  # the usual sweep: nothing to pool, and no groupby over thousands of runs
+        return runs.assign(_runs=1)
+    # Labels pick the pooled rows: tables of several sweeps may repeat an index label.
+    runs, key = runs.reset_index(drop=True), key.reset_index(drop=True)
+    by = runs.groupby(key, sort=False)
+    sec = by["sec_per_iter"]
+    median = sec.transform("median")
+    # The run nearest its layout's median stands for it (the faster on a tie: runs are sorted).
+    nearest = (runs["sec_per_iter"] - median).abs().groupby(key, sort=False).idxmin()
+    across = (sec.transform("std") / sec.transform("mean")).where(counts > 1)
+    within = by["sec_cv"].transform("max").astype(float)
+    # Unknown within-run spreads (one measured iteration) leave the across-run spread as the noise.
+    noise = np.fmax(across.to_numpy(dtype=float), within.to_numpy(dtype=float))
+    pooled = runs.assign(
+        sec_per_iter=median,
+        tflops=by["tflops"].transform("median"),
+        mfu=by["mfu"].transform("median"),
+        mem_gib=by["mem_gib"].transform("max"),
+        neighbour_jobs=by["neighbour_jobs"].transform("max"),
+        sec_cv=noise,
+        _runs=counts,
+    ).loc[nearest.to_numpy()]
+    return pooled.sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+
+
 def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ...]:
     notes = []
     failed = group[group["outcome"].isin(FAILED)]
@@ -236,21 +287,26 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
 
 
 _READ = (
-    "outcome", "model", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
+    "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
 )  # fmt: skip
 """The columns recommend reads."""
 
 
 def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
-    """The fastest layout per (model, global batch, sequence length) among runs meeting the constraints."""
+    """The fastest layout per (model, hardware, global batch, sequence length) among runs meeting the
+    constraints."""
     c = constraints or Constraints()
     df = narrow(df, _READ)
     # Rows from plan.csv or the manifest carry no sequence length: they take their model's.
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
-    groups = df[df["gbs"].notna()].groupby(["model", "gbs", "seq_length"], dropna=False, sort=True)
+    if "hardware" not in df.columns:
+        df = df.assign(hardware="")
+    groups = df[df["gbs"].notna()].groupby(["model", "hardware", "gbs", "seq_length"], dropna=False, sort=True)
+    # Hardware is named where the runs read ran on several: with one, the work says it already.
+    several_hardware = df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
     recs = []
-    for (model, gbs, seq), group in groups:
+    for (model, hardware, gbs, seq), group in groups:
         # A record that does not say where it ran (a hand-written or damaged result.json, or one
         # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
         masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}
@@ -263,9 +319,10 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
         for mask in masks.values():
             ok &= mask
-        runs = group[ok].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
-        if runs.empty:
+        qualifying = group[ok].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+        if qualifying.empty:
             continue
+        runs = _pool_layouts(qualifying)
         varying = _varying(runs)
         best = _candidate(runs.iloc[0], varying)
         runner_up = _candidate(runs.iloc[1], varying) if len(runs) > 1 else None
@@ -279,6 +336,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         recs.append(
             Recommendation(
                 model=str(model),
+                hardware="" if pd.isna(hardware) else str(hardware),
                 size=format_size(runs.iloc[0]["size_params"]),
                 global_batch_size=int(gbs),
                 seq_length=None if pd.isna(seq) else int(seq),
@@ -286,7 +344,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 runner_up=runner_up,
                 margin_pct=margin,
                 highest_tflops=_candidate(by_tflops.iloc[0], varying),
-                satisfied=_satisfied(best, c, len(group)),
+                satisfied=_satisfied(best, c, len(group), str(hardware) if several_hardware else ""),
                 per_nodes=per_nodes,
                 candidates=len(runs),
                 excluded=_excluded(group, masks),
@@ -294,18 +352,16 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 close=_within_noise(best, runs.iloc[1:], varying),
                 predicted_best=predicted_best,
                 predicted_rank=predicted_rank,
+                runs=len(qualifying),
             )
         )
     return recs
 
 
-_LAYOUT_COUNTS = ("nodes", "devices", "dp", "tp", "pp", "mbs")
-_NO_LAYOUT = "whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)"
-
-
-def _satisfied(best: Candidate, c: Constraints, configs: int) -> tuple[str, ...]:
+def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = "") -> tuple[str, ...]:
     out = ["finished: status ok with measured iterations (no OOM, NaN, timeout or error)"]
-    out.append(f"same work as the {configs} config(s) it was compared with: same model, GBS {best.gbs} and sequence length")
+    hw = f", hardware {hardware}" if hardware else ""
+    out.append(f"same work as the {configs} config(s) it was compared with: same model{hw}, GBS {best.gbs} and sequence length")
     if best.mem_gib is not None:
         cap = f" of {best.mem_capacity_gib:.1f} GiB usable" if best.mem_capacity_gib is not None else ""
         out.append(f"peak memory {best.mem_gib:.1f} GiB per device{cap}")
@@ -321,14 +377,20 @@ def _satisfied(best: Candidate, c: Constraints, configs: int) -> tuple[str, ...]
 def _figures(c: Candidate) -> str:
     tflops = "" if c.tflops is None else f", {c.tflops:.2f} TFLOPs/device"
     mfu = "" if c.mfu is None else f", MFU {100 * c.mfu:.1f}%"
-    return f"{c.sec_per_iter:.2f} s/it{tflops}{mfu}"
+    pooled = f" (median of {c.runs} runs)" if c.runs > 1 else ""
+    return f"{c.sec_per_iter:.2f} s/it{pooled}{tflops}{mfu}"
+
+
+def _cv_text(c: Candidate) -> str:
+    pooled = f" over its {c.runs} runs" if c.runs > 1 else ""
+    return f"{format_cv(c.sec_cv)}{pooled}"
 
 
 def _noise_text(r: Recommendation) -> str:
     assert r.runner_up is not None
     if r.noise_pct is None:
         return "noise unknown (a run has fewer than two measured iterations, or no spread was recorded), so the margin cannot be told from it"
-    spreads = f"CV {format_cv(r.best.sec_cv)} and {format_cv(r.runner_up.sec_cv)}, combined {r.noise_pct:.1f}%"
+    spreads = f"CV {_cv_text(r.best)} and {_cv_text(r.runner_up)}, combined {r.noise_pct:.1f}%"
     if r.decided:
         return f"outside the noise ({spreads})"
     return f"inside the noise: their iterations spread by more ({spreads}), so a rerun could swap them"
@@ -394,11 +456,13 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
     """Plain text (also valid markdown) for the console and results.md."""
     if not recs:
         return "No recommendation: no run finished with a measured iteration (and met the constraints)."
+    several_hardware = len({r.hardware for r in recs}) > 1
     blocks = []
     for r in recs:
         seq = "" if r.seq_length is None else f", sequence {r.seq_length}"
         size = f" ({r.size})" if r.size else ""
-        work = f"{r.model}{size}, GBS {r.global_batch_size}{seq}"
+        hw = f" on {r.hardware or 'unknown hardware'}" if several_hardware else ""
+        work = f"{r.model}{size}{hw}, GBS {r.global_batch_size}{seq}"
         where = f"{_figures(r.best)} [{r.best.sweep}/{r.best.run_dir}]"
         lines = [
             f"Fastest for {work}: {r.best.label}: {where}" if r.decided
@@ -424,7 +488,12 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
                 f"yet {slower:.1f}% slower per iteration: ranked by seconds per iteration, not TFLOPs"
             )
         lines.append(f"- constraints satisfied: {'; '.join(r.satisfied)}")
-        lines.append(f"- compared {r.candidates} qualifying run(s)" + (f"; excluded: {'; '.join(r.excluded)}" if r.excluded else ""))
+        compared = (
+            f"- compared {r.candidates} qualifying layout(s) from {r.runs} runs (runs of one layout pooled)"
+            if r.runs > r.candidates
+            else f"- compared {r.candidates} qualifying run(s)"
+        )
+        lines.append(compared + (f"; excluded: {'; '.join(r.excluded)}" if r.excluded else ""))
         if r.per_nodes:
             lines.append("- fastest per node count:")
             lines += [f"  - {c.nodes} node(s): {c.label}: {_figures(c)}" for c in r.per_nodes]

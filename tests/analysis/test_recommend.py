@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.calc import compose_run
@@ -89,6 +90,65 @@ def test_different_work_gets_separate_recommendations(tmp_path: Path) -> None:
     recs = recommend(df)
     assert [(r.global_batch_size, r.best.sec_per_iter) for r in recs] == [(1024, 100.0), (2048, 172.36)]
     assert recs[0].runner_up is None and "only run that qualifies" in format_recommendations(recs[:1])
+
+
+def _only(names: dict[str, tuple[float, float]]) -> dict:
+    """The fixture's runs of `names`, each measured at (sec_per_iter, within-run CV)."""
+    data = copy.deepcopy(fixture())
+    data["runs"] = [r for r in data["runs"] if r["name"] in names]
+    for run in data["runs"]:
+        run["sec_per_iter"], run["sec_cv"] = names[run["name"]]
+    return data
+
+
+def test_runs_of_one_layout_are_one_candidate_never_each_others_runner_up(tmp_path: Path) -> None:
+    # The same config run in two sweeps, 0.8% apart with 0.4% within-run CVs: one layout, so
+    # there is no runner-up, however tight each run's iterations were.
+    a = build_sweep(tmp_path / "a", _only({"n48_pp6_mbs2": (172.36, 0.004)}))
+    b = build_sweep(tmp_path / "b", _only({"n48_pp6_mbs2": (173.74, 0.004)}))
+    (rec,) = recommend(load_sweeps([a, b], queue=None).table)
+    assert rec.runner_up is None and rec.candidates == 1 and rec.runs == 2 and rec.best.runs == 2
+    assert rec.best.sec_per_iter == pytest.approx((172.36 + 173.74) / 2)
+    text = format_recommendations([rec])
+    assert "runner-up" not in text and "median of 2 runs" in text
+    assert "compared 1 qualifying layout(s) from 2 runs (runs of one layout pooled)" in text
+
+
+def test_the_noise_of_a_repeated_layout_is_its_spread_across_runs(tmp_path: Path) -> None:
+    # DP=8 PP=6 ran at 150 and 210 s/it (median 180, CV 23.6% across the runs), each run's own
+    # iterations spread by 0.4%; DP=4 PP=10 ran twice at 207.92. A 15.5% margin is inside that noise,
+    # which the within-run CVs (0.6% combined) would have hidden.
+    a = build_sweep(tmp_path / "a", _only({"n48_pp6_mbs2": (150.0, 0.004), "n40_pp10_mbs2": (207.92, 0.004)}))
+    b = build_sweep(tmp_path / "b", _only({"n48_pp6_mbs2": (210.0, 0.004), "n40_pp10_mbs2": (207.92, 0.004)}))
+    (rec,) = recommend(load_sweeps([a, b], queue=None).table)
+    assert (rec.best.dp, rec.best.pp, rec.best.sec_per_iter, rec.best.runs) == (8, 6, 180.0, 2)
+    assert rec.runner_up is not None and (rec.runner_up.dp, rec.runner_up.pp, rec.runner_up.runs) == (4, 10, 2)
+    across = float(np.std([150.0, 210.0], ddof=1) / 180.0)
+    assert rec.best.sec_cv == pytest.approx(across)
+    assert rec.runner_up.sec_cv == pytest.approx(0.004)  # no spread across its runs: its own
+    assert rec.margin_pct == pytest.approx(100 * (207.92 / 180 - 1)) and not rec.decided
+    text = format_recommendations([rec])
+    assert text.startswith("No clear winner") and "CV 23.6% over its 2 runs and 0.4% over its 2 runs" in text
+
+
+def test_runs_on_other_hardware_are_other_work(tmp_path: Path) -> None:
+    gpu = _only({"n48_pp6_mbs2": (172.36, 0.004), "n40_pp10_mbs2": (207.92, 0.004)})
+    cpu = _only({"n48_pp6_mbs2": (26000.0, 0.004)})
+    cpu["hardware"] = {**cpu["hardware"], "name": "cpu"}
+    df = load_sweeps([build_sweep(tmp_path / "gpu", gpu), build_sweep(tmp_path / "cpu", cpu)], queue=None).table
+    recs = recommend(df)
+    assert [(r.hardware, r.best.sec_per_iter, r.candidates) for r in recs] == [
+        ("a100_80gb", 172.36, 2),
+        ("cpu", 26000.0, 1),
+    ]
+    assert recs[1].runner_up is None
+    text = format_recommendations(recs)
+    assert "Fastest for bloom_200b_l80_h14400 (203B) on a100_80gb, GBS 2048" in text
+    assert "Fastest for bloom_200b_l80_h14400 (203B) on cpu, GBS 2048" in text
+    assert "same model, hardware cpu, GBS 2048" in text
+    # One hardware: the work need not name it (the golden results.md).
+    (one,) = recommend(load_sweeps([tmp_path / "gpu"], queue=None).table)
+    assert " on a100_80gb" not in format_recommendations([one])
 
 
 def test_nothing_qualifies(tmp_path: Path) -> None:
