@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.compare import compare_sweeps, format_comparison
+from analysis.compare import compare_sweeps, format_comparison, speed_change
 from analysis.records import load_sweeps
 from tests.analysis.golden.build import build_sweep, fixture
 
@@ -49,8 +49,31 @@ def test_ratios_per_config(sweeps: tuple[Path, Path]) -> None:
     fixed = c.table[c.table["outcome_before"] == "oom"].iloc[0]
     assert fixed["outcome_after"] == "ok" and fixed["sec_after"] == 150.0
     text = format_comparison(c, before="before", after="after")
-    assert "Sec/it x0.800 (+20.0% faster)" in text
+    # 1.25x the speed: 25% faster, as the recommendation's margin reads (not 1 - 0.8 = 20%).
+    assert "Sec/it x0.800 (25.0% faster)" in text
     assert re.search(r"\|\s+OOM \|", text), text
+
+
+@pytest.mark.parametrize(
+    ("ratio", "text"),
+    [
+        (0.122, "8.2x faster"),  # the tester's CPU -> GPU comparison: 1 - 0.122 read "+87.8% faster"
+        (0.8, "25.0% faster"),
+        (1.25, "25.0% slower"),
+        (3.0, "3.0x slower"),
+        (0.5, "2.0x faster"),
+        (1.0, "no change"),
+    ],
+)
+def test_speed_change_is_the_slower_over_the_faster(ratio: float, text: str) -> None:
+    assert speed_change(ratio) == text
+
+
+def test_a_large_speed_up_reads_as_a_factor(tmp_path: Path) -> None:
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", _after(8.2))], queue=None).table
+    text = format_comparison(compare_sweeps(before, after), before="b", after="a")
+    assert "Sec/it x0.122 (8.2x faster)" in text and "% faster" not in text
 
 
 def test_falls_back_to_layout_when_overrides_differ(tmp_path: Path) -> None:
