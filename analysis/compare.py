@@ -3,6 +3,11 @@
 Configs are matched by their overrides (order-free); when no override set appears in both sweeps
 (the 'after' sweep adds an override, say), by their layout instead: model, hardware, batch sizes,
 DP/TP/PP and the ZeRO, recompute, precision and engine options.
+
+A config (or layout) run more than once on a side is pooled as the recommendation pools a layout's
+runs: median seconds per iteration and TFLOPs, noise the larger of the spread across the runs and
+the largest within one. A change no larger than the two sides' combined noise,
+sqrt(CV_before^2 + CV_after^2), is flagged as within the noise: a rerun could reverse it.
 """
 
 from __future__ import annotations
@@ -13,10 +18,30 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.records import NOT_RUN
+from analysis.recommend import pooled_cv
+from analysis.records import NOT_RUN, value_texts
 from analysis.tables import OUTCOME_TEXT, format_sec, format_tflops, markdown_table
 
 MATCH_KEYS = {"overrides": "config_key", "layout": "layout_key"}
+UNITS = {"overrides": "config", "layout": "layout"}
+"""What one matched row is, as the summary counts it."""
+
+_LAYOUT_LABEL = (
+    ("gbs", "GBS"),
+    ("dp", "DP"),
+    ("tp", "TP"),
+    ("pp", "PP"),
+    ("mbs", "MBS"),
+    ("config.parallelism.zero_stage", "ZeRO"),
+    ("config.parallelism.offload", "offload"),
+    ("config.parallelism.recompute", "recompute"),
+    ("config.parallelism.precision", "precision"),
+    ("config.parallelism.engine", "engine"),
+)
+"""The layout key's fields beside model and hardware, as a label names them (the batch and degrees
+too: the configs only in one sweep have no table columns to give them)."""
+LISTED = 5
+"""Configs only in one sweep the summary names, at most."""
 
 
 @dataclass(frozen=True)
@@ -32,15 +57,50 @@ class Comparison:
     sec_ratio_geomean: float | None
     """Geometric mean of after/before seconds per iteration over configs ok in both (< 1: faster)."""
     tflops_ratio_geomean: float | None
+    only_before_labels: tuple[str, ...] = ()
+    """Labels of the configs only in before (all of them; the summary names the first LISTED)."""
+    only_after_labels: tuple[str, ...] = ()
+    pooled: int = 0
+    """Matched rows whose figures pool more than one run on a side."""
 
 
-def _side(df: pd.DataFrame, key: str) -> pd.DataFrame:
-    # A config run twice in one sweep keeps its fastest successful run.
+def _label(side: pd.DataFrame, how: str) -> pd.Series:
+    """Readable names of `side`'s rows: the overrides for 'overrides'; for 'layout', the key's fields
+    by name (model on hardware, ZeRO=1 ...) rather than the raw key's '|'-joined values."""
+    if how == "overrides":
+        return pd.Series(side.index.astype(str), index=side.index)
+    texts = [value_texts(side[c].astype(object)) if c in side.columns else [""] * len(side) for c, _ in _LAYOUT_LABEL]
+    model = value_texts(side["model"]) if "model" in side.columns else [""] * len(side)
+    hardware = value_texts(side["hardware"]) if "hardware" in side.columns else [""] * len(side)
+    labels = []
+    for i, (m, hw) in enumerate(zip(model, hardware, strict=True)):
+        fields = " ".join(f"{name}={t[i]}" for (_, name), t in zip(_LAYOUT_LABEL, texts, strict=True) if t[i])
+        labels.append(" ".join(p for p in (m, f"on {hw}," if hw else ",", fields) if p).replace(" ,", ","))
+    return pd.Series(labels, index=side.index)
+
+
+def _side(df: pd.DataFrame, key: str, how: str) -> pd.DataFrame:
+    """One row per config of `df` (per `key`): its runs that finished with a measured iteration
+    pooled (see the module), else its first failure."""
     side = df[~df["outcome"].isin(NOT_RUN)].copy()
+    if "sec_cv" not in side.columns:
+        side["sec_cv"] = math.nan
     side["_ok"] = side["outcome"] == "ok"
     side = side.sort_values([key, "_ok", "sec_per_iter"], ascending=[True, False, True], kind="mergesort")
-    side = side.drop_duplicates(key, keep="first")
-    return side[[key, "outcome", "sec_per_iter", "tflops", "nodes", "dp", "tp", "pp", "mbs", "gbs"]].set_index(key)
+    first = side.drop_duplicates(key, keep="first").set_index(key)
+    measured = side[side["_ok"] & (side["sec_per_iter"] > 0)]
+    by = measured.groupby(key, sort=False)
+    sec = by["sec_per_iter"]
+    runs = sec.size()
+    first["runs"] = side.groupby(key, sort=False).size()
+    first["sec_cv"] = first["sec_cv"].astype(float)
+    if len(runs):
+        first.loc[runs.index, "sec_per_iter"] = sec.median()
+        first.loc[runs.index, "tflops"] = by["tflops"].median()
+        first.loc[runs.index, "sec_cv"] = pooled_cv(sec.std() / sec.mean(), by["sec_cv"].max(), runs)
+        first.loc[runs.index, "runs"] = runs
+    first["label"] = _label(first, how)
+    return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs"]]
 
 
 def _geomean(ratios: pd.Series) -> float | None:
@@ -55,14 +115,20 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
     order = ["overrides", "layout"] if match == "auto" else [match]
     for how in order:
         key = MATCH_KEYS[how]
-        b, a = _side(before[before[key] != ""], key), _side(after[after[key] != ""], key)
+        b, a = _side(before[before[key] != ""], key, how), _side(after[after[key] != ""], key, how)
         common = b.index.intersection(a.index)
         if len(common) or how == order[-1]:
             break
     joined = b.loc[common].add_suffix("_before").join(a.loc[common].add_suffix("_after"))
+    sec_ratio = joined["sec_per_iter_after"] / joined["sec_per_iter_before"]
+    noise_pct = 100.0 * np.hypot(joined["sec_cv_before"].astype(float), joined["sec_cv_after"].astype(float))
+    # The change as the recommendation's margin reads it: the slower time over the faster, less 1.
+    change_pct = 100.0 * (np.fmax(sec_ratio, 1.0 / sec_ratio) - 1.0)
+    both_ok = (joined["outcome_before"] == "ok") & (joined["outcome_after"] == "ok") & (sec_ratio > 0)
     table = pd.DataFrame(
         {
             "config": joined.index.astype(str),
+            "label": joined["label_after"],
             "nodes": joined["nodes_after"],
             "dp": joined["dp_after"],
             "tp": joined["tp_after"],
@@ -77,16 +143,28 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
             "tflops_before": joined["tflops_before"],
             "tflops_after": joined["tflops_after"],
             "tflops_ratio": joined["tflops_after"] / joined["tflops_before"],
+            "runs_before": joined["runs_before"].astype(int),
+            "runs_after": joined["runs_after"].astype(int),
+            "noise_pct": noise_pct.where(both_ok),
+            # NA: not both measured, or the noise unknown. No change at all reads "no change", not
+            # "within noise (0.0%)" as every unchanged run without a spread would.
+            "within_noise": ((change_pct <= noise_pct) & (change_pct > 0))
+            .where(both_ok & noise_pct.notna())
+            .astype("boolean"),
         }
     )
     table = table.sort_values(["sec_ratio", "config"], kind="mergesort", na_position="last").reset_index(drop=True)
+    only_b, only_a = b.index.difference(a.index), a.index.difference(b.index)
     return Comparison(
         table=table,
         matched_on=how,
-        only_before=int(len(b.index.difference(a.index))),
-        only_after=int(len(a.index.difference(b.index))),
+        only_before=len(only_b),
+        only_after=len(only_a),
+        only_before_labels=tuple(b.loc[only_b, "label"]),
+        only_after_labels=tuple(a.loc[only_a, "label"]),
         sec_ratio_geomean=_geomean(table["sec_ratio"]),
         tflops_ratio_geomean=_geomean(table["tflops_ratio"]),
+        pooled=int(((table["runs_before"] > 1) | (table["runs_after"] > 1)).sum()),
     )
 
 
@@ -108,11 +186,29 @@ def speed_change(sec_ratio: float) -> str:
 def format_comparison(c: Comparison, *, before: str, after: str) -> str:
     """Markdown: a summary line, then one row per matched config (ratios < 1 in Sec/it are speed-ups)."""
     t = c.table
+    unit = UNITS[c.matched_on]
     lines = [
         f"# Comparison: {before} -> {after}",
         "",
-        f"{len(t)} config(s) matched by {c.matched_on}; {c.only_before} only in {before}, {c.only_after} only in {after}.",
+        f"{len(t)} {unit}(s) matched by {c.matched_on}; {c.only_before} {unit}(s) only in {before}, "
+        f"{c.only_after} {unit}(s) only in {after}.",
     ]
+    for side, labels in ((before, c.only_before_labels), (after, c.only_after_labels)):
+        if labels:
+            first = f", the first {LISTED}" if len(labels) > LISTED else ""
+            lines.append(f"Only in {side} ({len(labels)} {unit}(s){first}):")
+            lines += [f"- {label}" for label in labels[:LISTED]]
+    if c.pooled:
+        lines.append(
+            f"{c.pooled} {unit}(s) ran more than once on a side: their runs are pooled (median Sec/it and TFLOPs; "
+            "noise the larger of the spread across the runs and within one), Runs says how many."
+        )
+    flagged = t["within_noise"].fillna(False).astype(bool)
+    if flagged.any():
+        lines.append(
+            f"{int(flagged.sum())} of {int(t['within_noise'].notna().sum())} change(s) are within the noise "
+            "(no larger than the two sides' combined CV): a rerun could reverse them."
+        )
     if c.sec_ratio_geomean is not None:
         lines.append(
             f"Geometric mean after/before: Sec/it x{c.sec_ratio_geomean:.3f} ({speed_change(c.sec_ratio_geomean)}); "
@@ -120,7 +216,7 @@ def format_comparison(c: Comparison, *, before: str, after: str) -> str:
         )
     lines.append("")
     if t.empty:
-        lines.append("No config appears in both sweeps.")
+        lines.append(f"No {unit} appears in both sweeps.")
         return "\n".join(lines) + "\n"
 
     def ints(s: pd.Series) -> pd.Series:
@@ -129,6 +225,15 @@ def format_comparison(c: Comparison, *, before: str, after: str) -> str:
     def state(outcome: pd.Series, value: pd.Series, fmt: object) -> pd.Series:
         text = value.map(fmt)  # type: ignore[arg-type]
         return text.where(outcome == "ok", outcome.map(OUTCOME_TEXT))
+
+    def change(row: pd.Series) -> str:
+        ratio = row["sec_ratio"]
+        if pd.isna(ratio) or not ratio > 0 or row["outcome_before"] != "ok" or row["outcome_after"] != "ok":
+            return ""
+        if pd.isna(row["within_noise"]):
+            return f"{speed_change(ratio)} (noise unknown)"
+        noise = f"{row['noise_pct']:.1f}%"
+        return f"{speed_change(ratio)}, within noise ({noise})" if row["within_noise"] else speed_change(ratio)
 
     md = pd.DataFrame(
         {
@@ -141,14 +246,17 @@ def format_comparison(c: Comparison, *, before: str, after: str) -> str:
             "Sec/it before": state(t["outcome_before"], t["sec_before"], format_sec),
             "Sec/it after": state(t["outcome_after"], t["sec_after"], format_sec),
             "Sec/it ratio": t["sec_ratio"].map(_ratio),
+            "Change": [change(row) for _, row in t.iterrows()],
             "TFLOPs before": state(t["outcome_before"], t["tflops_before"], format_tflops),
             "TFLOPs after": state(t["outcome_after"], t["tflops_after"], format_tflops),
             "TFLOPs ratio": t["tflops_ratio"].map(_ratio),
-            "Config": t["config"].str.replace("|", "\\|", regex=False),
+            "Config": t["label"].str.replace("|", "\\|", regex=False),
         }
     )
+    if c.pooled:
+        md.insert(6, "Runs", t["runs_before"].astype(str) + " / " + t["runs_after"].astype(str))
     lines.append(markdown_table(md, left=("Config",)))
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["MATCH_KEYS", "Comparison", "compare_sweeps", "format_comparison", "speed_change"]
+__all__ = ["LISTED", "MATCH_KEYS", "UNITS", "Comparison", "compare_sweeps", "format_comparison", "speed_change"]

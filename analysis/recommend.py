@@ -247,10 +247,7 @@ def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     median = sec.transform("median")
     # The run nearest its layout's median stands for it (the faster on a tie: runs are sorted).
     nearest = (runs["sec_per_iter"] - median).abs().groupby(key, sort=False).idxmin()
-    across = (sec.transform("std") / sec.transform("mean")).where(counts > 1)
-    within = by["sec_cv"].transform("max").astype(float)
-    # Unknown within-run spreads (one measured iteration) leave the across-run spread as the noise.
-    noise = np.fmax(across.to_numpy(dtype=float), within.to_numpy(dtype=float))
+    noise = pooled_cv(sec.transform("std") / sec.transform("mean"), by["sec_cv"].transform("max"), counts)
     pooled = runs.assign(
         sec_per_iter=median,
         tflops=by["tflops"].transform("median"),
@@ -261,6 +258,14 @@ def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
         _runs=counts,
     ).loc[nearest.to_numpy()]
     return pooled.sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+
+
+def pooled_cv(across: pd.Series, within: pd.Series, runs: pd.Series) -> np.ndarray:
+    """The noise of layouts run `runs` times: the larger of the CV of their runs' medians (`across`,
+    std / mean; only from two runs on) and the largest within-run CV (`within`), NaN where neither is
+    known. Unknown within-run spreads (one measured iteration) leave the across-run spread."""
+    across_known = across.where(runs > 1).to_numpy(dtype=float)
+    return np.fmax(across_known, within.to_numpy(dtype=float))
 
 
 def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ...]:
@@ -501,4 +506,4 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
     return "\n\n".join(blocks)
 
 
-__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "recommend"]
+__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "pooled_cv", "recommend"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.compare import compare_sweeps, format_comparison, speed_change
@@ -82,6 +83,51 @@ def test_falls_back_to_layout_when_overrides_differ(tmp_path: Path) -> None:
     c = compare_sweeps(before, after)
     assert c.matched_on == "layout" and len(c.table) == 10
     assert compare_sweeps(before, after, match="overrides").table.empty
+
+
+def test_runs_of_one_config_are_pooled_and_a_change_inside_the_noise_is_flagged(tmp_path: Path) -> None:
+    # Before, DP=4 PP=12 ran twice (161.96 and 170.00 s/it: median 165.98, 3.4% CV across the runs);
+    # after, once at 163.00. The 1.8% gain is inside that noise; the fastest duplicate alone
+    # (161.96) would have read as a slow-down with no noise at all.
+    data = copy.deepcopy(fixture())
+    again = copy.deepcopy(next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2"))
+    again.update(name="again", sec_per_iter=170.0)
+    data["runs"].append(again)
+    after = copy.deepcopy(fixture())
+    next(r for r in after["runs"] if r["name"] == "n48_pp12_mbs2")["sec_per_iter"] = 163.0
+    c = compare_sweeps(
+        load_sweeps([build_sweep(tmp_path / "b", data)], queue=None).table,
+        load_sweeps([build_sweep(tmp_path / "a", after)], queue=None).table,
+    )
+    row = c.table[c.table["pp"] == 12].iloc[0]
+    assert (row["runs_before"], row["runs_after"], row["sec_before"]) == (2, 1, pytest.approx(165.98))
+    across = 100 * float(np.std([161.96, 170.0], ddof=1) / 165.98)
+    assert row["noise_pct"] == pytest.approx(across) and bool(row["within_noise"])
+    unchanged = c.table[(c.table["pp"] == 6) & (c.table["outcome_before"] == "ok")].iloc[0]
+    assert unchanged["runs_before"] == 1 and not unchanged["within_noise"]  # no change, no noise: not flagged
+    assert c.pooled == 1
+    text = format_comparison(c, before="b", after="a")
+    assert "1 config(s) ran more than once on a side: their runs are pooled" in text
+    assert "1.8% faster, within noise (3.4%)" in text and re.search(r"\|\s+2 / 1 \|", text), text
+    assert "1 of 5 change(s) are within the noise" in text
+
+
+def test_layout_matches_read_as_layouts_with_readable_labels(tmp_path: Path) -> None:
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    data = _after(2.0, ["cluster.env.NCCL_ALGO=Tree"])
+    data["runs"] = [r for r in data["runs"] if r["name"] != "n40_pp10_mbs2"]
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and c.only_before == 1 and c.only_after == 0
+    text = format_comparison(c, before="b", after="a")
+    assert "9 layout(s) matched by layout; 1 layout(s) only in b, 0 layout(s) only in a." in text
+    label = (
+        "bloom_200b_l80_h14400 on a100_80gb, GBS=2048 DP=4 TP=8 PP=10 MBS=2 ZeRO=1 offload=none "
+        "recompute=full precision=bf16 engine=native"
+    )
+    assert f"Only in b (1 layout(s)):\n- {label}\n" in text
+    assert "a100_80gb|" not in text and "\\|" not in text
+    assert "| bloom_200b_l80_h14400 on a100_80gb, GBS=2048 DP=4 TP=8 PP=11 MBS=2 ZeRO=1" in text
 
 
 def test_compare_cli(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
