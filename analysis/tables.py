@@ -11,8 +11,9 @@ Formatting conventions, as the seeds write them:
   between two rows can be read against their noise; Notes say when other Slurm jobs shared a run's
   nodes;
   TFLOPs per device two decimals (four below 1); MFU in percent, one decimal.
-- Pred s/it (as Sec/it) and Err (measured over predicted - 1, signed percent, one decimal) beside each
-  finished run: the time model against the measurement. A run the model cannot predict reads 'n/a',
+- Pred s/it (as Sec/it) and Err (predicted over measured - 1, signed percent, one decimal: negative
+  when the model predicted the run faster than it ran) beside each finished run: the time model
+  against the measurement, with the sign `python -m analysis calibrate` and the GPU report use. A run the model cannot predict reads 'n/a',
   and why is said once under the table, not on every row.
 - Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
   failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
@@ -34,7 +35,7 @@ SEED_COLUMNS = (
     "Notes",
 )  # fmt: skip
 """The seeds' columns, plus CV (the spread of a run's timed iterations) and Pred s/it and Err (the time
-model's prediction and measured / predicted - 1), which the seeds did not show."""
+model's prediction and predicted / measured - 1), which the seeds did not show."""
 NOT_PREDICTED = "n/a"
 """Pred s/it of a finished run the time model cannot predict (results.md says why, once)."""
 OUTCOME_TEXT = {
@@ -126,7 +127,7 @@ def format_mfu(mfu: float | None) -> str:
 
 
 def format_err(err: float | None) -> str:
-    """'+12.3%': measured over predicted seconds per iteration - 1 (+: ran slower); '' when unknown."""
+    """'+12.3%': predicted over measured seconds per iteration - 1 (-: predicted too fast); '' when unknown."""
     if _missing(err):
         return ""
     assert err is not None
@@ -236,7 +237,7 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 
 
 _RESULTS_COLUMNS = (
-    "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter", "pred_error",
+    "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter",
     "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "date", "overrides",
 )  # fmt: skip
 """What results_table reads."""
@@ -254,6 +255,19 @@ def _mfu_cells(done: pd.DataFrame) -> pd.Series:
     return cells.where(~above, ratio.map(lambda r: f"{100 * r:.0f}% (above peak)"))
 
 
+def prediction_error(runs: pd.DataFrame) -> pd.Series:
+    """Predicted over measured seconds per iteration - 1 (fraction; negative: the model predicted the
+    run faster than it ran); NaN unless both are known and positive.
+
+    Not records' pred_error (measured / predicted - 1): `python -m analysis calibrate`, the GPU report
+    and the planner's tests all state the error of the prediction, and one table reading the other
+    way round showed +28.4% where they show -22.1% for the same run.
+    """
+    measured = pd.to_numeric(runs["sec_per_iter"], errors="coerce").astype(float)
+    predicted = pd.to_numeric(runs["pred_sec_per_iter"], errors="coerce").astype(float)
+    return (predicted / measured - 1.0).where((measured > 0) & (predicted > 0))
+
+
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The finished and skipped configs as the seeds' columns (strings), sorted; configs not run left out."""
     done = sort_results(narrow(df[~df["outcome"].isin(NOT_RUN)], _RESULTS_COLUMNS))
@@ -266,7 +280,7 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
             "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
             "CV": done["sec_cv"].map(format_cv).where(ok, ""),
             "Pred s/it": done["pred_sec_per_iter"].map(format_sec).replace("", NOT_PREDICTED).where(ok, ""),
-            "Err": done["pred_error"].map(format_err).where(ok, ""),
+            "Err": prediction_error(done).map(format_err).where(ok, ""),
             "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
             "MFU": _mfu_cells(done).where(ok, ""),
             "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
@@ -364,7 +378,8 @@ MEM_FOOTNOTE = (
     "warm-up. CV = their spread (std / mean): differences smaller than the CVs are noise. TFLOPs = model "
     "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak. Pred s/it = the time model's "
     "seconds per iteration for the run's recorded config (train.planner.perf, as the dry run predicts it). "
-    "Err = Sec/it / Pred s/it - 1: positive when the run was slower than predicted."
+    "Err = Pred s/it / Sec/it - 1, the prediction's error: negative when the model predicted the run faster "
+    "than it ran."
 )
 
 
@@ -686,6 +701,7 @@ __all__ = [
     "missing_markdown",
     "pflops_aggregate",
     "planned_markdown",
+    "prediction_error",
     "prediction_notes",
     "results_markdown",
     "results_table",
