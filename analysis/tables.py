@@ -372,15 +372,44 @@ def summary_line(df: pd.DataFrame) -> str:
     return f"{len(df)} configs: {parts}"
 
 
-MEM_FOOTNOTE = (
+MEM_FOOTNOTE = (  # {peaks}: peak_summary of the table
     "* Mem = measured peak memory per device (max over ranks and iterations), GiB (2^30 bytes) written GB "
     "as the seeds do: whole GiB from 10 GiB, one decimal below. Sec/it = median seconds per iteration after "
     "warm-up. CV = their spread (std / mean): differences smaller than the CVs are noise. TFLOPs = model "
-    "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak. Pred s/it = the time model's "
+    "TFLOP/s per device (per-GEMM count, no recompute). MFU = TFLOPs / peak ({peaks}). Pred s/it = the time model's "
     "seconds per iteration for the run's recorded config (train.planner.perf, as the dry run predicts it). "
     "Err = Pred s/it / Sec/it - 1, the prediction's error: negative when the model predicted the run faster "
     "than it ran."
 )
+
+
+def _peak_text(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def peak_summary(df: pd.DataFrame) -> str:
+    """The peaks the finished runs' MFU divides by, per hardware and precision, with where each came
+    from: 'h100_sxm bf16: 989.4 TFLOP/s, datasheet'. A measured peak differs from run to run (a CPU's
+    matmul calibration): its range is given. 'no finished run recorded its peak' when none did."""
+    needed = ("outcome", "peak_tflops")
+    if any(c not in df.columns for c in needed):
+        return "no finished run recorded its peak"
+    runs = df[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
+    if runs.empty:
+        return "no finished run recorded its peak"
+    unknown = pd.Series("", index=runs.index, dtype=object)
+    hardware = _texts(runs["hardware"]) if "hardware" in runs.columns else unknown
+    precision = _texts(runs["precision"]) if "precision" in runs.columns else unknown
+    source = _texts(runs["peak_source"]) if "peak_source" in runs.columns else unknown
+    peaks = pd.to_numeric(runs["peak_tflops"], errors="coerce").astype(float)
+    keys = pd.DataFrame({"hardware": hardware, "precision": precision, "source": source, "peak": peaks})
+    parts = []
+    for (hw, prec, src), group in keys.groupby(["hardware", "precision", "source"], sort=True):
+        low, high = float(group["peak"].min()), float(group["peak"].max())
+        value = _peak_text(low) if _peak_text(low) == _peak_text(high) else f"{_peak_text(low)}-{_peak_text(high)}"
+        name = " ".join(str(p) for p in (hw, prec) if p) or "unnamed hardware"
+        parts.append(f"{name}: {value} TFLOP/s, {src or 'source not recorded'}")
+    return "; ".join(parts)
 
 
 def prediction_notes(df: pd.DataFrame) -> list[str]:
@@ -407,7 +436,7 @@ def results_markdown(
         "",
         markdown_table(results_table(df), left=("Notes",)),
         "",
-        MEM_FOOTNOTE,
+        MEM_FOOTNOTE.format(peaks=peak_summary(df)),
         *prediction_notes(df),
         "",
         "## Recommendation",
@@ -700,6 +729,7 @@ __all__ = [
     "markdown_table",
     "missing_markdown",
     "pflops_aggregate",
+    "peak_summary",
     "planned_markdown",
     "prediction_error",
     "prediction_notes",

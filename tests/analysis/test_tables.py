@@ -365,3 +365,19 @@ def test_err_has_the_sign_of_calibrate_and_the_gpu_report() -> None:
     err = prediction_error(runs)
     assert format_err(err.iloc[0]) == "-22.1%" and format_err(err.iloc[1]) == "+25.0%"
     assert err.iloc[2:].isna().all()
+
+
+def test_footnote_states_the_mfu_peaks_and_their_source(tmp_path: Path) -> None:
+    # The footnote said only "MFU = TFLOPs / peak": which peak, datasheet or measured, was not said.
+    from analysis.tables import peak_summary
+
+    md = _markdown(build_sweep(tmp_path / "s"))
+    assert "MFU = TFLOPs / peak (a100_80gb bf16: 312 TFLOP/s, datasheet)." in md
+    runs = pd.DataFrame({
+        "outcome": ["ok", "ok", "ok", "oom"], "hardware": ["cpu", "cpu", "h100_sxm", "a100_80gb"],
+        "precision": ["fp32", "fp32", "bf16", "bf16"], "peak_source": ["measured", "measured", "datasheet", None],
+        "peak_tflops": [0.51, 0.73, 989.4, 312.0],
+    })  # fmt: skip
+    # Per hardware and precision; a measured peak as the range the runs measured; failed runs' peaks left out.
+    assert peak_summary(runs) == "cpu fp32: 0.51-0.73 TFLOP/s, measured; h100_sxm bf16: 989.4 TFLOP/s, datasheet"
+    assert peak_summary(runs[runs["outcome"] == "oom"]) == "no finished run recorded its peak"
