@@ -1,9 +1,11 @@
 """PNG plots of a sweep (matplotlib, Agg backend: no display on login nodes).
 
 - tflops_mfu.png: TFLOPs per device (bars, left axis) and MFU (points, right axis) of each successful
-  layout, the fastest MAX_BARS by seconds per iteration. When every run shares one peak the two axes
-  are one scale (MFU = TFLOPs / peak), so that a point sits on its bar's top.
-- sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work.
+  layout, the fastest MAX_BARS by seconds per iteration, each bar labelled with its layout and the
+  fields that differ among the runs plotted (GBS, recompute, ...). When every run shares one peak the
+  two axes are one scale (MFU = TFLOPs / peak), so that a point sits on its bar's top.
+- sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work;
+  runs on one node count only are drawn as points over that one whole-node tick.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line and a line at each hardware's usable capacity:
   whether the planner's memory model can be trusted, and how close the runs came to running out.
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from analysis.recommend import _DISTINCT, _varying
+from analysis.records import value_texts
 from analysis.tables import TIE_BREAK, sort_results
 
 if TYPE_CHECKING:
@@ -36,7 +40,7 @@ MAX_BARS = 40
 PLOT_FILES = ("tflops_mfu.png", "sec_per_iter_vs_nodes.png", "memory_measured_vs_predicted.png")
 PLOT_COLUMNS = (
     "outcome", "model", "hardware", "sweep", "nodes", "dp", "tp", "pp", "mbs", "gbs", "sec_per_iter", "tflops", "mfu",
-    "mem_gib", "mem_pred_gib", "mem_capacity_gib", *TIE_BREAK,
+    "mem_gib", "mem_pred_gib", "mem_capacity_gib", *TIE_BREAK, *(col for col, _ in _DISTINCT),
 )  # fmt: skip
 """The columns of the table the plots read (sort_results' tie-breaks included): the plots of the table
 narrowed to them are those of the whole table."""
@@ -77,15 +81,33 @@ class Plots:
 
 
 def _layout_labels(runs: pd.DataFrame) -> list[str]:
+    """Per run, what tells its bar from the others: nodes, DP, TP, PP and MBS always; model, sweep,
+    hardware and GBS, and the recommendation's distinguishing fields (recompute, ZeRO, ...), when
+    they differ among `runs`; the run's directory where runs still read alike (a repeated config).
+    Without them four gpt_1.3b runs of one layout, differing in recompute and GBS, read the same."""
+
     def i(s: pd.Series) -> pd.Series:
         return s.map(lambda v: "?" if pd.isna(v) else str(int(v)))
 
+    def varies(name: str) -> bool:
+        return name in runs.columns and len(set(value_texts(runs[name]))) > 1
+
     text = "n" + i(runs["nodes"]) + " dp" + i(runs["dp"]) + " tp" + i(runs["tp"]) + " pp" + i(runs["pp"])
     text = text + " mbs" + i(runs["mbs"])
-    if runs["model"].nunique() > 1:
+    if varies("gbs"):
+        text = text + " gbs" + i(runs["gbs"])
+    # The same fields, named the same way, as the recommendation's labels of the runs it compares.
+    for col, name in _varying(runs):
+        text = text + f" {name}=" + pd.Series(value_texts(runs[col]), index=runs.index)
+    if varies("hardware"):
+        text = runs["hardware"].astype(str) + " " + text
+    if varies("model"):
         text = runs["model"].astype(str) + " " + text
-    if runs["sweep"].nunique() > 1:
+    if varies("sweep"):
         text = runs["sweep"].astype(str) + ": " + text
+    alike = text.duplicated(keep=False)
+    if alike.any():
+        text = text.where(~alike, text + " [" + runs["run_dir"].astype(str) + "]")
     return text.tolist()
 
 
@@ -111,7 +133,7 @@ def tflops_mfu_figure(df: pd.DataFrame) -> Figure:
     top = float(np.nanmax(tflops)) * 1.15 or 1.0
     ax.set_ylim(0, top)
     ax.set_ylabel("model TFLOP/s per device")
-    ax.set_xlabel("layout: nodes, DP, TP, PP, micro-batch (fastest first, by seconds per iteration)")
+    ax.set_xlabel("layout: nodes, DP, TP, PP, micro-batch and what else differs (fastest first, by seconds per iteration)")
     ax.set_xticks(x, _layout_labels(runs), rotation=60, ha="right", fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     handles: list = [bars]
@@ -148,14 +170,25 @@ def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
         color = f"C{i % 10}"
         ax.scatter(group["nodes"], group["sec_per_iter"], color=color, alpha=0.6, s=25)
         best = group.groupby("nodes")["sec_per_iter"].min()
-        ax.plot(best.index, best.to_numpy(), "-", color=color, label=f"{name}: fastest per node count (dots: every run)")
+        # A marker on the fastest too: a series with one node count has no line to draw, and its
+        # legend entry would be a line that appears nowhere in the plot.
+        ax.plot(best.index, best.to_numpy(), "-D", color=color, markersize=7, markeredgecolor="black",
+                label=f"{name}: fastest per node count (dots: every run)")
     ax.set_xlabel("nodes")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    nodes = sorted(runs["nodes"].unique().tolist())
+    if len(nodes) == 1:
+        # One node count: matplotlib would span it by +-5% (0.945..1.050 for one node), ticks of
+        # fractional nodes; a window of one node around it, with its one tick, reads as what it is.
+        ax.set_xlim(nodes[0] - 0.5, nodes[0] + 0.5)
+        ax.set_xticks(nodes)
+        ax.set_title(f"Seconds per iteration, all runs on {nodes[0]:g} node(s): no scaling to show")
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title("Seconds per iteration against node count")
     ax.set_ylim(bottom=0)
     ax.set_ylabel("seconds per iteration (s, lower is better)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Seconds per iteration against node count")
     fig.tight_layout()
     return fig
 

@@ -145,3 +145,35 @@ def test_nothing_measured_draws_nothing_and_says_why(table: pd.DataFrame, tmp_pa
     for figure in (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure):
         with pytest.raises(NothingToPlot):
             figure(unmeasured)
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_bars_of_runs_alike_but_for_recompute_and_gbs_are_told_apart(table: pd.DataFrame) -> None:
+    # call4 on an H100: four gpt_1.3b runs at n1 dp1 tp1 pp1 mbs8, differing in recompute and GBS,
+    # were four bars all labelled "n1 dp1 tp1 pp1 mbs8".
+    ok = table[(table["outcome"] == "ok") & table["tflops"].notna()].head(4).copy()
+    ok[["nodes", "dp", "tp", "pp", "mbs"]] = [1, 1, 1, 1, 8]
+    ok["gbs"] = [8, 8, 32, 32]
+    ok["config.parallelism.recompute"] = ["none", "selective", "none", "selective"]
+    labels = [t.get_text() for t in tflops_mfu_figure(ok).axes[0].get_xticklabels()]
+    assert len(set(labels)) == 4
+    assert all(label.startswith("n1 dp1 tp1 pp1 mbs8 gbs") and " recompute=" in label for label in labels)
+    assert "n1 dp1 tp1 pp1 mbs8 gbs32 recompute=selective" in labels
+    # A repeated config (nothing differs) is told apart by its run directory.
+    twice = ok.assign(gbs=8, **{"config.parallelism.recompute": "none"})
+    repeated = [t.get_text() for t in tflops_mfu_figure(twice).axes[0].get_xticklabels()]
+    assert len(set(repeated)) == 4 and all(f"[{d}]" in " ".join(repeated) for d in twice["run_dir"])
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_one_node_count_is_drawn_as_points_on_a_whole_node_axis(table: pd.DataFrame) -> None:
+    # call4 ran on one node: the axis read 0.945..1.050 and the legend showed lines drawn nowhere.
+    one = table[table["nodes"] == 48]
+    assert one["outcome"].eq("ok").sum() >= 2
+    fig = sec_vs_nodes_figure(one)
+    (ax,) = fig.axes
+    assert ax.get_xlim() == (47.5, 48.5) and list(ax.get_xticks()) == [48]
+    assert "48 node(s)" in ax.get_title()
+    (fastest,) = ax.lines
+    assert fastest.get_marker() == "D" and list(fastest.get_xdata()) == [48]
+    assert _legend(fig)[0].startswith("bloom_200b_l80_h14400 GBS 2048")
