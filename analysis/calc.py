@@ -11,7 +11,8 @@ devices=<count> (required), convention=gemm|megatron_eq3|mpt (default gemm),
 output=text|json (default text), and predict=true|false (default false): the time model's seconds
 per iteration and where they go (train.planner.perf), for the software stack=megasweep|deepspeed|
 megatron_deepspeed (default: the one `python -m train` runs); with predict=true, sec_per_iter may be
-left out and the figures are then those of the predicted time. A predicted layout must pass the
+left out and the figures are then those of the predicted time, labelled predicted (JSON:
+sec_per_iter_source "predicted" and a note). A predicted layout must pass the
 planner's rules, as in the dry run (micro_batch_size=auto resolved as the planner resolves it), and
 the layout predicted is printed. One iteration is one optimizer step over
 parallelism.global_batch_size samples (batch ramp-up is ignored).
@@ -125,6 +126,9 @@ class CalcResult:
     """Seconds per iteration of each part of train.planner.perf.PARTS (predict=true only)."""
     predicted_layout: dict[str, int | str] | None = None
     """The layout predicted: dp, tp, pp, micro_batch_size (auto resolved), zero_stage, recompute (predict=true only)."""
+    sec_per_iter_source: str = "measured"
+    """'measured': sec_per_iter was given; 'predicted': predict=true without it, so sec_per_iter and every
+    figure computed from it (TFLOPs, PFLOPs, MFU, HFU) are the time model's, not a measurement."""
 
 
 def parse_args(argv: Sequence[str]) -> CalcArgs:
@@ -357,7 +361,15 @@ def calculate(
         peak_note=peak_note,
         mfu=mfu,
         hfu=hfu,
+        sec_per_iter_source="predicted" if predicted else "measured",
     )
+
+
+PREDICTED_NOTE = (
+    "no sec_per_iter given: sec_per_iter, TFLOPs, PFLOPs, MFU and HFU are from the time model's predicted "
+    "seconds per iteration (train.planner.perf), not a measurement"
+)
+"""What a result of predict=true without sec_per_iter says of its figures (text and JSON)."""
 
 
 HEADLINE = {
@@ -370,23 +382,29 @@ HEADLINE = {
 def format_text(result: CalcResult) -> str:
     """Human-readable summary, one figure per line."""
 
+    # Figures from a predicted time say so on their own line: 'MFU 73.31%' alone reads as measured.
+    predicted = result.sec_per_iter_source == "predicted"
+    tag = " predicted" if predicted else ""
+
     def pct(value: float | None) -> str:
         if value is not None and value > 1:
             # Only a predicted time gets here (a measured one is refused): the model's figures are wrong.
-            return f"{100 * value:.2f}% (above 100%: the time model's figures for {result.hardware} are wrong)"
-        return "unknown" if value is None else f"{100 * value:.2f}%"
+            return f"{100 * value:.2f}%{tag} (above 100%: the time model's figures for {result.hardware} are wrong)"
+        return "unknown" if value is None else f"{100 * value:.2f}%{tag}"
 
+    source = f"predicted ({PREDICTED_NOTE})" if predicted else "measured (sec_per_iter)"
     return "\n".join(
         [
             f"model / hardware     {result.model} on {result.hardware}, {result.precision}, "
             f"recompute={result.recompute}, global batch {result.global_batch_size}",
             f"convention           {result.convention} ({HEADLINE[result.convention]})",
+            f"sec / iteration      {result.sec_per_iter:.4g} {source}",
             f"FLOPs / iteration    {result.flops_per_iteration:.4e} "
             f"(model {result.model_flops_per_iteration:.4e}, "
             f"hardware {result.hardware_flops_per_iteration:.4e})",
-            f"TFLOPs / device      {result.tflops_per_device:.2f} "
+            f"TFLOPs / device      {result.tflops_per_device:.2f}{tag} "
             f"(model {result.model_tflops_per_device:.2f}, hardware {result.hardware_tflops_per_device:.2f})",
-            f"aggregate PFLOPs     {result.aggregate_pflops:.2f} ({result.devices} devices x TFLOPs / 1024)",
+            f"aggregate PFLOPs     {result.aggregate_pflops:.2f}{tag} ({result.devices} devices x TFLOPs / 1024)",
             f"peak                 {result.peak_note}",
             f"MFU                  {pct(result.mfu)}",
             f"HFU                  {pct(result.hfu)}",
@@ -431,8 +449,11 @@ def _layout_of(run: RunConfig, devices: int) -> dict[str, int | str]:
 
 
 def to_json(result: CalcResult) -> str:
-    """One JSON object; mfu, hfu and peak_tflops are null when the peak is unknown."""
+    """One JSON object; mfu, hfu and peak_tflops are null when the peak is unknown. sec_per_iter_source
+    says whether the figures are measured or predicted; a predicted result also has a 'note' saying so."""
     data: dict[str, Any] = asdict(result)
+    if result.sec_per_iter_source == "predicted":
+        data["note"] = PREDICTED_NOTE
     return json.dumps(data, sort_keys=True)
 
 

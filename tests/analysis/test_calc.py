@@ -280,3 +280,24 @@ def test_a_predicted_mfu_above_100_percent_is_reported_not_blamed_on_sec_per_ite
     result = calculate(run, sec_per_iter=3.0, devices=8, predicted=True)
     assert result.mfu is not None and result.mfu > 1
     assert "(above 100%: the time model's figures for a100_80gb are wrong)" in format_text(result)
+
+
+def test_figures_of_a_predicted_time_are_labelled_predicted(capsys: pytest.CaptureFixture[str]) -> None:
+    # "TFLOPs / device 228.72 ... MFU 73.31%" read as measured, though no sec_per_iter was given.
+    assert main(list(PREDICT_GPT)) == 0
+    lines = {line[:21].strip(): line[21:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["sec / iteration"].startswith("5.2 predicted (no sec_per_iter given")
+    assert lines["TFLOPs / device"].startswith("228.72 predicted (model")
+    assert lines["aggregate PFLOPs"].startswith("1.79 predicted")
+    assert lines["MFU"] == "73.31% predicted" and lines["HFU"] == "73.31% predicted"
+    assert main([*PREDICT_GPT, "output=json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sec_per_iter_source"] == "predicted" and "not a measurement" in out["note"]
+    # A measured time: no 'predicted' on its figures, and no note.
+    assert main([*PREDICT_GPT, "sec_per_iter=7"]) == 0
+    lines = {line[:21].strip(): line[21:] for line in capsys.readouterr().out.splitlines()}
+    assert lines["sec / iteration"] == "7 measured (sec_per_iter)"
+    assert "predicted" not in lines["TFLOPs / device"] + lines["MFU"] + lines["HFU"]
+    assert main([*PREDICT_GPT, "sec_per_iter=7", "output=json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sec_per_iter_source"] == "measured" and "note" not in out
