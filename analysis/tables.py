@@ -338,10 +338,19 @@ PLANNED_SHOWN = 100
 """Planned configs results.md lists (fastest predicted first); results.csv has all of them (rows)."""
 
 
+_PLANNED_COLUMNS = (
+    "outcome", "sweep", "pred_sec_per_iter", "pred_mfu", *TIE_BREAK, "size_params", "mem_pred_gib", "config_key",
+)  # fmt: skip
+"""What planned_markdown reads."""
+
+
 def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> str:
     """The configs a dry run planned and nobody ran, fastest predicted first, with the plan's
     predictions: what to launch, and what to expect of it. '' when there are none."""
-    planned = df[df["outcome"] == "planned"]
+    # Narrowed before columns are added: the loaded table has ~200 columns in as many blocks, and a
+    # column added to it made pandas print a PerformanceWarning (a highly fragmented frame) on the
+    # console of an analysis that mixes a plan directory with result sweeps.
+    planned = narrow(df[df["outcome"] == "planned"], _PLANNED_COLUMNS)
     if planned.empty:
         return ""
     pred = planned["pred_sec_per_iter"] if "pred_sec_per_iter" in planned.columns else pd.Series(math.nan, planned.index)

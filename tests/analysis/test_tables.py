@@ -381,3 +381,28 @@ def test_footnote_states_the_mfu_peaks_and_their_source(tmp_path: Path) -> None:
     # Per hardware and precision; a measured peak as the range the runs measured; failed runs' peaks left out.
     assert peak_summary(runs) == "cpu fp32: 0.51-0.73 TFLOP/s, measured; h100_sxm bf16: 989.4 TFLOP/s, datasheet"
     assert peak_summary(runs[runs["outcome"] == "oom"]) == "no finished run recorded its peak"
+
+
+def test_a_fragmented_table_with_planned_configs_prints_no_performance_warning(tmp_path: Path) -> None:
+    # A result sweep, the H100 records and a plan directory together made a table of ~200 columns in
+    # more than 100 blocks; planned_markdown added columns to it, and pandas printed "DataFrame is
+    # highly fragmented" on the console.
+    import warnings
+
+    from pandas.errors import PerformanceWarning
+
+    from analysis.tables import planned_markdown
+
+    sweep = build_sweep(tmp_path / "plan")
+    (sweep / "manifest.jsonl").unlink()
+    df = load_sweeps([sweep], queue=None).table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PerformanceWarning)
+        for i in range(120):  # as many numeric blocks as records of many kinds give
+            df[f"extra.{i}"] = float(i)
+    assert sum(not block.is_extension for block in df._mgr.blocks) > 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        planned = planned_markdown(df)
+        _ = results_markdown(df, labels=["plan"], recommendation="")
+    assert planned.startswith("| Nodes |") and "Pred sec/it" in planned
