@@ -516,19 +516,36 @@ def _cells_of(runs: pd.DataFrame, variant: pd.Series) -> pd.DataFrame:
 
 
 _SCALING_COLUMNS = (
-    "outcome", "model", "tp", "pp", "mbs", "nodes", "devices", "samples_per_s", "tflops", "pflops", "mfu", "mem_gib",
-    "mem_capacity_gib", *(name for name, _ in _VARIANT_FIELDS),
+    "outcome", "model", "tp", "pp", "mbs", "gbs", "nodes", "devices", "samples_per_s", "tflops", "pflops", "mfu",
+    "mem_gib", "mem_capacity_gib", *(name for name, _ in _VARIANT_FIELDS),
 )  # fmt: skip
 """What scaling_frame reads."""
+
+
+def _split_by_gbs(runs: pd.DataFrame) -> pd.Series:
+    """runs' variant, with ' gbs=N' added for the variants that have two GBS at one device count.
+
+    Two runs of one variant and scale with different global batches are different work: one cell
+    kept the faster and dropped the other silently (call4's gpt_1.3b mbs 8 at GBS 8 and 32). A
+    variant whose GBS only grows with its devices (weak scaling) keeps one row, its scales compared.
+    """
+    if "gbs" not in runs.columns:
+        return runs["variant"]
+    gbs = _texts(runs["gbs"])
+    per_cell = gbs.groupby([runs["variant"], runs["devices"]], dropna=False).transform("nunique")
+    clashing = set(runs.loc[per_cell > 1, "variant"])
+    return runs["variant"].where(~runs["variant"].isin(clashing), runs["variant"] + " gbs=" + gbs)
 
 
 def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, scale): throughput, TFLOPs, aggregate PFLOPs and parallel efficiency.
 
     A variant is everything but the data-parallel degree (model, tp, pp, mbs and the options
-    that vary in the sweep), so that a row of the table follows one layout as it scales out.
+    that vary in the sweep), so that a row of the table follows one layout as it scales out; and
+    its GBS where it ran two at one scale (_split_by_gbs), so that neither is dropped.
     Efficiency = per-device throughput relative to the variant's smallest successful run
-    (1.0 = perfect scaling). Cells with several runs (e.g. different GBS) keep the fastest.
+    (1.0 = perfect scaling). Cells with several runs of the same work (repeats, other overrides)
+    keep the fastest.
     """
     runs = narrow(df[df["outcome"].isin(_RAN)], _SCALING_COLUMNS).copy()
     if runs.empty:
@@ -536,15 +553,16 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     label = runs["model"].astype(str) + " (tp=" + _texts(runs["tp"]) + " pp=" + _texts(runs["pp"])
     label = label + " mbs=" + _texts(runs["mbs"]) + ")"
     runs = _cells_of(runs, _with_varying(runs, label, _VARIANT_FIELDS))
+    runs["variant"] = _split_by_gbs(runs)
     runs = runs.sort_values(["variant", "devices", "_ok", "samples_per_s"], ascending=[True, True, False, False],
                             kind="mergesort")
     cells = runs.drop_duplicates(["variant", "devices"], keep="first").copy()
     per_device = cells["samples_per_s"] / cells["devices"]
     base = per_device.where(cells["_ok"]).groupby(cells["variant"]).transform("first")
     cells["efficiency"] = per_device.where(cells["_ok"]) / base
-    cols = ["variant", "scale", "nodes", "devices", "outcome", "samples_per_s", "tflops", "pflops", "mfu",
+    cols = ["variant", "scale", "nodes", "devices", "gbs", "outcome", "samples_per_s", "tflops", "pflops", "mfu",
             "mem_gib", "mem_capacity_gib", "efficiency"]
-    return cells[cols].reset_index(drop=True)
+    return narrow(cells, cols).reset_index(drop=True)
 
 
 def _scaling_cell(row: pd.Series) -> str:

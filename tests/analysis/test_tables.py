@@ -406,3 +406,27 @@ def test_a_fragmented_table_with_planned_configs_prints_no_performance_warning(t
         planned = planned_markdown(df)
         _ = results_markdown(df, labels=["plan"], recommendation="")
     assert planned.startswith("| Nodes |") and "Pred sec/it" in planned
+
+
+def test_scaling_keeps_runs_of_two_global_batches_at_one_scale_apart(tmp_path: Path) -> None:
+    # call4: gpt_1.3b mbs 8 at GBS 8 and GBS 32 on one device met in one cell, and the slower
+    # (GBS 8) was dropped without a word. Seed 004's layout scaled out at GBS 8192, plus one GBS 2048 run.
+    data = copy.deepcopy(fixture())
+    runs = []
+    for nodes, gbs, sps in ((1, 8192, 1658.93), (4, 8192, 6558.31), (1, 2048, 1500.0), (4, 2048, 5000.0)):
+        runs.append({"name": f"n{nodes}_g{gbs}", "nodes": nodes, "params": 345_000_000, "mem_gib": 30.0,
+                     "layout": {"dp": 8 * nodes, "tp": 1, "pp": 1, "mbs": 4, "gbs": gbs},
+                     "sec_per_iter": gbs / sps, "tflops": 2.9})  # fmt: skip
+    data["runs"] = runs
+    df = load_sweeps([build_sweep(tmp_path / "gbs", data)], queue=None).table
+    frame = scaling_frame(df)
+    assert len(frame) == 4 and sorted(frame["gbs"].tolist()) == [2048, 2048, 8192, 8192]
+    assert sorted(set(frame["variant"])) == [
+        "bloom_200b_l80_h14400 (tp=1 pp=1 mbs=4) gbs=2048", "bloom_200b_l80_h14400 (tp=1 pp=1 mbs=4) gbs=8192",
+    ]
+    two_k = frame[frame["gbs"] == 2048]
+    assert two_k["efficiency"].tolist() == pytest.approx([1.0, 5000.0 / 4 / 1500.0])
+    # A GBS that only grows with the devices (weak scaling) stays one row, its scales compared.
+    weak = df[((df["nodes"] == 1) & (df["gbs"] == 2048)) | ((df["nodes"] == 4) & (df["gbs"] == 8192))]
+    frame = scaling_frame(weak)
+    assert frame["variant"].nunique() == 1 and "gbs=" not in frame["variant"].iloc[0]
