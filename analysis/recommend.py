@@ -436,7 +436,7 @@ def _prediction_text(r: Recommendation) -> list[str]:
 
     def predicted(c: Candidate) -> str:
         assert c.pred_sec_per_iter is not None
-        err = format_err(c.sec_per_iter / c.pred_sec_per_iter - 1.0)
+        err = format_err(c.pred_sec_per_iter / c.sec_per_iter - 1.0)  # as results.md's Err
         return f"predicted {format_sec(c.pred_sec_per_iter)} s/it, Err {err}"
 
     if r.predicted_rank == 1:

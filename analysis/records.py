@@ -113,7 +113,7 @@ CORE_COLUMNS: tuple[str, ...] = (
     "sec_per_iter",
     "sec_cv",  # spread of the measured iterations' seconds: std / mean (fraction; NaN when unknown)
     "pred_sec_per_iter",  # the time model's seconds per iteration of the config, as the dry run predicts it (NaN: see pred_reason)
-    "pred_error",  # sec_per_iter / pred_sec_per_iter - 1 (fraction; > 0: ran slower than predicted; NaN unless both known)
+    "pred_error",  # pred_sec_per_iter / sec_per_iter - 1 (fraction; < 0: predicted too fast; NaN unless both known)
     "pred_reason",  # why a run's config has no pred_sec_per_iter, in one line ('' when predicted)
     "neighbour_jobs",  # other Slurm jobs seen on the run's nodes during training (count; NaN outside Slurm)
     "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
@@ -655,7 +655,8 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["pred_sec_per_iter"] = predicted.sec_per_iter
     df["pred_reason"] = predicted.reason
     measured = _num(df, "sec_per_iter").where(df["outcome"] == "ok")
-    df["pred_error"] = (measured / df["pred_sec_per_iter"] - 1.0).where((measured > 0) & (df["pred_sec_per_iter"] > 0))
+    # The prediction's error, as `analysis calibrate`, the GPU report and the planner's tests state it.
+    df["pred_error"] = (df["pred_sec_per_iter"] / measured - 1.0).where((measured > 0) & (df["pred_sec_per_iter"] > 0))
     return df
 
 

@@ -257,12 +257,10 @@ def _mfu_cells(done: pd.DataFrame) -> pd.Series:
 
 def prediction_error(runs: pd.DataFrame) -> pd.Series:
     """Predicted over measured seconds per iteration - 1 (fraction; negative: the model predicted the
-    run faster than it ran); NaN unless both are known and positive.
-
-    Not records' pred_error (measured / predicted - 1): `python -m analysis calibrate`, the GPU report
-    and the planner's tests all state the error of the prediction, and one table reading the other
-    way round showed +28.4% where they show -22.1% for the same run.
-    """
+    run faster than it ran); NaN unless both are known and positive. records' pred_error, for any
+    frame with the two columns: `python -m analysis calibrate`, the GPU report and the planner's
+    tests all state the error of the prediction so (results.md once read it the other way round,
+    +28.4% where they showed -22.1% for the same run)."""
     measured = pd.to_numeric(runs["sec_per_iter"], errors="coerce").astype(float)
     predicted = pd.to_numeric(runs["pred_sec_per_iter"], errors="coerce").astype(float)
     return (predicted / measured - 1.0).where((measured > 0) & (predicted > 0))

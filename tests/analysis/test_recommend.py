@@ -238,7 +238,7 @@ def test_the_predicted_best_that_measured_best_is_said_so(tmp_path: Path) -> Non
     text = format_recommendations([rec])
     assert (
         f"- prediction: the time model also predicted it fastest of the {len(measured)} "
-        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(measured[fastest] / predicted[fastest] - 1)}): "
+        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(predicted[fastest] / measured[fastest] - 1)}): "
         "the predicted best was the measured best"
     ) in text
 
@@ -259,10 +259,10 @@ def test_a_predicted_best_that_measured_slower_is_named_with_how_much_slower(tmp
     assert (
         f"- prediction: the predicted best was not the measured best: the time model predicted "
         f"{rec.predicted_best.label} fastest (predicted {format_sec(predicted[favourite])} s/it, Err "
-        f"{format_err(factors[favourite] - 1)}), "
+        f"{format_err(1 / factors[favourite] - 1)}), "
         f"which measured {format_sec(measured[favourite])} s/it, {slower:.1f}% slower per iteration than the "
         f"measured fastest; the model ranked the measured fastest {rank} of {len(measured)} "
-        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(measured[fastest] / predicted[fastest] - 1)})"
+        f"(predicted {format_sec(predicted[fastest])} s/it, Err {format_err(predicted[fastest] / measured[fastest] - 1)})"
     ) in text
 
 

@@ -420,13 +420,13 @@ def test_each_run_is_predicted_as_the_dry_run_predicts_its_config(tmp_path: Path
         row = df.loc[f"runs/{i}"]
         # The record's config, read back from result.json, predicts what plan_run predicted from the RunConfig.
         assert row["pred_sec_per_iter"] == pred and row["pred_reason"] == ""
-        assert row["pred_error"] == pytest.approx(row["sec_per_iter"] / pred - 1)
-        assert row["pred_error"] == pytest.approx(factors[i] - 1)
+        assert row["pred_error"] == pytest.approx(pred / row["sec_per_iter"] - 1)
+        assert row["pred_error"] == pytest.approx(1 / factors[i] - 1)
     # results.csv carries both columns.
     write_results_csv(df.reset_index(), tmp_path / "results.csv")
     csv = pd.read_csv(tmp_path / "results.csv").set_index("run_dir")
     assert csv.loc["runs/3", "pred_sec_per_iter"] == pytest.approx(predicted[3])
-    assert csv.loc["runs/3", "pred_error"] == pytest.approx(0.5)
+    assert csv.loc["runs/3", "pred_error"] == pytest.approx(1 / 1.5 - 1)
 
 
 def _cpu_sweep(root: Path, hardware: dict[str, object]) -> tuple[Path, list[RunConfig]]:
