@@ -134,7 +134,7 @@ def timed_step(
         tflops=tflops,
         # The ratio even above 1 (note_above_peak warns): a hidden MFU would read as 'not measured'.
         mfu=None if tflops is None or not progress.peak_tflops else tflops / progress.peak_tflops,
-        max_mem_gib=max_memory_gib(s.device),
+        max_mem_gib=highest_memory_gib(s.device, rank),
     )
 
 
@@ -401,6 +401,17 @@ def max_memory_gib(device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     # ru_maxrss is in KiB on Linux (bytes on macOS, where this overstates by 1024x).
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def highest_memory_gib(device: torch.device, rank: Rank) -> float:
+    """The highest peak memory of any rank so far (GiB): the log line's figure. Rank 0's alone
+    understated it (the last pipeline stage holds the logits), while the record takes every rank's."""
+    mine = max_memory_gib(device)
+    if rank.layout.world_size == 1 or not torch.distributed.is_initialized():
+        return mine
+    peak = torch.tensor([mine], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    return float(peak.item())
 
 
 def gather_memory(mine: float, rank: Rank) -> list[float]:

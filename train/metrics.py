@@ -46,6 +46,7 @@ class IterationStats:
     """Fraction of the peak; None when the peak is unknown. Above 1 means the peak is too low (a
     calibration under load): the loop warns with both figures rather than hide the ratio."""
     max_mem_gib: float
+    """The highest peak memory of any rank so far (GiB; the record keeps each rank's)."""
 
 
 def format_log_line(s: IterationStats) -> str:

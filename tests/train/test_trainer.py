@@ -467,3 +467,27 @@ def test_a_data_parallel_run_frees_its_gradient_hooks_before_it_returns(tmp_path
 
     mp.spawn(_rank_of_two, args=(free_port(), str(tmp_path)), nprocs=2)
     assert read_record(tmp_path)["world"]["dp"] == 2
+
+
+def _memory_worker(rank: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from train.planner.layout import Layout, Rank
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        # Rank 1 (a last pipeline stage, say) holds more than rank 0, which prints the log line.
+        loop.max_memory_gib = lambda device: float(rank + 1)  # type: ignore[assignment]
+        seen = loop.highest_memory_gib(torch.device("cpu"), Rank(Layout(dp=1, tp=1, pp=2), global_rank=rank))
+        Path(f"{out}.{rank}").write_text(repr(seen))
+    finally:
+        from train.distributed import destroy_process_group
+
+        destroy_process_group()
+
+
+def test_the_log_lines_memory_is_the_highest_ranks(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_memory_worker, args=(str(tmp_path / "init"), str(tmp_path / "rank")), nprocs=2, join=True)
+    assert [float((tmp_path / f"rank.{r}").read_text()) for r in range(2)] == [2.0, 2.0]
