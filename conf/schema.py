@@ -314,7 +314,7 @@ class TrainingConfig:
     data_path: str | None = None
     """Token file (.bin, uint16/uint32 memmap); null uses deterministic synthetic tokens."""
     save_interval: int = 0
-    """Iterations between checkpoints; 0 saves none (iterations)."""
+    """Iterations between checkpoints, and resume from the latest of this layout in checkpoint_dir; 0 neither (iterations)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; null means <run dir>/checkpoints."""
     collective_timeout_s: float = 300.0

@@ -276,6 +276,15 @@ def resume(
         )
     progress.resumed_from_step = resumed.step
     progress.prior_losses = resumed.losses
+    if resumed.step >= run.training.train_iters:
+        # Nothing is left to train: the record would say ok with no iteration and no final loss.
+        progress.warnings.append(
+            f"resumed from step {resumed.step} ({resumed.path}), at or beyond training.train_iters="
+            f"{run.training.train_iters}: no iteration ran; raise train_iters to train on, or use another "
+            "training.checkpoint_dir (or run directory) to start afresh"
+        )
     if rank.lead:
         print(f"resumed from step {resumed.step} ({resumed.path})", flush=True)
+        if resumed.step >= run.training.train_iters:
+            print(f"warning: {progress.warnings[-1]}", file=sys.stderr, flush=True)
     return ckpt, resumed.step, resumed.consumed_samples

@@ -195,3 +195,14 @@ def test_incomplete_save_is_ignored_and_changed_config_refused(tmp_path: Path) -
     assert resumed is not None and resumed.step == 1
     with pytest.raises(CheckpointMismatch, match=r"other seed \(seed=None\)"):
         _checkpointer(tmp_path, seed=7).load_latest(model=model, optimizer=optimizer, scaler=scaler)
+
+
+def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path) -> None:
+    # The same command again: its checkpoint is at train_iters already, so no iteration runs.
+    first, _ = launch(tmp_path / "run")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again, record = launch(tmp_path / "run")
+    assert again.returncode == 0 and iterations_logged(again.stdout) == [], again.stdout[-2000:]
+    warning = f"resumed from step {STEPS}"
+    assert f"warning: {warning}" in again.stderr and f"training.train_iters={STEPS}: no iteration ran" in again.stderr
+    assert any(w.startswith(warning) for w in record["warnings"])
