@@ -121,12 +121,36 @@ class OutputLayer(Protocol):
     def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
+def exclude_padding(bias: torch.Tensor | None, *, rows: int, real: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The output layer's bias for `rows` vocabulary rows of which the first `real` are real tokens
+    and the rest the padding to a multiple of make_vocab_size_divisible_by x tp: -inf there, so that
+    the padded rows' logits are -inf and drop out of the softmax (the loss and its gradient do not
+    depend on the padding, hence not on tp). A [rows] tensor, not a logit-sized one: the matmul adds
+    it as its bias. `bias` unchanged (None included) when there is no padding; `like` gives dtype
+    and device."""
+    real = max(real, 0)
+    if real >= rows:
+        return bias
+    pad = torch.zeros(rows, dtype=like.dtype, device=like.device)
+    pad[real:] = float("-inf")
+    return pad if bias is None else bias + pad
+
+
 class WordEmbedding(nn.Embedding):
-    """The word embedding, which is also the (tied) output layer."""
+    """The word embedding, which is also the (tied) output layer. Its rows from `vocab_size` on
+    are padding: their logits are -inf (exclude_padding)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, vocab_size: int | None = None) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.vocab_size = num_embeddings if vocab_size is None else vocab_size
 
     def logits(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [b, s, h] -> logits [b, s, vocab rows held]."""
+        """x [b, s, h] -> logits [b, s, vocab rows held], -inf in the padded rows."""
+        bias = exclude_padding(bias, rows=self.num_embeddings, real=self.vocab_size, like=self.weight)
         return F.linear(x, self.weight, bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, vocab_size={self.vocab_size}"
 
 
 class MaskedLMHead(nn.Module):
@@ -144,7 +168,8 @@ class MaskedLMHead(nn.Module):
 
 class TransformerLM(nn.Module):
     """Embeddings, `num_layers` Blocks and a tied output layer; GPT and BERT differ only in the
-    attention mask and the head. forward(tokens [b, s]) returns logits [b, s, padded V].
+    attention mask and the head. forward(tokens [b, s]) returns logits [b, s, padded V], -inf in
+    the padded rows (the loss does not depend on the padding).
 
     `tp` only pads the vocabulary (to a multiple of make_vocab_size_divisible_by x tp, as
     train.planner.sizes does), so that a TP run's embedding splits evenly over its ranks."""
@@ -155,7 +180,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = cfg
         vocab = padded_vocab_size(cfg, tp)
-        self.wte = WordEmbedding(vocab, cfg.hidden_size)
+        self.wte = WordEmbedding(vocab, cfg.hidden_size, vocab_size=cfg.vocab_size)
         self.wpe = nn.Embedding(cfg.seq_length, cfg.hidden_size)
         self.layers = nn.ModuleDict(
             {str(i): Block(cfg, causal=self.causal, attention=attention) for i in range(cfg.num_layers)}

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from train.dp import DistributedOptimizer, GradSync, make_buckets
 from train.init import ShardSpec, mark_shard
-from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, lm_loss_sum
+from train.model import IGNORE_INDEX, MaskedLMHead, TransformerLM, WordEmbedding, exclude_padding, lm_loss_sum
 from train.planner.schedule import chunk_layers
 from train.tensors import is_dtensor, local
 
@@ -246,11 +246,15 @@ class VocabParallelEmbedding(nn.Module):
     TP-sharded tensor under the model's own name), serving as embedding and tied output layer.
     Under apply_tp_plain the weight is the plain tensor of those rows."""
 
-    def __init__(self, weight: torch.Tensor, *, start: int, group: dist.ProcessGroup) -> None:
+    def __init__(
+        self, weight: torch.Tensor, *, start: int, group: dist.ProcessGroup, vocab_size: int | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.start, self.rows = start, local(weight).shape[0]
         self.group = group
+        self.vocab_size = start + self.rows if vocab_size is None else vocab_size
+        """The real vocabulary: rows from it on are padding, whose logits are -inf."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mine = (tokens >= self.start) & (tokens < self.start + self.rows)
@@ -270,10 +274,16 @@ class VocabParallelEmbedding(nn.Module):
             x = whole.to_local(grad_placements=[Partial()])
         else:
             x = _EnterTP.apply(x, self.group)
-        return F.linear(x, local(self.weight), None if bias is None else local(bias))
+        weight = local(self.weight)
+        # The padded rows' logits are -inf through the bias, so that the vocab-parallel max and sum
+        # of exponentials leave them out (no logit-sized mask).
+        bias = exclude_padding(
+            None if bias is None else local(bias), rows=self.rows, real=self.vocab_size - self.start, like=weight
+        )
+        return F.linear(x, weight, bias)
 
     def extra_repr(self) -> str:
-        return f"rows {self.start}..{self.start + self.rows - 1}, dim {self.weight.shape[1]}"
+        return f"rows {self.start}..{self.start + self.rows - 1}, dim {self.weight.shape[1]}, vocab_size {self.vocab_size}"
 
 
 def _split_vocabulary(
@@ -299,7 +309,9 @@ def _split_vocabulary(
             setattr(
                 parent,
                 name.rpartition(".")[2],
-                VocabParallelEmbedding(shard(module.weight, rows), start=rank * rows, group=group),
+                VocabParallelEmbedding(
+                    shard(module.weight, rows), start=rank * rows, group=group, vocab_size=module.vocab_size
+                ),
             )
         elif isinstance(module, MaskedLMHead):
             module.bias = nn.Parameter(shard(module.bias, module.bias.shape[0] // tp))

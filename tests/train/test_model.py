@@ -115,7 +115,8 @@ def test_gpt_output_is_tied_to_word_embedding() -> None:
     model.norm.register_forward_hook(lambda _m, _i, out: captured.append(out))
     with torch.no_grad():
         logits = model(_tokens(TINY))
-    torch.testing.assert_close(logits, captured[0] @ model.wte.weight.T, rtol=1e-5, atol=1e-5)
+    real = TINY.vocab_size  # the padded rows' logits are -inf (test_padded_vocabulary_does_not_change_loss)
+    torch.testing.assert_close(logits[..., :real], captured[0] @ model.wte.weight[:real].T, rtol=1e-5, atol=1e-5)
 
 
 def test_causal_mask_future_tokens_do_not_change_past_logits() -> None:
@@ -209,3 +210,38 @@ def test_loss_sum_ignores_unlabelled_positions() -> None:
     labels = torch.tensor([[1, IGNORE_INDEX, 3, IGNORE_INDEX]])
     expected = torch.nn.functional.cross_entropy(logits[0, [0, 2]], labels[0, [0, 2]], reduction="sum")
     torch.testing.assert_close(lm_loss_sum(logits, labels), expected)
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_BERT], ids=["gpt", "bert"])
+def test_padded_vocabulary_does_not_change_loss(cfg: ModelConfig) -> None:
+    """The padding to a multiple of make_vocab_size_divisible_by (x tp) is out of the softmax: its
+    logits are -inf, and the loss and the real rows' gradients are those of any other padding
+    (100 tokens padded to 104 and to 128; the real rows start with the same values either way)."""
+    x = _tokens(cfg)
+    labels = _tokens(cfg, seed=1)
+    labels[:, ::3] = IGNORE_INDEX
+    results = []
+    for divisible in (8, 64):
+        model = _model(ModelConfig(**{**cfg.__dict__, "make_vocab_size_divisible_by": divisible}))
+        assert model.wte.num_embeddings == padded_vocab_size(model.config, 1) > cfg.vocab_size
+        logits = model(x)
+        assert torch.isneginf(logits[..., cfg.vocab_size :]).all()
+        assert torch.isfinite(logits[..., : cfg.vocab_size]).all()
+        loss = lm_loss_sum(logits, labels)
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert grads["wte.weight"][cfg.vocab_size :].count_nonzero() == 0  # padded rows: no gradient
+        if cfg.kind == ModelKind.bert:
+            assert grads["lm_head.bias"][cfg.vocab_size :].count_nonzero() == 0
+        results.append((loss.detach(), logits[..., : cfg.vocab_size].detach(), grads))
+    (loss_a, logits_a, grads_a), (loss_b, logits_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b)
+    torch.testing.assert_close(logits_a, logits_b)
+    for name, grad in grads_a.items():
+        real = slice(None, cfg.vocab_size) if name in ("wte.weight", "lm_head.bias") else slice(None)
+        torch.testing.assert_close(grad[real], grads_b[name][real], msg=name)
+    # The same loss as a softmax over the real vocabulary only.
+    expected = torch.nn.functional.cross_entropy(
+        logits_a.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    torch.testing.assert_close(loss_a, expected)

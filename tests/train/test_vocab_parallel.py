@@ -26,10 +26,13 @@ from train.planner.sizes import padded_vocab_size, total_params
 
 TP = 2
 RTOL = 1e-5
+PADDED_APART = 400
+"""A vocabulary padded to 448 rows on one rank and to 512 for tp = 2."""
 
 
 def tiny(kind: ModelKind, *, vocab_size: int = 500) -> ModelConfig:
-    # 500 pads to 512 (a multiple of 64 x tp): the padded rows join the softmax on both layouts.
+    # 500 pads to 512 (a multiple of 64 x tp) on both layouts; 400 pads to 448 unsharded and to 512
+    # for tp = 2, where the padded rows (-inf logits) must leave the loss unchanged.
     return ModelConfig(
         name="tiny",
         kind=kind,
@@ -51,9 +54,10 @@ def batch(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, labels
 
 
-def reference(cfg: ModelConfig) -> dict[str, Any]:
+def reference(cfg: ModelConfig, *, tp: int = TP) -> dict[str, Any]:
+    """The one-process model's loss and gradients, its vocabulary padded as for `tp` ranks."""
     torch.manual_seed(0)
-    model = build_model(cfg, tp=TP)
+    model = build_model(cfg, tp=tp)
     tokens, labels = batch(cfg)
     loss = lm_loss_sum(model(tokens), labels)
     loss.backward()
@@ -68,8 +72,8 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
         mesh = build_mesh("cpu", pp=1, dp=1, tp=TP)
         results = {}
         for kind in kinds:
-            for plain in (False, True):
-                cfg = tiny(kind)
+            for plain, vocab_size in ((False, 500), (True, 500), (False, PADDED_APART), (True, PADDED_APART)):
+                cfg = tiny(kind, vocab_size=vocab_size)
                 torch.manual_seed(0)
                 model = build_model(cfg, tp=TP)
                 if plain:
@@ -85,7 +89,7 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
                 local = [(name, p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad, p)
                          for name, p in model.named_parameters() if p.grad is not None]
                 bias = model.lm_head.bias if model.lm_head is not None else None
-                results[(kind.value, plain)] = {
+                results[(kind.value, plain, vocab_size)] = {
                     "rows": wte.weight.to_local().shape[0] if not plain else wte.weight.shape[0],
                     "start": wte.start,
                     "global_rows": wte.weight.shape[0] if not plain else wte.weight.shape[0] * TP,
@@ -121,7 +125,7 @@ def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: Mod
     vocab = padded_vocab_size(cfg, TP)
     assert vocab == 512
     ref = reference(cfg)
-    ranks = [r[(kind.value, plain)] for r in tp_ranks]
+    ranks = [r[(kind.value, plain, 500)] for r in tp_ranks]
     rows = vocab // TP
     for r, got in enumerate(ranks):
         assert got["rows"] == rows and got["start"] == r * rows and got["global_rows"] == vocab
@@ -149,7 +153,7 @@ def test_plain_tp_shards_layers_like_megatron(tp_ranks: list[dict[str, Any]], ki
     cfg = tiny(kind)
     ref = reference(cfg)["grads"]
     h = cfg.hidden_size
-    for r, got in enumerate(r[(kind.value, True)] for r in tp_ranks):
+    for r, got in enumerate(r[(kind.value, True, 500)] for r in tp_ranks):
         grads = got["grads"]
         for name in ("qkv", "fc_in"):
             full_name = f"layers.0.{'attn' if name == 'qkv' else 'mlp'}.{name}"
@@ -179,3 +183,30 @@ def test_model_pads_vocabulary_for_tp() -> None:
         assert model.wte.num_embeddings == rows == padded_vocab_size(cfg, tp)
         assert model.lm_head is not None and model.lm_head.bias.shape[0] == rows
         assert count_params(model) == total_params(cfg, tp)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["dtensor", "plain"])
+@pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
+def test_loss_does_not_depend_on_vocabulary_padding(
+    tp_ranks: list[dict[str, Any]], kind: ModelKind, plain: bool
+) -> None:
+    """tp = 2 pads 400 tokens to 512 rows, one process to 448: the padded rows are out of the softmax
+    (their logits -inf, in the vocab-parallel max and sum too), so the loss and the real rows'
+    gradients equal the unsharded model's and the padded rows get no gradient. Rank 1's rows
+    256..511 are 144 real and 112 padded ones."""
+    cfg = tiny(kind, vocab_size=PADDED_APART)
+    assert (padded_vocab_size(cfg, 1), padded_vocab_size(cfg, TP)) == (448, 512)
+    ref = reference(cfg, tp=1)
+    ranks = [r[(kind.value, plain, PADDED_APART)] for r in tp_ranks]
+    rows = 512 // TP
+    names = ["wte.weight"] + (["lm_head.bias"] if kind == ModelKind.bert else [])
+    for got in ranks:
+        assert got["loss"] == pytest.approx(ref["loss"], rel=RTOL)
+        for name in ("wpe.weight", "norm.weight", "layers.0.ln_1.weight"):
+            close(got["grads"][name], ref["grads"][name])
+    for name in names:
+        whole = torch.cat([got["grads"][name] for got in ranks])
+        assert whole.shape[0] == TP * rows
+        close(whole[:PADDED_APART], ref["grads"][name][:PADDED_APART])
+        assert whole[PADDED_APART:].count_nonzero() == 0
+        assert ref["grads"][name][PADDED_APART:].count_nonzero() == 0
