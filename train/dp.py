@@ -168,7 +168,7 @@ class GradSync:
         if self.shard:
             start, end = bucket.slice_of(self.rank, self.size)
             bucket.reduced = torch.empty(end - start, dtype=flat.dtype, device=flat.device)
-            bucket.work = dist.reduce_scatter_tensor(bucket.reduced, flat, group=self.group, async_op=True)
+            bucket.work = dist.reduce_scatter_single(bucket.reduced, flat, group=self.group, async_op=True)
         else:
             bucket.work = dist.all_reduce(flat, group=self.group, async_op=True)
 
@@ -319,7 +319,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.inner.step()
         for main, bucket in zip(self.main, self.sync.buckets, strict=True):
             full = torch.empty(bucket.padded, dtype=main.dtype, device=main.device)
-            dist.all_gather_into_tensor(full, main.detach(), group=self.sync.group)
+            dist.all_gather_single(full, main.detach(), group=self.sync.group)
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
                 target = local(p)
                 target.copy_(full[offset : offset + target.numel()].view_as(target))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import traceback
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,28 +61,33 @@ def _worker(rank: int, port: int, out: str, shard: bool) -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 1))
         groups = [(list(model.parameters()), 0.0)]
-        sync = GradSync(make_buckets(groups, dp=2, bucket_bytes=600), group=dist.group.WORLD, size=2, rank=rank, shard=shard)
-        zero = None
-        if shard:
-            zero = DistributedOptimizer(sync, make_inner=lambda g: torch.optim.SGD(g, lr=0.1))
-            sync.zero = zero
-        x = torch.full((4, 8), float(rank + 1))
-        sync.begin_step(2)
-        for _ in range(2):  # two micro-batches: only the second backward may launch reductions
-            model(x).sum().backward()
-            if _ == 0:
-                launched_early = [b.work is not None for b in sync.buckets]
-        launched = [b.work is not None for b in sync.buckets]  # before finish(): during backward
-        sync.finish()
-        if zero is not None:
-            grads = [m.grad.clone() for m in zero.main]
-            zero.step()
-            weight = model[0].weight.detach().clone()
-        else:
-            grads = [p.grad.clone() for p in model.parameters()]
-            weight = None
+        # Every FutureWarning of the reductions and the ZeRO-1 step (torch 2.13 deprecated
+        # reduce_scatter_tensor and all_gather_into_tensor: two per rank and step, once).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)
+            sync = GradSync(make_buckets(groups, dp=2, bucket_bytes=600), group=dist.group.WORLD, size=2, rank=rank, shard=shard)
+            zero = None
+            if shard:
+                zero = DistributedOptimizer(sync, make_inner=lambda g: torch.optim.SGD(g, lr=0.1))
+                sync.zero = zero
+            x = torch.full((4, 8), float(rank + 1))
+            sync.begin_step(2)
+            for _ in range(2):  # two micro-batches: only the second backward may launch reductions
+                model(x).sum().backward()
+                if _ == 0:
+                    launched_early = [b.work is not None for b in sync.buckets]
+            launched = [b.work is not None for b in sync.buckets]  # before finish(): during backward
+            sync.finish()
+            if zero is not None:
+                grads = [m.grad.clone() for m in zero.main]
+                zero.step()
+                weight = model[0].weight.detach().clone()
+            else:
+                grads = [p.grad.clone() for p in model.parameters()]
+                weight = None
+        future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
         torch.save({"early": launched_early, "launched": launched, "grads": grads, "weight": weight,
-                    "buckets": len(sync.buckets)}, f"{out}/{rank}.pt")
+                    "buckets": len(sync.buckets), "future_warnings": future}, f"{out}/{rank}.pt")
         # Whatever still holds the process group must go before destroy_process_group: freed in the
         # interpreter's teardown, gloo's threads sometimes ended the process with "terminate called
         # without an active exception" (SIGABRT, 9 runs in 180 when the hooks held `sync` strongly,
@@ -101,6 +107,7 @@ def test_reductions_start_during_the_last_backward_and_sum_the_replicas(tmp_path
         assert r["buckets"] >= 3  # the case tests something
         assert not any(r["early"])  # the first micro-batch's gradients are not complete
         assert all(r["launched"])  # every bucket was on the wire before backward returned
+        assert r["future_warnings"] == []  # no deprecated collective (reduce-scatter, ZeRO-1's all-gather)
     # The reference: one process, both ranks' inputs, gradients summed.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 1))
