@@ -301,10 +301,10 @@ def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torc
         # nbytes is the whole gathered message, as for the other collectives.
         shard = torch.ones(n // size, dtype=torch.float32, device=device)
         gathered = torch.empty(n, dtype=torch.float32, device=device)
-        return lambda: dist.all_gather_into_tensor(gathered, shard, group=group)
+        return lambda: dist.all_gather_single(gathered, shard, group=group)
     if op == "reduce_scatter":
         out = torch.empty(n // size, dtype=torch.float32, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+        return lambda: dist.reduce_scatter_single(out, x, group=group)
     if peer is None:
         return None
     rank = dist.get_rank()
