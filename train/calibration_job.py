@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from train import distributed
+from train.dp import all_gather_flat, reduce_scatter_flat
 from train.planner.calibration import COLLECTIVES, LAYER_COUNTS, AttentionTiming, CollectiveTiming, GemmTiming
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -301,10 +302,10 @@ def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torc
         # nbytes is the whole gathered message, as for the other collectives.
         shard = torch.ones(n // size, dtype=torch.float32, device=device)
         gathered = torch.empty(n, dtype=torch.float32, device=device)
-        return lambda: dist.all_gather_single(gathered, shard, group=group)
+        return lambda: all_gather_flat(gathered, shard, group=group)
     if op == "reduce_scatter":
         out = torch.empty(n // size, dtype=torch.float32, device=device)
-        return lambda: dist.reduce_scatter_single(out, x, group=group)
+        return lambda: reduce_scatter_flat(out, x, group=group)
     if peer is None:
         return None
     rank = dist.get_rank()

@@ -39,6 +39,11 @@ from torch import nn
 from train.planner.inventory import BUCKET_BYTES, plan_buckets
 from train.tensors import is_dtensor, is_tp_sharded, local
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn on every call); a cluster's own
+# older torch (pyproject allows 2.4) has only the old ones. Same arguments either way.
+reduce_scatter_flat: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_flat: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class Bucket:
@@ -168,7 +173,7 @@ class GradSync:
         if self.shard:
             start, end = bucket.slice_of(self.rank, self.size)
             bucket.reduced = torch.empty(end - start, dtype=flat.dtype, device=flat.device)
-            bucket.work = dist.reduce_scatter_single(bucket.reduced, flat, group=self.group, async_op=True)
+            bucket.work = reduce_scatter_flat(bucket.reduced, flat, group=self.group, async_op=True)
         else:
             bucket.work = dist.all_reduce(flat, group=self.group, async_op=True)
 
@@ -319,7 +324,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.inner.step()
         for main, bucket in zip(self.main, self.sync.buckets, strict=True):
             full = torch.empty(bucket.padded, dtype=main.dtype, device=main.device)
-            dist.all_gather_single(full, main.detach(), group=self.sync.group)
+            all_gather_flat(full, main.detach(), group=self.sync.group)
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
                 target = local(p)
                 target.copy_(full[offset : offset + target.numel()].view_as(target))
