@@ -47,6 +47,18 @@ register_configs()  # the primary config extends megasweep_schema, read from Hyd
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    try:
+        return _main(cfg)
+    except Exception:
+        # Ctrl-C in start-up can surface as another exception: Python 3.11 wraps one raised in a
+        # class's __set_name__ (during an import) in RuntimeError, which Hydra prints as a failed
+        # job with a traceback. It is the interruption, said as such.
+        if interrupted() and HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise KeyboardInterrupt from None
+        raise
+
+
+def _main(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     install_interrupt_handler()

@@ -23,17 +23,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from train.contract import EXIT_INTERRUPTED
-from train.preemption import install_interrupt_handler
+from train.preemption import install_interrupt_handler, interrupted
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -157,6 +158,38 @@ def init_process_group(launch: LaunchEnv, *, device_type: str, timeout_s: float)
         world_size=launch.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+_hold_rendezvous_output = False
+"""Set in a forked local worker (`_run_forked`): its rendezvous is local and short, so what it prints
+meanwhile can wait for its end (`rendezvous_output_held`). Under torchrun or srun a rendezvous may wait
+minutes for another node, and its retry warnings are worth seeing as they come."""
+
+
+@contextlib.contextmanager
+def rendezvous_output_held() -> Iterator[None]:
+    """In a forked local worker, hold what is written to stderr (file descriptor 2: c10d's C++ logging
+    too) while process groups are created, and drop it if Ctrl-C came meanwhile: a SIGINT in a
+    rendezvous makes c10d log about 40 lines of C++ frames per rank ("TCPStore ... Interrupted system
+    call") about an interruption the run's one line already reports. Otherwise it is passed on."""
+    if not _hold_rendezvous_output:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not interrupted():
+                held.seek(0)
+                sys.stderr.buffer.write(held.read())
+                sys.stderr.flush()
 
 
 def cpu_threads(environ: Mapping[str, str]) -> int | None:
@@ -328,6 +361,10 @@ def fork_local(
     sys.stdout.flush()
     sys.stderr.flush()
     procs: list[_Worker] = []
+    # Ctrl-C and SIGTERM wait (blocked, pending) until _supervise forwards them and each worker has its
+    # own handlers: one arriving mid-fork would otherwise raise in an at-fork hook ("Exception
+    # ignored ... KeyboardInterrupt") or leave the parent without the workers it started.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:  # the worker
@@ -336,14 +373,20 @@ def fork_local(
     return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
+    global _hold_rendezvous_output
     code = 1
     try:
         _die_with_parent()
+        _hold_rendezvous_output = True
         # The parent's handlers forward signals to workers; a worker gets the default SIGTERM back
         # (the trainer installs its own) and Ctrl-C as the trainer takes it (a record, then exit).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         install_interrupt_handler()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by fork_local
         os.environ.clear()
         os.environ.update(env)
         torch = sys.modules.get("torch")
@@ -383,6 +426,7 @@ def _supervise(procs: Sequence[_Worker], *, poll_s: float, grace_s: float) -> Sp
         stop_requested.append(signum)
 
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # fork_local's, now that they are forwarded
     failed_rank: int | None = None
     try:
         while any(p.poll() is None for p in procs):

@@ -104,8 +104,9 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     launch = distributed.launch_from_env(os.environ)
     mesh = None
     if launch is not None:
-        distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
-        mesh = distributed.build_mesh(device.type, pp=rank.layout.pp, dp=rank.layout.dp, tp=rank.layout.tp)
+        with distributed.rendezvous_output_held():
+            distributed.init_process_group(launch, device_type=device.type, timeout_s=tr.collective_timeout_s)
+            mesh = distributed.build_mesh(device.type, pp=rank.layout.pp, dp=rank.layout.dp, tp=rank.layout.tp)
     baseline = memory.process_baseline_bytes(device)  # before the model: what the process itself holds
     progress.params = total_params(run.model, rank.layout.tp)
     if par.engine == Engine.deepspeed:

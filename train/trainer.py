@@ -401,14 +401,15 @@ def record_worker_failure(
     """
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
-    record = _record_or_new(run, path, overrides, status="error")
+    written = _read_record(path)
+    record = written if written is not None else _new_record(run, overrides, status="error")
     reports = read_oom_reports(output_dir)
     if reports:  # a worker ran out of memory: that is the answer, whoever exited first
         record["status"], record["oom"] = "oom", reports[0]
         record["message"] = f"{OomReport(**reports[0]).sentence()}: {reports[0]['message']} ({cause})"
         write_json_atomic(path, record)
         return record
-    if failed_rank == 0 and record.get("status") not in (None, "ok"):
+    if failed_rank == 0 and written is not None and record.get("status") not in (None, "ok"):
         return record
     earlier = record.get("message")
     record["status"] = "error"
@@ -422,34 +423,45 @@ def record_interruption(run: RunConfig, *, output_dir: Path, overrides: Sequence
     Ctrl-C: rank 0's record already says so unless a peer's failure (a collective it left) or the
     SIGKILL after the grace time got there first; the iterations it saw are kept."""
     path = Path(output_dir) / RESULT_FILE
-    record = _record_or_new(run, path, overrides, status="interrupted")
-    if record.get("status") != "interrupted":
-        record["status"] = "interrupted"
-        record["message"] = _interrupted_message(int(record.get("iterations_run") or 0))
+    written = _read_record(path)
+    if written is None:
+        # Ctrl-C in start-up, before rank 0 got as far as a record (or rank 0 SIGKILLed): write one,
+        # since the console names this file.
+        record = _new_record(run, overrides, status="interrupted")
         write_json_atomic(path, record)
-    return record
+        return record
+    if written.get("status") != "interrupted":
+        written["status"] = "interrupted"
+        written["message"] = _interrupted_message(int(written.get("iterations_run") or 0))
+        write_json_atomic(path, written)
+    return written
 
 
 def _interrupted_message(iterations: int) -> str:
     return f"stopped by SIGINT (Ctrl-C) after {iterations} iterations; every worker was stopped"
 
 
-def _record_or_new(run: RunConfig, path: Path, overrides: Sequence[str], *, status: str) -> dict[str, Any]:
-    """The record at `path`, or a new one with `status` when there is none (a worker SIGKILLed first)."""
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """The record at `path`, or None when there is none (or not a whole one) yet."""
     try:
         record: dict[str, Any] = json.loads(path.read_text())
         return record
     except (OSError, ValueError):
-        return build_record(
-            run,
-            rank=Rank(Layout.of(run.parallelism)),
-            progress=Progress(),
-            status=status,
-            message=_interrupted_message(0) if status == "interrupted" else None,
-            overrides=overrides,
-            started=datetime.now(timezone.utc),
-            wall_s=0.0,
-        )
+        return None
+
+
+def _new_record(run: RunConfig, overrides: Sequence[str], *, status: str) -> dict[str, Any]:
+    """A record with `status` for a run whose rank 0 wrote none (stopped or killed in start-up)."""
+    return build_record(
+        run,
+        rank=Rank(Layout.of(run.parallelism)),
+        progress=Progress(),
+        status=status,
+        message=_interrupted_message(0) if status == "interrupted" else None,
+        overrides=overrides,
+        started=datetime.now(timezone.utc),
+        wall_s=0.0,
+    )
 
 
 def _summary_figures(record: dict[str, Any]) -> dict[str, Any]:

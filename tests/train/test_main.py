@@ -25,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,3 +352,35 @@ def test_a_value_of_the_wrong_type_is_bad_input(sweep: bool, tmp_path: Path) -> 
     assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
     wanted = "parallelism.tp=x is not a whole number" if sweep else "parallelism.precision=fp8 is not one of bf16, fp16, fp32"
     assert proc.stderr.startswith(f"error: {wanted}"), proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3])
+def test_ctrl_c_in_start_up_of_a_spawn_is_one_line_and_a_record(tmp_path: Path, delay_s: float) -> None:
+    """Ctrl-C once the workers are forked, before the first iteration (rendezvous, model build): the
+    record the line names exists, and no worker adds c10d's C++ frames about the interrupted call."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "train", "parallelism.dp=2", "parallelism.tp=2",
+         "training.train_iters=100000", *TINY_RUN, f"hydra.run.dir={tmp_path}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(run.pid)) < 4 and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.01)
+        time.sleep(delay_s)
+        os.killpg(run.pid, signal.SIGINT)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == EXIT_INTERRUPTED, stderr
+    assert stderr.strip() == f"interrupted (record: {tmp_path / RESULT_FILE})", stderr[-3000:]
+    record = read_record(tmp_path / RESULT_FILE)
+    assert record is not None and record["status"] == "interrupted" and record["world"]["world_size"] == 4

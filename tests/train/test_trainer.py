@@ -491,3 +491,17 @@ def test_the_log_lines_memory_is_the_highest_ranks(tmp_path: Path) -> None:
 
     mp.spawn(_memory_worker, args=(str(tmp_path / "init"), str(tmp_path / "rank")), nprocs=2, join=True)
     assert [float((tmp_path / f"rank.{r}").read_text()) for r in range(2)] == [2.0, 2.0]
+
+
+def test_a_spawn_stopped_before_rank_0_wrote_a_record_still_gets_one(tmp_path: Path) -> None:
+    """Ctrl-C (or a worker's failure) in start-up, before rank 0 wrote anything: the parent's record
+    is written, since its console line names it."""
+    run = compose_run("parallelism.tp=2")
+    interrupted_dir, failed_dir = tmp_path / "interrupted", tmp_path / "failed"
+    interrupted_dir.mkdir(), failed_dir.mkdir()
+    trainer.record_interruption(run, output_dir=interrupted_dir, overrides=["parallelism.tp=2"])
+    record = read_record(interrupted_dir)
+    assert record["status"] == "interrupted" and "SIGINT" in record["message"] and record["world"]["tp"] == 2
+    trainer.record_worker_failure(run, output_dir=failed_dir, overrides=[], failed_rank=0, failed_code=1)
+    record = read_record(failed_dir)
+    assert record["status"] == "error" and record["message"].startswith("worker rank 0 exited with code 1")
