@@ -33,7 +33,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONFIG_DIR, group_options, register_configs
 from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override, wrong_value
-from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, EXIT_USAGE, RESULT_FILE, unwritable
+from train.contract import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_REQUEUE,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    RESULT_FILE,
+    unwritable,
+)
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
@@ -90,7 +98,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         return spawn_workers(run, world_size=world_size, output_dir=output_dir, overrides=overrides, multirun=multirun)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
     from train.data import DataFileError
-    from train.trainer import TrainingPreempted, run_training
+    from train.trainer import TrainingPreempted, TrainingTimeout, run_training
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
@@ -111,6 +119,12 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # Checkpointed and stopped on Slurm's signal: a status the launcher requeues on.
         print(f"preempted: {preempted}", file=sys.stderr)
         sys.exit(EXIT_REQUEUE)
+    except TrainingTimeout as stopped:
+        if multirun:
+            raise
+        # SIGTERM without a checkpoint: the record says `timeout`; the signal's status, not a traceback.
+        print(f"timeout: {stopped} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
 
 
 def _spawned_world(run: RunConfig) -> int | None:
@@ -128,7 +142,14 @@ def spawn_workers(
     """Run the job as `world_size` local workers; rank 0 writes the record. When a worker fails,
     the record says `error` and names it, whatever state the ended survivors left behind."""
     from train.distributed import fork_local
-    from train.trainer import TrainingPreempted, record_interruption, record_worker_failure, run_training
+    from train.trainer import (
+        TrainingPreempted,
+        TrainingTimeout,
+        record_interruption,
+        record_termination,
+        record_worker_failure,
+        run_training,
+    )
 
     _preload(run)
 
@@ -138,6 +159,8 @@ def spawn_workers(
         except TrainingPreempted as preempted:
             print(f"preempted: {preempted}", file=sys.stderr, flush=True)
             return EXIT_REQUEUE
+        except TrainingTimeout:
+            return EXIT_TERMINATED  # rank 0's record says `timeout`; the parent says it once
         except BaseException:
             # After Ctrl-C a rank may fail in a collective its peers left: a consequence, said once.
             if interrupted():
@@ -161,6 +184,15 @@ def spawn_workers(
             raise RuntimeError(message)
         print(message, file=sys.stderr)
         sys.exit(result.returncode)
+    if result.returncode != 0 and (result.stopped_by == signal.SIGTERM or result.failed_code == EXIT_TERMINATED):
+        # SIGTERM without a checkpoint (to this parent, or to a worker): ranks that left a collective
+        # their stopped peers left fail as a consequence; the run's outcome is the timeout.
+        stopped = record_termination(run, output_dir=output_dir, overrides=overrides)
+        message = f"timeout: {stopped['message']} (record: {output_dir / RESULT_FILE})"
+        if multirun:
+            raise RuntimeError(message)
+        print(message, file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
     if result.returncode != 0:
         record_worker_failure(
             run,

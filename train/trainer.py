@@ -69,6 +69,7 @@ __all__ = [
     "build_record",
     "current_rank",
     "record_interruption",
+    "record_termination",
     "record_worker_failure",
     "run_training",
 ]
@@ -435,6 +436,22 @@ def record_interruption(run: RunConfig, *, output_dir: Path, overrides: Sequence
         written["message"] = _interrupted_message(int(written.get("iterations_run") or 0))
         write_json_atomic(path, written)
     return written
+
+
+def record_termination(run: RunConfig, *, output_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """Make <output_dir>/result.json say `timeout`, for the parent of a local spawn stopped by SIGTERM:
+    rank 0's record says so unless it had none yet or a peer's failure (a collective the stopped
+    ranks left) got there first; the iterations it saw are kept."""
+    path = Path(output_dir) / RESULT_FILE
+    record = _read_record(path) or _new_record(run, overrides, status="timeout")
+    if record.get("status") != "timeout" or not record.get("message"):
+        record["status"] = "timeout"
+        record["message"] = (
+            f"received SIGTERM; stopped after {int(record.get('iterations_run') or 0)} iterations, "
+            "before the end of training (no checkpoint: training.save_interval=0)"
+        )
+    write_json_atomic(path, record)
+    return record
 
 
 def _interrupted_message(iterations: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -19,11 +20,13 @@ from typing import Any
 import pytest
 import torch
 
+from train.contract import EXIT_TERMINATED
 from train.failures import classify
 from train.preemption import HANG_ENV, hang_hook
 from train.trainer import TrainingTimeout
 
 from .test_distributed import REPO, worker_env
+from .test_main import interrupt
 
 MARKER_ENV = "MEGASWEEP_TEST_MARKER"
 SMALL = (
@@ -231,3 +234,19 @@ def test_trainer_uses_the_classifier(tmp_path: Path, monkeypatch: pytest.MonkeyP
         trainer.run_training(compose_run(), output_dir=tmp_path, overrides=[])
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "oom"
     assert classify(TrainingTimeout("received SIGTERM")) == "error"  # handled by the trainer itself
+
+
+@pytest.mark.parametrize("layout", [(), ("parallelism.tp=2", "parallelism.sequence_parallel=true")])
+def test_sigterm_without_checkpoints_is_timeout_one_line_and_143(tmp_path: Path, layout: tuple[str, ...]) -> None:
+    """`kill PID` (or `timeout`) of a run that does not checkpoint: the record says `timeout` (every
+    rank's, not the consequence a peer saw), one line says so, the status is the signal's."""
+    code, stderr = interrupt(
+        ["-m", "train", *SMALL, *layout, "training.train_iters=100000", f"hydra.run.dir={tmp_path}"],
+        whole_group=False, sig=signal.SIGTERM,
+    )  # fmt: skip
+    assert code == EXIT_TERMINATED, stderr[-3000:]
+    assert "Traceback" not in stderr and stderr.strip() == (
+        f"timeout: received SIGTERM; stopped before the end of training (record: {tmp_path / 'result.json'})"
+    ), stderr[-3000:]
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["status"] == "timeout" and "SIGTERM" in record["message"]

@@ -206,9 +206,10 @@ run from a background job (`cmd &` in a script, nohup) inherits SIGINT ignored, 
 so never turns SIGINT into KeyboardInterrupt."""
 
 
-def interrupt(argv: Sequence[str], *, whole_group: bool = True) -> tuple[int, str]:
+def interrupt(argv: Sequence[str], *, whole_group: bool = True, sig: int = signal.SIGINT) -> tuple[int, str]:
     """Start `python <argv>`, wait for its first iteration line, send it SIGINT as a terminal's Ctrl-C
-    does (to its whole process group) or as `kill -INT` does (to it alone); (exit status, stderr).
+    does (to its whole process group) or as `kill -INT` does (to it alone), or `sig` instead; (exit status,
+    stderr).
     Every process of its group must be gone by then."""
     run = subprocess.Popen(
         [sys.executable, "-c", AS_FROM_A_TERMINAL, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -220,9 +221,9 @@ def interrupt(argv: Sequence[str], *, whole_group: bool = True) -> tuple[int, st
             if "iteration" in line:
                 break
         if whole_group:
-            os.killpg(run.pid, signal.SIGINT)
+            os.killpg(run.pid, sig)
         else:
-            run.send_signal(signal.SIGINT)
+            run.send_signal(sig)
         _, stderr = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
