@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONFIG_DIR, group_options, register_configs
-from conf.schema import GROUP_SCHEMAS, RunConfig, to_run_config, unknown_override, wrong_value
+from conf.schema import GROUP_SCHEMAS, OptimizerImpl, RunConfig, to_run_config, unknown_override, wrong_value
 from train.contract import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -89,6 +89,12 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # A single run: one clear paragraph and a usage-error exit status, not a traceback.
         print(f"error: {infeasible}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    if (cannot := cannot_run_here(run)) is not None:
+        if multirun:
+            raise ValueError(cannot)
+        # Before any worker starts: one line, as a rule's, instead of a traceback from every rank.
+        print(f"error: {cannot}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
     if launch is None or launch.rank == 0:
         for note in advise(run):
             print(f"warning: {note}", file=sys.stderr)
@@ -97,16 +103,17 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
     if world_size is not None and world_size > 1 and launch is None:
         return spawn_workers(run, world_size=world_size, output_dir=output_dir, overrides=overrides, multirun=multirun)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
+    from train.checkpoint import CheckpointMismatch
     from train.data import DataFileError
     from train.trainer import TrainingPreempted, TrainingTimeout, run_training
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
-    except DataFileError as bad_data:
+    except (DataFileError, CheckpointMismatch) as bad_input:
         if multirun:
             raise
         # The record says `error` with these words; the console needs them, not a traceback.
-        print(f"error: {bad_data} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
+        print(f"error: {bad_input} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
         if multirun:
@@ -127,6 +134,24 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         sys.exit(EXIT_TERMINATED)
 
 
+def cannot_run_here(run: RunConfig) -> str | None:
+    """Why this machine cannot start `run` as configured, found before any worker starts (the rules
+    judge a layout anywhere; these need the machine): None when it can."""
+    hw, par, tr = run.hardware, run.parallelism, run.training
+    if hw.device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return (f"hardware={hw.name} needs CUDA, and no CUDA device is visible here: run on a GPU node, or "
+                    "choose a CPU hardware config (hardware=cpu)")  # fmt: skip
+    if OptimizerImpl(par.optimizer) == OptimizerImpl.apex and hw.device_type != "cuda":
+        return "parallelism.optimizer=apex: apex FusedAdam runs on GPUs only; use auto or torch_fused on a CPU"
+    where = tr.checkpoint_dir
+    if tr.save_interval > 0 and where is not None and Path(where).exists() and not Path(where).is_dir():
+        return f"training.checkpoint_dir={where} is a file, not a directory: name a directory (made if missing)"
+    return None
+
+
 def _spawned_world(run: RunConfig) -> int | None:
     """dp x tp x pp: the workers this process starts (dp null means 1); None for degrees the rules
     will reject anyway."""
@@ -141,6 +166,8 @@ def spawn_workers(
 ) -> dict[str, Any]:
     """Run the job as `world_size` local workers; rank 0 writes the record. When a worker fails,
     the record says `error` and names it, whatever state the ended survivors left behind."""
+    from train.checkpoint import CheckpointMismatch
+    from train.data import DataFileError
     from train.distributed import fork_local
     from train.trainer import (
         TrainingPreempted,
@@ -161,6 +188,11 @@ def spawn_workers(
             return EXIT_REQUEUE
         except TrainingTimeout:
             return EXIT_TERMINATED  # rank 0's record says `timeout`; the parent says it once
+        except (DataFileError, CheckpointMismatch) as bad_input:
+            # The user's input, the same on every rank: one line (rank 0's), not a traceback from each.
+            if os.environ.get("RANK", "0") == "0":
+                print(f"error: {bad_input}", file=sys.stderr, flush=True)
+            return EXIT_FAILED
         except BaseException:
             # After Ctrl-C a rank may fail in a collective its peers left: a consequence, said once.
             if interrupted():

@@ -385,3 +385,36 @@ def test_ctrl_c_in_start_up_of_a_spawn_is_one_line_and_a_record(tmp_path: Path, 
     assert stderr.strip() == f"interrupted (record: {tmp_path / RESULT_FILE})", stderr[-3000:]
     record = read_record(tmp_path / RESULT_FILE)
     assert record is not None and record["status"] == "interrupted" and record["world"]["world_size"] == 4
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("hardware=h100_sxm", "hardware=h100_sxm needs CUDA, and no CUDA device is visible here"),
+        ("parallelism.optimizer=apex", "parallelism.optimizer=apex: apex FusedAdam runs on GPUs only"),
+        ("training.checkpoint_dir={file}", "training.checkpoint_dir={file} is a file, not a directory"),
+    ],
+)
+def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: str, words: str, tmp_path: Path) -> None:
+    # A CPU machine (no CUDA, no apex): each of these was a traceback from setup, on every rank.
+    file = tmp_path / "a_file"
+    file.write_text("")
+    override, words = override.format(file=file), words.format(file=file)
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", override, "training.save_interval=2", "parallelism.dp=2",
+         "parallelism.global_batch_size=8", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {words}"), proc.stderr
+
+
+def test_a_token_file_that_cannot_be_read_is_one_line_from_a_spawn_too(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", f"training.data_path={tmp_path / 'missing.bin'}", "parallelism.dp=2",
+         "parallelism.global_batch_size=8", f"hydra.run.dir={tmp_path / 'run'}", "training.train_iters=2",
+         "training.warmup_iters=1", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert sum(line.startswith("error: training.data_path=") for line in proc.stderr.splitlines()) == 1
