@@ -108,11 +108,26 @@ def _geomean(ratios: pd.Series) -> float | None:
     return float(np.exp(np.log(r).mean())) if len(r) else None
 
 
+_APART = ("config.parallelism.sequence_parallel", "config.parallelism.virtual_stages")
+"""Layout fields records' layout_key leaves out that the recommendation's candidates keep apart: runs
+with and without them are other layouts, never one pooled row (their gap read as noise)."""
+
+
+def _with_layouts(df: pd.DataFrame) -> pd.DataFrame:
+    present = [c for c in _APART if c in df.columns]
+    if not present or "layout_key" not in df.columns:
+        return df
+    extra = pd.Series(["|".join(map(str, values)) for values in zip(*(df[c].tolist() for c in present), strict=True)],
+                      index=df.index, dtype=object)  # fmt: skip
+    return df.assign(layout_key=df["layout_key"].where(df["layout_key"] == "", df["layout_key"] + "|" + extra))
+
+
 def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "auto") -> Comparison:
     """Ratios after / before per matched config; match is 'overrides', 'layout' or 'auto'."""
     if match not in ("auto", *MATCH_KEYS):
         raise ValueError(f"match must be auto, overrides or layout, got {match!r}")
     order = ["overrides", "layout"] if match == "auto" else [match]
+    before, after = _with_layouts(before), _with_layouts(after)
     for how in order:
         key = MATCH_KEYS[how]
         b, a = _side(before[before[key] != ""], key, how), _side(after[after[key] != ""], key, how)

@@ -32,6 +32,7 @@ __all__ = [
     "core_licenses",
     "group_by",
     "job_licenses",
+    "sbatch_options",
 ]
 
 
@@ -112,8 +113,13 @@ class ArrayKey:
 
 def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayKey:
     """The grouping key of one run; `array_parallelism` overrides cluster.array_parallelism."""
+    return ArrayKey(allocation=allocation_of(run), options=sbatch_options(run, array_parallelism=array_parallelism))
+
+
+def sbatch_options(run: RunConfig, *, array_parallelism: int | None = None) -> SbatchOptions:
+    """The sbatch options of `run`'s cluster settings, whatever its layout."""
     c = run.cluster
-    options = SbatchOptions(
+    return SbatchOptions(
         partition=c.partition,
         account=c.account,
         qos=c.qos,
@@ -126,7 +132,6 @@ def array_key(run: RunConfig, *, array_parallelism: int | None = None) -> ArrayK
         exclusive=c.exclusive,
         core_license=c.core_license,
     )
-    return ArrayKey(allocation=allocation_of(run), options=options)
 
 
 def core_licenses(name: str | None, cpus: int, total: int | None) -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conf.schema import Engine, ModelKind, RunConfig
-from launchers.allocation import Allocation, ArrayKey, array_key, core_licenses
+from launchers.allocation import Allocation, ArrayKey, core_licenses, sbatch_options
 from launchers.site import check_site, license_totals
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
@@ -210,7 +210,7 @@ def calibrate(
     gpus = per_node if run.hardware.device_type == "cuda" else 0
     check_site(
         ArrayKey(Allocation(nodes=n, tasks_per_node=per_node, gpus_per_node=gpus, time_limit_min=JOB_TIME_LIMIT_MIN),
-                 array_key(run).options)
+                 sbatch_options(run))
         for n in nodes
     )  # fmt: skip
     spec = job_spec(run, min_seconds=min_seconds, trials=trials, tasks_per_node=per_node)

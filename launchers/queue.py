@@ -8,7 +8,8 @@ tasks are asked for by their array's id, so one call covers a whole sweep; a pen
 either tool prints as a range ('1234_[2-5%2]') is expanded to its tasks. A job requeued after a
 time limit appears in sacct once per run, oldest first: the last line is the current run.
 
-States are Slurm's names with any suffix dropped ('CANCELLED by 0' is CANCELLED). What they mean
+States are Slurm's names with any suffix dropped ('CANCELLED by 0' is CANCELLED), and a job squeue
+holds with its reason ('PENDING (Licenses)'; base_state reads the name). What they mean
 for a config without a result.json is decided here too, once: `is_live` (queued or running, a
 result may still come), `is_running`, and `ended_outcome` (the outcome the seeds would write for a
 job that ended without a record: oom, timeout or fail).

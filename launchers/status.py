@@ -288,7 +288,7 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():
-            old.rename(old.with_name(previous_result_name(s.job_id)))
+            old.rename(_aside(old.with_name(previous_result_name(s.job_id))))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     if settings.local:
@@ -301,6 +301,16 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     )
     write_manifest(merge_entries(before, submission.entries), path)
     return submission.entries
+
+
+def _aside(path: Path) -> Path:
+    """`path`, or with a number before its suffix when taken: a local run has no job id to tell its
+    reruns' earlier records apart (result.previous.json, result.previous.2.json, ...)."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.stem}.{n}{path.suffix}")
+    return free
 
 
 def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, ...]:

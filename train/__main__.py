@@ -89,7 +89,8 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # A single run: one clear paragraph and a usage-error exit status, not a traceback.
         print(f"error: {infeasible}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    if (cannot := cannot_run_here(run)) is not None:
+    forks = world_size is not None and world_size > 1 and launch is None
+    if (cannot := cannot_run_here(run, probe_cuda=not forks)) is not None:
         if multirun:
             raise ValueError(cannot)
         # Before any worker starts: one line, as a rule's, instead of a traceback from every rank.
@@ -134,11 +135,13 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         sys.exit(EXIT_TERMINATED)
 
 
-def cannot_run_here(run: RunConfig) -> str | None:
+def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
     """Why this machine cannot start `run` as configured, found before any worker starts (the rules
-    judge a layout anywhere; these need the machine): None when it can."""
+    judge a layout anywhere; these need the machine): None when it can. `probe_cuda` false in a
+    parent about to fork its workers: asking CUDA there would poison the fork (each worker's first
+    CUDA call would fail), so they find a missing device themselves."""
     hw, par, tr = run.hardware, run.parallelism, run.training
-    if hw.device_type == "cuda":
+    if hw.device_type == "cuda" and probe_cuda:
         import torch
 
         if not torch.cuda.is_available():
@@ -169,6 +172,7 @@ def spawn_workers(
     from train.checkpoint import CheckpointMismatch
     from train.data import DataFileError
     from train.distributed import fork_local
+    from train.setup import DeviceUnavailable
     from train.trainer import (
         TrainingPreempted,
         TrainingTimeout,
@@ -188,7 +192,7 @@ def spawn_workers(
             return EXIT_REQUEUE
         except TrainingTimeout:
             return EXIT_TERMINATED  # rank 0's record says `timeout`; the parent says it once
-        except (DataFileError, CheckpointMismatch) as bad_input:
+        except (DataFileError, CheckpointMismatch, DeviceUnavailable) as bad_input:
             # The user's input, the same on every rank: one line (rank 0's), not a traceback from each.
             if os.environ.get("RANK", "0") == "0":
                 print(f"error: {bad_input}", file=sys.stderr, flush=True)

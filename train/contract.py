@@ -129,9 +129,10 @@ EXIT_REQUEUE = 75
 """A run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL (sysexits.h, 'try again
 later'). The launcher's in-job wrapper requeues on it; the next attempt resumes."""
 EXIT_TERMINATED = 143
-"""A run stopped by SIGTERM (`kill`, `timeout`, Slurm's end of the time limit) without a checkpoint to
-requeue from, after its record said `timeout`: 128 + SIGTERM, as a shell reports a command the signal
-ended. A checkpointing run stopped so exits EXIT_REQUEUE instead."""
+"""A run stopped by SIGTERM (`kill`, `timeout`, Slurm's end of the time limit) or by Slurm's SIGUSR1
+warning before it, without a checkpoint to requeue from, after its record said `timeout`: 128 +
+SIGTERM, as a shell reports a command the signal ended. A checkpointing run stopped so exits
+EXIT_REQUEUE instead."""
 EXIT_INTERRUPTED = 130
 """A run stopped by Ctrl-C (SIGINT) after its record said `interrupted`: 128 + SIGINT, as a shell
 reports a command the signal ended, so that scripts around it stop too."""

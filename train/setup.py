@@ -268,10 +268,17 @@ def _layers_held(model: nn.Module, pp_group: torch.distributed.ProcessGroup | No
 # Device and peak.
 
 
+class DeviceUnavailable(RuntimeError):
+    """The hardware config's device is not on this machine: the user's choice, said in one line."""
+
+
 def setup_device(run: RunConfig, progress: Progress) -> torch.device:
     if run.hardware.device_type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"hardware {run.hardware.name} needs CUDA, and no CUDA device is visible")
+            raise DeviceUnavailable(
+                f"hardware={run.hardware.name} needs CUDA, and no CUDA device is visible here: run on a GPU node, "
+                "or choose a CPU hardware config (hardware=cpu)"
+            )
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.compare import compare_sweeps, format_comparison, speed_change
@@ -139,3 +140,15 @@ def test_compare_cli(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "10 config(s) matched by overrides" in proc.stdout
     assert (tmp_path / "cmp" / "compare.md").is_file() and (tmp_path / "cmp" / "compare.csv").is_file()
+
+
+def test_runs_with_and_without_sequence_parallelism_are_other_layouts() -> None:
+    # records' layout_key leaves SP and interleaving out; pooled together, an SP run and one without
+    # would read as one layout whose gap is noise (the recommendation keeps them apart too).
+    from analysis.compare import _with_layouts
+
+    df = pd.DataFrame({"layout_key": ["k", "k", "k", ""],
+                       "config.parallelism.sequence_parallel": [True, False, False, False],
+                       "config.parallelism.virtual_stages": [1, 1, 2, 1]})  # fmt: skip
+    keys = list(_with_layouts(df)["layout_key"])
+    assert len(set(keys[:3])) == 3 and keys[3] == ""

@@ -316,3 +316,13 @@ def test_each_run_keeps_its_log_and_status_names_the_failed_ones(
     slurm_log = Path(line.split(": ", 1)[1])
     assert slurm_log.parent == early / SUBMITIT_DIR / str(entry.job_id)
     assert "no-such-srun-option" in slurm_log.read_text()
+
+
+def test_a_record_set_aside_never_replaces_an_earlier_one(tmp_path: Path) -> None:
+    # A local config has no job id: its reruns' earlier records are numbered, not overwritten.
+    from launchers.status import _aside
+
+    first = tmp_path / "result.previous.json"
+    assert _aside(first) == first
+    first.write_text("{}")
+    assert _aside(first) == tmp_path / "result.previous.2.json"

@@ -401,20 +401,26 @@ def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: 
     file.write_text("")
     override, words = override.format(file=file), words.format(file=file)
     proc = subprocess.run(
-        [sys.executable, "-m", "train", override, "training.save_interval=2", "parallelism.dp=2",
-         "parallelism.global_batch_size=8", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+        [sys.executable, "-m", "train", override, "training.save_interval=2", f"hydra.run.dir={tmp_path / 'run'}",
+         *TINY_RUN],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {words}"), proc.stderr
 
 
-def test_a_token_file_that_cannot_be_read_is_one_line_from_a_spawn_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [("training.data_path={missing}", "error: training.data_path="),
+     # A parent that forks asks no CUDA (it would poison the fork): its workers find the device missing.
+     ("hardware=h100_sxm", "error: hardware=h100_sxm needs CUDA, and no CUDA device is visible here")],
+)  # fmt: skip
+def test_what_a_spawns_workers_cannot_use_is_one_line(override: str, words: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "train", f"training.data_path={tmp_path / 'missing.bin'}", "parallelism.dp=2",
+        [sys.executable, "-m", "train", override.format(missing=tmp_path / "missing.bin"), "parallelism.dp=2",
          "parallelism.global_batch_size=8", f"hydra.run.dir={tmp_path / 'run'}", "training.train_iters=2",
          "training.warmup_iters=1", *TINY_RUN],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert sum(line.startswith("error: training.data_path=") for line in proc.stderr.splitlines()) == 1
+    assert sum(line.startswith(words) for line in proc.stderr.splitlines()) == 1, proc.stderr[-3000:]
