@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.records import MISSING, NOT_RUN, outcome_counts, value_texts
+from analysis.records import MISSING, NOT_RUN, outcome_counts, prediction_error, value_texts
 from train.planner.plan import format_params
 
 SEED_COLUMNS = (
@@ -253,17 +253,6 @@ def _mfu_cells(done: pd.DataFrame) -> pd.Series:
     ratio = pd.to_numeric(done["tflops"], errors="coerce") / pd.to_numeric(done["peak_tflops"], errors="coerce")
     above = (cells == "") & (ratio > 1.0)
     return cells.where(~above, ratio.map(lambda r: f"{100 * r:.0f}% (above peak)"))
-
-
-def prediction_error(runs: pd.DataFrame) -> pd.Series:
-    """Predicted over measured seconds per iteration - 1 (fraction; negative: the model predicted the
-    run faster than it ran); NaN unless both are known and positive. records' pred_error, for any
-    frame with the two columns: `python -m analysis calibrate`, the GPU report and the planner's
-    tests all state the error of the prediction so (results.md once read it the other way round,
-    +28.4% where they showed -22.1% for the same run)."""
-    measured = pd.to_numeric(runs["sec_per_iter"], errors="coerce").astype(float)
-    predicted = pd.to_numeric(runs["pred_sec_per_iter"], errors="coerce").astype(float)
-    return (predicted / measured - 1.0).where((measured > 0) & (predicted > 0))
 
 
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
