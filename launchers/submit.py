@@ -79,7 +79,8 @@ from train.contract import (
     manifest_path,
     normalize_dir,
 )
-from train.planner.rules import InfeasibleConfig, validate
+from train.planner.plan import count_by_rule
+from train.planner.rules import RULES, InfeasibleConfig, validate
 
 REQUEUE_SIGNAL_LEAD_S = 120
 """How long before the time limit Slurm sends USR1 (seconds): time for a step and a checkpoint."""
@@ -434,24 +435,23 @@ def submit_configs(
 
 
 _RULE = re.compile(r"\[([a-z0-9_]+)\]")
+"""A rule as InfeasibleConfig's paragraph names it, '[rule]', anywhere in a skipped entry's reason."""
 
 
 def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
     """Console lines for the skipped configs of a launch: per rule broken, how many configs and the
-    first one's overrides and reasons, so that the fix can be read without opening the manifest."""
-    by_rule: dict[str, list[ManifestEntry]] = {}
-    for e in entries:
-        if e.status == "skipped":
-            for rule in dict.fromkeys(_RULE.findall(e.reason or "")) or ("other",):
-                by_rule.setdefault(rule, []).append(e)
-    lines = []
-    for rule, hit in sorted(by_rule.items(), key=lambda item: (-len(item[1]), item[0])):
-        first = hit[0]
-        lines.append(
-            f"infeasible [{rule}]: {len(hit)} config(s), e.g. config {first.index} "
-            f"({' '.join(first.overrides) or 'no overrides'}): {first.reason}"
-        )
-    return lines
+    first one's overrides and reasons (counted as the dry run counts them, train.planner.plan.
+    count_by_rule), so that the fix can be read without opening the manifest."""
+    broken = (
+        (e, [r for r in _RULE.findall(e.reason or "") if r in RULES] or ["other"])
+        for e in entries
+        if e.status == "skipped"
+    )
+    return [
+        f"infeasible [{rule}]: {n} config(s), e.g. config {first.index} "
+        f"({' '.join(first.overrides) or 'no overrides'}): {first.reason}"
+        for rule, n, first in count_by_rule(broken)
+    ]
 
 
 class LaunchFailed(CompactHydraException):

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from conf.schema import (
     HardwareConfig,
@@ -35,6 +36,8 @@ from train.planner.perf import TimePrediction, UnknownHardwareFigure, predict_ti
 from train.planner.rules import RULES, Violation, advise, reason_rule, resolve_auto_micro_batch, validate
 from train.planner.shapes import shape_efficiency
 from train.planner.sizes import total_params
+
+T = TypeVar("T")
 
 GIB = 2**30
 NAN = float("nan")
@@ -229,18 +232,23 @@ def infeasible_by_rule(rows: Sequence[PlanRow]) -> list[RuleCount]:
 
     A row breaking two rules counts under both, so the counts can add up to more than the rows.
     """
+    broken = ((row, [reason_rule(r) for r in row.reasons]) for row in rows if not row.feasible)
+    return [RuleCount(rule, n, example) for rule, n, example in count_by_rule(broken)]
+
+
+def count_by_rule(items: Iterable[tuple[T, Iterable[str]]]) -> list[tuple[str, int, T]]:
+    """(rule, items breaking it, the first of them) for the (item, rules it breaks) given: most
+    common first, ties in RULES order; a rule named twice for one item (two offending fields)
+    counts once."""
     counts: dict[str, int] = {}
-    examples: dict[str, PlanRow] = {}
-    for row in rows:
-        if row.feasible:
-            continue
-        # A rule named twice in one row (two offending fields) is one config.
-        for rule in dict.fromkeys(reason_rule(r) for r in row.reasons):
+    examples: dict[str, T] = {}
+    for item, rules in items:
+        for rule in dict.fromkeys(rules):
             counts[rule] = counts.get(rule, 0) + 1
-            examples.setdefault(rule, row)
+            examples.setdefault(rule, item)
     order = {rule: i for i, rule in enumerate(RULES)}
     ranked = sorted(counts, key=lambda rule: (-counts[rule], order.get(rule, len(order)), rule))
-    return [RuleCount(rule, counts[rule], examples[rule]) for rule in ranked]
+    return [(rule, counts[rule], examples[rule]) for rule in ranked]
 
 
 # --------------------------------------------------------------------------------------
