@@ -103,6 +103,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered here rather than in pyproject.toml so that the marker lives next to its fixture
     # (--strict-markers rejects unregistered ones).
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (slurm/cluster-up.sh)")
+    config.addinivalue_line(
+        "markers", "alone: compares timings, so runs with no other test beside it (make test: after the others)"
+    )
 
 
 # tryfirst: xdist's worker reads the xdist_group markers in its own pytest_collection_modifyitems,
@@ -110,13 +113,22 @@ def pytest_configure(config: pytest.Config) -> None:
 # the Slurm tests of `make test` ran on both workers at once, waiting in the queue for each other.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # An `alone` test times jobs against a prediction: beside another xdist worker's tests its jobs
+    # would share the cores, and a miss would say nothing about the model. make test runs these in a
+    # pytest of their own after the others (see the Makefile).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    beside = pytest.mark.skip(reason=f"`alone` test under {workers} xdist workers: run it with -p no:xdist")
     for item in items:
+        if workers > 1 and item.get_closest_marker("alone") is not None:
+            item.add_marker(beside)
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
             # Under `pytest -n N --dist loadgroup` (make test) the Slurm tests run one after another on
             # one worker: they share the one cluster and its queue, and some read it whole. The other
             # worker meanwhile runs the tests that need only processes of their own.
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+            # Without xdist (-p no:xdist: make test's `alone` run) the marker is unknown.
+            if config.pluginmanager.hasplugin("xdist"):
+                item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session", autouse=True)
