@@ -74,6 +74,7 @@ from train.contract import (
 from train.planner.layout import Layout
 from train.planner.memory import estimated_memory
 from train.planner.plan import plan_run, time_prediction
+from train.planner.rules import device_mismatch
 from train.planner.sizes import total_params
 
 GIB = 2**30
@@ -116,6 +117,7 @@ CORE_COLUMNS: tuple[str, ...] = (
     "pred_error",  # pred_sec_per_iter / sec_per_iter - 1 (fraction; < 0: predicted too fast; NaN unless both known)
     "pred_reason",  # why a run's config has no pred_sec_per_iter, in one line ('' when predicted)
     "neighbour_jobs",  # other Slurm jobs seen on the run's nodes during training (count; NaN outside Slurm)
+    "device_mismatch",  # why the run's device is not the one its hardware config describes ('' when it is, or unknown)
     "tflops",  # model TFLOP/s per device (per-GEMM count, no recompute; the MFU numerator)
     "mfu",
     "pflops",  # aggregate PetaFLOP/s = tflops x devices / 1024, as the BLOOM notes write it
@@ -636,6 +638,7 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(_layout_nodes(df))
     df["sec_cv"] = _num(df, "sec_per_iter_cv")
     df["neighbour_jobs"] = _neighbour_counts(df)
+    df["device_mismatch"] = _device_mismatches(df)
     df["tflops"] = _num(df, "tflops_per_device")
     df["mfu"] = _num(df, "mfu")
     df["pflops"] = df["tflops"] * df["devices"] / 1024
@@ -666,6 +669,29 @@ def prediction_error(runs: pd.DataFrame) -> pd.Series:
     +28.4% where they showed -22.1% for the same run)."""
     measured, predicted = _num(runs, "sec_per_iter"), _num(runs, "pred_sec_per_iter")
     return (predicted / measured - 1.0).where((measured > 0) & (predicted > 0))
+
+
+def _device_mismatches(df: pd.DataFrame) -> pd.Series:
+    """train.planner.rules.device_mismatch of each record, from the device it recorded and its
+    hardware config: the trainer's warning, found again for records that carry the figures, so that
+    a run whose MFU and memory checks read another device's figures is said so in the table."""
+    columns = [_col(df, name, None) for name in ("config.hardware.name", "config.hardware.device_type",
+               "config.hardware.device_pattern", "config.hardware.memory_gib", "device", "device_memory_gib")]  # fmt: skip
+    known: dict[tuple[Any, ...], str] = {}  # a sweep runs on one or two kinds of device
+    out = []
+    for row in zip(*(c.tolist() for c in columns), strict=True):
+        text = known.get(row)
+        if text is None:
+            name, device_type, pattern, capacity, device, memory = (_plain(v) for v in row)
+            text = ""
+            if isinstance(capacity, int | float) and isinstance(device, str):
+                hw = HardwareConfig(name=str(name), device_type=str(device_type), memory_gib=float(capacity),
+                                    device_pattern=pattern if isinstance(pattern, str) else None)  # fmt: skip
+                mem = float(memory) if isinstance(memory, int | float) and math.isfinite(memory) else None
+                text = device_mismatch(hw, device_name=device, memory_gib=mem) or ""
+            known[row] = text
+        out.append(text)
+    return pd.Series(out, index=df.index, dtype=object)
 
 
 def _neighbour_counts(df: pd.DataFrame) -> pd.Series:
@@ -926,7 +952,8 @@ def load_sweep_dir(
     for name in CORE_COLUMNS:
         if name not in df.columns:
             df[name] = "" if name in ("run_dir", "reason", "date", "job_id", "queue_state", "model") else np.nan
-    for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware", "pred_reason"):
+    for name in ("run_dir", "reason", "date", "job_id", "queue_state", "config_key", "model", "hardware", "pred_reason",
+                 "device_mismatch"):
         # An all-missing column reads as float64, which refuses a "" fill: go through object.
         df[name] = df[name].astype(object).where(df[name].notna(), "").astype(str)
     df["layout_key"] = _join_str(df, _LAYOUT_FIELDS)

@@ -210,12 +210,21 @@ def varying_overrides(df: pd.DataFrame) -> pd.Series:
     return pd.Series(joined, index=df.index, dtype=object)
 
 
+def _col_text(df: pd.DataFrame, name: str) -> list[str]:
+    """A text column's cells ('' where missing: frames built before the column existed)."""
+    if name not in df.columns:
+        return [""] * len(df)
+    return df[name].fillna("").astype(str).tolist()
+
+
 def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     reason = df["reason"].fillna("").astype(str).tolist()
     reason = [r if len(r) <= _MAX_REASON else r[: _MAX_REASON - 3] + "..." for r in reason]
     neighbours = pd.to_numeric(df["neighbour_jobs"], errors="coerce").fillna(0).astype(int).tolist()
     beside = [f"beside {n} other job(s)" if n else "" for n in neighbours]
-    parts = [df["date"].fillna("").astype(str).tolist(), beside, varying_overrides(df).tolist(), reason]
+    # Its first sentence: which config, which device (results.csv keeps what it means for the figures).
+    mismatch = [m.split(". ", 1)[0] for m in _col_text(df, "device_mismatch")]
+    parts = [df["date"].fillna("").astype(str).tolist(), beside, mismatch, varying_overrides(df).tolist(), reason]
     if multi_sweep:
         parts.insert(0, df["sweep"].astype(str).tolist())
     # The non-empty parts of each row, joined: one Python pass, not a pandas where() per part.
@@ -238,7 +247,7 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 
 _RESULTS_COLUMNS = (
     "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter",
-    "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "date", "overrides",
+    "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "device_mismatch", "date", "overrides",
 )  # fmt: skip
 """What results_table reads."""
 

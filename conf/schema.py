@@ -187,6 +187,8 @@ class HardwareConfig:
     """Label used in tables and records."""
     device_type: str = "cpu"
     """torch device type the trainer uses (cuda | cpu)."""
+    device_pattern: str | None = None
+    """Regular expression (case-insensitive) the name of a device this config describes contains: torch's CUDA device name, or /proc/cpuinfo's model name; null: not checked."""
     peak_tflops_bf16: float | None = None
     """Dense bf16 peak per device (TFLOP/s); null if unknown or unsupported."""
     peak_tflops_fp16: float | None = None

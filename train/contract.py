@@ -238,6 +238,8 @@ class RunRecord:
     """Slowest measured iteration (seconds)."""
     sec_per_iter_cv: float | None = None
     """Coefficient of variation of the measured iterations' seconds (std / mean, fraction); None below 2."""
+    device_memory_gib: float | None = None
+    """Memory of one device as the runtime reports it (GiB; torch.cuda's total_memory), None on a CPU."""
     neighbours: dict[str, Any] = field(default_factory=dict)
     """Other Slurm jobs on this job's nodes: nodes, at_start, at_end (squeue), during (sacct) (job ids); empty outside Slurm."""
     env: dict[str, str] = field(default_factory=dict)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from conf import hardware_options
 from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
 from train import distributed, memory, parallel
 from train.calibrate import cached_peak
@@ -36,7 +38,7 @@ from train.init import initialize
 from train.model import LossSum, build_model, lm_loss_sum, num_layers
 from train.optim import build_optimizer
 from train.pipeline import StageLinks
-from train.planner import flops
+from train.planner import flops, rules
 from train.planner.layout import Rank
 from train.planner.memory import estimated_memory, usable_bytes
 from train.planner.sizes import total_params
@@ -101,6 +103,8 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if (threads := distributed.cpu_threads(os.environ)) is not None:
         torch.set_num_threads(threads)
     device = setup_device(run, progress)
+    if (mismatch := check_device(run, device, progress)) is not None and rank.lead:
+        print(f"warning: {mismatch}", file=sys.stderr, flush=True)
     launch = distributed.launch_from_env(os.environ)
     mesh = None
     if launch is not None:
@@ -292,6 +296,22 @@ def setup_device(run: RunConfig, progress: Progress) -> torch.device:
         progress.device_name = _cpu_name()
         progress.max_mem_source = "peak RSS of the process (getrusage)"
     return device
+
+
+def check_device(run: RunConfig, device: torch.device, progress: Progress) -> str | None:
+    """The warning, also kept in progress.warnings, when the device found is not the one
+    run.hardware describes (train.planner.rules.device_mismatch); None when it is."""
+    memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
+    progress.device_memory_gib = memory_gib
+    if rules.device_mismatch(run.hardware, device_name=progress.device_name, memory_gib=memory_gib) is None:
+        return None
+    # Only now the other configs, to name the one that describes this device.
+    warning = rules.device_mismatch(
+        run.hardware, device_name=progress.device_name, memory_gib=memory_gib, options=hardware_options()
+    )
+    if warning is not None:
+        progress.warnings.append(warning)
+    return warning
 
 
 def resolve_peak(run: RunConfig, device: torch.device, progress: Progress) -> None:

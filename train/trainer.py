@@ -88,6 +88,7 @@ class Progress:
     run: RunConfig | None = None
     """The run as trained, once setup resolved micro_batch_size=auto; the record's config is this one."""
     device_name: str | None = None
+    device_memory_gib: float | None = None
     params: int | None = None
     optimizer: str | None = None
     peak_tflops: float | None = None
@@ -290,6 +291,7 @@ def build_record(
         world={"world_size": layout.world_size, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp},
         hardware=run.hardware.name,
         device=progress.device_name,
+        device_memory_gib=progress.device_memory_gib,
         versions=versions(),
         git_commit=git_commit(),
         params=progress.params,

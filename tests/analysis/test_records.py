@@ -77,6 +77,24 @@ def test_record_fields_are_flattened_and_core_columns_derived(sweep: Path) -> No
     assert r["job_id"] == "1000_2" and r["date"] == "02-20"
 
 
+def test_a_run_on_another_device_than_its_hardware_config_says_is_noted(sweep: Path) -> None:
+    # runs/2 ran on an H100 under hardware=a100_80gb: its MFU reads 312 TFLOP/s where 989 was the peak.
+    path = sweep / "runs/2" / RESULT_FILE
+    record = json.loads(path.read_text())
+    record["config"]["hardware"]["device_pattern"] = "A100"
+    record["device"], record["device_memory_gib"] = "NVIDIA H100 80GB HBM3", 79.18
+    write_json_atomic(path, record)
+    df = load_sweeps([sweep], queue=None).table.set_index("run_dir")
+    mismatch = df.loc["runs/2", "device_mismatch"]
+    assert mismatch.startswith(f"hardware={record['hardware']} does not describe this device: the device is 'NVIDIA H100")
+    # The others recorded no pattern and no memory (records of before): nothing to tell by.
+    assert set(df.drop(index="runs/2")["device_mismatch"]) == {""}
+    # results.md's Notes give its first sentence: which config, which device.
+    notes = results_table(df.reset_index())["Notes"].tolist()
+    assert sum("does not describe this device: the device is 'NVIDIA H100 80GB HBM3'" in n for n in notes) == 1
+    assert not any("MFU, the memory checks" in n for n in notes)
+
+
 def test_skipped_row_comes_from_plan_and_manifest_with_reason(sweep: Path) -> None:
     df = load_sweeps([sweep], queue=None).table
     skipped = df[df["outcome"] == "skipped"].iloc[0]

@@ -505,3 +505,21 @@ def test_a_spawn_stopped_before_rank_0_wrote_a_record_still_gets_one(tmp_path: P
     trainer.record_worker_failure(run, output_dir=failed_dir, overrides=[], failed_rank=0, failed_code=1)
     record = read_record(failed_dir)
     assert record["status"] == "error" and record["message"].startswith("worker rank 0 exited with code 1")
+
+
+def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_and_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As hardware=a64fx on this x86 machine would: MFU against a peak that is not this device's.
+    run = compose_run("hardware.device_pattern=POWER9", "training.train_iters=3", "training.warmup_iters=1")
+    record = run_training(run, output_dir=tmp_path, overrides=[])
+    assert record["status"] == "ok"  # it still trains: the figures are the user's to judge
+    (warning,) = [w for w in record["warnings"] if "does not describe this device" in w]
+    assert warning.startswith(f"hardware={run.hardware.name} does not describe this device: the device is 'cpu: ")
+    assert "hardware.device_pattern='POWER9' does not match" in warning
+    assert f"warning: {warning}" in capsys.readouterr().err
+    assert record["device_memory_gib"] is None  # a CPU reports no device memory
+    # Where the pattern fits, nothing is said.
+    fits = run_training(compose_run("hardware.device_pattern=.", "training.train_iters=3", "training.warmup_iters=1"),
+                        output_dir=tmp_path / "fits", overrides=[])  # fmt: skip
+    assert not [w for w in fits["warnings"] if "does not describe" in w]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -503,14 +504,64 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
         bad["hardware.memory_gib"] = hw.memory_gib
     if not (_number(hw.allocator_fragmentation) and 0 <= hw.allocator_fragmentation < 1):
         bad["hardware.allocator_fragmentation"] = hw.allocator_fragmentation
+    if hw.device_pattern is not None and _pattern(hw.device_pattern) is None:
+        bad["hardware.device_pattern"] = hw.device_pattern
     return _when_any(
         "hardware_figures",
         bad,
         f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}) are shares "
         f"of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
         f"including, 1; memory_gib, peaks, SM counts and bandwidths are positive (or null: unknown); reserves, "
-        f"overheads and latencies are 0 or more. See conf/hardware/*.yaml for sourced values.",
+        f"overheads and latencies are 0 or more; device_pattern is a Python regular expression (or null). "
+        f"See conf/hardware/*.yaml for sourced values.",
     )
+
+
+def _pattern(text: str) -> re.Pattern[str] | None:
+    try:
+        return re.compile(text, re.IGNORECASE)
+    except (re.error, TypeError):
+        return None
+
+
+DEVICE_MEMORY_TOLERANCE = 0.05
+"""How far the memory a device reports may be from hardware.memory_gib (fraction of it): the configs
+give what the allocator can use (an H100 80GB reports 79.18 GiB against h100_sxm's 79.65), while an
+A100 of 40 against 80 GB, or a MIG slice, is off by half or more."""
+
+
+def device_mismatch(
+    hw: HardwareConfig,
+    *,
+    device_name: str | None,
+    memory_gib: float | None,
+    options: Mapping[str, HardwareConfig] | None = None,
+) -> str | None:
+    """Why the device a run found is not the one `hw` describes, or None (it is, or nothing tells).
+
+    A run on another device than its hardware config's still trains, but every figure read against
+    the config is wrong without a word: MFU against another peak, the planner's memory verdict against
+    another capacity, the time model's prediction. `device_name`: torch's CUDA name, or the trainer's
+    "cpu: <model name> x N threads"; `memory_gib`: what the device reports (None on a CPU). `options`:
+    the hardware configs to suggest from (conf/hardware/*.yaml), those that describe the device."""
+    found: list[str] = []
+    pattern = _pattern(hw.device_pattern) if hw.device_pattern else None
+    if pattern is not None and device_name and not pattern.search(device_name):
+        found.append(f"the device is {device_name!r}, which hardware.device_pattern={hw.device_pattern!r} does not match")
+    if memory_gib is not None and abs(memory_gib - hw.memory_gib) > DEVICE_MEMORY_TOLERANCE * hw.memory_gib:
+        found.append(f"the device has {memory_gib:.2f} GiB, hardware.memory_gib={hw.memory_gib:g} (more than "
+                     f"{DEVICE_MEMORY_TOLERANCE:.0%} apart)")  # fmt: skip
+    if not found:
+        return None
+    fits = sorted(
+        name for name, o in (options or {}).items()
+        if name != hw.name and o.device_type == hw.device_type and o.device_pattern
+        and device_name and (p := _pattern(o.device_pattern)) is not None and p.search(device_name)
+        and (memory_gib is None or abs(memory_gib - o.memory_gib) <= DEVICE_MEMORY_TOLERANCE * o.memory_gib)
+    )  # fmt: skip
+    hint = f"hardware={' or hardware='.join(fits)}" if fits else "a hardware config of this device (conf/hardware/*.yaml)"
+    return (f"hardware={hw.name} does not describe this device: {'; '.join(found)}. MFU, the memory checks and the "
+            f"time model read hardware={hw.name}'s figures; choose {hint}")  # fmt: skip
 
 
 def _check_cluster(c: ClusterConfig) -> Violation | None:

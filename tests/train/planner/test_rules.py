@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conf import hardware_options
 from conf.schema import (
     ClusterConfig,
     Engine,
@@ -28,7 +29,15 @@ from conf.schema import (
 )
 from train.planner.layout import Layout
 from train.planner.memory import estimate_memory, usable_bytes
-from train.planner.rules import RULES, InfeasibleConfig, Violation, advise, divisors, validate
+from train.planner.rules import (
+    RULES,
+    InfeasibleConfig,
+    Violation,
+    advise,
+    device_mismatch,
+    divisors,
+    validate,
+)
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,6 +140,11 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     if (not all(0 < x <= 1 for x in shares) or not all(x is None or x > 0 for x in rates)
             or not all(x >= 0 for x in costs) or not hw.memory_gib > 0 or not 0 <= hw.allocator_fragmentation < 1):
         broken.add("hardware_figures")
+    if hw.device_pattern is not None:
+        try:
+            re.compile(hw.device_pattern)
+        except re.error:
+            broken.add("hardware_figures")
     c = run.cluster
     if (min(c.time_limit_min, c.cpus_per_task, c.array_parallelism) < 1 or c.max_retries < 0
             or (c.mem_per_node_gb is not None and c.mem_per_node_gb < 1)):
@@ -496,6 +510,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             {"gemm_efficiency": 2.0}, {"gemm_efficiency": -1.0}, {"memory_bw_efficiency": 0.0},
             {"inter_node_comm_efficiency": 1.5}, {"memory_bw_gbs": 0.0}, {"intra_node_bw_gbs": -300.0},
             {"allocator_fragmentation": 1.0}, {"comm_latency_us": -5.0}, {"kernel_overhead_us": float("nan")},
+            {"device_pattern": "A100("},
         ]))
     elif rule == "cluster_settings":
         cluster = draw(st.sampled_from([
@@ -616,7 +631,9 @@ def test_breaking_one_rule_reports_that_rule_with_its_fields(rule: str, data: st
         assert v.fields, v
         for name, value in v.fields.items():
             if name not in _DERIVED:
-                assert f"{name}={_render(value)}" in v.message, (name, value, v.message)
+                # hardware_figures quotes what it lists (a device_pattern may hold spaces and commas).
+                shown = repr(value) if name == "hardware.device_pattern" else _render(value)
+                assert f"{name}={shown}" in v.message, (name, value, v.message)
 
 
 def test_valid_base_config_passes() -> None:
@@ -909,3 +926,58 @@ def test_divisors() -> None:
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
     assert divisors(49) == [1, 7, 49]
     assert divisors(0) == []
+
+
+# ----------------------------------------------------------------------------- the device a run found
+
+
+# What torch.cuda reports (get_device_name, total_memory in GiB) for the devices conf/hardware
+# describes; the H100's is the one tests/bench/results/gpu recorded (85,017,493,504 bytes).
+DEVICES = {
+    "NVIDIA H100 80GB HBM3": (85017493504 / 2**30, {"h100_sxm"}),
+    "NVIDIA H100 PCIe": (79.2, {"h100_pcie"}),
+    "NVIDIA A100-SXM4-80GB": (79.15, {"a100_80gb", "a100_80gb_jean_zay"}),
+    "NVIDIA A100-SXM4-40GB": (39.39, {"a100_40gb"}),
+    "NVIDIA H200": (139.8, {"h200"}),
+    "Tesla V100-SXM2-32GB": (31.74, {"v100_32gb"}),
+}
+
+
+def test_each_gpu_is_described_by_its_own_hardware_configs_only() -> None:
+    options = hardware_options()
+    for device, (memory, own) in DEVICES.items():
+        fits = {name for name, hw in options.items()
+                if device_mismatch(hw, device_name=device, memory_gib=memory) is None and hw.device_type == "cuda"}
+        assert fits == own, device
+
+
+def test_another_device_than_the_config_says_is_named_with_the_configs_that_fit() -> None:
+    options = hardware_options()
+    a100 = options["a100_80gb"]
+    # An H100 run under hardware=a100_80gb: MFU against 312 TFLOP/s instead of 989, without a word.
+    text = device_mismatch(a100, device_name="NVIDIA H100 80GB HBM3", memory_gib=79.18, options=options)
+    assert text is not None
+    assert text.startswith("hardware=a100_80gb does not describe this device: the device is 'NVIDIA H100 80GB HBM3'")
+    assert "hardware.device_pattern='A100'" in text and text.endswith("choose hardware=h100_sxm")
+    # The name fits, the memory does not: an A100 of 40 GB (or a MIG slice) under the 80 GB config.
+    small = device_mismatch(a100, device_name="NVIDIA A100-SXM4-40GB", memory_gib=39.39, options=options)
+    assert small is not None and "the device has 39.39 GiB, hardware.memory_gib=79.15" in small
+    assert "device_pattern" not in small and small.endswith("choose hardware=a100_40gb")
+    mig = device_mismatch(a100, device_name="NVIDIA A100-SXM4-80GB MIG 2g.20gb", memory_gib=19.62, options=options)
+    assert mig is not None and "a hardware config of this device (conf/hardware/*.yaml)" in mig
+    # A CPU config on another CPU: the A64FX's on this x86 machine.
+    epyc = "cpu: AMD EPYC 7B13 64-Core Processor x 2 threads"
+    cpu = device_mismatch(options["a64fx"], device_name=epyc, memory_gib=None, options=options)
+    assert cpu is not None and "'A64FX|aarch64' does not match" in cpu
+    assert device_mismatch(options["a64fx"], device_name="cpu: aarch64 x 48 threads", memory_gib=None) is None
+    # Nothing to tell by: no pattern (the generic cpu config), no name, no memory.
+    assert device_mismatch(options["cpu"], device_name=epyc, memory_gib=None) is None
+    assert device_mismatch(a100, device_name=None, memory_gib=None) is None
+    # Within 5%: the configs give the allocator's usable memory, the device reports a little less.
+    assert device_mismatch(options["h100_sxm"], device_name="NVIDIA H100 80GB HBM3", memory_gib=79.18) is None
+
+
+def test_a_device_pattern_that_is_no_regular_expression_is_refused() -> None:
+    run = RunConfig(hardware=HardwareConfig(device_pattern="A100("))
+    (v,) = [v for v in validate(run) if v.rule == "hardware_figures"]
+    assert "hardware.device_pattern='A100('" in str(v) and "regular expression" in str(v)
