@@ -2,7 +2,8 @@
 
 A CPU's achievable dense peak depends on the vector units, the thread count the job got and
 the clock under load, none of which a config file can know; so `hardware.peak_measured` asks
-for a square-matmul calibration, and the MFU computed from it is labelled 'measured'.
+for a square-matmul calibration, and the MFU computed from it is labelled 'measured'. The matmul is
+timed as the model's GEMMs run it, x @ W^T (train.contract.PEAK_KERNEL says why it matters).
 
 A short calibration taken by every run, under whatever else the node was doing, gave peaks a
 factor of three apart from one run to the next (issue 13), and with them MFUs that meant
@@ -52,10 +53,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # a @ b^T, as nn.Linear multiplies: the kernel the model's GEMMs run (train.contract.PEAK_KERNEL).
+    return torch.nn.functional.linear(a, b)
+
+
 def _time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
     _sync(a.device)
     start = time.perf_counter()
-    torch.mm(a, b)
+    _matmul(a, b)
     _sync(a.device)
     return time.perf_counter() - start
 
@@ -77,7 +83,7 @@ def _trial(a: torch.Tensor, b: torch.Tensor, seconds: float) -> float:
     n = a.shape[0]
     reps, start = 0, time.perf_counter()
     while True:
-        torch.mm(a, b)
+        _matmul(a, b)
         reps += 1
         _sync(a.device)
         elapsed = time.perf_counter() - start

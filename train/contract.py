@@ -463,9 +463,17 @@ def record_matches(record: Mapping[str, Any], overrides: Iterable[str]) -> bool:
 # The measured peak, cached per host (train.calibrate)
 
 
+PEAK_KERNEL = "linear"
+"""The op a measured peak is timed with: F.linear(a, b) = a @ b^T, the layout of every GEMM of the model
+(nn.Linear). On this repository's CPU, fp16 torch.mm(a, b) ran 10 to 30 times slower than that layout
+(0.0008-0.0026 against 0.024 TFLOP/s, one thread, torch 2.13; fp32 and bf16 alike in both), so the
+torch.mm peak was below what fp16 training reached: MFU 223%. Part of the cache key, so that a peak
+timed another way is measured again."""
+
+
 def peak_cache_key(*, device: str, precision: str, cores: int, threads: int, torch: str) -> str:
     """Which calibration of a host's cache file fits a run: what changes the peak a matmul reaches."""
-    return f"{device}|{precision}|cores={cores}|threads={threads}|torch={torch}"
+    return f"{device}|{precision}|kernel={PEAK_KERNEL}|cores={cores}|threads={threads}|torch={torch}"
 
 
 @dataclass(frozen=True)

@@ -136,3 +136,23 @@ def test_iterations_above_a_cached_peak_warn_with_both_figures(tmp_path: Path) -
     (mfu,) = results_table(load_sweeps([tmp_path], queue=None).table)["MFU"]
     ratio = record["tflops_per_device"] / record["peak_tflops"]
     assert ratio > 1 and mfu == f"{100 * ratio:.0f}% (above peak)"
+
+
+def test_an_fp16_run_on_a_cpu_stays_below_its_measured_peak(tmp_path: Path) -> None:
+    # The peak is timed as the model multiplies (x @ W^T, train.contract.PEAK_KERNEL). Timed with
+    # torch.mm(a, b), fp16 on this CPU took a path 10-30x slower than the model's, and every iteration
+    # of this run logged an MFU above 100% (223% in one) with a warning, the record's MFU left null.
+    env = worker_env(**{CACHE_DIR_ENV: str(tmp_path / "cache")})
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *TINY, "hardware.peak_measured=true", "parallelism.precision=fp16",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_record(tmp_path / "run" / RESULT_FILE)
+    assert record is not None and record["peak_source"] == "measured" and record["precision"] == "fp16"
+    assert record["peak_calibration"]["precision"] == "fp16"
+    assert record["mfu"] is not None and 0 < record["mfu"] < 1
+    assert not [w for w in record["warnings"] if "above the" in w]
+    mfus = [float(m.strip().rstrip("%")) for _, m in LOG_MFU.findall(proc.stdout)]
+    assert mfus and max(mfus) < 100
