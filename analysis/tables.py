@@ -56,13 +56,14 @@ _ORDER = {
     "running": 8,
     "planned": 8.5,
 }
-# Overrides whose value has its own column: repeating them in Notes would be noise.
+# Overrides whose value has its own column (key -> column): repeating them in Notes would be noise,
+# except in a row where that column is blank (a config that did not compose, say).
 _SHOWN_KEYS = {
-    "parallelism.dp",
-    "parallelism.tp",
-    "parallelism.pp",
-    "parallelism.micro_batch_size",
-    "parallelism.global_batch_size",
+    "parallelism.dp": "dp",
+    "parallelism.tp": "tp",
+    "parallelism.pp": "pp",
+    "parallelism.micro_batch_size": "mbs",
+    "parallelism.global_batch_size": "gbs",
 }
 _MAX_REASON = 120
 TIE_BREAK = ("nodes", "dp", "tp", "pp", "mbs", "gbs", "sweep", "run_dir", "config_key")
@@ -206,7 +207,13 @@ def varying_overrides(df: pd.DataFrame) -> pd.Series:
             rows_of[key] = rows_of.get(key, 0) + n
     varies = {k for k, items in items_of.items() if (len(items) > 1 or rows_of[k] < len(df)) and k not in _SHOWN_KEYS}
     shown = {item for item, key in key_of.items() if key in varies}
-    joined = [" ".join([item for item in items if item in shown]) for items in rows]
+    # Per row, the own-column overrides whose column it leaves blank: nowhere else would they show.
+    blank_cols = [(key, pd.to_numeric(df[col], errors="coerce").isna().tolist())
+                  for key, col in _SHOWN_KEYS.items() if key in items_of and col in df.columns]  # fmt: skip
+    joined = []
+    for i, items in enumerate(rows):
+        extra = {key for key, blank in blank_cols if blank[i]}
+        joined.append(" ".join([item for item in items if item in shown or (extra and key_of[item] in extra)]))
     return pd.Series(joined, index=df.index, dtype=object)
 
 

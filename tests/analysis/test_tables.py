@@ -7,6 +7,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -24,6 +25,7 @@ from analysis.tables import (
     scaling_frame,
     scaling_markdown,
     sort_results,
+    varying_overrides,
     zero_frame,
     zero_markdown,
 )
@@ -102,6 +104,15 @@ def test_varying_overrides_go_to_notes(tmp_path: Path) -> None:
     data["runs"][1]["extra_overrides"] = ["cluster.env.NCCL_ALGO=Tree"]
     table = results_table(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
     assert table["Notes"].tolist() == ["02-20; cluster.env.NCCL_ALGO=Tree", "02-20"]
+
+
+def test_an_override_with_its_own_column_shows_in_notes_where_that_column_is_blank() -> None:
+    # The second config never composed (tp=abc): its TP cell is blank, so Notes keep parallelism.tp.
+    df = pd.DataFrame({
+        "overrides": [["parallelism.tp=2", "parallelism.pp=2"], ["parallelism.tp=abc", "parallelism.pp=2"]],
+        "dp": [1.0, np.nan], "tp": [2.0, np.nan], "pp": [2.0, np.nan], "mbs": [1.0, np.nan], "gbs": [8.0, np.nan],
+    })  # fmt: skip
+    assert varying_overrides(df).tolist() == ["", "parallelism.tp=abc parallelism.pp=2"]
 
 
 def _scaling_sweep(tmp_path: Path) -> pd.DataFrame:
