@@ -5,7 +5,8 @@
 Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
 configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
 EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun; EXIT_USAGE, after one paragraph on stderr,
-for a directory that is not a sweep, a refused directory or option, or a config that does not compose."""
+for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
+rerun whose every changed config is infeasible (nothing resubmitted)."""
 
 from __future__ import annotations
 
@@ -108,6 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = ran if e.status == "submitted" else f"{e.status}: {e.reason}"
         origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
         print(f"rerun: config {e.index}{origin}: {what}")
+    if all(e.status == "skipped" for e in entries):
+        # As a launch whose every config is infeasible: bad input, and the failures still stand.
+        print(
+            f"rerun: nothing was resubmitted: every changed config is infeasible (the rules' reasons are above); "
+            f"the failed configs stay failed. Change other fields: python -m launchers rerun --failed "
+            f"{args.sweep_dir} <field=value ...>",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     here = {e.index for e in entries if e.status == "submitted" and e.job_id is None}
     if here:
         # A local sweep's configs ran to the end before this returns: say whether they failed again.

@@ -34,7 +34,9 @@ those fields replaced (or added) is a new config of the same sweep, composed and
 rules as a launch does, under a new index (after the last one) and in its own directory; its
 manifest entry names the config it reruns (`rerun_of`). The failed config stays in the sweep as
 it was, but a later `rerun --failed` leaves it alone and `status` no longer counts it as a
-failure: its rerun stands for it.
+failure: its rerun stands for it. A changed config the rules refuse is recorded `skipped` and stands
+for nothing (it never runs): the failed config stays failed, and `rerun` exits EXIT_USAGE when none
+of its changed configs was submitted.
 
 Torch-free.
 """
@@ -206,7 +208,10 @@ def sweep_status(
     entries = resolve_exported(read_sweep(sweep_dir), sweep_dir)
     if slurm_states is None:
         slurm_states = read_states(e.job_id for e in entries if e.job_id)
-    rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None}
+    # A changed rerun the rules refused (`skipped`) never ran: it stands for nothing, and the config it
+    # was to rerun stays a failure for status and for the next `rerun --failed`.
+    rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
+    refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
@@ -216,6 +221,8 @@ def sweep_status(
             detail = f"{detail}; {foreign}" if detail else foreign
         if e.index in rerun_as:
             detail = f"{detail} (rerun as config {rerun_as[e.index]})"
+        elif e.index in refused_reruns:
+            detail = f"{detail} (its rerun, config {refused_reruns[e.index]}, is infeasible)"
         log = run_log(sweep_dir, e) if state == "failed" else None
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
                                 None if log is None else str(log)))  # fmt: skip

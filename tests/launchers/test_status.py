@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from launchers.status import ConfigStatus, classify, format_status, sweep_status
-from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_for_results, wait_until
+from launchers.status import ConfigStatus, classify, format_status, sweep_status, unresolved_failures
+from tests.launchers.test_slurm_launcher import REPO, TINY, result, sweep, wait_for_results, wait_until
 from train.contract import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -326,3 +326,32 @@ def test_a_record_set_aside_never_replaces_an_earlier_one(tmp_path: Path) -> Non
     assert _aside(first) == first
     first.write_text("{}")
     assert _aside(first) == tmp_path / "result.previous.2.json"
+
+
+def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_path: Path) -> None:
+    # A local sweep whose one config fails before writing a record (an interpreter that exits at once).
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", "hydra.launcher.python=/bin/false",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"]
+
+    def rerun(*changes: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    # tp=3 divides none of the model's widths: the changed config is refused by the rules, nothing runs.
+    refused = rerun("parallelism.tp=3")
+    assert refused.returncode == EXIT_USAGE, refused.stdout + refused.stderr
+    assert "rerun: config 1 (rerun of config 0): skipped: infeasible" in refused.stdout
+    assert "nothing was resubmitted" in refused.stderr and "Traceback" not in refused.stderr
+    statuses = sweep_status(sweep_dir, slurm_states={})
+    assert [s.state for s in statuses] == ["failed", "skipped"]
+    # The failure still stands: status exits non-zero on it, and the next rerun takes it again.
+    assert [s.index for s in unresolved_failures(statuses)] == [0]
+    table = status_cli(str(sweep_dir))
+    assert table.returncode == EXIT_FAILED and "1 configs failed" in table.stderr, table.stdout + table.stderr
+    again = rerun("training.lr=1e-3")
+    assert "rerun: config 2 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
