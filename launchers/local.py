@@ -11,7 +11,8 @@ result.json files are those of a Slurm sweep, so `python -m launchers status` an
 analysis read both alike. A failed config does not stop the sweep; the launcher reports
 every failure to Hydra at the end, as Hydra's own launchers do. Ctrl-C stops the sweep: the
 running config records itself `interrupted`, and the configs not yet started become
-`interrupted` manifest entries (they would otherwise read as pending for ever). The launch
+`interrupted` manifest entries (they would otherwise read as pending for ever), as does the running
+one when it was stopped before it wrote its record (in its start-up). The launch
 settings are saved as the Slurm launcher saves them, so `python -m launchers rerun --failed`
 runs the failed and interrupted configs here again (run_here).
 
@@ -56,10 +57,14 @@ from launchers.submit import (
 )
 from train.contract import RESULT_FILE, ManifestEntry, manifest_path, read_manifest, write_manifest
 
-__all__ = ["INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
+__all__ = ["INTERRUPTED_BEFORE_RECORD", "INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
 
 INTERRUPTED_BEFORE_START = "the local sweep was interrupted (Ctrl-C) before this config started"
 """The reason of an `interrupted` manifest entry."""
+INTERRUPTED_BEFORE_RECORD = (
+    "the local sweep was interrupted (Ctrl-C) while this config started, before it wrote result.json"
+)
+"""The reason of the running config's `interrupted` entry when it was stopped before its record."""
 
 
 def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: Path) -> dict[int, tuple[JobStatus, Any]]:
@@ -85,7 +90,14 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
                     _mark(sweep_dir, {spec.index: str(exc)}, "failed")
     except KeyboardInterrupt:
         never = {s.index for s in specs} - started
-        _mark(sweep_dir, dict.fromkeys(never, INTERRUPTED_BEFORE_START), "interrupted")
+        reasons = dict.fromkeys(never, INTERRUPTED_BEFORE_START)
+        # The running config (its trainer got the same SIGINT and has exited) records itself, unless
+        # the interrupt came before it could (imports, W&B start-up): it would read pending for ever.
+        running = [s for s in specs if s.index in started and s.index not in outcomes]
+        for spec in running:
+            if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():
+                reasons[spec.index] = INTERRUPTED_BEFORE_RECORD
+        _mark(sweep_dir, reasons, "interrupted")
         raise
     return outcomes
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from launchers.local import INTERRUPTED_BEFORE_START
+from launchers.local import INTERRUPTED_BEFORE_RECORD, INTERRUPTED_BEFORE_START
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
-from tests.train.test_main import TINY_RUN, interrupt
+from tests.train.test_main import AS_FROM_A_TERMINAL, TINY_RUN, interrupt
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, LOG_FILE, read_manifest
 
 
@@ -120,3 +122,33 @@ def test_a_run_killed_before_its_record_is_failed_not_pending(tmp_path: Path) ->
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "failed"]
     table = load_sweeps([sweep_dir], queue=None).table
     assert list(table["outcome"]) == ["fail", "fail"]
+
+
+def test_ctrl_c_before_the_running_config_wrote_its_record_leaves_it_interrupted_not_pending(tmp_path: Path) -> None:
+    # The config's process is still starting (in life: importing torch, starting W&B) when Ctrl-C comes,
+    # and ends without a record: here a stand-in interpreter that only waits.
+    starting = tmp_path / "starting"
+    starting.write_text("#!/bin/sh\nexec sleep 60\n")
+    starting.chmod(0o755)
+    sweep_dir = tmp_path / "sweep"
+    run = subprocess.Popen(
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4",
+         "hydra/launcher=local", f"hydra.launcher.python={starting}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:
+            if line.startswith("local: [1/2] config 0"):
+                break
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == EXIT_INTERRUPTED and "Traceback" not in stderr, stderr
+    running, never = read_manifest(sweep_dir)
+    assert not (sweep_dir / running.output_dir / "result.json").exists()
+    assert (running.status, running.reason) == ("interrupted", INTERRUPTED_BEFORE_RECORD)
+    assert (never.status, never.reason) == ("interrupted", INTERRUPTED_BEFORE_START)
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted", "interrupted"]
