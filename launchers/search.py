@@ -21,7 +21,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.compose import is_megasweep_config, parse_override, sweep_composer, usage_exits
-from launchers.sweepdir import UsageError
+from launchers.sweepdir import HYDRA_OPTIONS, UsageError, claim_sweep_dir, writable_dir
 from train.contract import SEARCH_FILE, write_plan_csv
 from train.planner.search import format_search, search_layouts, search_problems
 
@@ -90,7 +90,13 @@ class LayoutSweeper(Sweeper):
             raise UsageError("hydra/sweeper=layouts cannot search: " + "; ".join(problems))
         result = search_layouts(run, search)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        # Before search.csv and multirun.yaml are written there: an unwritable directory, or one that
+        # holds a sweep (without hydra.launcher.append=true), is refused as the launcher would refuse it.
+        append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
+        if append is None:  # a launcher that writes no manifest (not megasweep's)
+            writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
+        else:
+            claim_sweep_dir(sweep_dir, append=bool(append))
         rows = [c.row for c in (*result.ranked, *result.unpredicted)]
         csv_path = write_plan_csv(rows, sweep_dir / self.csv_name)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")

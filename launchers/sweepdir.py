@@ -1,6 +1,6 @@
 """One sweep per directory, checked before anything is written into it.
 
-Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep` and the export
+Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|layouts` and the export
 (`python -m launchers sbatch`) call these first:
 
 - `writable_dir`: the directory is created and proved writable (a file made and removed), so an

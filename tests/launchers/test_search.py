@@ -63,6 +63,27 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
     assert f"hardware.calibration='{tmp_path / 'cal.json'}' cannot be read" in missing.stderr
 
 
+def test_a_search_into_a_sweep_or_an_unwritable_directory_is_refused_before_it_writes(tmp_path: Path) -> None:
+    # A directory holding a sweep: refused as the launchers refuse it, before search.csv or multirun.yaml.
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    manifest = '{"index": 0, "overrides": ["model=tiny"], "output_dir": "0", "status": "submitted"}\n'
+    (sweep_dir / "manifest.jsonl").write_text(manifest)
+    (sweep_dir / "multirun.yaml").write_text("the earlier sweep's\n")
+    held = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.nodes=[1]",
+                     f"hydra.sweep.dir={sweep_dir}")
+    assert held.returncode == EXIT_USAGE and "Traceback" not in held.stderr, held.stderr
+    assert "already holds a sweep" in held.stderr and "hydra.launcher.append=true" in held.stderr
+    assert sorted(p.name for p in sweep_dir.iterdir()) == ["manifest.jsonl", "multirun.yaml"]
+    assert (sweep_dir / "multirun.yaml").read_text() == "the earlier sweep's\n"
+    # A file where the directory should be: one paragraph naming the option, no traceback.
+    (tmp_path / "file").write_text("")
+    unwritable = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.nodes=[1]",
+                           f"hydra.sweep.dir={tmp_path / 'file' / 'sweep'}")
+    assert unwritable.returncode == EXIT_USAGE and "Traceback" not in unwritable.stderr, unwritable.stderr
+    assert f"hydra.sweep.dir={tmp_path / 'file' / 'sweep'}: cannot write there" in unwritable.stderr
+
+
 def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
     # The CPU's figures given by hand (what a calibration provides): 2 devices, one layout of each kind.
     # TINY's micro-batch is left out: the search sets it (search.micro_batch_sizes) and refuses a pinned one.
