@@ -44,7 +44,8 @@ hand.
 A sweep directory holds one sweep (launchers.sweepdir): exporting into one whose manifest lists
 a sweep is refused unless --append, which adds the configs under new indices (after the last
 one) and needs a --name whose scripts do not exist yet (pending tasks of the earlier scripts
-read their task tables when they start). The script and sweep directories are proved writable
+read their task tables when they start). Without --append, a --name whose script in --out-dir belongs
+to another sweep (whose manifest still lists configs exported to it) is refused for the same reason. The script and sweep directories are proved writable
 before any file is written.
 
 Torch-free, like everything the launchers import.
@@ -339,6 +340,8 @@ def export_sweep(
     stems = [name if len(pieces) == 1 else f"{name}-{number}" for number in range(1, len(pieces) + 1)]
     if append:
         _check_new_scripts(out_dir, stems, name)
+    else:
+        _check_other_sweeps_scripts(out_dir, stems, name, sweep_dir)
     # Both directories are proved writable before any file is written: nothing is half-exported.
     writable_dir(out_dir, option="--out-dir")
     writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
@@ -423,6 +426,42 @@ def _check_new_scripts(out_dir: Path, stems: Sequence[str], name: str) -> None:
             "start would read the new task table. Nothing was written. Give the added configs a "
             "--name of their own."
         )
+
+
+def _check_other_sweeps_scripts(out_dir: Path, stems: Sequence[str], name: str, sweep_dir: Path) -> None:
+    """Refuse to overwrite a script (and its task table) that another sweep's manifest still lists its
+    configs under: that sweep's tasks, submitted or not, would run this sweep's configs instead, and its
+    status would wait on them for ever. A script whose sweep directory is gone may be written again."""
+    for stem in stems:
+        script = out_dir / f"{stem}.sbatch"
+        if not script.is_file():
+            continue
+        owner = _script_sweep_dir(script)
+        if owner is None or owner == sweep_dir or not manifest_path(owner).exists():
+            continue
+        try:
+            entries = read_manifest(manifest_path(owner))
+        except (OSError, ValueError):
+            continue
+        if any((e.reason or "").startswith(f"exported to {script},") for e in entries):
+            raise SweepDirError(
+                f"--name {name}: {script} is the script of the sweep in {owner} (its {manifest_path(owner).name} "
+                "lists configs exported to it); writing this sweep's there would run these configs in its place. "
+                "Nothing was written. Give this sweep a --name of its own (or another --out-dir)."
+            )
+
+
+def _script_sweep_dir(script: Path) -> Path | None:
+    """The sweep directory an exported script writes its results to (its SWEEP_DIR line)."""
+    try:
+        lines = script.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("SWEEP_DIR="):
+            words = shlex.split(line.removeprefix("SWEEP_DIR="))
+            return Path(words[0]) if len(words) == 1 else None
+    return None
 
 
 def format_export(export: Export) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from hydra.errors import HydraException
 
 from launchers.sbatch import expand_sweep, export_sweep
 from launchers.submit import load_launch_file
+from launchers.sweepdir import SweepDirError
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
 from train.contract import EXIT_USAGE, read_manifest
 
@@ -223,3 +225,20 @@ def test_an_unknown_key_gets_did_you_mean_and_nothing_is_written(tmp_path: Path)
         "(override 'parallelism.tpp=1,2')"
     )
     assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_a_script_of_another_sweep_is_not_overwritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = export_sweep([*TINY, "training.lr=1e-4,2e-4"], name="lr", out_dir=Path("s"), sweep_dir=Path("a"))
+    (script,) = (s.script for s in first.scripts)
+    before = script.read_bytes(), script.with_suffix(".tasks.tsv").read_bytes()
+    # The same --name for another sweep: sweep a's tasks (submitted or not) would run b's configs, and
+    # a's status would wait on configs that never run.
+    with pytest.raises(SweepDirError, match=r"--name lr: .*lr\.sbatch is the script of the sweep in .*/a "):
+        export_sweep([*TINY, "training.lr=5e-4"], name="lr", out_dir=Path("s"), sweep_dir=Path("b"))
+    assert (script.read_bytes(), script.with_suffix(".tasks.tsv").read_bytes()) == before
+    assert not (tmp_path / "b").exists()
+    # Once sweep a is gone, its script may be written again.
+    shutil.rmtree(tmp_path / "a")
+    again = export_sweep([*TINY, "training.lr=5e-4"], name="lr", out_dir=Path("s"), sweep_dir=Path("b"))
+    assert [s.script for s in again.scripts] == [script] and f"SWEEP_DIR={tmp_path / 'b'}" in script.read_text()
