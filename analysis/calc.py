@@ -31,6 +31,7 @@ Bad input ends with one paragraph on stderr and exit status 2. No torch is impor
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import sys
@@ -44,7 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf
 from analysis import finite_above_zero, whole_at_least_one
-from conf.schema import Recompute, RunConfig, to_run_config
+from conf.schema import Recompute, RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_USAGE
 from train.planner.flops import (
     ImpossibleUtilization,
@@ -146,6 +147,9 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
             own[key] = value
         else:
             overrides.append(arg)
+    for text in overrides:
+        if (problem := _unknown_key(text)) is not None:
+            raise CalcError(problem)
 
     predict_text = own.get("predict", "false")
     if predict_text not in BOOLEANS:
@@ -174,6 +178,19 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
     if output not in OUTPUTS:
         raise CalcError(f"output={output} is not a known output format: choose one of {', '.join(OUTPUTS)}.")
     return CalcArgs(sec_per_iter, devices, convention, output, tuple(overrides), predict, stack)
+
+
+def _unknown_key(text: str) -> str | None:
+    """One sentence with "did you mean" when the override `text` names a key that is neither the
+    calculator's own nor a field of the config (`devics=8`, `parallelism.tpp=2`); Hydra's own message
+    suggests adding it with '+', which the schema then rejects. None when the key exists."""
+    key = text.partition("=")[0].lstrip("+~")
+    if not key or "/" in key or key.split(".", 1)[0] == "hydra":
+        return None
+    if "." not in key and (close := difflib.get_close_matches(key, OWN_KEYS, n=1)) and unknown_override(key, text):
+        return f"{key} is not a key of analysis.calc; did you mean {close[0]}? (override '{text}'). {OVERRIDE_HINT}"
+    problem = unknown_override(key, text)
+    return None if problem is None else f"{problem}. {OVERRIDE_HINT}"
 
 
 def _parse_seconds(text: str) -> float:

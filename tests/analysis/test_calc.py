@@ -164,6 +164,11 @@ def test_unknown_peak_gives_null(capsys: pytest.CaptureFixture[str]) -> None:
         (["sec_per_iter=1", "devices=8", "output=xml"], "output=xml", "json"),
         (["model=gpt_99b", "sec_per_iter=1", "devices=8"], "model/gpt_99b", "gpt_1.3b"),
         (["parallelism.tp=two", "sec_per_iter=1", "devices=8"], "parallelism.tp", "Integer"),
+        # An unknown key gets "did you mean" (not Hydra's "use +key"), a misspelt own key first of all:
+        # `devics=8` was reported as devices missing.
+        (["sec_per_iter=1", "devics=8"], "devics", "did you mean devices?"),
+        (["sec_per_iter=1", "devices=8", "parallelism.tpp=2"], "parallelism.tpp", "did you mean parallelism.tp"),
+        (["sec_per_iter=1", "devices=8", "+parallelism.tpp=2"], "parallelism.tpp", "did you mean parallelism.tp"),
         (["parallelism.tp=3", "sec_per_iter=1", "devices=3"], "num_attention_heads", "divisors"),
         (["parallelism.tp=2", "sec_per_iter=1", "devices=3"], "devices=3", "multiple"),
         (["parallelism.dp=2", "sec_per_iter=1", "devices=4"], "parallelism.dp=2", "devices=2"),
