@@ -157,8 +157,12 @@ def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
     failed = unresolved_failures(statuses)
     if not failed or ok_if_failed:
         return EXIT_OK
+    # Named by their states: an interrupted or refused config did not fail, it did not run to the end.
+    counts = {state: sum(1 for s in failed if s.state == state) for state in ("failed", "interrupted", "refused")}
+    words = {"failed": "configs failed", "interrupted": "configs interrupted", "refused": "configs refused by sbatch"}
+    said = ", ".join(f"{n} {words[state]}" for state, n in counts.items() if n)
     print(
-        f"status: {len(failed)} configs failed (python -m launchers rerun --failed {sweep_dir} resubmits "
+        f"status: {said} (python -m launchers rerun --failed {sweep_dir} resubmits "
         "them; --ok-if-failed exits 0)",
         file=sys.stderr,
     )

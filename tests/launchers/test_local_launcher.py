@@ -99,6 +99,10 @@ def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> N
     assert (never.status, never.reason) == ("interrupted", INTERRUPTED_BEFORE_START)
     # The sweep's status says so, as configs to rerun (status exits non-zero on them).
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted", "interrupted"]
+    # status names them interrupted, not failed, in its exit line as in its table.
+    table = subprocess.run([sys.executable, "-m", "launchers", "status", str(sweep_dir)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert table.returncode == EXIT_FAILED and "status: 2 configs interrupted (" in table.stderr, table.stderr
     again = rerun(sweep_dir, "training.train_iters=3", "training.warmup_iters=1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["interrupted"] * 2 + ["done"] * 2
