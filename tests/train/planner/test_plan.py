@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def compose_run(*overrides: str) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
-    from conf.schema import to_run_config
+    from conf.schema import register_configs, to_run_config
 
+    register_configs()  # here, not in conftest alone: `python -m tests.bench bench_search` composes with it
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return to_run_config(compose("config", overrides=list(overrides)))
 
@@ -242,6 +243,15 @@ def test_format_params() -> None:
     assert format_params(5_322_240) == "5.32M"
     assert format_params(1_100_000_000_000) == "1.1T"
     assert format_params(512) == "512"
+
+
+def test_compose_run_composes_outside_pytest() -> None:
+    # `python -m tests.bench bench_search` composes with this helper in a fresh interpreter, where
+    # conftest never registered the schema (importing conf does not since 14c25c6).
+    code = "from tests.train.planner.test_plan import compose_run; print(compose_run('model=gpt_13b').model.name)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "gpt_13b"
 
 
 def test_planner_does_not_import_torch() -> None:
