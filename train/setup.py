@@ -103,8 +103,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     if (threads := distributed.cpu_threads(os.environ)) is not None:
         torch.set_num_threads(threads)
     device = setup_device(run, progress)
-    if (mismatch := check_device(run, device, progress)) is not None and rank.lead:
-        print(f"warning: {mismatch}", file=sys.stderr, flush=True)
+    check_device(run, device, progress, lead=rank.lead)
     launch = distributed.launch_from_env(os.environ)
     mesh = None
     if launch is not None:
@@ -298,9 +297,9 @@ def setup_device(run: RunConfig, progress: Progress) -> torch.device:
     return device
 
 
-def check_device(run: RunConfig, device: torch.device, progress: Progress) -> str | None:
-    """The warning, also kept in progress.warnings, when the device found is not the one
-    run.hardware describes (train.planner.rules.device_mismatch); None when it is."""
+def check_device(run: RunConfig, device: torch.device, progress: Progress, *, lead: bool) -> str | None:
+    """The warning, kept in progress.warnings and printed by the lead rank, when the device found is not
+    the one run.hardware describes (train.planner.rules.device_mismatch); None when it is."""
     memory_gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
     progress.device_memory_gib = memory_gib
     if rules.device_mismatch(run.hardware, device_name=progress.device_name, memory_gib=memory_gib) is None:
@@ -311,6 +310,8 @@ def check_device(run: RunConfig, device: torch.device, progress: Progress) -> st
     )
     if warning is not None:
         progress.warnings.append(warning)
+        if lead:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     return warning
 
 

@@ -278,8 +278,7 @@ def build_record(
     started: datetime,
     wall_s: float,
 ) -> dict[str, Any]:
-    """The JSON-ready record: medians after warm-up at the full batch, FLOPs, versions; credentials
-    scrubbed."""
+    """The JSON-ready record (medians after warm-up at the full batch, FLOPs, versions), credentials scrubbed."""
     layout = rank.layout
     last = progress.iterations[-1] if progress.iterations else None
     ckpt = progress.checkpointer
