@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from conf.overrides import override_problem
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
 
@@ -85,6 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    # A misspelt key, a missing group option or a value of the wrong type: the trainer's one line with
+    # "did you mean", before anything composes (Hydra's words for them suggest '+key' or hide the
+    # reason in an exception's cause). A rerun's sweep, or an export's --config-dir, may have group
+    # options of its own: only keys and values are checked there.
+    own_options = args.command == "calibrate" or (args.command == "sbatch" and not args.config_dir)
+    if (problem := override_problem(getattr(args, "overrides", None) or [], own_options=own_options)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "sbatch":

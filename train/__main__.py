@@ -17,13 +17,12 @@ train.contract.EXIT_INTERRUPTED, without tracebacks.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -31,8 +30,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from conf import CONFIG_DIR, group_options, register_configs
-from conf.schema import GROUP_SCHEMAS, OptimizerImpl, RunConfig, to_run_config, unknown_override, wrong_value
+from conf import CONFIG_DIR, register_configs
+from conf.overrides import override_problem
+from conf.schema import OptimizerImpl, RunConfig, to_run_config
 from train.contract import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -46,9 +46,6 @@ from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted
-
-if TYPE_CHECKING:
-    from hydra.core.override_parser.types import Override
 
 register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
 
@@ -270,15 +267,13 @@ def _preempted(code: int | None, output_dir: Path) -> bool:
 
 
 def check_override_keys(argv: list[str]) -> str | None:
-    """The first command-line override naming a key the schema lacks, as one line with "did you
-    mean" (conf.schema.unknown_override); None when every key exists. Hydra's own message for
-    `parallelism.tpp=2` suggests `+parallelism.tpp=2`, which the schema then rejects."""
+    """The first command-line override naming a key the schema lacks, an option its group lacks or a
+    value its field cannot take, as one line with "did you mean" (conf.overrides.override_problem);
+    None when there is none. Hydra's own message for `parallelism.tpp=2` suggests `+parallelism.tpp=2`,
+    which the schema then rejects."""
     from hydra._internal.utils import get_args_parser
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
 
     args, _ = get_args_parser().parse_known_args(argv)
-    parser = OverridesParser.create()
     # Options of a group may also come from a search path the user adds (on the command line or in
     # conf/config.yaml): only conf/'s own are known here.
     own_options = (
@@ -286,68 +281,7 @@ def check_override_keys(argv: list[str]) -> str | None:
         and not any(a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or [])
         and "searchpath" not in (CONFIG_DIR / "config.yaml").read_text(encoding="utf-8")
     )
-    for text in args.overrides or []:
-        try:
-            (override,) = parser.parse_overrides([text])
-        except HydraException:
-            return None  # Hydra reports bad syntax itself
-        key = override.key_or_group
-        if "/" in key or key.split(".", 1)[0] == "hydra":
-            continue
-        problem = unknown_override(key, text)
-        if problem is None and key in GROUP_SCHEMAS and override.is_delete():
-            problem = _no_group(key, text)
-        elif problem is None and own_options and key in GROUP_SCHEMAS:
-            problem = _unknown_option(key, override, text)
-        elif problem is None:
-            problem = _wrong_values(key, override, text)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _wrong_values(key: str, override: Override, text: str) -> str | None:
-    """One line when a value of `key=...` (each of a choice sweep's) cannot be the field's type:
-    Hydra fails on it while composing and exits 1, the code of a run that failed."""
-    from hydra.core.override_parser.types import ValueType
-
-    if override.value_type == ValueType.ELEMENT:
-        values = [override.get_value_element_as_str()]
-    elif override.value_type in (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
-        values = list(override.sweep_string_iterator())
-    else:
-        return None  # ranges and intervals are numbers; globs choose group options
-    for value in values:
-        if (problem := wrong_value(key, value)) is not None:
-            return f"{problem} (override '{text}')"
-    return None
-
-
-def _no_group(group: str, text: str) -> str:
-    """`~group` or `group=null`: Hydra would leave the schema's bare defaults, which no YAML file
-    describes (for hardware, a CPU without peaks), or fail with a traceback."""
-    options = ", ".join(group_options(group))
-    return f"a run needs a {group} config: null or ~{group} leaves none; choose one of: {options} (override '{text}')"
-
-
-def _unknown_option(group: str, override: Override, text: str) -> str | None:
-    """One line when `group=<option>` (or a choice sweep `a,b`) names an option conf/<group>/ lacks,
-    with the closest ones; Hydra's own error for it lists the options but exits 1, the code of a
-    run that failed, where bad input exits 2."""
-    from hydra.core.override_parser.types import ValueType
-
-    if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
-        return None  # ranges and globs: Hydra expands them (a glob against the options it finds)
-    chosen = list(override.sweep_string_iterator()) if override.is_choice_sweep() else [override.get_value_element_as_str()]
-    options = group_options(group)
-    for option in chosen:
-        if option == "null":
-            return _no_group(group, text)
-        if option not in options and "${" not in option:
-            close = difflib.get_close_matches(option, options, n=3)
-            hint = f"did you mean {' or '.join(close)}? " if close else ""
-            return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"
-    return None
+    return override_problem(args.overrides or [], own_options=own_options)
 
 
 DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
