@@ -103,7 +103,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
     from train.checkpoint import CheckpointMismatch
     from train.data import DataFileError
-    from train.trainer import TrainingPreempted, TrainingTimeout, run_training
+    from train.trainer import TrainingPreempted, TrainingTimeout, record_interruption, run_training
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
@@ -114,6 +114,9 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         print(f"error: {bad_input} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
+        # Ctrl-C in start-up (W&B's, say) comes before the trainer writes any record: one is written
+        # here, since the console line names it; a record that says so already is left as it is.
+        record_interruption(run, output_dir=output_dir, overrides=overrides)
         if multirun:
             raise
         print(f"interrupted (record: {output_dir / RESULT_FILE})", file=sys.stderr)

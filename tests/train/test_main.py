@@ -387,6 +387,29 @@ def test_ctrl_c_in_start_up_of_a_spawn_is_one_line_and_a_record(tmp_path: Path, 
     assert record is not None and record["status"] == "interrupted" and record["world"]["world_size"] == 4
 
 
+# The KeyboardInterrupt a Ctrl-C raises while W&B starts (train.trainer._wandb, before the trainer's
+# own handling of it), raised there: the one moment of a single run's start-up that no record covered.
+INTERRUPTED_IN_WANDB_START = (
+    "import runpy, sys\n"
+    "import train.trainer\n"
+    "def stopped(*args, **kwargs):\n"
+    "    raise KeyboardInterrupt\n"
+    "train.trainer._wandb = stopped\n"
+    "sys.argv = ['train', *sys.argv[1:]]\n"
+    "runpy.run_module('train', run_name='__main__')\n"
+)
+
+
+def test_ctrl_c_in_start_up_of_a_single_run_is_one_line_and_a_record(tmp_path: Path) -> None:
+    # Before, the line named a result.json that did not exist.
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_WANDB_START, *TINY_RUN, f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-3000:]
+    assert proc.stderr.strip() == f"interrupted (record: {tmp_path / RESULT_FILE})", proc.stderr[-3000:]
+    record = read_record(tmp_path / RESULT_FILE)
+    assert record is not None and record["status"] == "interrupted" and record["iterations_run"] == 0
+
+
 @pytest.mark.parametrize(
     ("override", "words"),
     [
