@@ -27,8 +27,9 @@ config fields that must not change across a resume.
 
 Saves are asynchronous (dcp.async_save: the state is copied to host memory, then written by a
 background thread while training goes on) when this torch has it, else synchronous; `mode` says
-which. At most one save is in flight; its `latest` is written when it completes (checked at the
-next save, at a stop, or at the end of training).
+which. At most one save is in flight; its `latest` is written once it has completed (checked at
+every step boundary, without waiting, and waited for at the next save, at a stop, or at the end of
+training).
 """
 
 from __future__ import annotations
@@ -206,6 +207,13 @@ class Checkpointer:
             future.result()
             self._commit(step)
         return self.committed[-1] if self.committed else None
+
+    def poll(self) -> None:
+        """Commit the save in flight if it has finished, without waiting for it: every rank calls it at
+        every step boundary, so that `latest` names a finished checkpoint as soon as it is on disk and
+        a job killed outright (SIGKILL, a node failure) before the next save resumes from it."""
+        if self._pending is not None and self._pending[1].done():
+            self.wait()
 
     def _commit(self, step: int) -> None:
         # On rank 0 the save has returned only after every rank's part was written and the

@@ -172,6 +172,7 @@ def checkpoint_boundary(
     # reached them on either side of a boundary.
     received = stop.agreed(device) if stop is not None else None
     stopping = received is not None and step < last_step
+    ckpt.poll()  # a finished asynchronous save becomes `latest` now, not at the next save
     if step % run.training.save_interval == 0 or stopping:
         state = engine.checkpoint_state()
         ckpt.save(step, **state, losses=losses, consumed_samples=consumed_samples, blocking=stopping)

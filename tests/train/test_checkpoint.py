@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ from train.checkpoint import (
     read_latest,
 )
 from train.contract import EXIT_REQUEUE
+from train.preemption import FAULT_EXIT_CODE
 
-from .test_distributed import TINY, run_train, worker_env
+from .test_distributed import REPO, TINY, run_train, worker_env
 
 STEPS = 6
 STOP_AT = 3
@@ -128,6 +130,27 @@ def test_layout_resume_equals_uninterrupted(
     assert Path(resumed["checkpoint"]["dir"]).name.endswith("-vpp2") == ("parallelism.virtual_stages=2" in overrides)
     files = sorted(p.name for p in Path(resumed["checkpoint"]["dir"]).glob("step_6/*.distcp"))
     assert len(files) == 2  # each rank wrote its own part
+
+
+def test_finished_async_save_is_resumed_after_a_kill_before_the_next_save(
+    tmp_path: Path, uninterrupted: dict[str, Any]
+) -> None:
+    # Step 2's asynchronous save finishes during step 3 (slowed down to 1 s); the process then dies
+    # at the start of step 4 (os._exit, as SIGKILL or a node failure would end it), before the save
+    # of step 4 that used to be the first to commit step 2. `latest` must name step 2 already.
+    out = tmp_path / "run"
+    env = worker_env(MEGASWEEP_FAULT_EXIT="0:4", MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT="1.0")
+    killed = subprocess.run(
+        [sys.executable, "-m", "train", *RUN, *CKPT, f"hydra.run.dir={out}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == FAULT_EXIT_CODE, killed.stderr[-3000:]
+    assert not (out / "result.json").exists()  # it died without a record, as a SIGKILLed run does
+    assert read_latest(out / "checkpoints" / layout_key(dp=1, tp=1, pp=1, zero_stage=0)) == 2
+    second, resumed = launch(out)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert resumed["resumed_from_step"] == 2 and iterations_logged(second.stdout) == [3, 4, 5, 6]
+    assert resumed["losses"] == uninterrupted["losses"]
 
 
 def test_other_layout_is_refused(tmp_path: Path) -> None:
