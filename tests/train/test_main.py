@@ -434,6 +434,24 @@ def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: 
 
 @pytest.mark.parametrize(
     ("override", "words"),
+    [("training.lr=-1", "training.lr=-1.0: training.lr is the peak learning rate, a finite number above 0"),
+     ("training.weight_decay=-0.1", "training.weight_decay=-0.1: training.weight_decay is AdamW's decoupled decay"),
+     ("training.save_interval=-2", "training.save_interval=-2: training.save_interval counts iterations")],
+)  # fmt: skip
+def test_a_training_value_out_of_range_is_refused_before_training(override: str, words: str, tmp_path: Path) -> None:
+    # training.lr=-1 was torch.optim's ValueError, a traceback after the model was built (exit 1);
+    # a negative weight decay or save interval ran silently.
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", override, f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: infeasible config: [training_values] " + words)
+    assert not (tmp_path / "run" / RESULT_FILE).exists()  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
     [("training.data_path={missing}", "error: training.data_path="),
      # A parent that forks asks no CUDA (it would poison the fork): its workers find the device missing.
      ("hardware=h100_sxm", "error: hardware=h100_sxm needs CUDA, and no CUDA device is visible here")],

@@ -55,6 +55,7 @@ RULES: tuple[str, ...] = (
     "positive",
     "train_iters",
     "warmup_iters",
+    "training_values",
     "hardware_figures",
     "cluster_settings",
     "micro_batch_size",
@@ -472,6 +473,32 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
         if longer is not None:
             out.append(longer)
     return out
+
+
+def _check_training_values(tr: TrainingConfig) -> Violation | None:
+    """The optimizer's and the checkpointer's numbers within what they can mean: torch.optim would
+    refuse a negative learning rate only once the workers have built the model (a traceback), and
+    take a negative weight decay or clip silently."""
+    bad: dict[str, object] = {}
+    rules: list[str] = []
+    if not (_number(tr.lr) and tr.lr > 0):
+        bad["training.lr"] = tr.lr
+        rules.append("training.lr is the peak learning rate, a finite number above 0 (e.g. 3e-4)")
+    if not (_number(tr.weight_decay) and tr.weight_decay >= 0):
+        bad["training.weight_decay"] = tr.weight_decay
+        rules.append("training.weight_decay is AdamW's decoupled decay, 0 (none) or more (e.g. 0.01)")
+    if not (_number(tr.grad_clip) and tr.grad_clip >= 0):
+        bad["training.grad_clip"] = tr.grad_clip
+        rules.append("training.grad_clip is a gradient-norm bound, 0 (no clipping) or more (e.g. 1.0)")
+    if not _is_nonneg_int(tr.save_interval):
+        bad["training.save_interval"] = tr.save_interval
+        rules.append("training.save_interval counts iterations between checkpoints, 0 (none) or more")
+    if not (_number(tr.collective_timeout_s) and tr.collective_timeout_s > 0):
+        bad["training.collective_timeout_s"] = tr.collective_timeout_s
+        rules.append("training.collective_timeout_s is a time in seconds above 0 (e.g. 300)")
+    if not bad:
+        return None
+    return Violation("training_values", bad, f"{_listed(bad)}: {'; '.join(rules)}.")
 
 
 _FRACTIONS = ("gemm_efficiency", "memory_bw_efficiency", "intra_node_comm_efficiency", "inter_node_comm_efficiency")
@@ -1084,6 +1111,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
         if ok("model.num_layers"):
             out.append(_check_layers_virtual_stages(m, par))
     out += _check_training(run.training)
+    out.append(_check_training_values(run.training))
     hardware_bad = _check_hardware(hw)
     out += [hardware_bad, _check_cluster(run.cluster)]
 

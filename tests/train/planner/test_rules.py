@@ -98,6 +98,12 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         steps_ok and (tr.warmup_iters >= tr.train_iters or tr.lr_warmup_iters > tr.train_iters)
     ):
         broken.add("warmup_iters")
+    # The optimizer's and checkpointer's numbers: a positive learning rate and collective timeout,
+    # no negative decay, clip or save interval.
+    if (not tr.lr > 0 or not tr.weight_decay >= 0 or not tr.grad_clip >= 0 or tr.save_interval < 0
+            or not tr.collective_timeout_s > 0 or not all(map(math.isfinite, (tr.lr, tr.weight_decay, tr.grad_clip,
+                                                                              tr.collective_timeout_s)))):  # fmt: skip
+        broken.add("training_values")
     # Rules on fields that positivity does not cover hold or break whatever the sizes are.
     if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)):
         broken.add("vocab_padding")
@@ -505,6 +511,12 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         hw = {"devices_per_node": dpn}
     elif rule == "train_iters":
         training = draw(st.sampled_from([{"train_iters": 0}, {"train_iters": -3}, {"log_interval": 0}]))
+    elif rule == "training_values":
+        training = draw(st.sampled_from([
+            {"lr": -1.0}, {"lr": 0.0}, {"lr": float("nan")}, {"weight_decay": -0.1}, {"grad_clip": -1.0},
+            {"grad_clip": float("inf")}, {"save_interval": -1}, {"collective_timeout_s": 0.0},
+            {"lr": -3e-4, "weight_decay": -0.01},
+        ]))
     elif rule == "hardware_figures":
         hw = draw(st.sampled_from([
             {"gemm_efficiency": 2.0}, {"gemm_efficiency": -1.0}, {"memory_bw_efficiency": 0.0},
