@@ -66,6 +66,11 @@ class CheckpointMismatch(ValueError):
     another model or batch); the message says what differs and what to do."""
 
 
+class CheckpointUnreadable(CheckpointMismatch):
+    """No checkpoint of this run's layout in the checkpoint directory can be read (a `latest` that is
+    not JSON, a step directory without its files, a truncated shard); the message says which and why."""
+
+
 @dataclass(frozen=True)
 class Resumed:
     """What load_latest restored."""
@@ -75,6 +80,8 @@ class Resumed:
     losses: list[float]
     """Losses of steps 1..step, from the attempts that saved them."""
     path: Path
+    skipped: tuple[str, ...] = ()
+    """Newer checkpoints that could not be read, each 'path: why', passed over for this one."""
 
 
 def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int, virtual_stages: int = 1) -> str:
@@ -246,9 +253,20 @@ class Checkpointer:
     ) -> Resumed | None:
         """Restore the newest complete checkpoint of this layout into model, optimizer, scaler and
         the RNGs; None when there is none. Raises CheckpointMismatch when the directory holds
-        checkpoints of another layout only, or one of another model or batch."""
-        step = read_latest(self.dir)
-        if step is None:
+        checkpoints of another layout only, or one of another model or batch.
+
+        A checkpoint that cannot be read (its files missing, truncated or not what DCP wrote) is
+        passed over for the next older complete one (KEEP are kept for this), and Resumed.skipped
+        says so; CheckpointUnreadable, one line per checkpoint tried, when none can be read."""
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        problems: list[str] = []
+        try:
+            step = read_latest(self.dir)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # not JSON, not {"step": N}
+            problems.append(f"{self.dir / LATEST}: {_short(exc)}")
+            step = None
+        if step is None and not problems:
             others = sorted(p.parent.name for p in self.root.glob(f"*/{LATEST}"))
             if others:
                 raise CheckpointMismatch(
@@ -258,16 +276,49 @@ class Checkpointer:
                     "training.checkpoint_dir (or run directory)."
                 )
             return None
-        path = self.dir / f"step_{step}"
-        meta = json.loads((path / META).read_text())
-        saved = meta["config"]
-        changed = sorted(k for k in set(saved) | set(self.config) if saved.get(k) != self.config.get(k))
-        if changed or meta["layout"] != dict(self.layout):
-            raise CheckpointMismatch(
-                f"checkpoint {path} was saved by a run with other {', '.join(changed) or 'layout'} "
-                f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); this run cannot resume "
-                "from it. Use the saving run's config, or another training.checkpoint_dir."
+        # `latest` first, then the older complete ones (DCP writes .metadata last, rank 0's meta.json first).
+        older = sorted((s for s in _complete_steps(self.dir) if step is None or s < step), reverse=True)
+        for candidate in ([step] if step is not None else []) + older:
+            path = self.dir / f"step_{candidate}"
+            try:
+                meta = json.loads((path / META).read_text())
+                saved, layout = meta["config"], meta["layout"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                problems.append(f"{path}: {_short(exc)}")
+                continue
+            changed = sorted(k for k in set(saved) | set(self.config) if saved.get(k) != self.config.get(k))
+            if changed or layout != dict(self.layout):
+                raise CheckpointMismatch(
+                    f"checkpoint {path} was saved by a run with other {', '.join(changed) or 'layout'} "
+                    f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); this run cannot resume "
+                    "from it. Use the saving run's config, or another training.checkpoint_dir."
+                )
+            try:
+                self._load(path, meta, model=model, optimizer=optimizer, scaler=scaler)
+            except (CheckpointException, OSError, ValueError, KeyError, RuntimeError) as exc:
+                problems.append(f"{path}: {_short(exc)}")
+                continue
+            return Resumed(
+                step=int(meta["step"]),
+                consumed_samples=int(meta["consumed_samples"]),
+                losses=[float(x) for x in meta["losses"]],
+                path=path,
+                skipped=tuple(problems),
             )
+        raise CheckpointUnreadable(
+            f"no checkpoint in {self.dir} can be resumed from ({'; '.join(problems)}). Remove that directory "
+            "to start afresh, or use another training.checkpoint_dir (or run directory)."
+        )
+
+    def _load(
+        self,
+        path: Path,
+        meta: Mapping[str, Any],
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+    ) -> None:
         _init_optimizer_state(_stateful(optimizer))
         state = self._state_dict(model, optimizer)
         with _single_process_quiet():
@@ -280,12 +331,6 @@ class Checkpointer:
         _set_rng_state(state[f"rng.rank{self.rank}"])
         if meta["scaler"]:
             scaler.load_state_dict(meta["scaler"])
-        return Resumed(
-            step=step,
-            consumed_samples=int(meta["consumed_samples"]),
-            losses=[float(x) for x in meta["losses"]],
-            path=path,
-        )
 
     def _state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -354,6 +399,26 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # RNG and small helpers.
+
+
+def _complete_steps(directory: Path) -> list[int]:
+    """Steps under `directory` whose save finished: rank 0's meta.json and DCP's .metadata, which
+    DCP writes last, once every rank's part is on disk."""
+    return [
+        int(p.name.removeprefix("step_"))
+        for p in Path(directory).glob("step_*")
+        if p.name.removeprefix("step_").isdigit() and (p / META).is_file() and (p / ".metadata").is_file()
+    ]
+
+
+def _short(exc: BaseException) -> str:
+    """One line for why a checkpoint could not be read: DCP's CheckpointException holds every
+    rank's traceback; its first rank's exception says it."""
+    failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
+    if isinstance(failures, dict) and failures:
+        exc = failures[min(failures)][0]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _rng_state() -> dict[str, Any]:

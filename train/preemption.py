@@ -276,6 +276,10 @@ def resume(
             f"not the {expected} of this run's batch schedule (global_batch_size, rampup_batch_size)"
         )
     progress.resumed_from_step = resumed.step
+    for skipped in resumed.skipped:
+        progress.warnings.append(f"checkpoint not resumed from, unreadable: {skipped}")
+        if rank.lead:
+            print(f"warning: {progress.warnings[-1]}", file=sys.stderr, flush=True)
     progress.prior_losses = resumed.losses
     if resumed.step >= run.training.train_iters:
         # Nothing is left to train: the record would say ok with no iteration and no final loss.

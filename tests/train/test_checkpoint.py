@@ -18,6 +18,7 @@ moments, learning-rate step, data position) moves the next loss by far more.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +30,14 @@ from torch import nn
 
 from train.checkpoint import (
     LATEST,
+    META,
     Checkpointer,
     CheckpointMismatch,
+    CheckpointUnreadable,
     layout_key,
     read_latest,
 )
-from train.contract import EXIT_REQUEUE
+from train.contract import EXIT_FAILED, EXIT_REQUEUE
 from train.preemption import FAULT_EXIT_CODE
 
 from .test_distributed import REPO, TINY, run_train, worker_env
@@ -153,6 +156,38 @@ def test_finished_async_save_is_resumed_after_a_kill_before_the_next_save(
     assert resumed["losses"] == uninterrupted["losses"]
 
 
+def test_unreadable_newest_checkpoint_falls_back_then_is_one_line(
+    tmp_path: Path, uninterrupted: dict[str, Any]
+) -> None:
+    # The finished run's checkpoints (steps 4 and 6) in a new run directory, step 6's shard truncated
+    # (a disk that filled, a copy cut short): the run resumes from step 4 and says why, with the
+    # losses of the uninterrupted run. Both truncated: one line and a record, not DCP's traceback.
+    ckpt = tmp_path / "run" / "checkpoints" / layout_key(dp=1, tp=1, pp=1, zero_stage=0)
+    shutil.copytree(uninterrupted["checkpoint"]["dir"], ckpt)
+    _truncate_shards(ckpt / "step_6")
+    proc, record = launch(tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert record["resumed_from_step"] == 4 and iterations_logged(proc.stdout) == [5, 6]
+    assert record["losses"] == uninterrupted["losses"]
+    assert any(w.startswith(f"checkpoint not resumed from, unreadable: {ckpt / 'step_6'}: ")
+               for w in record["warnings"]), record["warnings"]  # fmt: skip
+    for step in (4, 6):
+        _truncate_shards(ckpt / f"step_{step}")
+    proc, record = launch(tmp_path / "run")
+    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: no checkpoint in {ckpt} can be resumed from ({ckpt / 'step_6'}: "), last
+    assert f"; {ckpt / 'step_4'}: " in last and last.endswith(f"(record: {tmp_path / 'run' / 'result.json'})"), last
+    assert record["status"] == "error" and record["message"].startswith("CheckpointUnreadable: no checkpoint in")
+    assert "Traceback" not in record["message"] and record["iterations_run"] == 0
+
+
+def _truncate_shards(step_dir: Path) -> None:
+    for shard in step_dir.glob("*.distcp"):
+        with shard.open("r+b") as f:
+            f.truncate(shard.stat().st_size // 2)
+
+
 def test_other_layout_is_refused(tmp_path: Path) -> None:
     # A checkpoint of dp=2 in the run's checkpoint directory; this run is one process.
     other = tmp_path / "run" / "checkpoints" / layout_key(dp=2, tp=1, pp=1, zero_stage=0)
@@ -218,6 +253,34 @@ def test_incomplete_save_is_ignored_and_changed_config_refused(tmp_path: Path) -
     assert resumed is not None and resumed.step == 1
     with pytest.raises(CheckpointMismatch, match=r"other seed \(seed=None\)"):
         _checkpointer(tmp_path, seed=7).load_latest(model=model, optimizer=optimizer, scaler=scaler)
+
+
+def test_unreadable_latest_or_step_falls_back_to_an_older_complete_one(tmp_path: Path) -> None:
+    model, optimizer, scaler = _toy(0)
+    ckpt = _checkpointer(tmp_path)
+    saved = {}
+    for step in (1, 2):
+        _step(model, optimizer)
+        ckpt.save(step, model=model, optimizer=optimizer, scaler=scaler, losses=[1.0] * step, consumed_samples=3 * step)
+        saved[step] = [p.detach().clone() for p in model.parameters()]
+    # `latest` that is not JSON: the newest complete step is found without it.
+    (ckpt.dir / LATEST).write_text('{"ste')
+    fresh, fresh_opt, fresh_scaler = _toy(1)
+    resumed = _checkpointer(tmp_path).load_latest(model=fresh, optimizer=fresh_opt, scaler=fresh_scaler)
+    assert resumed is not None and resumed.step == 2 and resumed.skipped[0].startswith(f"{ckpt.dir / LATEST}: JSONDecodeError")
+    # Step 2 without DCP's metadata: step 1, with its own weights.
+    (ckpt.dir / "step_2" / ".metadata").unlink()
+    fresh, fresh_opt, fresh_scaler = _toy(1)
+    resumed = _checkpointer(tmp_path).load_latest(model=fresh, optimizer=fresh_opt, scaler=fresh_scaler)
+    assert resumed is not None and (resumed.step, resumed.consumed_samples) == (1, 3)
+    assert all(torch.equal(got, want) for got, want in zip(fresh.parameters(), saved[1], strict=True))
+    # Nothing readable: one line naming each checkpoint tried.
+    (ckpt.dir / "step_1" / META).unlink()
+    with pytest.raises(CheckpointUnreadable) as refused:
+        _checkpointer(tmp_path).load_latest(model=fresh, optimizer=fresh_opt, scaler=fresh_scaler)
+    message = str(refused.value)
+    assert "\n" not in message and f"{ckpt.dir / LATEST}: JSONDecodeError" in message, message
+    assert "Remove that directory to start afresh" in message
 
 
 def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path) -> None:
