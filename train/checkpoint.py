@@ -286,11 +286,13 @@ class Checkpointer:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problems.append(f"{path}: {_short(exc)}")
                 continue
-            changed = sorted(k for k in set(saved) | set(self.config) if saved.get(k) != self.config.get(k))
+            theirs, ours = _flat(saved), _flat(self.config)
+            changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
             if changed or layout != dict(self.layout):
                 raise CheckpointMismatch(
                     f"checkpoint {path} was saved by a run with other {', '.join(changed) or 'layout'} "
-                    f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); this run cannot resume "
+                    f"(checkpoint: {', '.join(f'{k}={theirs.get(k)!r}' for k in changed)}; this run: "
+                    f"{', '.join(f'{k}={ours.get(k)!r}' for k in changed)}); this run cannot resume "
                     "from it. Use the saving run's config, or another training.checkpoint_dir."
                 )
             try:
@@ -399,6 +401,17 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # RNG and small helpers.
+
+
+def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """fingerprint() with its nested groups spelt as the overrides that change them (model.hidden_size)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def _complete_steps(directory: Path) -> list[int]:

@@ -251,8 +251,18 @@ def test_incomplete_save_is_ignored_and_changed_config_refused(tmp_path: Path) -
     (ckpt.dir / "step_2").mkdir()
     resumed = _checkpointer(tmp_path).load_latest(model=model, optimizer=optimizer, scaler=scaler)
     assert resumed is not None and resumed.step == 1
-    with pytest.raises(CheckpointMismatch, match=r"other seed \(seed=None\)"):
+    with pytest.raises(CheckpointMismatch, match=r"other seed \(checkpoint: seed=None; this run: seed=7\)"):
         _checkpointer(tmp_path, seed=7).load_latest(model=model, optimizer=optimizer, scaler=scaler)
+    # A model group differs in one field: that field is named, with both values.
+    (ckpt.dir / "step_2").rmdir()
+    ckpt2 = Checkpointer(tmp_path / "nested", layout=ckpt.layout, config={"model": {"hidden_size": 64, "num_layers": 2}},
+                         use_async=False)  # fmt: skip
+    ckpt2.save(1, model=model, optimizer=optimizer, scaler=scaler, losses=[1.0], consumed_samples=3)
+    other = Checkpointer(tmp_path / "nested", layout=ckpt.layout, config={"model": {"hidden_size": 128, "num_layers": 2}},
+                         use_async=False)  # fmt: skip
+    with pytest.raises(CheckpointMismatch, match=r"other model\.hidden_size \(checkpoint: model\.hidden_size=64; "
+                                                 r"this run: model\.hidden_size=128\)"):  # fmt: skip
+        other.load_latest(model=model, optimizer=optimizer, scaler=scaler)
 
 
 def test_unreadable_latest_or_step_falls_back_to_an_older_complete_one(tmp_path: Path) -> None:
