@@ -413,11 +413,21 @@ def record_worker_failure(
         return record
     if failed_rank == 0 and written is not None and record.get("status") not in (None, "ok"):
         return record
+    if written is not None and record.get("status") == "error" and str(record.get("message")).startswith(INPUT_ERRORS):
+        # The user's input (a data file, a checkpoint directory, a device), refused the same way on
+        # every rank: whichever rank exited first, rank 0's words are the cause.
+        return record
     earlier = record.get("message")
     record["status"] = "error"
     record["message"] = f"{cause} (rank 0: {earlier})" if earlier else cause
     write_json_atomic(path, record)
     return record
+
+
+INPUT_ERRORS = ("DataFileError: ", "CheckpointMismatch: ", "CheckpointUnreadable: ", "DeviceUnavailable: ")
+"""How a record's message starts when the run stopped on the user's input (train.data.DataFileError,
+train.checkpoint.CheckpointMismatch and its CheckpointUnreadable, train.setup.DeviceUnavailable):
+every rank finds it, and the local spawn's workers exit with it, each on its own."""
 
 
 def record_interruption(run: RunConfig, *, output_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:

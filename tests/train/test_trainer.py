@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from conf import register_configs
 from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
 from train import loop, trainer
-from train.data import MASK_PROBABILITY, MemmapTokens, SyntheticTokens, get_batch, make_source
+from train.data import MASK_PROBABILITY, DataFileError, MemmapTokens, SyntheticTokens, get_batch, make_source
 from train.model import IGNORE_INDEX, build_model
 from train.optim import TORCH_FOREACH, TORCH_FUSED, build_optimizer, lr_at
 from train.planner.layout import Rank
@@ -505,6 +505,25 @@ def test_a_spawn_stopped_before_rank_0_wrote_a_record_still_gets_one(tmp_path: P
     trainer.record_worker_failure(run, output_dir=failed_dir, overrides=[], failed_rank=0, failed_code=1)
     record = read_record(failed_dir)
     assert record["status"] == "error" and record["message"].startswith("worker rank 0 exited with code 1")
+
+
+def test_a_bad_input_is_the_records_cause_whichever_worker_exits_first(tmp_path: Path) -> None:
+    """Every rank of a local spawn refuses a missing data file; rank 1 may exit before rank 0. The
+    record keeps rank 0's words (the cause), not 'worker rank 1 exited with code 1'."""
+    out = tmp_path / "run"
+    missing = f"training.data_path={tmp_path / 'missing.bin'}"
+    with pytest.raises(DataFileError):  # the record rank 0's worker writes (one process here)
+        run_training(compose_run(missing), output_dir=out, overrides=[])
+    run = compose_run("parallelism.dp=2", missing)
+    written = read_record(out)
+    trainer.record_worker_failure(run, output_dir=out, overrides=[], failed_rank=1, failed_code=1)
+    record = read_record(out)
+    assert record["status"] == "error" and record["message"] == written["message"]
+    assert record["message"].startswith("DataFileError: training.data_path=")
+    # Another failure of another rank is still named as the cause.
+    trainer.write_json_atomic(out / "result.json", {**written, "message": "RuntimeError: gloo: connection reset"})
+    trainer.record_worker_failure(run, output_dir=out, overrides=[], failed_rank=1, failed_code=17)
+    assert read_record(out)["message"].startswith("worker rank 1 exited with code 17")
 
 
 def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_and_record(
