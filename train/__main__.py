@@ -152,6 +152,10 @@ def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
     where = tr.checkpoint_dir
     if tr.save_interval > 0 and where is not None and Path(where).exists() and not Path(where).is_dir():
         return f"training.checkpoint_dir={where} is a file, not a directory: name a directory (made if missing)"
+    if tr.save_interval > 0 and where is not None and (why := unwritable(where)) is not None:
+        # Found here, not at the first save after save_interval iterations (a traceback from every rank).
+        return (f"training.checkpoint_dir={where}: cannot write there ({why}); name a directory you can "
+                "create and write, or leave it null for <run dir>/checkpoints")  # fmt: skip
     return None
 
 

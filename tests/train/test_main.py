@@ -416,6 +416,8 @@ def test_ctrl_c_in_start_up_of_a_single_run_is_one_line_and_a_record(tmp_path: P
         ("hardware=h100_sxm", "hardware=h100_sxm needs CUDA, and no CUDA device is visible here"),
         ("parallelism.optimizer=apex", "parallelism.optimizer=apex: apex FusedAdam runs on GPUs only"),
         ("training.checkpoint_dir={file}", "training.checkpoint_dir={file} is a file, not a directory"),
+        # Under a file: no directory can be made there (it trained save_interval steps, then a traceback).
+        ("training.checkpoint_dir={file}/ckpt", "training.checkpoint_dir={file}/ckpt: cannot write there (Not a directory)"),
     ],
 )
 def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: str, words: str, tmp_path: Path) -> None:
