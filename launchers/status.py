@@ -6,10 +6,12 @@
 The state of each config comes from what outlives the submitting process: the manifest
 (what was submitted, exported, refused or skipped, under which job id), each run's result.json
 (written by the trainer whatever happens), and Slurm (squeue for live jobs, sacct for ended
-ones). A result.json wins over Slurm: it says what the run itself saw. A job that ended without
-one (killed by the time limit, out of host memory, cancelled) is failed by its Slurm state. A
-result.json counts for a config only when the overrides it records are the config's
-(train.contract.record_matches): a directory may hold an older run of another config.
+ones). A result.json wins over Slurm once the job has ended: it says what the run itself saw.
+While Slurm still holds the job (requeued by `scontrol requeue`, a preemption or a node failure, and
+pending or running again), the record is an earlier attempt's and the config is pending or running.
+A job that ended without one (killed by the time limit, out of host memory, cancelled) is failed by
+its Slurm state. A result.json counts for a config only when the overrides it records are the
+config's (train.contract.record_matches): a directory may hold an older run of another config.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its
@@ -159,6 +161,13 @@ def classify(
         if status == "interrupted":  # Ctrl-C of a local sweep, or SIGINT to the run
             return "interrupted", f"result.json status interrupted: {record.get('message') or 'no message'}"
         detail = f"result.json status {status}: {record.get('message') or 'no message'}"
+        if slurm_state is not None and is_live(slurm_state):
+            # Requeued (`scontrol requeue`, a preemption, a node failure): the job runs again, and the
+            # record is its last attempt's. Failed now, `rerun --failed` would queue a second run of the
+            # config into the directory the requeued attempt writes.
+            if is_running(slurm_state):  # a requeued attempt, or this one between its record and its end
+                return "running", f"still running; its {detail}"
+            return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
         if status == "timeout" and slurm_state is not None and base_state(slurm_state) == "CANCELLED":
             # scancel sends the SIGTERM a time limit sends, so the record cannot tell them apart:
             # Slurm's state can, and a cancelled run needs no longer time limit.

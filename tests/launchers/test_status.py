@@ -48,6 +48,11 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
         "result.json status timeout"
     )
     assert classify(SUBMITTED, None, None) == ("pending", "")
+    # Requeued (scontrol requeue, a preemption): the record is the last attempt's, the job runs again.
+    requeued = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "PENDING (BeginTime)")
+    assert requeued[0] == "pending" and requeued[1].startswith("requeued (PENDING (BeginTime))")
+    assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "RUNNING")[0] == "running"
+    assert classify(SUBMITTED, {"status": "ok"}, "RUNNING") == ("done", "")
     skipped = ManifestEntry(
         index=1, overrides=(), output_dir="1", status="skipped", reason="tp=3 does not divide"
     )
@@ -355,3 +360,38 @@ def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_pa
     assert table.returncode == EXIT_FAILED and "1 configs failed" in table.stderr, table.stdout + table.stderr
     again = rerun("training.lr=1e-3")
     assert "rerun: config 2 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
+
+
+def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """`scontrol requeue` of a running job (as a preemption with PreemptMode=REQUEUE does): the stopped
+    attempt's `timeout` record stays while the job waits to run again; status called the config failed
+    then, and `rerun --failed` would have queued a second run into the directory the requeued one uses."""
+    sweep_dir = tmp_path / "sweep"
+    # The first attempt sleeps 1 s per iteration (the requeued one runs at full speed) and checkpoints
+    # when Slurm stops it.
+    sweep(sweep_dir, "training.train_iters=8", "training.save_interval=100",
+          "+cluster.env.MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT=1")  # fmt: skip
+    (entry,) = read_manifest(sweep_dir)
+    job, log = str(entry.job_id), sweep_dir / entry.output_dir / LOG_FILE
+    try:
+        wait_until("iteration 2", lambda: log.exists() and "iteration        2/" in log.read_text(errors="replace"))
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        wait_until(
+            "the stopped attempt's record while the job waits",
+            lambda: (r := result(sweep_dir, entry)) is not None and r["status"] == "timeout",
+            timeout=60,
+        )
+        (waiting,) = sweep_status(sweep_dir)
+        if waiting.slurm_state and waiting.slurm_state.startswith("PENDING"):
+            assert waiting.state == "pending" and waiting.detail.startswith("requeued (PENDING")
+        assert waiting.state in ("pending", "running"), waiting
+        assert not unresolved_failures([waiting])
+        wait_until("the requeued attempt's record", lambda: (result(sweep_dir, entry) or {}).get("status") == "ok")
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    record = result(sweep_dir, entry)
+    assert record is not None and record["resumed_from_step"] >= 2 and len(record["losses"]) == 8
+    wait_until("status to show it done", lambda: "1 done, 0 failed" in status_table(sweep_dir), 30)
+
