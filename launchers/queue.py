@@ -15,7 +15,8 @@ result may still come), `is_running`, and `ended_outcome` (the outcome the seeds
 job that ended without a record: oom, timeout or fail).
 
 Nothing here fails: the tools may be absent (a laptop with a copy of the sweep), the controller
-down or slow. An id the tools do not answer for is simply not in the result.
+down or slow. An id the tools do not answer for is simply not in the result; an id that both
+answered without knowing it is GONE (a pending array task cancelled: Slurm keeps no record of it).
 
 Torch-free.
 """
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "ENDED_OUTCOMES",
+    "GONE",
     "base_state",
     "LIVE_STATES",
     "RUNNING_STATES",
@@ -46,6 +48,10 @@ LIVE_STATES = RUNNING_STATES | frozenset(
     {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "RESV_DEL_HOLD"}
 )
 """Not ended: a result.json may still come."""
+GONE = "GONE"
+"""Not a Slurm state: a job that neither squeue nor sacct knows although both answered. A pending
+array task cancelled with scancel leaves no record anywhere (nor does a job purged from accounting):
+it never ran and never will."""
 ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
 """A job that ended without a record, as the seeds' tables write it; any other ended state is 'fail'."""
 
@@ -94,31 +100,44 @@ def parse_states(text: str) -> dict[str, str]:
         state, _, reason = rest.partition("|")
         base, reason = base_state(state), reason.strip()
         if sep and job and base:
-            shown = f"{base} ({reason})" if reason and reason != "None" else base
+            # A reason says why a job waits; for one that ended (squeue -t all) it is stale.
+            shown = f"{base} ({reason})" if reason and reason != "None" and base in LIVE_STATES else base
             for one in expand_job_ids(job.strip()):
                 states[one] = shown
     return states
 
 
-def _run(cmd: list[str], timeout_s: float) -> str:
+def _run(cmd: list[str], timeout_s: float) -> str | None:
+    """The command's stdout; None when it is absent, failed or timed out."""
     if shutil.which(cmd[0]) is None:
-        return ""
+        return None
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.SubprocessError):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
+        return None
+    if proc.returncode == 0:
+        return proc.stdout
+    # squeue asked for one id that the controller no longer (or never) held: an answer, not a failure.
+    return "" if cmd[0] == "squeue" and "Invalid job id specified" in proc.stderr else None
 
 
 def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
-    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states)."""
+    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states); GONE
+    for an id that neither knows although both answered."""
     ids = sorted({str(j) for j in job_ids if j})
     if not ids:
         return {}
     arrays = ",".join(sorted({j.split("_")[0] for j in ids}))
-    states = parse_states(_run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s))
-    # -r: one line per array task, so that '1234_5' appears as itself.
+    accounted = _run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s)
+    # -r: one line per array task, so that '1234_5' appears as itself. -t all: also the jobs that
+    # ended within MinJobAge, which accounting may not have recorded yet.
     # %r: why a pending job waits (Licenses, Priority, PartitionConfig...), which status shows.
-    states.update(parse_states(_run(["squeue", "-h", "-r", "-j", arrays, "-o", "%i|%T|%r"], timeout_s)))
+    queued = _run(["squeue", "-h", "-r", "-t", "all", "-j", arrays, "-o", "%i|%T|%r"], timeout_s)
+    states = parse_states(accounted or "")
+    states.update(parse_states(queued or ""))
+    if accounted is not None and queued is not None:
+        # The controller holds every job from its submission on, and accounting every job that
+        # started or ended: an id neither knows will never run (see GONE).
+        return {j: states.get(j, GONE) for j in ids}
     return {j: states[j] for j in ids if j in states}
 

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
-from launchers.queue import base_state, is_live, is_running, read_states
+from launchers.queue import GONE, base_state, is_live, is_running, read_states
 from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
@@ -181,6 +181,8 @@ def classify(
         return "running", ""
     if is_live(slurm_state):
         return "pending", slurm_state  # with squeue's reason: Licenses, Priority, PartitionConfig...
+    if slurm_state == GONE:
+        return "failed", "not in squeue or sacct (cancelled while pending?), no result.json"
     if base_state(slurm_state) == "COMPLETED":
         # The trainer writes result.json before it exits: a job that completed without one ran something else.
         return "failed", "job completed without writing result.json"

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from launchers.queue import (
+    GONE,
     base_state,
     ended_outcome,
     expand_job_ids,
@@ -72,7 +73,8 @@ def test_states_of_live_array_tasks_and_ended_jobs(slurm_cluster: SlurmClusterIn
         # squeue says why they wait, as status then shows it.
         assert states[f"{held}_0"] == states[f"{held}_2"] == "PENDING (JobHeldUser)"
         assert states[done] == "COMPLETED"  # from sacct, once the job has left the queue
-        assert "999999" not in states  # unknown ids are left out, not guessed
+        # An id neither squeue nor sacct knows, both answering, will never run (a cancelled pending task).
+        assert states["999999"] == GONE
     finally:
         subprocess.run(["scancel", held], check=False, timeout=60)
     deadline = time.monotonic() + 60

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from launchers.queue import GONE, read_states
 from launchers.status import ConfigStatus, classify, format_status, sweep_status, unresolved_failures
 from tests.launchers.test_slurm_launcher import REPO, TINY, result, sweep, wait_for_results, wait_until
 from train.contract import (
@@ -395,3 +396,26 @@ def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
     assert record is not None and record["resumed_from_step"] >= 2 and len(record["losses"]) == 8
     wait_until("status to show it done", lambda: "1 done, 0 failed" in status_table(sweep_dir), 30)
 
+
+def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """scancel of one pending task of an array leaves no trace in squeue or sacct: status called the
+    config pending for ever, and `rerun --failed` never resubmitted it."""
+    sweep_dir = tmp_path / "sweep"
+    # One task at a time, the first slow: the second stays pending (JobArrayTaskLimit) until cancelled.
+    sweep(sweep_dir, "training.lr=1e-4,2e-4", "hydra.launcher.array_parallelism=1", "training.train_iters=50",
+          "+cluster.env.MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT=2")  # fmt: skip
+    first, second = read_manifest(sweep_dir)
+    try:
+        subprocess.run(["scancel", str(second.job_id)], check=True, timeout=30)
+        job = str(second.job_id)
+        wait_until("Slurm to forget the cancelled task", lambda: read_states([job]).get(job) == GONE, 30)
+        statuses = sweep_status(sweep_dir)
+        assert statuses[1].state == "failed" and "not in squeue or sacct" in statuses[1].detail, statuses[1]
+        assert statuses[0].state in ("pending", "running")
+        assert [s.index for s in unresolved_failures(statuses)] == [1]
+    finally:
+        subprocess.run(["scancel", str(first.job_id).split("_")[0]], check=False, timeout=30)
+    # A job id a cluster never had is as unknown; Slurm not answering (no sacct, no squeue) is not.
+    assert read_states(["99999999"]) == {"99999999": GONE}
