@@ -52,6 +52,7 @@ from launchers.submit import (
     launch_failure,
     merge_entries,
     plan_configs,
+    refuse_empty_sweep,
     save_launch_file,
     subdir_namer,
 )
@@ -135,6 +136,8 @@ class LocalLauncher(SweepLauncher):
         assert self.config is not None and self.hydra_context is not None
         if not is_megasweep_config(self.config):
             return self._launch_hydra_jobs(job_overrides, initial_job_idx)
+        if self._first_index is None:  # a sweep's first batch; a later one is never empty
+            refuse_empty_sweep(job_overrides)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         first = self.first_index(sweep_dir)

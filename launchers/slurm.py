@@ -48,6 +48,7 @@ from launchers.submit import (
     merge_entries,
     plan_configs,
     read_max_array_size,
+    refuse_empty_sweep,
     save_launch_file,
     subdir_namer,
     submit_configs,
@@ -190,6 +191,8 @@ class SlurmLauncher(SweepLauncher):
             return submit_hydra_jobs(
                 job, job_overrides, initial_job_idx, self.settings(), array_parallelism=self.array_parallelism
             )
+        if self._first_index is None:  # a sweep's first batch; a later one is never empty
+            refuse_empty_sweep(job_overrides)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         first = self.first_index(sweep_dir)

@@ -463,6 +463,16 @@ class NothingSubmitted(LaunchFailed, UsageError):
     """A launch every config of which is infeasible: nothing ran, so it exits as bad input does (2)."""
 
 
+def refuse_empty_sweep(job_overrides: Sequence[Sequence[str]]) -> None:
+    """UsageError for a sweep of no configs (an override swept over an empty range): it would leave a
+    manifest of nothing that claims the directory, and call its no configs all infeasible."""
+    if not job_overrides:
+        raise UsageError(
+            "The sweep has no configs: a swept override expands to no values (e.g. range(5,5)). "
+            "Nothing was submitted or written; give each swept override at least one value."
+        )
+
+
 def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchFailed | None:
     """Why this batch of a launch failed as a whole, or None: some config was refused by sbatch,
     or none was submitted (every one infeasible)."""

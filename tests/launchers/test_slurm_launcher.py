@@ -375,3 +375,14 @@ def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmCluste
         assert [oversubscribe(a) for a in arrays] == ["NO", "OK"]
     finally:
         subprocess.run(["scancel", *arrays], timeout=30, check=False)
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "local"])
+def test_a_sweep_of_no_configs_is_refused_and_writes_nothing(launcher: str, tmp_path: Path) -> None:
+    """`training.train_iters=range(5,5)` sweeps nothing: the launch said "all 0 configs are infeasible"
+    and left a manifest of no configs, which then refused every later launch into the directory."""
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "training.train_iters=range(5,5)", f"hydra/launcher={launcher}", check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "The sweep has no configs" in proc.stderr and "infeasible" not in proc.stderr
+    assert "Traceback" not in proc.stderr and not sweep_dir.exists()
