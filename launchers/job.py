@@ -112,18 +112,26 @@ class TrainCommand:
                     ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=True
                 )
             except (OSError, subprocess.SubprocessError) as exc:
-                detail = getattr(exc, "stderr", None) or exc
-                print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
-                if kept.exists():
-                    os.replace(kept, result)
-                return
-            print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
+                detail = str(getattr(exc, "stderr", None) or exc).strip()
+                if ALREADY_REQUEUED not in detail:
+                    print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
+                    if kept.exists():
+                        os.replace(kept, result)
+                    return
+                # Slurm requeued the job itself (`scontrol requeue`, a preemption): the stop was its
+                # doing, and the next attempt comes all the same.
+                print(f"slurm: {job} was requeued by Slurm; the next attempt resumes", flush=True)
+            else:
+                print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
         # No return value, no exception: submitit would pickle either as this job's result, and a
         # waiting launcher would take the stopped attempt's outcome for the job's.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_REQUEUE)
 
+
+ALREADY_REQUEUED = "Job is pending execution"
+"""scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 ECHO_INTERVAL_S = 0.2
 """How often the task copies what the trainer added to its log to its own output (seconds)."""

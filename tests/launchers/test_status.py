@@ -366,36 +366,49 @@ def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_pa
 def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
-    """`scontrol requeue` of a running job (as a preemption with PreemptMode=REQUEUE does): the stopped
-    attempt's `timeout` record stays while the job waits to run again; status called the config failed
-    then, and `rerun --failed` would have queued a second run into the directory the requeued one uses."""
+    """`scontrol requeue` of running jobs (as a preemption with PreemptMode=REQUEUE does).
+
+    Without checkpoints (config 0) the stopped attempt's `timeout` record stays while the job waits to
+    run again: status called the config failed then, and `rerun --failed` would have queued a second
+    run into the directory the requeued one uses. With checkpoints (config 1) the in-job wrapper's own
+    `scontrol requeue` finds the job requeued already: it failed with a traceback and put the stopped
+    attempt's record back as result.json; it keeps it as result.attempt0.json, as for its own requeue."""
     sweep_dir = tmp_path / "sweep"
-    # The first attempt sleeps 1 s per iteration (the requeued one runs at full speed) and checkpoints
-    # when Slurm stops it.
-    sweep(sweep_dir, "training.train_iters=8", "training.save_interval=100",
+    # The first attempts sleep 1 s per iteration (the requeued ones run at full speed); config 1
+    # checkpoints only when Slurm stops it.
+    sweep(sweep_dir, "training.train_iters=8", "training.save_interval=0,100",
           "+cluster.env.MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT=1")  # fmt: skip
-    (entry,) = read_manifest(sweep_dir)
-    job, log = str(entry.job_id), sweep_dir / entry.output_dir / LOG_FILE
+    entries = read_manifest(sweep_dir)
+    jobs = [str(e.job_id) for e in entries]
+    logs = [sweep_dir / e.output_dir / LOG_FILE for e in entries]
     try:
-        wait_until("iteration 2", lambda: log.exists() and "iteration        2/" in log.read_text(errors="replace"))
-        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         wait_until(
-            "the stopped attempt's record while the job waits",
-            lambda: (r := result(sweep_dir, entry)) is not None and r["status"] == "timeout",
+            "iteration 2 of both",
+            lambda: all(p.exists() and "iteration        2/" in p.read_text(errors="replace") for p in logs),
+        )
+        subprocess.run(["scontrol", "requeue", *jobs], check=True, timeout=30)
+        wait_until(
+            "config 0's stopped attempt's record",
+            lambda: (result(sweep_dir, entries[0]) or {}).get("status") == "timeout",
             timeout=60,
         )
-        (waiting,) = sweep_status(sweep_dir)
+        waiting = sweep_status(sweep_dir)[0]
         if waiting.slurm_state and waiting.slurm_state.startswith("PENDING"):
-            assert waiting.state == "pending" and waiting.detail.startswith("requeued (PENDING")
+            assert waiting.state == "pending" and waiting.detail.startswith("requeued (PENDING"), waiting
         assert waiting.state in ("pending", "running"), waiting
         assert not unresolved_failures([waiting])
-        wait_until("the requeued attempt's record", lambda: (result(sweep_dir, entry) or {}).get("status") == "ok")
+        wait_until("the requeued attempts' records",
+                   lambda: all((result(sweep_dir, e) or {}).get("status") == "ok" for e in entries))  # fmt: skip
     finally:
-        subprocess.run(["scancel", job], check=False, timeout=30)
-    record = result(sweep_dir, entry)
-    assert record is not None and record["resumed_from_step"] >= 2 and len(record["losses"]) == 8
-    wait_until("status to show it done", lambda: "1 done, 0 failed" in status_table(sweep_dir), 30)
-
+        subprocess.run(["scancel", *jobs], check=False, timeout=30)
+    from_scratch, resumed = (result(sweep_dir, e) or {} for e in entries)
+    assert "resumed_from_step" not in from_scratch and from_scratch["iterations_run"] == 8
+    assert resumed["resumed_from_step"] >= 2 and len(resumed["losses"]) == 8
+    stopped = json.loads((sweep_dir / entries[1].output_dir / "result.attempt0.json").read_text())
+    assert stopped["status"] == "timeout" and stopped["iterations_run"] == resumed["resumed_from_step"]
+    slurm_log = (sweep_dir / SUBMITIT_DIR / jobs[1] / f"{jobs[1]}_0_log.out").read_text(errors="replace")
+    assert "was requeued by Slurm" in slurm_log and "Traceback" not in slurm_log
+    wait_until("status to show both done", lambda: "2 done, 0 failed" in status_table(sweep_dir), 30)
 
 def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
