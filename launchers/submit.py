@@ -29,6 +29,9 @@ distinct, and not hidden (the analysis skips hidden directories).
 
 The manifest is rewritten (atomically) after each array is queued, so a launcher killed
 between two arrays leaves one that lists exactly what was queued (and the infeasible configs).
+SIGINT, SIGTERM and SIGHUP wait while an array is queued and recorded; then the configs not yet
+submitted are recorded `interrupted` (`rerun --failed` submits them) and the signal takes effect.
+SIGKILL cannot wait: killed so, a launcher may leave the array of its last sbatch unlisted.
 An sbatch that Slurm refuses (unknown partition, bad gres) marks that group's configs
 `refused` with Slurm's own message; the other groups still go ahead.
 
@@ -40,12 +43,16 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,8 +421,11 @@ def submit_configs(
     arrays: list[str] = []
     groups = group_by((spec.key, spec) for spec in specs)
     totals = license_totals() if any(key.options.core_license for key in groups) else None
-    for key, members in groups.items():
-        for piece in chunk(members, settings.max_array_size):
+    pieces = [(key, piece) for key, members in groups.items() for piece in chunk(members, settings.max_array_size)]
+    for done, (key, piece) in enumerate(pieces, start=1):
+        # An sbatch that has queued an array must not be cut off from the manifest line that lists
+        # it: a stop signal waits until both are done (see _stop_signals_held).
+        with _stop_signals_held() as held:
             executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
             executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
             try:
@@ -430,8 +440,48 @@ def submit_configs(
                     entries.append(entry_for(spec, "submitted", job_id=str(job.job_id)))
             if on_queued is not None:
                 on_queued(sorted(entries, key=lambda e: e.index))
+        if held:
+            name = signal.Signals(held[0]).name
+            if done < len(pieces):
+                # The configs not submitted stay in the sweep, as a local sweep's Ctrl-C leaves them.
+                reason = f"not submitted: the launcher was stopped ({name}) before this config's array"
+                entries.extend(entry_for(s, "interrupted", reason=reason) for _, rest in pieces[done:] for s in rest)
+                if on_queued is not None:
+                    with _stop_signals_held():
+                        on_queued(sorted(entries, key=lambda e: e.index))
+            print(
+                f"slurm: stopped ({name}) after {done} of {len(pieces)} arrays; the manifest lists what was "
+                f"queued, the rest as interrupted (python -m launchers rerun {sweep_dir} --failed submits them)",
+                file=sys.stderr,
+                flush=True,
+            )
+            signal.raise_signal(held[0])  # its own handler again: the end (or KeyboardInterrupt) it means
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP received inside the block are noted (yielded), not acted on; the
+    previous handlers come back after it. Killed between sbatch and the manifest's rewrite, a launcher
+    left an array queued that no manifest listed: no status, no rerun, no analysis of it. (SIGKILL
+    cannot be held: that window stays.)"""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def note(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    # A signal this process ignores (nohup, a background job's SIGINT) stays ignored.
+    stops = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, note) for sig in stops}
+    try:
+        yield held
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 _RULE = re.compile(r"\[([a-z0-9_]+)\]")

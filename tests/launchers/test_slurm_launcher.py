@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -276,6 +277,49 @@ def test_manifest_entries_are_handed_over_after_each_array(
         assert [e.status for e in submission.entries] == ["submitted", "submitted", "refused"]
     finally:
         subprocess.run(["scancel", *submission.arrays], timeout=30, check=False)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_a_stop_signal_while_submitting_waits_for_the_manifest_and_keeps_the_rest(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """SIGTERM (or Ctrl-C, a closed terminal's SIGHUP) to the launcher while it submits: it used to die
+    between an sbatch that had queued an array and the manifest's rewrite, leaving jobs that no
+    manifest listed, and the configs not yet submitted were in no manifest either."""
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
+    jobs = [[*TINY, f"cluster.time_limit_min={m}"] for m in (5, 10, 15)]  # three arrays
+    specs, _ = plan_configs(composer, jobs, 0)
+    settings = LaunchSettings(
+        python=sys.executable, module="train", cwd=str(REPO), job_name="stopped", max_array_size=1001,
+        sbatch_args={"hold": ""},  # nothing runs
+    )  # fmt: skip
+    snapshots: list[list[ManifestEntry]] = []
+
+    def on_queued(done: list[ManifestEntry]) -> None:
+        if not snapshots:  # the signal arrives while the first array is being recorded
+            os.kill(os.getpid(), signal.SIGTERM)
+        snapshots.append(done)
+
+    def stopped(signum: int, frame: object) -> None:
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        with pytest.raises(_Stopped):  # the test's own handler again, once the first array is recorded
+            submit_configs(tmp_path, specs, settings, on_queued=on_queued)
+        # What Slurm holds is what the manifest lists: the first array only.
+        queued = subprocess.run(["squeue", "-h", "-r", "--name=stopped", "-o", "%i"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout.split()  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        subprocess.run(["scancel", "--name=stopped"], timeout=30, check=False)
+    last = snapshots[-1]
+    assert [(e.index, e.status) for e in last] == [(0, "submitted"), (1, "interrupted"), (2, "interrupted")]
+    assert "stopped (SIGTERM)" in str(last[1].reason)
+    assert queued == [last[0].job_id]
 
 
 def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
