@@ -222,7 +222,17 @@ class SlurmLauncher(SweepLauncher):
         # Also when nothing was submitted (every config infeasible): the manifest says so.
         write_manifest(merge_entries(old, entries), path)
         self._report(entries, submission, path)
-        returns = self._returns(entries, submission, sweep_dir)
+        try:
+            returns = self._returns(entries, submission, sweep_dir)
+        except KeyboardInterrupt:
+            # Ctrl-C while waiting ends the wait, not the jobs: say so, and how to follow or end them.
+            print(
+                f"slurm: stopped waiting; the jobs stay queued: python -m launchers status {sweep_dir} follows "
+                f"them, scancel {' '.join(submission.arrays)} ends them",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
         failure = launch_failure(entries, sweep_dir)
         if failure is not None:
             raise failure

@@ -430,3 +430,30 @@ def test_a_sweep_of_no_configs_is_refused_and_writes_nothing(launcher: str, tmp_
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "The sweep has no configs" in proc.stderr and "infeasible" not in proc.stderr
     assert "Traceback" not in proc.stderr and not sweep_dir.exists()
+
+
+def test_ctrl_c_while_waiting_says_the_jobs_stay_queued(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    """hydra.launcher.wait=true and Ctrl-C: the launcher printed a bare `interrupted` and exited 130, the
+    jobs still queued without a word about them."""
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra.launcher.wait=true",
+            "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=ctrlc", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=slurm"]  # fmt: skip
+    # SIGINT as a terminal delivers it (a background shell would have it ignored in the child).
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        wait_until("the manifest", lambda: (sweep_dir / "manifest.jsonl").exists(), timeout=120)
+        time.sleep(1)  # into the wait
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+        entries = read_manifest(sweep_dir)
+        array = str(entries[0].job_id).split("_")[0]
+        queued = subprocess.run(["squeue", "-h", "-r", "-j", array, "-o", "%i"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout.split()  # fmt: skip
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        subprocess.run(["scancel", "--name=ctrlc"], timeout=30, check=False)
+    assert launcher.returncode == 130, err
+    assert "the jobs stay queued" in err and f"scancel {array}" in err and "Traceback" not in err
+    assert sorted(queued) == sorted(str(e.job_id) for e in entries)
