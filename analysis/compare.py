@@ -154,10 +154,12 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
             "outcome_after": joined["outcome_after"],
             "sec_before": joined["sec_per_iter_before"],
             "sec_after": joined["sec_per_iter_after"],
-            "sec_ratio": joined["sec_per_iter_after"] / joined["sec_per_iter_before"],
+            # Only where both sides finished: a timeout or an interrupted run keeps the medians of the
+            # iterations it measured, which are no run's figures to compare (nor to average).
+            "sec_ratio": sec_ratio.where(both_ok),
             "tflops_before": joined["tflops_before"],
             "tflops_after": joined["tflops_after"],
-            "tflops_ratio": joined["tflops_after"] / joined["tflops_before"],
+            "tflops_ratio": (joined["tflops_after"] / joined["tflops_before"]).where(both_ok),
             "runs_before": joined["runs_before"].astype(int),
             "runs_after": joined["runs_after"].astype(int),
             "noise_pct": noise_pct.where(both_ok),

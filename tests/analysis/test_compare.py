@@ -56,6 +56,26 @@ def test_ratios_per_config(sweeps: tuple[Path, Path]) -> None:
     assert re.search(r"\|\s+OOM \|", text), text
 
 
+def test_a_run_that_did_not_finish_gets_no_ratio_and_stays_out_of_the_mean(tmp_path: Path) -> None:
+    # After the change, DP=4 PP=12 timed out: its record keeps the medians of the iterations it
+    # measured (400 s/it), as the trainer writes them. That is no finished run's figure: no ratio
+    # beside "timeout", and the geometric mean stays that of the configs ok on both sides.
+    data = _after(1.25)
+    late = next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2")
+    late.update(status="timeout", message="TrainingTimeout: a collective did not finish", sec_per_iter=400.0)
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    row = c.table[c.table["outcome_after"] == "timeout"].iloc[0]
+    assert row["dp"] == 4 and row["pp"] == 12 and row["sec_after"] == 400.0
+    assert pd.isna(row["sec_ratio"]) and pd.isna(row["tflops_ratio"])
+    assert c.sec_ratio_geomean == pytest.approx(0.8, abs=1e-4)
+    assert c.tflops_ratio_geomean == pytest.approx(1.25, abs=1e-3)
+    line = next(ln for ln in format_comparison(c, before="b", after="a").splitlines() if "parallelism.pp=12 " in ln)
+    cells = [cell.strip() for cell in line.split("|")]
+    assert cells[8:11] == ["timeout", "", ""], cells  # Sec/it after, ratio, change
+
+
 @pytest.mark.parametrize(
     ("ratio", "text"),
     [
