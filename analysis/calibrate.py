@@ -7,7 +7,8 @@ into three groups, the pipeline bubble shared among them as the stage time is:
 - communication: TP, PP and DP transfers.
 
 A least-squares fit of measured = f_compute x compute + f_memory x memory + f_comm x communication
-(factors kept non-negative; a group no run exercises is left at 1) says how far each part of the model
+(factors kept non-negative; a group no run exercises is left at 1; a group driven to 0 makes the fit
+unusable: it says so, and the exit status is 1) says how far each part of the model
 is from this site, e.g. f_compute = 1.3: GEMMs ran 30% slower than predicted, so
 hardware.gemm_efficiency / 1.3 predicts them. It prints the factors, each run's predicted, fitted
 and measured seconds, and the mean absolute error before and after. Learning from what was
@@ -64,6 +65,10 @@ class Fit:
 
     factors: dict[str, float]
     points: list[Point]
+    clipped: tuple[str, ...] = ()
+    """Groups the runs exercise whose least-squares factor came out negative, held at 0: the fit
+    then says that part takes no time, which no hardware does (and gemm_efficiency / 0 is no
+    efficiency). Such factors are not to be applied; main exits 1."""
 
     def fitted(self, p: Point) -> float:
         return sum(self.factors[g] * v for g, v in p.groups.items())
@@ -141,6 +146,7 @@ def fit(data: list[Point]) -> Fit:
     # Non-negative least squares by elimination: a group whose factor comes out negative is
     # dropped (its factor 0) and the others are fitted again without it.
     factors = dict.fromkeys(GROUPS, 1.0)
+    clipped: list[str] = []
     while used:
         a = np.array([[p.groups[g] for g in used] for p in data])
         solution, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -149,8 +155,9 @@ def fit(data: list[Point]) -> Fit:
             break
         dropped = used[int(np.argmin(solution))]
         factors[dropped] = 0.0
+        clipped.append(dropped)
         used = [g for g in used if g != dropped]
-    return Fit(factors, data)
+    return Fit(factors, data, tuple(clipped))
 
 
 def format_fit(result: Fit) -> str:
@@ -168,6 +175,13 @@ def format_fit(result: Fit) -> str:
         f"mean absolute error: {result.mae(fitted=False):.1%} as predicted, {result.mae(fitted=True):.1%} fitted "
         f"({len(result.points)} runs, {len(result.factors)} factors: check them on a sweep they were not fitted to)"
     )
+    if result.clipped:
+        names = ", ".join(result.clipped)
+        lines.append(
+            f"not usable: the least-squares fit made {names} negative, held at 0 (that part taking no time): "
+            f"these {len(result.points)} runs do not tell the groups apart; do not apply these factors, "
+            "measure layouts that differ more in how much they compute, move through memory and communicate"
+        )
     return "\n".join(lines)
 
 
@@ -187,11 +201,12 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_USAGE
     print(format_fit(result))
     if args.json is not None:
-        payload = {"factors": result.factors, "mae_predicted": result.mae(fitted=False),
+        payload = {"factors": result.factors, "clipped": list(result.clipped), "mae_predicted": result.mae(fitted=False),
                    "mae_fitted": result.mae(fitted=True),
                    "points": [{"run_dir": p.run_dir, "groups": p.groups, "measured": p.measured} for p in data]}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
-    return 0 if all(math.isfinite(f) for f in result.factors.values()) else 1
+    usable = not result.clipped and all(math.isfinite(f) for f in result.factors.values())
+    return 0 if usable else 1
 
 
 __all__ = ["GROUPS", "Fit", "Point", "fit", "format_fit", "main", "points"]

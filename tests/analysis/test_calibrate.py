@@ -90,3 +90,26 @@ def test_each_row_names_its_model_and_directory(tmp_path: Path, capsys: pytest.C
     rows = capsys.readouterr().out.splitlines()[2:-1]
     ends = {(r.split()[0], r.split()[-1]) for r in rows if r.split()[1:6] == ["dp1", "tp1", "pp1", "mbs1", "none"]}
     assert ends == {("gpt_350m", "small/0"), ("gpt_1.3b", "large/0")}
+
+
+def test_a_factor_the_fit_drives_to_zero_is_flagged_not_usable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three GPT 1.3B layouts on A100s, measured at 1.1, 0.9 and 1.3 x their predictions: least
+    # squares makes the compute factor negative, held at 0 ("GEMMs take no time"). It printed
+    # "compute 0" and exited 0 as if the fit were one to apply (gemm_efficiency / 0).
+    from tests.analysis.golden.build import build_sweep, predicted_sweep_data
+
+    data, _ = predicted_sweep_data([1.1, 0.9, 1.3, 1.0, 1.2])
+    data["runs"] = data["runs"][:3]
+    sweep = build_sweep(tmp_path / "s", data)
+    result = fit(points([sweep])[0])
+    assert result.clipped == ("compute",) and result.factors["compute"] == 0.0
+    assert main(["calibrate", str(sweep), "--json", str(tmp_path / "fit.json")]) == 1
+    out = capsys.readouterr().out
+    assert "compute 0," in out
+    assert "not usable: the least-squares fit made compute negative, held at 0" in out.splitlines()[-1]
+    assert json.loads((tmp_path / "fit.json").read_text())["clipped"] == ["compute"]
+    # A fit that recovers its factors clips none.
+    write_sweep(tmp_path / "good")
+    assert fit(points([tmp_path / "good"])[0]).clipped == ()
