@@ -4,7 +4,8 @@
   layout, the fastest MAX_BARS by seconds per iteration, each bar labelled with its layout and the
   fields that differ among the runs plotted (GBS, recompute, ...). When every run shares one peak the
   two axes are one scale (MFU = TFLOPs / peak), so that a point sits on its bar's top.
-- sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work;
+- sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work
+  (model and GBS, and the hardware and sequence length when the runs differ in them);
   runs on one node count only are drawn as points over that one whole-node tick.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line and a line at each hardware's usable capacity:
@@ -39,7 +40,8 @@ DPI = 100
 MAX_BARS = 40
 PLOT_FILES = ("tflops_mfu.png", "sec_per_iter_vs_nodes.png", "memory_measured_vs_predicted.png")
 PLOT_COLUMNS = (
-    "outcome", "model", "hardware", "sweep", "nodes", "dp", "tp", "pp", "mbs", "gbs", "sec_per_iter", "tflops", "mfu",
+    "outcome", "model", "hardware", "sweep", "nodes", "dp", "tp", "pp", "mbs", "gbs", "seq_length", "sec_per_iter",
+    "tflops", "mfu",
     "mem_gib", "mem_pred_gib", "mem_capacity_gib", *TIE_BREAK, *(col for col, _ in _DISTINCT),
 )  # fmt: skip
 """The columns of the table the plots read (sort_results' tie-breaks included): the plots of the table
@@ -157,6 +159,22 @@ def tflops_mfu_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def _whole(v: object) -> str:
+    return "?" if pd.isna(v) else str(int(v))  # type: ignore[call-overload]
+
+
+def _work_label(runs: pd.DataFrame) -> pd.Series:
+    """One series per piece of work, as the recommendation groups it: model, GBS, and the hardware
+    and sequence length where the runs drawn differ in them (their times are not one series)."""
+    work = runs["model"].astype(str)
+    if "hardware" in runs.columns and runs["hardware"].nunique(dropna=False) > 1:
+        work = work + " on " + runs["hardware"].astype(str)
+    work = work + " GBS " + runs["gbs"].map(_whole)
+    if "seq_length" in runs.columns and runs["seq_length"].nunique(dropna=False) > 1:
+        work = work + " seq " + runs["seq_length"].map(_whole)
+    return work
+
+
 def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
     """Seconds per iteration against nodes: every run as a point, the fastest per node count joined."""
     from matplotlib.ticker import MaxNLocator
@@ -165,7 +183,7 @@ def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
     if runs.empty:
         raise NothingToPlot("no successful run with a measured seconds per iteration")
     fig, ax = pyplot().subplots(figsize=FIGSIZE)
-    work = runs["model"].astype(str) + " GBS " + runs["gbs"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
+    work = _work_label(runs)
     for i, (name, group) in enumerate(runs.groupby(work, sort=True)):
         color = f"C{i % 10}"
         ax.scatter(group["nodes"], group["sec_per_iter"], color=color, alpha=0.6, s=25)

@@ -177,3 +177,25 @@ def test_one_node_count_is_drawn_as_points_on_a_whole_node_axis(table: pd.DataFr
     (fastest,) = ax.lines
     assert fastest.get_marker() == "D" and list(fastest.get_xdata()) == [48]
     assert _legend(fig)[0].startswith("bloom_200b_l80_h14400 GBS 2048")
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_runs_on_other_hardware_or_sequence_lengths_are_other_series(table: pd.DataFrame) -> None:
+    # Two sweeps of one model and GBS, one at sequence 64 and one at 256 (or one on A100s and one
+    # on H100s), were one series: its "fastest per node count" line joined the short sequence's
+    # times, as if the two were the same work (the recommendation keeps them apart).
+    ok = table[table["outcome"] == "ok"]
+    short = ok.assign(seq_length=64, sec_per_iter=ok["sec_per_iter"] / 4)
+    legend = _legend(sec_vs_nodes_figure(pd.concat([ok, short], ignore_index=True)))
+    assert sorted(legend) == [
+        "bloom_200b_l80_h14400 GBS 2048 seq 2048: fastest per node count (dots: every run)",
+        "bloom_200b_l80_h14400 GBS 2048 seq 64: fastest per node count (dots: every run)",
+    ]
+    h100 = ok.assign(hardware="h100_sxm", sec_per_iter=ok["sec_per_iter"] / 3)
+    fig = sec_vs_nodes_figure(pd.concat([ok, h100], ignore_index=True))
+    assert sorted(entry.split(":")[0] for entry in _legend(fig)) == [
+        "bloom_200b_l80_h14400 on a100_80gb GBS 2048",
+        "bloom_200b_l80_h14400 on h100_sxm GBS 2048",
+    ]
+    fastest = {line.get_label().split(" GBS")[0]: min(line.get_ydata()) for line in fig.axes[0].lines}
+    assert fastest["bloom_200b_l80_h14400 on a100_80gb"] == pytest.approx(ok["sec_per_iter"].min())
