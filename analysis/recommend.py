@@ -35,7 +35,16 @@ import numpy as np
 import pandas as pd
 
 from analysis.records import FAILED, MISSING, value_texts
-from analysis.tables import OUTCOME_TEXT, TIE_BREAK, format_cv, format_err, format_sec, format_size, narrow
+from analysis.tables import (
+    OUTCOME_TEXT,
+    TIE_BREAK,
+    above_peak_text,
+    format_cv,
+    format_err,
+    format_sec,
+    format_size,
+    narrow,
+)
 
 RERUN_TOP = 3
 """Configs a recommendation inside the noise suggests repeating, at most (the best included)."""
@@ -381,7 +390,7 @@ def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = ""
 
 def _figures(c: Candidate) -> str:
     tflops = "" if c.tflops is None else f", {c.tflops:.2f} TFLOPs/device"
-    mfu = "" if c.mfu is None else f", MFU {100 * c.mfu:.1f}%"
+    mfu = "" if c.mfu is None else f", MFU {above_peak_text(c.mfu) if c.mfu > 1.0 else f'{100 * c.mfu:.1f}%'}"
     pooled = f" (median of {c.runs} runs)" if c.runs > 1 else ""
     return f"{c.sec_per_iter:.2f} s/it{pooled}{tflops}{mfu}"
 

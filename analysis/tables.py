@@ -262,13 +262,20 @@ _RESULTS_COLUMNS = (
 def _mfu_cells(done: pd.DataFrame) -> pd.Series:
     """MFU as recorded; where the record left it out because the run beat its device's peak (the
     trainer's above-peak warning: the peak is too low, a CPU's calibrated under load, say), the
-    ratio itself marked as such, never an empty cell that reads as 'not measured'."""
-    cells = done["mfu"].map(format_mfu)
+    ratio itself marked as such, never an empty cell that reads as 'not measured'. A recorded MFU
+    above 100% (a record not written by this trainer, which leaves it out) is marked alike."""
+    recorded = pd.to_numeric(done["mfu"], errors="coerce")
+    cells = recorded.map(format_mfu).where(~(recorded > 1.0), recorded.map(above_peak_text))
     if "peak_tflops" not in done.columns:
         return cells
     ratio = pd.to_numeric(done["tflops"], errors="coerce") / pd.to_numeric(done["peak_tflops"], errors="coerce")
     above = (cells == "") & (ratio > 1.0)
-    return cells.where(~above, ratio.map(lambda r: f"{100 * r:.0f}% (above peak)"))
+    return cells.where(~above, ratio.map(above_peak_text))
+
+
+def above_peak_text(mfu: float) -> str:
+    """An MFU above 100%: the peak (or the FLOPs count) is wrong, not the run's figures."""
+    return f"{100 * mfu:.0f}% (above peak)"
 
 
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -749,6 +756,7 @@ __all__ = [
     "ZERO_COLUMNS",
     "NOT_PREDICTED",
     "ZERO_FOOTNOTE",
+    "above_peak_text",
     "format_cv",
     "format_err",
     "format_mem",

@@ -441,3 +441,17 @@ def test_scaling_keeps_runs_of_two_global_batches_at_one_scale_apart(tmp_path: P
     weak = df[((df["nodes"] == 1) & (df["gbs"] == 2048)) | ((df["nodes"] == 4) & (df["gbs"] == 8192))]
     frame = scaling_frame(weak)
     assert frame["variant"].nunique() == 1 and "gbs=" not in frame["variant"].iloc[0]
+
+
+def test_a_recorded_mfu_above_100_percent_is_marked_above_peak(tmp_path: Path) -> None:
+    # A record whose mfu is above 1 (not this trainer's: it leaves such an MFU out, with a warning)
+    # was published as "320.5%" in results.md and the recommendation, an MFU no run can reach.
+    data = copy.deepcopy(fixture())
+    fast = next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2")
+    fast["tflops"] = 1000.0  # against a100_80gb's 312 TFLOP/s: MFU 320.5%
+    md = _markdown(build_sweep(tmp_path / "s", data))
+    row = next(line for line in md.splitlines() if line.startswith("|") and "| 161.96 |" in line)
+    assert "| 321% (above peak) |" in row and "320.5%" not in md
+    assert "1000.00 TFLOPs/device, MFU 321% (above peak) [s/runs/3]" in md
+    # MFUs up to 100% read as before.
+    assert [c.strip() for c in md.split("| 172.36 |")[1].split("|")][3:5] == ["98.43", "31.5%"]
