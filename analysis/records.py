@@ -160,7 +160,7 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
     Strings and os.scandir, not Paths and os.walk: a sweep of 10,000 runs would spend a good part
     of its loading in pathlib, and os.walk lists every directory twice over (names, then entries).
     What it finds is what os.walk(sweep_dir) would: symbolic links to directories are not followed,
-    unreadable directories are passed over.
+    unreadable directories are passed over; a directory named result.json is listed, not entered.
     """
     top = os.fspath(sweep_dir)
     found = []
@@ -175,8 +175,9 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
             name = entry.name
             try:
                 if name == RESULT_FILE:
-                    if not entry.is_dir():
-                        found.append((root, rel))
+                    # A directory of that name too: reading it fails, and the warning says so,
+                    # rather than its config reading as pending with no word why.
+                    found.append((root, rel))
                 # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
                 elif not name.startswith(".") and entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, f"{rel}/{name}" if rel else name))

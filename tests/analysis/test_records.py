@@ -165,6 +165,20 @@ def test_corrupt_record_is_a_warning(sweep: Path) -> None:
     assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
 
 
+def test_an_empty_result_file_or_a_directory_of_its_name_is_a_warning(sweep: Path) -> None:
+    # A result.json that is a directory (a copy gone wrong, a tool's mkdir) was passed over without
+    # a word: its config read as pending, as if it were still to run. An empty one already warned.
+    (sweep / "runs" / "0" / "result.json").unlink()
+    (sweep / "runs" / "0" / "result.json").mkdir()
+    (sweep / "runs" / "1" / "result.json").write_text("")
+    loaded = load_sweeps([sweep], queue=None)
+    for run in ("0", "1"):
+        (warning,) = [w for w in loaded.warnings if f"runs/{run}/result.json" in w]
+        assert "not a readable result record" in warning and warning.endswith("; ignored")
+    assert "Is a directory" in next(w for w in loaded.warnings if "runs/0/" in w)
+    assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
+
+
 def test_what_orjson_reads_otherwise_or_refuses_is_read_as_json_reads_it(sweep: Path) -> None:
     # result.json is parsed by orjson, which refuses NaN and reads integers beyond 64 bits as floats;
     # json reads both (a record written by hand or by an older trainer). Text that is not UTF-8
