@@ -64,22 +64,24 @@ class Comparison:
     """Matched rows whose figures pool more than one run on a side."""
 
 
-def _label(side: pd.DataFrame, how: str) -> pd.Series:
+def _label(side: pd.DataFrame, how: str, *, sequence: bool = False) -> pd.Series:
     """Readable names of `side`'s rows: the overrides for 'overrides'; for 'layout', the key's fields
-    by name (model on hardware, ZeRO=1 ...) rather than the raw key's '|'-joined values."""
+    by name (model on hardware, ZeRO=1 ...) rather than the raw key's '|'-joined values, and the
+    sequence length (seq=) when the sweeps compared differ in it."""
     if how == "overrides":
         return pd.Series(side.index.astype(str), index=side.index)
-    texts = [value_texts(side[c].astype(object)) if c in side.columns else [""] * len(side) for c, _ in _LAYOUT_LABEL]
+    fields = (*_LAYOUT_LABEL, ("seq_length", "seq")) if sequence else _LAYOUT_LABEL
+    texts = [value_texts(side[c].astype(object)) if c in side.columns else [""] * len(side) for c, _ in fields]
     model = value_texts(side["model"]) if "model" in side.columns else [""] * len(side)
     hardware = value_texts(side["hardware"]) if "hardware" in side.columns else [""] * len(side)
     labels = []
     for i, (m, hw) in enumerate(zip(model, hardware, strict=True)):
-        fields = " ".join(f"{name}={t[i]}" for (_, name), t in zip(_LAYOUT_LABEL, texts, strict=True) if t[i])
-        labels.append(" ".join(p for p in (m, f"on {hw}," if hw else ",", fields) if p).replace(" ,", ","))
+        named = " ".join(f"{name}={t[i]}" for (_, name), t in zip(fields, texts, strict=True) if t[i])
+        labels.append(" ".join(p for p in (m, f"on {hw}," if hw else ",", named) if p).replace(" ,", ","))
     return pd.Series(labels, index=side.index)
 
 
-def _side(df: pd.DataFrame, key: str, how: str) -> pd.DataFrame:
+def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False) -> pd.DataFrame:
     """One row per config of `df` (per `key`): its runs that finished with a measured iteration
     pooled (see the module), else its first failure."""
     side = df[~df["outcome"].isin(NOT_RUN)].copy()
@@ -99,7 +101,9 @@ def _side(df: pd.DataFrame, key: str, how: str) -> pd.DataFrame:
         first.loc[runs.index, "tflops"] = by["tflops"].median()
         first.loc[runs.index, "sec_cv"] = pooled_cv(sec.std() / sec.mean(), by["sec_cv"].max(), runs)
         first.loc[runs.index, "runs"] = runs
-    first["label"] = _label(first, how)
+    if (seq := _sequence(df)) is not None:
+        first["seq_length"] = seq.groupby(df[key]).first()
+    first["label"] = _label(first, how, sequence=sequence)
     return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs"]]
 
 
@@ -113,12 +117,26 @@ _APART = ("config.parallelism.sequence_parallel", "config.parallelism.virtual_st
 with and without them are other layouts, never one pooled row (their gap read as noise)."""
 
 
+def _sequence(df: pd.DataFrame) -> pd.Series | None:
+    """Each row's sequence length, as the recommendation reads it: a row without a record (a failure
+    Slurm reported) takes its model's."""
+    if "seq_length" not in df.columns:
+        return None
+    seq = pd.to_numeric(df["seq_length"], errors="coerce")
+    if "model" in df.columns:
+        seq = seq.fillna(seq.groupby(df["model"]).transform("first"))
+    return seq
+
+
 def _with_layouts(df: pd.DataFrame) -> pd.DataFrame:
-    present = [c for c in _APART if c in df.columns]
-    if not present or "layout_key" not in df.columns:
+    """layout_key with what it leaves out and the recommendation keeps apart: SP, interleaving, and
+    the sequence length (the same model at another sequence length is other work, not a speed-up)."""
+    parts = [df[c].tolist() for c in _APART if c in df.columns]
+    if (seq := _sequence(df)) is not None:
+        parts.append(value_texts(seq.astype(object)))
+    if not parts or "layout_key" not in df.columns:
         return df
-    extra = pd.Series(["|".join(map(str, values)) for values in zip(*(df[c].tolist() for c in present), strict=True)],
-                      index=df.index, dtype=object)  # fmt: skip
+    extra = pd.Series(["|".join(map(str, values)) for values in zip(*parts, strict=True)], index=df.index, dtype=object)
     return df.assign(layout_key=df["layout_key"].where(df["layout_key"] == "", df["layout_key"] + "|" + extra))
 
 
@@ -128,9 +146,12 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
         raise ValueError(f"match must be auto, overrides or layout, got {match!r}")
     order = ["overrides", "layout"] if match == "auto" else [match]
     before, after = _with_layouts(before), _with_layouts(after)
+    lengths = [seq.dropna() for seq in (_sequence(before), _sequence(after)) if seq is not None]
+    sequence = bool(lengths) and pd.concat(lengths).nunique() > 1
     for how in order:
         key = MATCH_KEYS[how]
-        b, a = _side(before[before[key] != ""], key, how), _side(after[after[key] != ""], key, how)
+        b = _side(before[before[key] != ""], key, how, sequence=sequence)
+        a = _side(after[after[key] != ""], key, how, sequence=sequence)
         common = b.index.intersection(a.index)
         if len(common) or how == order[-1]:
             break

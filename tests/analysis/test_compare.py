@@ -151,6 +151,26 @@ def test_layout_matches_read_as_layouts_with_readable_labels(tmp_path: Path) -> 
     assert "| bloom_200b_l80_h14400 on a100_80gb, GBS=2048 DP=4 TP=8 PP=11 MBS=2 ZeRO=1" in text
 
 
+def test_the_same_layouts_at_another_sequence_length_are_not_matched(tmp_path: Path) -> None:
+    # The after sweep trains the same model at half the sequence (model.seq_length=1024): its
+    # overrides differ, so layouts were matched, and the shorter sequence's shorter iterations read
+    # as "2.0x faster" (the recommendation keeps sequence lengths apart as other work).
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    data = _after(2.0, ["model.seq_length=1024"])
+    data["model"] = {**data["model"], "seq_length": 1024}
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and c.table.empty and c.sec_ratio_geomean is None
+    text = format_comparison(c, before="b", after="a")
+    assert "0 layout(s) matched by layout" in text and "No layout appears in both sweeps." in text
+    assert "Only in a (10 layout(s), the first 5):\n- bloom_200b_l80_h14400 on a100_80gb, GBS=" in text
+    assert "engine=native seq=1024" in text
+    assert "engine=native seq=2048" in text
+    # At one sequence length the same layouts still match, their labels as before (no seq=).
+    same = compare_sweeps(before, load_sweeps([build_sweep(tmp_path / "c", _after(2.0, ["x=1"]))], queue=None).table)
+    assert same.matched_on == "layout" and len(same.table) == 10 and not same.table["label"].str.contains("seq=").any()
+
+
 def test_compare_cli(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
     before, after = sweeps
     proc = subprocess.run(
