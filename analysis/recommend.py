@@ -249,8 +249,9 @@ def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     counts = key.map(key.value_counts())
     if (counts == 1).all():  # the usual sweep: nothing to pool, and no groupby over thousands of runs
         return runs.assign(_runs=1)
-    # Labels pick the pooled rows: tables of several sweeps may repeat an index label.
-    runs, key = runs.reset_index(drop=True), key.reset_index(drop=True)
+    # Labels pick the pooled rows: tables of several sweeps may repeat an index label. The counts
+    # too are then by position (assigned by their old labels, repeated ones gave NaN runs).
+    runs, key, counts = runs.reset_index(drop=True), key.reset_index(drop=True), counts.reset_index(drop=True)
     by = runs.groupby(key, sort=False)
     sec = by["sec_per_iter"]
     median = sec.transform("median")

@@ -114,6 +114,22 @@ def test_runs_of_one_layout_are_one_candidate_never_each_others_runner_up(tmp_pa
     assert "compared 1 qualifying layout(s) from 2 runs (runs of one layout pooled)" in text
 
 
+def test_layouts_repeated_across_two_whole_sweeps_are_pooled(tmp_path: Path) -> None:
+    # The golden sweep, and again without its first config: the qualifying runs' table labels are
+    # not 0..n-1, and the pooled-run counts were assigned by those labels after the rows were
+    # renumbered: NaN counts, and `python -m analysis a b` ended in "ValueError: cannot convert
+    # float NaN to integer" (a rerun of a sweep, or any two sweeps sharing a layout).
+    a = build_sweep(tmp_path / "a")
+    data = fixture()
+    data["runs"] = data["runs"][1:]
+    b = build_sweep(tmp_path / "b", data)
+    (rec,) = recommend(load_sweeps([a, b], queue=None).table)
+    assert (rec.best.dp, rec.best.pp, rec.best.sec_per_iter, rec.best.runs) == (4, 12, 161.96, 2)
+    assert rec.runner_up is not None and (rec.runner_up.dp, rec.runner_up.pp, rec.runner_up.runs) == (8, 6, 2)
+    assert rec.candidates == 5 and rec.runs == 9  # DP=4 PP=10 MBS=2 ran in a only
+    assert "161.96 s/it (median of 2 runs)" in format_recommendations([rec])
+
+
 def test_the_noise_of_a_repeated_layout_is_its_spread_across_runs(tmp_path: Path) -> None:
     # DP=8 PP=6 ran at 150 and 210 s/it (median 180, CV 23.6% across the runs), each run's own
     # iterations spread by 0.4%; DP=4 PP=10 ran twice at 207.92. A 15.5% margin is inside that noise,
