@@ -301,11 +301,34 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
     return tuple(notes)
 
 
+_SHAPE = (
+    "config.model.num_layers", "config.model.hidden_size", "config.model.num_attention_heads",
+    "config.model.ffn_hidden_size", "config.model.vocab_size",
+)  # fmt: skip
+"""A model's shape: runs of one model name with another shape (model.hidden_size=... overridden) are
+other work, as another sequence length is."""
 _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
+    "sweep", *_SHAPE,
 )  # fmt: skip
 """The columns recommend reads."""
+
+
+def _shapes(df: pd.DataFrame) -> pd.Series:
+    """Each row's model shape as one text; rows without a record (plan.csv, the manifest) take
+    the first of their model in their sweep, else of their model."""
+    present = [c for c in _SHAPE if c in df.columns]
+    if not present:
+        return pd.Series("", index=df.index, dtype=object)
+    texts = pd.Series(
+        ["|".join(t) for t in zip(*(value_texts(df[c].astype(object)) for c in present), strict=True)],
+        index=df.index, dtype=object,
+    )  # fmt: skip
+    known = texts.where(df[present].notna().any(axis=1))
+    if "sweep" in df.columns:
+        known = known.fillna(known.groupby([df["sweep"], df["model"]]).transform("first"))
+    return known.fillna(known.groupby(df["model"]).transform("first")).fillna("")
 
 
 def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
@@ -317,11 +340,12 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
     if "hardware" not in df.columns:
         df = df.assign(hardware="")
-    groups = df[df["gbs"].notna()].groupby(["model", "hardware", "gbs", "seq_length"], dropna=False, sort=True)
+    df = df.assign(_shape=_shapes(df))
+    groups = df[df["gbs"].notna()].groupby(["model", "hardware", "gbs", "seq_length", "_shape"], dropna=False, sort=True)
     # Hardware is named where the runs read ran on several: with one, the work says it already.
     several_hardware = df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
     recs = []
-    for (model, hardware, gbs, seq), group in groups:
+    for (model, hardware, gbs, seq, _), group in groups:
         # A record that does not say where it ran (a hand-written or damaged result.json, or one
         # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
         masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}

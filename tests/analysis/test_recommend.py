@@ -130,6 +130,29 @@ def test_layouts_repeated_across_two_whole_sweeps_are_pooled(tmp_path: Path) -> 
     assert "161.96 s/it (median of 2 runs)" in format_recommendations([rec])
 
 
+def test_one_model_name_with_another_shape_is_other_work(tmp_path: Path) -> None:
+    # A second sweep of the same model name at half the width (model.hidden_size=7200, a quarter of
+    # the parameters), each run 3x faster: its runs were pooled with the full model's as one layout
+    # ("median of 2 runs", CV 70.7%), one recommendation for two pieces of work.
+    a = build_sweep(tmp_path / "a")
+    data = copy.deepcopy(fixture())
+    data["model"] = {**data["model"], "hidden_size": 7200, "num_attention_heads": 48}
+    for run in data["runs"]:
+        run["extra_overrides"] = ["model.hidden_size=7200", "model.num_attention_heads=48"]
+        run["params"] = None  # the size the planner gives this shape
+        if run.get("sec_per_iter"):
+            run["sec_per_iter"] /= 3
+    b = build_sweep(tmp_path / "b", data)
+    recs = recommend(load_sweeps([a, b], queue=None).table)
+    assert [(r.size, r.best.sec_per_iter, r.best.runs, r.runs) for r in recs] == [
+        ("203B", 161.96, 1, 5), ("51.6B", pytest.approx(161.96 / 3), 1, 5),
+    ]  # fmt: skip
+    text = format_recommendations(recs)
+    assert "median of" not in text
+    # Each sweep's pending config is counted with its own shape's work.
+    assert text.count("1 still pending or running") == 2
+
+
 def test_the_noise_of_a_repeated_layout_is_its_spread_across_runs(tmp_path: Path) -> None:
     # DP=8 PP=6 ran at 150 and 210 s/it (median 180, CV 23.6% across the runs), each run's own
     # iterations spread by 0.4%; DP=4 PP=10 ran twice at 207.92. A 15.5% margin is inside that noise,
