@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.recommend import pooled_cv
+from analysis.recommend import model_shapes, pooled_cv
 from analysis.records import NOT_RUN, value_texts
-from analysis.tables import OUTCOME_TEXT, format_sec, format_tflops, markdown_table
+from analysis.tables import OUTCOME_TEXT, format_sec, format_size, format_tflops, markdown_table
 
 MATCH_KEYS = {"overrides": "config_key", "layout": "layout_key"}
 UNITS = {"overrides": "config", "layout": "layout"}
@@ -64,14 +64,17 @@ class Comparison:
     """Matched rows whose figures pool more than one run on a side."""
 
 
-def _label(side: pd.DataFrame, how: str, *, sequence: bool = False) -> pd.Series:
+def _label(side: pd.DataFrame, how: str, *, sequence: bool = False, shape: bool = False) -> pd.Series:
     """Readable names of `side`'s rows: the overrides for 'overrides'; for 'layout', the key's fields
     by name (model on hardware, ZeRO=1 ...) rather than the raw key's '|'-joined values, and the
-    sequence length (seq=) when the sweeps compared differ in it."""
+    sequence length (seq=) and the model's size (size=) when the sweeps compared differ in them."""
     if how == "overrides":
         return pd.Series(side.index.astype(str), index=side.index)
     fields = (*_LAYOUT_LABEL, ("seq_length", "seq")) if sequence else _LAYOUT_LABEL
     texts = [value_texts(side[c].astype(object)) if c in side.columns else [""] * len(side) for c, _ in fields]
+    if shape and "size_params" in side.columns:
+        fields = (*fields, ("size_params", "size"))
+        texts.append(side["size_params"].map(format_size).tolist())
     model = value_texts(side["model"]) if "model" in side.columns else [""] * len(side)
     hardware = value_texts(side["hardware"]) if "hardware" in side.columns else [""] * len(side)
     labels = []
@@ -81,7 +84,7 @@ def _label(side: pd.DataFrame, how: str, *, sequence: bool = False) -> pd.Series
     return pd.Series(labels, index=side.index)
 
 
-def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False) -> pd.DataFrame:
+def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape: bool = False) -> pd.DataFrame:
     """One row per config of `df` (per `key`): its runs that finished with a measured iteration
     pooled (see the module), else its first failure."""
     side = df[~df["outcome"].isin(NOT_RUN)].copy()
@@ -103,7 +106,7 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False) -> pd
         first.loc[runs.index, "runs"] = runs
     if (seq := _sequence(df)) is not None:
         first["seq_length"] = seq.groupby(df[key]).first()
-    first["label"] = _label(first, how, sequence=sequence)
+    first["label"] = _label(first, how, sequence=sequence, shape=shape)
     return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs"]]
 
 
@@ -129,11 +132,14 @@ def _sequence(df: pd.DataFrame) -> pd.Series | None:
 
 
 def _with_layouts(df: pd.DataFrame) -> pd.DataFrame:
-    """layout_key with what it leaves out and the recommendation keeps apart: SP, interleaving, and
-    the sequence length (the same model at another sequence length is other work, not a speed-up)."""
+    """layout_key with what it leaves out and the recommendation keeps apart: SP, interleaving, the
+    sequence length and the model's shape (the same model name at another sequence length or width
+    is other work, not a speed-up)."""
     parts = [df[c].tolist() for c in _APART if c in df.columns]
     if (seq := _sequence(df)) is not None:
         parts.append(value_texts(seq.astype(object)))
+    if "model" in df.columns:
+        parts.append(model_shapes(df).tolist())
     if not parts or "layout_key" not in df.columns:
         return df
     extra = pd.Series(["|".join(map(str, values)) for values in zip(*parts, strict=True)], index=df.index, dtype=object)
@@ -148,10 +154,12 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
     before, after = _with_layouts(before), _with_layouts(after)
     lengths = [seq.dropna() for seq in (_sequence(before), _sequence(after)) if seq is not None]
     sequence = bool(lengths) and pd.concat(lengths).nunique() > 1
+    shapes = [model_shapes(df) for df in (before, after) if "model" in df.columns]
+    shape = bool(shapes) and pd.concat(shapes).nunique() > 1
     for how in order:
         key = MATCH_KEYS[how]
-        b = _side(before[before[key] != ""], key, how, sequence=sequence)
-        a = _side(after[after[key] != ""], key, how, sequence=sequence)
+        b = _side(before[before[key] != ""], key, how, sequence=sequence, shape=shape)
+        a = _side(after[after[key] != ""], key, how, sequence=sequence, shape=shape)
         common = b.index.intersection(a.index)
         if len(common) or how == order[-1]:
             break

@@ -315,7 +315,7 @@ _READ = (
 """The columns recommend reads."""
 
 
-def _shapes(df: pd.DataFrame) -> pd.Series:
+def model_shapes(df: pd.DataFrame) -> pd.Series:
     """Each row's model shape as one text; rows without a record (plan.csv, the manifest) take
     the first of their model in their sweep, else of their model."""
     present = [c for c in _SHAPE if c in df.columns]
@@ -340,7 +340,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
     if "hardware" not in df.columns:
         df = df.assign(hardware="")
-    df = df.assign(_shape=_shapes(df))
+    df = df.assign(_shape=model_shapes(df))
     groups = df[df["gbs"].notna()].groupby(["model", "hardware", "gbs", "seq_length", "_shape"], dropna=False, sort=True)
     # Hardware is named where the runs read ran on several: with one, the work says it already.
     several_hardware = df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
@@ -540,4 +540,4 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
     return "\n\n".join(blocks)
 
 
-__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "pooled_cv", "recommend"]
+__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend"]

@@ -171,6 +171,21 @@ def test_the_same_layouts_at_another_sequence_length_are_not_matched(tmp_path: P
     assert same.matched_on == "layout" and len(same.table) == 10 and not same.table["label"].str.contains("seq=").any()
 
 
+def test_the_same_layouts_of_a_narrower_model_of_one_name_are_not_matched(tmp_path: Path) -> None:
+    # The after sweep overrides model.hidden_size=7200 (a quarter of the parameters, 3x faster per
+    # iteration): layouts were matched across the two shapes and read as "Sec/it x0.333 (3.0x faster)".
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    data = _after(3.0, ["model.hidden_size=7200", "model.num_attention_heads=48"])
+    data["model"] = {**data["model"], "hidden_size": 7200, "num_attention_heads": 48}
+    for run in data["runs"]:
+        run["params"] = None
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and c.table.empty and c.sec_ratio_geomean is None
+    text = format_comparison(c, before="b", after="a")
+    assert "engine=native size=203B" in text and "engine=native size=51.6B" in text
+
+
 def test_compare_cli(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
     before, after = sweeps
     proc = subprocess.run(
