@@ -5,7 +5,7 @@
   fields that differ among the runs plotted (GBS, recompute, ...). When every run shares one peak the
   two axes are one scale (MFU = TFLOPs / peak), so that a point sits on its bar's top.
 - sec_per_iter_vs_nodes.png: seconds per iteration against node count, one series per piece of work
-  (model and GBS, and the hardware and sequence length when the runs differ in them);
+  (model and GBS, and the hardware, sequence length and model size when the runs differ in them);
   runs on one node count only are drawn as points over that one whole-node tick.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line and a line at each hardware's usable capacity:
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.recommend import _DISTINCT, _varying
+from analysis.recommend import _DISTINCT, _SHAPE, _varying, model_shapes
 from analysis.records import value_texts
-from analysis.tables import TIE_BREAK, sort_results
+from analysis.tables import TIE_BREAK, format_size, sort_results
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,7 +41,7 @@ MAX_BARS = 40
 PLOT_FILES = ("tflops_mfu.png", "sec_per_iter_vs_nodes.png", "memory_measured_vs_predicted.png")
 PLOT_COLUMNS = (
     "outcome", "model", "hardware", "sweep", "nodes", "dp", "tp", "pp", "mbs", "gbs", "seq_length", "sec_per_iter",
-    "tflops", "mfu",
+    "tflops", "mfu", "size_params", *_SHAPE,
     "mem_gib", "mem_pred_gib", "mem_capacity_gib", *TIE_BREAK, *(col for col, _ in _DISTINCT),
 )  # fmt: skip
 """The columns of the table the plots read (sort_results' tie-breaks included): the plots of the table
@@ -172,6 +172,8 @@ def _work_label(runs: pd.DataFrame) -> pd.Series:
     work = work + " GBS " + runs["gbs"].map(_whole)
     if "seq_length" in runs.columns and runs["seq_length"].nunique(dropna=False) > 1:
         work = work + " seq " + runs["seq_length"].map(_whole)
+    if "size_params" in runs.columns and model_shapes(runs).nunique() > 1:
+        work = work + " (" + runs["size_params"].map(format_size) + ")"
     return work
 
 

@@ -199,3 +199,17 @@ def test_runs_on_other_hardware_or_sequence_lengths_are_other_series(table: pd.D
     ]
     fastest = {line.get_label().split(" GBS")[0]: min(line.get_ydata()) for line in fig.axes[0].lines}
     assert fastest["bloom_200b_l80_h14400 on a100_80gb"] == pytest.approx(ok["sec_per_iter"].min())
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_one_model_name_of_two_sizes_is_two_series(table: pd.DataFrame) -> None:
+    # The same model name at half the width (model.hidden_size overridden): other work, not a
+    # faster point of the same series.
+    ok = table[table["outcome"] == "ok"]
+    narrow = ok.assign(**{"config.model.hidden_size": 7200, "size_params": 51.6e9,
+                          "sec_per_iter": ok["sec_per_iter"] / 3})  # fmt: skip
+    legend = _legend(sec_vs_nodes_figure(pd.concat([ok, narrow], ignore_index=True)))
+    assert sorted(entry.split(":")[0] for entry in legend) == [
+        "bloom_200b_l80_h14400 GBS 2048 (203B)",
+        "bloom_200b_l80_h14400 GBS 2048 (51.6B)",
+    ]
