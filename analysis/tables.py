@@ -487,7 +487,15 @@ def results_markdown(
 # ---------------------------------------------------------------------------------------------
 # Scaling (seed 004)
 
+_WORK_FIELDS = (
+    ("seq_length", "seq={}"),
+    ("config.model.num_layers", "layers={}"),
+    ("config.model.hidden_size", "hidden={}"),
+)
+"""What makes runs of one model name other work (the recommendation keeps them apart): named in a
+row's label when the runs differ in it, so that no cell takes the fastest of two pieces of work."""
 _VARIANT_FIELDS = (
+    *_WORK_FIELDS,
     ("hardware", "{}"),
     ("config.parallelism.zero_stage", "zero{}"),
     ("config.parallelism.offload", "offload={}"),
@@ -615,6 +623,7 @@ _OFFLOAD_RANK = {"none": 0, "optimizer": 1, "params": 2}
 # Shown only when they vary: the rows are per engine setting, yet a bf16 and an fp32 run (or two
 # hardware kinds) must not meet in one cell, where only the faster would survive.
 _ZERO_EXTRA_FIELDS = (
+    *_WORK_FIELDS,
     ("hardware", "{}"),
     ("config.parallelism.precision", "{}"),
     ("config.parallelism.recompute", "recompute={}"),

@@ -455,3 +455,27 @@ def test_a_recorded_mfu_above_100_percent_is_marked_above_peak(tmp_path: Path) -
     assert "1000.00 TFLOPs/device, MFU 321% (above peak) [s/runs/3]" in md
     # MFUs up to 100% read as before.
     assert [c.strip() for c in md.split("| 172.36 |")[1].split("|")][3:5] == ["98.43", "31.5%"]
+
+
+def test_scaling_keeps_one_model_at_two_sequence_lengths_or_widths_apart(tmp_path: Path) -> None:
+    # Two sweeps of one model name and layouts, the second at sequence 1024 (or half the width), 2x
+    # faster: their runs met in one cell of the scaling table, which kept the faster as the
+    # layout's figure (29.55 samples/s for the full model at 40*8) without a word.
+    a = build_sweep(tmp_path / "a")
+    for name, override, model in (
+        ("short", "model.seq_length=1024", {"seq_length": 1024}),
+        ("narrow", "model.hidden_size=7200", {"hidden_size": 7200, "num_attention_heads": 48}),
+    ):
+        data = copy.deepcopy(fixture())
+        data["model"] = {**data["model"], **model}
+        for run in data["runs"]:
+            run["extra_overrides"] = [override]
+            if run.get("sec_per_iter"):
+                run["sec_per_iter"] /= 2
+        df = load_sweeps([a, build_sweep(tmp_path / name, data)], queue=None).table
+        frame = scaling_frame(df)
+        cell = frame[frame["variant"].str.startswith("bloom_200b_l80_h14400 (tp=8 pp=10 mbs=2)") & (frame["devices"] == 320)]
+        word = "seq=" if name == "short" else "hidden="
+        assert len(cell) == 2 and cell["variant"].str.contains(word).all(), cell["variant"].tolist()
+        full = cell[cell["variant"].str.contains("seq=2048" if name == "short" else "hidden=14400")]
+        assert full["samples_per_s"].tolist() == pytest.approx([2048 / 207.92])
