@@ -627,6 +627,16 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["source"] = "result"
     df["outcome"] = status.map(_STATUS_OUTCOME).fillna("fail")
     df["reason"] = _col(df, "message", "").fillna("").astype(str).str.split("\n").str[0]
+    # A status the contract does not know ('OK', None, a tool's own) counts as a failure: the row
+    # says why, or it reads as a failure nobody explained.
+    unknown = ~status.isin(list(_STATUS_OUTCOME)) & (df["reason"] == "")
+    if unknown.any():
+        raw = _col(df, "status", None)
+        known = ", ".join(_STATUS_OUTCOME)
+        df.loc[unknown, "reason"] = raw[unknown].map(
+            lambda v: f"the record's status {v!r} is not one of {known}"
+            if isinstance(v, str) else f"the record gives no status (one of {known})"
+        )
     df["config_key"] = _col(df, "overrides", None).map(lambda o: overrides_key(o) if isinstance(o, list) else "")
     df["model"] = _col(df, "config.model.name", "")
     df["devices"] = _num(df, "world.world_size")

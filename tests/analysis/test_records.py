@@ -546,3 +546,19 @@ def test_records_table_is_the_table_of_the_flattened_records(records: list[dict[
 def test_keys_tell_true_from_one_and_print_integral_floats_as_ints() -> None:
     df = pd.DataFrame({"x": [True, 1, 1.0, 2.5, None, [1, 2]], "y": ["a", "a", "b", float("nan"), "c", "d"]})
     assert list(_join_str(df, ["x", "y"])) == ["True|a", "1|a", "1|b", "2.5|", "|c", "[1, 2]|d"]
+
+
+def test_a_status_the_contract_does_not_know_is_a_failure_that_says_why(sweep: Path) -> None:
+    # status 'OK' (a hand-written or another tool's record) or null read as "fail" with an empty
+    # reason: a failure nobody explained, in results.md's Notes and the recommendation's counts.
+    for run, status in (("0", "OK"), ("1", None)):
+        path = sweep / "runs" / run / "result.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "status": status, "message": None}))
+    rows = load_sweeps([sweep], queue=None).table.set_index("run_dir")
+    assert rows.loc["runs/0", "outcome"] == rows.loc["runs/1", "outcome"] == "fail"
+    assert rows.loc["runs/0", "reason"] == (
+        "the record's status 'OK' is not one of ok, oom, nan, timeout, error, interrupted"
+    )
+    assert rows.loc["runs/1", "reason"] == "the record gives no status (one of ok, oom, nan, timeout, error, interrupted)"
+    # A known failure keeps its own message.
+    assert rows.loc["runs/5", "reason"].startswith("OutOfMemoryError")
