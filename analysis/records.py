@@ -647,6 +647,10 @@ def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     df["seq_length"] = _num(df, "config.model.seq_length")
     # SLURM_NNODES is what the job had; the layout's nodes are what it needed (a CPU run has no Slurm).
     df["nodes"] = _num(df, "env.SLURM_NNODES").fillna(_layout_nodes(df))
+    # A median that is no time (negative, zero, inf: a hand-written or damaged record) is no
+    # measurement: read as none, never a run that ranks first (negative) or last (inf, "inf% faster").
+    sec = _num(df, "sec_per_iter")
+    df["sec_per_iter"] = sec.where(~(sec.notna() & ~(np.isfinite(sec) & (sec > 0))))
     df["sec_cv"] = _num(df, "sec_per_iter_cv")
     df["neighbour_jobs"] = _neighbour_counts(df)
     df["device_mismatch"] = _device_mismatches(df)

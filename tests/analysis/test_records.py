@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.recommend import format_recommendations, recommend
 from analysis.records import (
     AnalysisError,
     _flatten,
@@ -562,3 +563,18 @@ def test_a_status_the_contract_does_not_know_is_a_failure_that_says_why(sweep: P
     assert rows.loc["runs/1", "reason"] == "the record gives no status (one of ok, oom, nan, timeout, error, interrupted)"
     # A known failure keeps its own message.
     assert rows.loc["runs/5", "reason"].startswith("OutOfMemoryError")
+
+
+def test_a_sec_per_iter_that_is_no_time_is_no_measurement(sweep: Path) -> None:
+    # Hand-written or damaged records: sec_per_iter inf ranked last and read "margin: inf% faster
+    # than the runner-up"; -5 sorted first in results.md. Neither is a time.
+    for run, sec in (("0", float("inf")), ("1", -5.0), ("2", 0.0)):
+        path = sweep / "runs" / run / "result.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "sec_per_iter": sec}))
+    df = load_sweeps([sweep], queue=None).table
+    rows = df.set_index("run_dir")
+    assert rows.loc[["runs/0", "runs/1", "runs/2"], "sec_per_iter"].isna().all()
+    assert rows.loc["runs/3", "sec_per_iter"] == 161.96
+    (rec,) = recommend(df)
+    assert rec.runs == 2 and "3 finished without a measured iteration" in rec.excluded
+    assert "inf" not in format_recommendations([rec])
