@@ -352,7 +352,9 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         if c.max_nodes is not None:
             masks[f"over the {c.max_nodes}-node limit"] = group["nodes"] <= c.max_nodes
         if c.max_mem_gib is not None:
-            masks[f"above {c.max_mem_gib:g} GiB per device"] = group["mem_gib"] <= c.max_mem_gib
+            # A run that measured no memory is not above the limit: it is unknown, and said so.
+            masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(group["mem_gib"] > c.max_mem_gib)
+            masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
         if c.dp_multiple_of is not None:
             masks[f"with DP not a multiple of {c.dp_multiple_of}"] = group["dp"] % c.dp_multiple_of == 0
         ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)

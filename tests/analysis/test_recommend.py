@@ -327,3 +327,15 @@ def test_a_run_whose_record_gives_no_layout_is_left_out_and_counted(tmp_path: Pa
     assert rec.best.sec_per_iter > before.best.sec_per_iter == df.loc[fastest, "sec_per_iter"]
     assert any(e.startswith("2 whose record does not give its layout") for e in rec.excluded), rec.excluded
     assert "2 whose record does not give its layout" in format_recommendations([rec])
+
+
+def test_a_run_without_measured_memory_is_not_called_above_the_memory_limit(tmp_path: Path) -> None:
+    # --max-mem-gib 50 with a run that recorded no peak memory: it was excluded as "above 50 GiB
+    # per device", a figure nobody measured.
+    data = copy.deepcopy(fixture())
+    next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2")["mem_gib"] = None
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    (rec,) = recommend(df, Constraints(max_mem_gib=50.0))
+    assert (rec.best.dp, rec.best.pp, rec.best.sec_per_iter) == (8, 6, 172.36)
+    assert "1 above 50 GiB per device" in rec.excluded  # DP=4 PP=10 MBS=4 at 55 GiB
+    assert "1 with no measured peak memory to check against --max-mem-gib" in rec.excluded
