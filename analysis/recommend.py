@@ -350,13 +350,14 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
         masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}
         if c.max_nodes is not None:
-            masks[f"over the {c.max_nodes}-node limit"] = group["nodes"] <= c.max_nodes
+            # A run without its layout is counted once, under _NO_LAYOUT, not also as over the limit.
+            masks[f"over the {c.max_nodes}-node limit"] = ~(group["nodes"] > c.max_nodes)
         if c.max_mem_gib is not None:
             # A run that measured no memory is not above the limit: it is unknown, and said so.
             masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(group["mem_gib"] > c.max_mem_gib)
             masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
         if c.dp_multiple_of is not None:
-            masks[f"with DP not a multiple of {c.dp_multiple_of}"] = group["dp"] % c.dp_multiple_of == 0
+            masks[f"with DP not a multiple of {c.dp_multiple_of}"] = ~(group["dp"] % c.dp_multiple_of != 0) | group["dp"].isna()
         ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
         for mask in masks.values():
             ok &= mask

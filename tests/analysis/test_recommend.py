@@ -339,3 +339,16 @@ def test_a_run_without_measured_memory_is_not_called_above_the_memory_limit(tmp_
     assert (rec.best.dp, rec.best.pp, rec.best.sec_per_iter) == (8, 6, 172.36)
     assert "1 above 50 GiB per device" in rec.excluded  # DP=4 PP=10 MBS=4 at 55 GiB
     assert "1 with no measured peak memory to check against --max-mem-gib" in rec.excluded
+
+
+def test_a_run_without_its_layout_is_counted_once_under_constraints(tmp_path: Path) -> None:
+    # With --max-nodes and --dp-multiple, a run whose record gives no nodes or DP was counted
+    # twice or thrice: as without its layout, and as "over the 44-node limit" and "with DP not a
+    # multiple of 4" (NaN compared False), figures it does not have.
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    damaged = df.copy()
+    damaged.loc[df["sec_per_iter"].idxmin(), ["nodes", "dp"]] = float("nan")
+    (rec,) = recommend(damaged, Constraints(max_nodes=44, dp_multiple_of=4))
+    assert "1 whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)" in rec.excluded
+    assert "1 over the 44-node limit" in rec.excluded  # DP=8 PP=6 on 48 nodes; the damaged run not again
+    assert not any("not a multiple" in e for e in rec.excluded)
