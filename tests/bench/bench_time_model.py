@@ -58,12 +58,13 @@ Row = tuple[int, str, float, float, str]
 """(nodes, layout, predicted sec/it, measured sec/it, spread of the timed iterations)."""
 
 
-def run(out: Path, cluster: tuple[str, ...] = ()) -> list[Row]:
+def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> list[Row]:
     """Calibrate, search and measure into `out`: a Row per measured layout. `cluster`: overrides of
-    the cluster group (a test's partition), given to the calibration and to both searches."""
+    the cluster group (a test's partition), given to the calibration and to both searches;
+    `min_seconds`: the calibration's shortest timing of each figure (`--min-seconds`)."""
     cal = out / "calibration.json"
     subprocess.run([sys.executable, "-m", "launchers", "calibrate", *MODEL, *SEARCH, *cluster, "search.nodes=[1,2]",
-                    "--out", str(cal)], cwd=REPO, check=True)  # fmt: skip
+                    "--min-seconds", str(min_seconds), "--out", str(cal)], cwd=REPO, check=True)  # fmt: skip
     rows = []
     for nodes in (1, 2):
         sweep = out / f"nodes{nodes}"

@@ -109,7 +109,7 @@ def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
     assert sorted(layouts) == sorted(top) and len(set(layouts)) == 2
 
 
-# Issue 12's Done-means on the local cluster: about 4 minutes (calibration ~80 s, twelve measured jobs
+# Issue 12's Done-means on the local cluster: about 3.5 minutes (calibration ~50 s, twelve measured jobs
 # one at a time ~150 s). `alone`: the predictions come from a calibration and are compared with
 # timings, so nothing else may run on the two cores meanwhile; make test runs it after the others.
 @pytest.mark.alone
@@ -117,7 +117,9 @@ def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
 def test_a_calibrated_search_predicts_what_the_cluster_measures(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = bench_time_model.run(tmp_path, cluster=(f"cluster.partition={slurm_cluster.partition}",))
+    # --min-seconds 0.02 rather than the bench's 0.05: the calibration takes ~50 s instead of ~80 (make test's
+    # budget); a CPU figure is the best 1 ms window of its timing either way (train.calibration_job).
+    rows = bench_time_model.run(tmp_path, cluster=(f"cluster.partition={slurm_cluster.partition}",), min_seconds=0.02)
     lines, mae, in_top3 = bench_time_model.report(rows)
     with capsys.disabled():  # the figures, in make test's output whatever the outcome
         print("\nissue 12, the time model on the local cluster:\n" + "\n".join(lines))
