@@ -161,10 +161,12 @@ def classify(
         if status == "interrupted":  # Ctrl-C of a local sweep, or SIGINT to the run
             return "interrupted", f"result.json status interrupted: {record.get('message') or 'no message'}"
         detail = f"result.json status {status}: {record.get('message') or 'no message'}"
-        if slurm_state is not None and is_live(slurm_state):
+        if status == "timeout" and slurm_state is not None and is_live(slurm_state):
             # Requeued (`scontrol requeue`, a preemption, a node failure): the job runs again, and the
-            # record is its last attempt's. Failed now, `rerun --failed` would queue a second run of the
-            # config into the directory the requeued attempt writes.
+            # record is its last attempt's (a stopped attempt records `timeout`). Failed now, `rerun
+            # --failed` would queue a second run of the config into the directory the requeued attempt
+            # writes. Any other record of a live job is this attempt's, written just before its end
+            # (read as running, a config that failed showed running until Slurm saw the job end).
             if is_running(slurm_state):  # a requeued attempt, or this one between its record and its end
                 return "running", f"still running; its {detail}"
             return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"

@@ -54,6 +54,8 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     assert requeued[0] == "pending" and requeued[1].startswith("requeued (PENDING (BeginTime))")
     assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "RUNNING")[0] == "running"
     assert classify(SUBMITTED, {"status": "ok"}, "RUNNING") == ("done", "")
+    # A failure's record while its job is still ending (no requeue follows an error) is failed at once.
+    assert classify(SUBMITTED, {"status": "error", "message": "DataFileError: x"}, "RUNNING")[0] == "failed"
     skipped = ManifestEntry(
         index=1, overrides=(), output_dir="1", status="skipped", reason="tp=3 does not divide"
     )
