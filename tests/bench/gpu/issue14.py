@@ -37,10 +37,9 @@ from typing import Any
 
 MODELS = ("gpt_350m", "gpt_1.3b")
 RECOMPUTE = ("none", "selective", "full")
-COMMON = ("hardware=h100_sxm", "parallelism.precision=bf16", "logger=disabled")
 MFU_GBS = 32
 """Global batch of the MFU runs: 4 to 32 micro-batches, so the optimizer step is a small share."""
-ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100, "trace": 40}
+ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100, "trace": 40, "layouts": 280}
 """Rough seconds per stage on an H100, to skip a stage that cannot end before the deadline."""
 
 
@@ -49,7 +48,12 @@ class Driver:
         self.work, self.start, self.deadline = work, time.monotonic(), deadline_s
         self.grid = grid or work / "memory"
         self.memory_models = MODELS
+        self.hardware = "h100_sxm"
+        self.calibrate_models: tuple[str, ...] = MODELS
         self.summary: dict[str, Any] = {"stages": {}}
+
+    def common(self, precision: str = "bf16") -> tuple[str, ...]:
+        return (f"hardware={self.hardware}", f"parallelism.precision={precision}", "logger=disabled")
 
     def left(self) -> float:
         return self.deadline - (time.monotonic() - self.start)
@@ -97,15 +101,15 @@ def env(d: Driver) -> None:
 
 
 def smoke(d: Driver) -> None:
-    rc, _ = d.sh("smoke", [sys.executable, "-m", "train", "model=tiny", *COMMON, "training.train_iters=3",
+    rc, _ = d.sh("smoke", [sys.executable, "-m", "train", "model=tiny", *d.common(), "training.train_iters=3",
                            f"hydra.run.dir={d.work / 'smoke'}"])  # fmt: skip
     d.summary["stages"]["smoke"] = {"exit": rc, **brief(result(d.work / "smoke"))}
 
 
 def calibrate(d: Driver) -> None:
-    for m in MODELS:
-        rc, _ = d.sh("calibrate", [sys.executable, "-m", "launchers", "calibrate", "--here", f"model={m}", *COMMON,
-                                   "hardware.devices_per_node=1", "--out", str(d.work / f"calibration_h100_{m}.json")])  # fmt: skip
+    for m in d.calibrate_models:
+        rc, _ = d.sh("calibrate", [sys.executable, "-m", "launchers", "calibrate", "--here", f"model={m}", *d.common(),
+                                   "hardware.devices_per_node=1", "--out", str(d.work / f"calibration_{d.hardware.split('_')[0]}_{m}.json")])  # fmt: skip
         d.summary["stages"].setdefault("calibrate", {})[m] = rc
 
 
@@ -114,7 +118,7 @@ def mfu(d: Driver) -> None:
     for m in MODELS:
         for r in RECOMPUTE:
             run_dir = d.work / "mfu" / f"{m}_{r}"
-            rc, _ = d.sh("mfu", [sys.executable, "-m", "train", f"model={m}", *COMMON, "parallelism.micro_batch_size=auto",
+            rc, _ = d.sh("mfu", [sys.executable, "-m", "train", f"model={m}", *d.common(), "parallelism.micro_batch_size=auto",
                                  f"parallelism.global_batch_size={MFU_GBS}", f"parallelism.recompute={r}",
                                  "training.train_iters=12", "training.warmup_iters=2", f"hydra.run.dir={run_dir}"])  # fmt: skip
             out[f"{m}_{r}"] = {"exit": rc, **brief(result(run_dir))}
@@ -151,7 +155,7 @@ def profile(d: Driver) -> None:
         d.summary["stages"]["profile"] = "no trainer run to profile"
         return
     run_dir = d.work / "profile_run"
-    rc, _ = d.sh("profile", [sys.executable, "-m", "train", "model=gpt_1.3b", *COMMON,
+    rc, _ = d.sh("profile", [sys.executable, "-m", "train", "model=gpt_1.3b", *d.common(),
                              f"parallelism.micro_batch_size={best['micro_batch_size']}",
                              f"parallelism.global_batch_size={MFU_GBS}", f"parallelism.recompute={best['recompute']}",
                              "training.train_iters=6", "training.warmup_iters=2", "training.profile_steps=[5]",
@@ -172,10 +176,35 @@ def gemm(d: Driver) -> None:
 
 def memory(d: Driver) -> None:
     rc, _ = d.sh("memory", [sys.executable, "-m", "train", "-m", "hydra/launcher=local", f"model={','.join(d.memory_models)}",
-                            *COMMON, "parallelism.micro_batch_size=1,2,4,8", "parallelism.recompute=none,selective,full",
+                            *d.common(), "parallelism.micro_batch_size=1,2,4,8", "parallelism.recompute=none,selective,full",
                             "parallelism.global_batch_size=8", "training.train_iters=4", "training.warmup_iters=2",
                             f"hydra.sweep.dir={d.work / 'memory'}"])  # fmt: skip
     d.summary["stages"]["memory"] = rc
+
+
+LAYOUTS = (
+    ("gpt_1.3b", 8, "none", "bf16"),  # the H100's fastest layouts, again on another device
+    ("gpt_350m", 16, "none", "bf16"),
+    ("gpt_1.3b", 4, "selective", "fp16"),  # fp16 with its loss scaler: no GPU had run it
+    ("gpt_2.7b", 4, "none", "bf16"),  # a model no earlier record or calibration saw
+    ("gpt_2.7b", 16, "full", "bf16"),
+    ("gpt_1.3b", 16, "none", "bf16"),  # beyond an H100's memory
+    ("gpt_350m", 32, "full", "fp16"),
+)
+"""(model, micro-batch, recompute, precision) of the layouts stage, most wanted first: held-out checks of
+the time and memory models (none of these was measured when they were last changed)."""
+
+
+def layouts(d: Driver) -> None:
+    out = d.summary["stages"].setdefault("layouts", {})
+    for m, mbs, r, prec in LAYOUTS:
+        name = f"{m}_mbs{mbs}_{r}_{prec}"
+        run_dir = d.work / "layouts" / name
+        rc, _ = d.sh("layouts", [sys.executable, "-m", "train", f"model={m}", *d.common(prec),
+                                 f"parallelism.micro_batch_size={mbs}", f"parallelism.global_batch_size={MFU_GBS}",
+                                 f"parallelism.recompute={r}", "training.train_iters=8", "training.warmup_iters=2",
+                                 f"hydra.run.dir={run_dir}"])  # fmt: skip
+        out[name] = {"exit": rc, **brief(result(run_dir))}
 
 
 def _grid_rank(d: Driver) -> dict[str, list[dict[str, Any]]]:
@@ -198,7 +227,7 @@ def best(d: Driver) -> None:
     for m, ranked in _grid_rank(d).items():
         for cand in ranked[:2]:
             run_dir = d.work / "mfu" / f"{m}_mbs{cand['mbs']}_{cand['recompute']}"
-            rc, _ = d.sh("best", [sys.executable, "-m", "train", f"model={m}", *COMMON,
+            rc, _ = d.sh("best", [sys.executable, "-m", "train", f"model={m}", *d.common(),
                                   f"parallelism.micro_batch_size={cand['mbs']}", f"parallelism.global_batch_size={MFU_GBS}",
                                   f"parallelism.recompute={cand['recompute']}", "training.train_iters=12",
                                   "training.warmup_iters=2", f"hydra.run.dir={run_dir}"])  # fmt: skip
@@ -208,13 +237,13 @@ def best(d: Driver) -> None:
 def trace(d: Driver) -> None:
     """The allocator's live tensors at the peak of gpt_350m, mbs 4, no recompute (tests.bench.gpu.memory_trace)."""
     rc, _ = d.sh("trace", [sys.executable, "-m", "tests.bench.gpu.memory_trace", "--out", str(d.work / "memory_trace.json"),
-                           "model=gpt_350m", *COMMON, "parallelism.micro_batch_size=4", "parallelism.global_batch_size=4",
+                           "model=gpt_350m", *d.common(), "parallelism.micro_batch_size=4", "parallelism.global_batch_size=4",
                            "training.train_iters=2", "training.warmup_iters=1", f"hydra.run.dir={d.work / 'trace_run'}"])  # fmt: skip
     d.summary["stages"]["trace"] = rc
 
 
 STAGES = {"env": env, "smoke": smoke, "calibrate": calibrate, "mfu": mfu, "plain": plain, "profile": profile,
-          "gemm": gemm, "memory": memory, "best": best, "trace": trace}  # fmt: skip
+          "gemm": gemm, "memory": memory, "best": best, "trace": trace, "layouts": layouts}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="run")
     p.add_argument("--grid", type=Path, default=None, help="an earlier memory stage's sweep dir, for 'best'")
     p.add_argument("--memory-models", nargs="+", default=list(MODELS), help="the memory stage's models")
+    p.add_argument("--hardware", default="h100_sxm", help="the conf/hardware config the runs name")
+    p.add_argument("--calibrate-models", nargs="+", default=list(MODELS), help="the calibrate stage's models")
     args = p.parse_args(argv)
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     d = Driver(args.work, args.deadline, args.grid)
     d.memory_models = tuple(args.memory_models)
+    d.hardware, d.calibrate_models = args.hardware, tuple(args.calibrate_models)
     try:
         for name in args.stages:
             if d.left() < ESTIMATE_S[name] * 0.6:
