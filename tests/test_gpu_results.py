@@ -4,7 +4,10 @@ planner give: a change to the time model, or to the records, regenerates it
 
 from __future__ import annotations
 
-from tests.bench.gpu.report import RESULTS, memory_rows, report
+import json
+import re
+
+from tests.bench.gpu.report import H200_CALLS, RESULTS, memory_rows, memory_today_table, report, time_table
 
 
 def test_the_gpu_report_is_derived_from_the_committed_outputs() -> None:
@@ -12,11 +15,36 @@ def test_the_gpu_report_is_derived_from_the_committed_outputs() -> None:
 
 
 def test_every_gpu_record_names_the_device_it_ran_on() -> None:
-    import json
-
     records = sorted(RESULTS.glob("call*/**/result.json"))
-    assert len(records) >= 40
+    assert len(records) >= 60
     for path in records:
         rec = json.loads(path.read_text())
-        assert rec["device"] == "NVIDIA H100 80GB HBM3", path
+        h200 = path.relative_to(RESULTS).parts[0] in H200_CALLS
+        assert rec["device"] == ("NVIDIA H200" if h200 else "NVIDIA H100 80GB HBM3"), path
+        assert rec["config"]["hardware"]["name"] == ("h200" if h200 else "h100_sxm"), path
+        assert not any("device" in w and "hardware" in w for w in rec.get("warnings", [])), (path, rec.get("warnings"))
     assert len(memory_rows()) >= 40
+
+
+def _summary(lines: list[str], pattern: str) -> list[float]:
+    match = re.search(pattern, "\n".join(lines))
+    assert match, lines[-1]
+    return [float(g) for g in match.groups()]
+
+
+def test_todays_planner_predicts_every_peak_measured_since_the_trainers_memory_fixes() -> None:
+    # Call 4 (H100) found the moments the planner had wrong; calls 6 and 7 (H200, bf16 and fp16, gpt_2.7b
+    # and layouts never measured before) were held out, and found one more (the backward's walk down the
+    # layers with one micro-batch per step). Within 2% either way of the CUDA allocator's max allocated.
+    for calls, runs in ((("call4",), 18), (H200_CALLS, 19)):
+        n, median, low, high = _summary(memory_today_table(calls), r"(\d+) runs, predicted/measured median ([\d.]+), min ([\d.]+), max ([\d.]+)")
+        assert n == runs and 0.98 <= low <= median <= high <= 1.02, (calls, median, low, high)
+
+
+def test_the_time_model_with_the_h200s_calibration_predicts_its_runs() -> None:
+    # Seven layouts (three models, bf16 and fp16, each recompute mode) that no calibration or change of
+    # the model had seen: mean absolute error 2.0% when measured; without a calibration, the datasheet
+    # figures run about a quarter fast, as on the H100.
+    (cal,) = _summary(time_table("call6", H200_CALLS, "layouts/*/result.json"), r"mean absolute error ([\d.]+)% over 7 layouts")
+    (sheet,) = _summary(time_table(None, H200_CALLS, "layouts/*/result.json"), r"mean absolute error ([\d.]+)% over 7 layouts")
+    assert cal <= 5.0 < 15.0 <= sheet, (cal, sheet)

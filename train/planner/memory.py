@@ -361,9 +361,16 @@ def stage_memory(
         # peak, run before any parameter gradient exists (train.loop sets them to None at each
         # step's start, and train.dp's buckets start empty), so those never add up. On an H100,
         # gpt_1.3b at mbs 8 and global batch 8 peaked 4.8 GiB (its fp32 gradients, 4.9) below the sum.
+        # The backward then walks down the layers, each freeing what it saved as its gradients appear:
+        # the activations peak at its first layer (beside the head's and that layer's gradients), the
+        # gradients at its last (beside one layer's activations). On an H200, gpt_2.7b at mbs 8 peaked
+        # 3.6 GiB (full recompute: 4.8) below all its gradients (9.9) beside the first layer's moment.
         grads = states.gradients
+        per_element = grads / tensors.numel if tensors.numel else 0.0  # ZeRO-1: the reduced slice's share
         after = acts.after_loss + states.gradient_buffers
-        allocated = resident - grads + max([held, grads + after, *(grads + b for _, b in states.transients)])
+        first_layer = after + per_element * (tensors.head_numel + tensors.layer_numel)
+        last_layer = after - max(acts.layers - 1, 0) * acts.per_layer + grads
+        allocated = resident - grads + max([held, first_layer, last_layer, *(grads + b for _, b in states.transients)])
     reserved = allocated
     if hardware is not None and hardware.device_type == "cuda":
         # Cached activation blocks are too small for a flat transient, which takes its own segment;
@@ -428,11 +435,22 @@ class _StageTensors:
     """Elements of the GEMM operands (autocast's 16-bit copies)."""
     gemm_wte_numel: int
     """Elements of the word embedding's GEMM operand (the copy full recompute still saves)."""
+    layer_numel: int
+    """Elements of the stage's largest transformer layer (the gradients one layer backward makes)."""
+    head_numel: int
+    """Elements whose gradients a loss backward makes before the first layer backward: the last
+    stage's final norm and output weight (the word embedding or its tied twin); 0 on other stages."""
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def _stage_tensors(model: ModelConfig, tp: int, stage: int, num_stages: int) -> _StageTensors:
     params = stage_params(model, tp=tp, stage=stage, num_stages=num_stages)
+    layers: dict[str, int] = {}
+    for p in params:
+        if p.name.startswith("layers."):
+            key = p.name.split(".", 2)[1]
+            layers[key] = layers.get(key, 0) + p.numel
+    last = stage == num_stages - 1
     return _StageTensors(
         count=len(params),
         numel=sum(p.numel for p in params),
@@ -440,6 +458,8 @@ def _stage_tensors(model: ModelConfig, tp: int, stage: int, num_stages: int) -> 
         largest_module=max(module_sizes(params), default=0),
         gemm_numel=sum(p.numel for p in params if p.gemm),
         gemm_wte_numel=sum(p.numel for p in params if p.gemm and "wte" in p.name),
+        layer_numel=max(layers.values(), default=0),
+        head_numel=sum(p.numel for p in params if not p.name.startswith(("layers.", "wpe."))) if last else 0,
     )
 
 
@@ -550,6 +570,10 @@ class _Activations:
     """megasweep: the peak of the moments from a loss backward's first layer backward on, when a step
     of one micro-batch has made gradients (its forward's end and its loss backward come before any;
     None for the other stacks)."""
+    per_layer: float = 0.0
+    """megasweep 1F1B: what one layer saves per micro-batch (its backward frees it)."""
+    layers: int = 0
+    """megasweep 1F1B: the stage's layers; 0 where the backward's walk down them is not modelled."""
 
 
 def _activations(
@@ -589,7 +613,7 @@ def _activations(
             # accumulated: a moment of its own, with the in-flight micro-batches' saved tensors.
             before = max(before, in_flight * stored + copies + _FP32 * vocab_shard * _loss_backward_logit_grads(par.tp))
         buffers = _pipeline_buffers(boundary, in_flight=in_flight, first=first, last=last) if pp > 1 and traits.pipeline == "megasweep" else 0.0
-        return _Activations(per_mb, max(backward, before) + buffers, backward + buffers)
+        return _Activations(per_mb, max(backward, before) + buffers, backward + buffers, per_layer, layers)
     # Megatron (Korthikanti et al.), 16-bit activations and 1-byte dropout masks.
     kept, core = _korthikanti_terms(model, par)
     w = _act_bytes(par.precision)

@@ -19,11 +19,14 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 CALLS = ("call1", "call2", "call3", "call4")
+"""The H100's trainer runs (call 5 is its second calibration)."""
+H200_CALLS = ("call6", "call7")
+"""The H200's: call 6 calibrated it and ran seven layouts at global batch 32, call 7 a memory grid."""
 
 
-def records(pattern: str) -> list[tuple[str, Path, dict[str, Any]]]:
+def records(pattern: str, calls: tuple[str, ...] = CALLS) -> list[tuple[str, Path, dict[str, Any]]]:
     out = []
-    for call in CALLS:
+    for call in calls:
         for path in sorted((RESULTS / call).glob(pattern)):
             out.append((call, path, json.loads(path.read_text())))
     return out
@@ -31,13 +34,14 @@ def records(pattern: str) -> list[tuple[str, Path, dict[str, Any]]]:
 
 def _layout(rec: dict[str, Any]) -> str:
     par = rec["config"]["parallelism"]
-    return f"{rec['config']['model']['name']} mbs {par['micro_batch_size']} {par['recompute']} gbs {par['global_batch_size']}"
+    fp16 = " fp16" if par["precision"] == "fp16" else ""  # every H100 run was bf16
+    return f"{rec['config']['model']['name']} mbs {par['micro_batch_size']} {par['recompute']}{fp16} gbs {par['global_batch_size']}"
 
 
-def mfu_table() -> list[str]:
+def mfu_table(calls: tuple[str, ...] = CALLS, pattern: str = "mfu/*/result.json") -> list[str]:
     lines = ["| call | layout | micro-batch chosen by | sec/it | TFLOP/s | MFU | HFU | peak allocated GiB | optimizer |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for call, _, rec in records("mfu/*/result.json"):
+    for call, _, rec in records(pattern, calls):
         chosen = "auto" if rec.get("micro_batch", {}).get("requested") == "auto" else "fixed"
         if rec["status"] != "ok":
             lines.append(f"| {call} | {_layout(rec)} | {chosen} | {rec['status']} | | | | | |")
@@ -81,26 +85,28 @@ def _composer() -> Any:
 
 
 def _run_of(rec: dict[str, Any], *extra: str) -> Any:
-    """The RunConfig of a record's layout on the H100 as the device calls ran it (bf16, one device)."""
+    """The RunConfig of a record's layout as the device calls ran it (its hardware config, one device);
+    `extra` overrides come last."""
     par = rec["config"]["parallelism"]
     return _composer().run_config([
-        f"model={rec['config']['model']['name']}", "hardware=h100_sxm", *extra, "hardware.devices_per_node=1",
-        "parallelism.precision=bf16", f"parallelism.micro_batch_size={par['micro_batch_size']}",
-        f"parallelism.recompute={par['recompute']}", f"parallelism.global_batch_size={par['global_batch_size']}",
+        f"model={rec['config']['model']['name']}", f"hardware={rec['config']['hardware']['name']}",
+        "hardware.devices_per_node=1", f"parallelism.precision={par['precision']}",
+        f"parallelism.micro_batch_size={par['micro_batch_size']}", f"parallelism.recompute={par['recompute']}",
+        f"parallelism.global_batch_size={par['global_batch_size']}", *extra,
     ])  # fmt: skip
 
 
-def memory_today_table() -> list[str]:
-    """Call 4's runs (after the trainer's memory fixes) against today's planner: the records keep the
-    prediction of the planner they ran with, so a later change to the memory model shows here."""
+def memory_today_table(calls: tuple[str, ...] = ("call4",)) -> list[str]:
+    """The runs of `calls` (call 4: after the trainer's memory fixes) against today's planner: the
+    records keep the prediction of the planner they ran with, so a later change shows here."""
     from train.planner.memory import estimate_memory
 
     lines = ["| layout | micro-batches per step | recorded prediction GiB | today's prediction GiB | measured GiB | "
              "today / measured |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     ratios = []
-    for call, _, rec in records("*/*/result.json"):
+    for _, _, rec in records("*/*/result.json", calls):
         ranks = (rec.get("memory") or {}).get("ranks") or []
-        if call != "call4" or rec.get("status") != "ok" or not ranks or not ranks[0].get("peak_measured"):
+        if rec.get("status") != "ok" or not ranks or not ranks[0].get("peak_measured"):
             continue
         par = rec["config"]["parallelism"]
         run = _run_of(rec)
@@ -128,23 +134,26 @@ def memory_table() -> list[str]:
     return lines
 
 
-def time_table(calibrated_in: str | None = "call1") -> list[str]:
+def time_table(calibrated_in: str | None = "call1", calls: tuple[str, ...] = CALLS, pattern: str = "mfu/*/result.json") -> list[str]:
     """The time model with the GPU's own calibration (the files `calibrated_in` wrote; None: the
-    datasheet figures and default efficiencies of conf/hardware/h100_sxm.yaml) against every gbs-32
-    run that ran."""
+    datasheet figures and default efficiencies of the record's conf/hardware config) against every
+    gbs-32 run of `calls` that ran. The calibrations time bf16 GEMMs only, so an fp16 run is priced
+    with them (the datasheets give both precisions the same tensor-core peak)."""
     from train.planner.perf import predict_time
 
     lines = ["| layout | measured sec/it | predicted sec/it | error | gemm | attention | memory-bound | other |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     errors = []
     seen: set[str] = set()
-    for _, _, rec in sorted(records("mfu/*/result.json"), key=lambda r: r[0], reverse=True):
+    for _, _, rec in sorted(records(pattern, calls), key=lambda r: r[0], reverse=True):
         layout = _layout(rec)
         if rec["status"] != "ok" or layout in seen:
             continue
         seen.add(layout)  # the latest call's measurement of a layout
         model = rec["config"]["model"]["name"]
-        cal = [f"hardware.calibration={RESULTS / calibrated_in / f'calibration_h100_{model}.json'}"] if calibrated_in else []
+        tag = rec["config"]["hardware"]["name"].split("_")[0]
+        cal = [f"hardware.calibration={RESULTS / calibrated_in / f'calibration_{tag}_{model}.json'}",
+               "parallelism.precision=bf16"] if calibrated_in else []  # fmt: skip
         run = _run_of(rec, *cal)
         pred = predict_time(run.model, run.parallelism, run.hardware, dp=1)
         err = pred.sec_per_iter / rec["sec_per_iter"] - 1
@@ -164,8 +173,8 @@ def _corr(a: list[float], b: list[float]) -> float:
     return sum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True)) / den if den else math.nan
 
 
-def gemm_table() -> list[str]:
-    data = json.loads((RESULTS / "call3" / "gemm_shapes.json").read_text())
+def gemm_table(call: str = "call3") -> list[str]:
+    data = json.loads((RESULTS / call / "gemm_shapes.json").read_text())
     rows = data["rows"]
     lines = [f"{data['device']}, {data['num_sms']} SMs, torch {data['torch']}, bf16, m = 2048 tokens; hidden "
              f"{min(r['hidden'] for r in rows)}-{max(r['hidden'] for r in rows)}",
@@ -198,11 +207,15 @@ def profile_lines() -> list[str]:
     return lines
 
 
+def _device(call: str, name: str) -> str:
+    env = (RESULTS / call / "env.log").read_text().splitlines()
+    return next((ln for ln in env if ln.startswith(name + ",")), "").strip()
+
+
 def report() -> str:
-    env = (RESULTS / "call1" / "env.log").read_text().splitlines()
-    device = next((ln for ln in env if "HBM3" in ln and "," in ln), "")
+    layouts = (H200_CALLS, "layouts/*/result.json")
     sections = [
-        ("Device", [f"`{device.strip()}` (nvidia-smi and torch, call1/env.log)"]),
+        ("Device", [f"`{_device('call1', 'NVIDIA H100 80GB HBM3')}` (nvidia-smi and torch, call1/env.log)"]),
         ("Trainer runs (bf16, seq 2048, one GPU)", mfu_table()),
         ("Against a plain PyTorch loop", plain_table()),
         ("Memory: the planner's peak against the CUDA allocator's max allocated", memory_table()),
@@ -215,11 +228,20 @@ def report() -> str:
          "against the same runs", time_table(None)),
         ("GEMM shapes against the tile and wave model", gemm_table()),
         ("Where one iteration's GPU time goes", profile_lines()),
+        ("H200 (calls 6 and 7): device", [f"`{_device('call6', 'NVIDIA H200')}` (nvidia-smi and torch, call6/env.log); "
+                                           "torch 2.11.0+cu130, cuDNN 9.19, no NVIDIA apex"]),  # fmt: skip
+        ("H200: trainer runs (seq 2048, one GPU, fixed micro-batches)", mfu_table(*layouts)),
+        ("H200: time model with this GPU's calibration (call 6) against its runs; none of them, nor gpt_2.7b, "
+         "was measured when the model last changed", time_table("call6", *layouts)),
+        ("H200: time model without a calibration (the datasheet and conf/hardware/h200.yaml's default "
+         "efficiencies) against the same runs", time_table(None, *layouts)),
+        ("H200: memory, every run against today's planner", memory_today_table(H200_CALLS)),
+        ("H200: GEMM shapes against the tile and wave model", gemm_table("call7")),
     ]
-    out = ["# Issue 14 on an H100: derived from the raw outputs beside this file", "",
-           "Generated by `python -m tests.bench.gpu.report --write` from call1..call5/ (each the archive one device",
+    out = ["# GPU runs on an H100 (calls 1-5) and an H200 (calls 6-7): derived from the raw outputs beside this file", "",
+           "Generated by `python -m tests.bench.gpu.report --write` from call1..call7/ (each the archive one device",
            "call of `python -m tests.bench.gpu.issue14` returned, unpacked, or for call5 the calibration files of",
-           "`python -m launchers calibrate --here`; their commands are in the .log files).", ""]  # fmt: skip
+           "`python -m launchers calibrate --here`; their commands are in the .log files and COMMAND.txt).", ""]  # fmt: skip
     for title, lines in sections:
         out += [f"## {title}", "", *lines, ""]
     return "\n".join(out)

@@ -346,8 +346,13 @@ def test_one_micro_batch_per_step_holds_no_gradient_beside_the_loss_backward() -
     assert one.activations == two.activations and one.gradients == two.gradients > 0
     loss_grads = 2 * 4 * 2 * 32 * 1000  # fp32, mbs 2 x seq 32 x vocab 1000
     without = one.weights + one.optimizer + one.master
-    # No recompute: nothing works beside the saved tensors after the loss backward.
-    assert one.allocated == without + max(one.activations, one.gradients + one.activations - loss_grads)
+    # After it, the backward walks down the layers, each freeing what it saved as its gradients
+    # appear: the gradients and the saved tensors are never both whole (an H200's gpt_2.7b at mbs 8
+    # peaked 3.6 GiB below that sum, tests/bench/results/gpu/call7), but the first layer's moment
+    # holds the head's and that layer's gradients beside all but the logit gradients.
+    after_loss = one.activations - loss_grads
+    assert one.allocated >= without + max(one.activations, after_loss + 4 * (WORD + FINAL_NORM + LAYER))
+    assert one.allocated < without + one.gradients + after_loss
     assert one.allocated < two.allocated
     # DeepSpeed keeps its gradient partitions allocated across steps: the sum there.
     ds = estimate_memory(HAND, par(global_batch_size=2), dp=1, stack=Stack.deepspeed)
