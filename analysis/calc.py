@@ -45,7 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf
 from analysis import finite_above_zero, whole_at_least_one
-from conf.schema import Recompute, RunConfig, to_run_config, unknown_override
+from conf.schema import HardwareConfig, Precision, Recompute, RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_USAGE
 from train.planner.flops import (
     ImpossibleUtilization,
@@ -335,12 +335,7 @@ def calculate(
     model_tflops = achieved_tflops(model_flops, sec_per_iter, devices)
     hardware_tflops = achieved_tflops(hardware_flops, sec_per_iter, devices)
     peak = peak_tflops(hw, par.precision)
-    if peak is not None:
-        peak_note = f"{peak:g} TFLOP/s dense {par.precision.value} ({hw.name})"
-    elif hw.peak_measured:
-        peak_note = f"unknown: {hw.name}'s peak is measured at run time by the trainer's matmul calibration"
-    else:
-        peak_note = f"unknown: {hw.name} has no dense {par.precision.value} peak in its config"
+    peak_note = _peak_note(hw, par.precision, peak)
     utilizations: dict[str, float | None] = {}
     for label, achieved in (("MFU", model_tflops), ("HFU", hardware_tflops)):
         try:
@@ -380,6 +375,19 @@ def calculate(
         hfu=hfu,
         sec_per_iter_source="predicted" if predicted else "measured",
     )
+
+
+def _peak_note(hw: HardwareConfig, precision: Precision, peak: float | None) -> str:
+    """What the peak is, in words: fp32 on a device whose config says `tf32` is the TF32 tensor
+    cores' peak (the trainer allows TF32), half the precision of fp32 and many times a CUDA core's."""
+    if peak is None:
+        if hw.peak_measured:
+            return f"unknown: {hw.name}'s peak is measured at run time by the trainer's matmul calibration"
+        return f"unknown: {hw.name} has no dense {precision.value} peak in its config"
+    kind = f"dense {precision.value}"
+    if precision == Precision.fp32 and hw.tf32:
+        kind = "dense TF32 tensor cores (fp32 matmuls run as TF32)"
+    return f"{peak:g} TFLOP/s {kind} ({hw.name})"
 
 
 PREDICTED_NOTE = (

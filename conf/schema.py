@@ -195,6 +195,8 @@ class HardwareConfig:
     """Dense fp16 peak per device (TFLOP/s); null if unknown or unsupported."""
     peak_tflops_fp32: float | None = None
     """Dense fp32 matmul peak per device (TFLOP/s; TF32 tensor cores where the device has them)."""
+    tf32: bool = False
+    """True: fp32 matmuls run on the device's TF32 tensor cores (the trainer allows TF32), so peak_tflops_fp32 is TF32's peak."""
     peak_measured: bool = False
     """True: peaks are measured at run time by a short matmul calibration, labelled 'measured'."""
     num_sms: int | None = None

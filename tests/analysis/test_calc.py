@@ -152,6 +152,29 @@ def test_unknown_peak_gives_null(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("hardware", "label"),
+    [
+        # The A100's fp32 figure (156) is its TF32 tensor cores', 8x its 19.5 TFLOP/s of CUDA-core fp32:
+        # it was labelled "dense fp32".
+        ("a100_80gb", "156 TFLOP/s dense TF32 tensor cores (fp32 matmuls run as TF32) (a100_80gb)"),
+        ("h100_sxm", "494.7 TFLOP/s dense TF32 tensor cores (fp32 matmuls run as TF32) (h100_sxm)"),
+        # No TF32 on a V100 or a CPU: their fp32 peak is plain fp32.
+        ("v100_32gb", "15.7 TFLOP/s dense fp32 (v100_32gb)"),
+        ("a64fx", "6.76 TFLOP/s dense fp32 (a64fx)"),
+    ],
+)
+def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str], hardware: str, label: str) -> None:
+    args = ("model=gpt_1.3b", f"hardware={hardware}", "parallelism.precision=fp32", "sec_per_iter=1000", "devices=8")
+    data = json_main(capsys, *args)
+    assert data["peak_note"] == label
+    status, out, err = run_main(capsys, *args)
+    assert status == 0, err
+    assert f"peak                 {label}" in out.splitlines()
+    # fp16 is fp16, TF32 or not.
+    assert "TF32" not in json_main(capsys, *args[:2], "parallelism.precision=fp16", *args[3:])["peak_note"]
+
+
+@pytest.mark.parametrize(
     ("args", "key", "hint"),
     [
         (["devices=8"], "sec_per_iter", "missing"),
