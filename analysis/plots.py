@@ -8,8 +8,9 @@
   (model and GBS, and the hardware, sequence length and model size when the runs differ in them);
   runs on one node count only are drawn as points over that one whole-node tick.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
-  estimate of the same config, with the y = x line and a line at each hardware's usable capacity:
-  whether the planner's memory model can be trusted, and how close the runs came to running out.
+  estimate of the same config, with the y = x line and a line at each hardware's usable capacity,
+  each hardware's runs and capacity in its own colour (the marker says how a run ended): whether
+  the planner's memory model can be trusted, and how close the runs came to running out.
 
 A plot with nothing measured to draw (a dry run's directory, a sweep still running) is not written:
 write_plots says which and why, and removes a stale file of that name from an earlier analysis.
@@ -213,41 +214,76 @@ def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
+_HW_COLOURS = tuple(f"C{i}" for i in range(10) if i != 7)
+"""One colour per hardware, C7 (gray) left out: it is the y = x line's."""
+_MEM_KINDS = (
+    ("ok", "o", "run ok"),
+    ("failed", "s", "run failed (not OOM)"),
+    ("oom", "x", "OOM (drawn at its hardware's usable capacity)"),
+)
+"""How a run ended (marker), as the memory plot's legend names it; the colour says the hardware."""
+
+
+def _memory_points(df: pd.DataFrame) -> pd.DataFrame:
+    """(hardware, kind, predicted, measured) of each run the memory plot draws: measured runs at their
+    peak, OOM runs (no measurement) at their hardware's usable capacity."""
+    measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna()]
+    oom = df[(df["outcome"] == "oom") & df["mem_pred_gib"].notna() & df["mem_capacity_gib"].notna()]
+    kinds = np.where(measured["outcome"] == "ok", "ok", "failed")
+    points = pd.concat([
+        pd.DataFrame({"kind": kinds, "y": measured["mem_gib"], "cap": measured["mem_capacity_gib"]}).assign(
+            hardware=measured["hardware"], x=measured["mem_pred_gib"]),
+        pd.DataFrame({"kind": "oom", "y": oom["mem_capacity_gib"], "cap": oom["mem_capacity_gib"]}).assign(
+            hardware=oom["hardware"], x=oom["mem_pred_gib"]),
+    ], ignore_index=True)  # fmt: skip
+    points["hardware"] = points["hardware"].astype(object).where(points["hardware"].notna(), "")
+    return points.astype({"x": float, "y": float, "cap": float})
+
+
 def memory_figure(df: pd.DataFrame) -> Figure:
     """Measured peak memory per device against the planner's prediction, y = x and capacities marked.
 
-    OOM runs have no measurement: they are drawn as crosses at the usable capacity, so that a
-    prediction below the capacity for a run that ran out of memory stands out.
+    Each hardware has its colour, its runs' points and its usable capacity's dotted line; the marker
+    says how the run ended. OOM runs have no measurement: they are drawn as crosses at the usable
+    capacity, so that a prediction below the capacity for a run that ran out of memory stands out.
     """
-    measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna()]
-    oom = df[(df["outcome"] == "oom") & df["mem_pred_gib"].notna() & df["mem_capacity_gib"].notna()]
-    if measured.empty and oom.empty:
+    from matplotlib.lines import Line2D
+
+    points = _memory_points(df)
+    if points.empty:
         raise NothingToPlot("no run with both a measured and a predicted peak memory")
     fig, ax = pyplot().subplots(figsize=FIGSIZE)
-    ok = measured["outcome"] == "ok"
-    ax.scatter(measured.loc[ok, "mem_pred_gib"], measured.loc[ok, "mem_gib"], color="tab:blue", label="run ok")
-    if (~ok).any():
-        ax.scatter(measured.loc[~ok, "mem_pred_gib"], measured.loc[~ok, "mem_gib"], color="tab:red",
-                   marker="s", label="run failed (not OOM)")
-    if not oom.empty:
-        ax.scatter(oom["mem_pred_gib"], oom["mem_capacity_gib"], color="black", marker="x", s=60,
-                   label="OOM (drawn at the usable capacity)")
-    ran = pd.concat([measured, oom])
-    values = pd.concat([measured["mem_pred_gib"], measured["mem_gib"], oom["mem_pred_gib"]])
-    top = float(values.max()) * 1.1 if len(values) else 1.0
+    # An OOM cross sits at its capacity, which the capacity's line takes into the range anyway.
+    top = float(pd.concat([points["x"], points.loc[points["kind"] != "oom", "y"]]).max()) * 1.1
     ax.plot([0, top], [0, top], "--", color="gray", label="prediction = measurement")
-    # The capacities of the hardware the plotted runs had, at most three (one per kind of device).
-    caps = ran[["hardware", "mem_capacity_gib"]].dropna().drop_duplicates().sort_values("mem_capacity_gib")
-    for i, (hw, cap) in enumerate(caps.head(3).itertuples(index=False, name=None)):
-        ax.axhline(cap, color=f"C{2 + i}", linestyle=":", linewidth=2,
-                   label=f"usable capacity of {hw or 'the device'}: {cap:.1f} GiB")
-    cap_top = float(caps["mem_capacity_gib"].head(3).max()) * 1.05 if len(caps) else 0.0
+    handles: list = [ax.lines[-1]]
+    caps = points.groupby("hardware", sort=False)["cap"].max()
+    # By capacity, then name: the legend's capacity entries read top-down as their lines do bottom-up.
+    order = sorted(caps.index, key=lambda hw: (-caps[hw] if pd.notna(caps[hw]) else 0.0, str(hw)))
+    for i, hw in enumerate(order):
+        colour, name = _HW_COLOURS[i % len(_HW_COLOURS)], hw or "unknown hardware"
+        mine = points[points["hardware"] == hw]
+        for kind, marker, _ in _MEM_KINDS:
+            these = mine[mine["kind"] == kind]
+            if not these.empty:
+                oom = kind == "oom"  # a cross has no face to edge: its own strokes, thicker
+                ax.scatter(these["x"], these["y"], color=colour, marker=marker, s=70 if oom else 36,
+                           edgecolors=None if oom else "black", linewidths=2 if oom else 0.5)
+        handles.append(Line2D([], [], color=colour, marker="o", linestyle="", label=f"{name} ({len(mine)} run(s))"))
+        if pd.notna(caps[hw]):
+            # Dotted and lighter than the points: a capacity is a limit, not a run.
+            handles.append(ax.axhline(caps[hw], color=colour, linestyle=":", linewidth=2, alpha=0.8,
+                                      label=f"usable capacity of {hw or 'the device'}: {caps[hw]:.1f} GiB"))
+    present = set(points["kind"])
+    handles += [Line2D([], [], color="dimgray", marker=m, linestyle="", label=text)
+                for kind, m, text in _MEM_KINDS if kind in present]
+    cap_top = float(caps.max()) * 1.05 if caps.notna().any() else 0.0
     ax.set_xlim(0, top)
     ax.set_ylim(0, max(top, cap_top))
     ax.set_xlabel("predicted peak per device, train.planner.memory (GiB)")
     ax.set_ylabel("measured peak per device (GiB)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
     ax.set_title("Measured against predicted peak memory per device, and the usable capacity")
     fig.tight_layout()
     return fig

@@ -3,12 +3,15 @@ capacity; plots with nothing measured are not drawn."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from PIL import Image
 
@@ -23,7 +26,7 @@ from analysis.plots import (
     write_plots,
 )
 from analysis.records import load_sweeps
-from tests.analysis.golden.build import build_sweep
+from tests.analysis.golden.build import build_sweep, fixture, hardware_conf
 
 SIZE = (int(FIGSIZE[0] * DPI), int(FIGSIZE[1] * DPI))
 
@@ -118,6 +121,35 @@ def test_memory_plot_marks_the_usable_capacity(table: pd.DataFrame) -> None:
     assert list(line.get_ydata()) == [capacity, capacity]
     # The capacity is inside the drawn range, the runs' measurements too.
     assert ax.get_ylim()[1] > capacity >= table["mem_gib"].max()
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_memory_plot_gives_each_hardware_its_colour_and_capacity(tmp_path: Path) -> None:
+    # The golden sweep on its A100s beside the same layouts recorded on H100s: every point was
+    # tab:blue whatever its hardware, and the capacity lines' colours matched no point.
+    h100 = copy.deepcopy(fixture())
+    h100["hardware"] = hardware_conf("h100_sxm")
+    table = load_sweeps([build_sweep(tmp_path / "a100"), build_sweep(tmp_path / "h100", h100)], queue=None).table
+    fig = memory_figure(table)
+    (ax,) = fig.axes
+    legend = _legend(fig)
+    colours = {}
+    for hw in ("a100_80gb", "h100_sxm"):
+        runs = table[(table["hardware"] == hw) & table["mem_pred_gib"].notna()]
+        drawn = runs[runs["mem_gib"].notna() | (runs["outcome"] == "oom")]
+        assert f"{hw} ({len(drawn)} run(s))" in legend
+        capacity = float(runs["mem_capacity_gib"].iloc[0])
+        (line,) = [ln for ln in ax.lines if ln.get_label() == f"usable capacity of {hw}: {capacity:.1f} GiB"]
+        assert list(line.get_ydata()) == [capacity, capacity] and line.get_linestyle() == ":"
+        colours[hw] = to_rgba(line.get_color())
+        # This hardware's runs, and only they, are drawn in its capacity line's colour.
+        mine = [c for c in ax.collections if tuple(np.asarray(c.get_facecolor(), dtype=float)[0]) == colours[hw]]
+        xs = sorted(float(x) for c in mine for x in np.asarray(c.get_offsets(), dtype=float)[:, 0])
+        assert xs == pytest.approx(sorted(drawn["mem_pred_gib"]))
+    assert colours["a100_80gb"] != colours["h100_sxm"]
+    # How a run ended is the marker, named once in neutral grey, whatever the hardware.
+    assert {"run ok", "run failed (not OOM)", "OOM (drawn at its hardware's usable capacity)"} <= set(legend)
+    assert ax.get_ylim()[1] > max(float(table["mem_capacity_gib"].max()), float(table["mem_gib"].max()))
 
 
 @pytest.mark.usefixtures("close_figures")
