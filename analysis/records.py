@@ -36,6 +36,8 @@ import json
 import math
 import operator
 import os
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,7 @@ from conf.schema import (
     ParallelismConfig,
     Precision,
     Recompute,
+    RunConfig,
 )
 from launchers.bulk import bulk_allocation
 from launchers.queue import ended_outcome, is_live, is_running, read_states
@@ -65,6 +68,7 @@ from train.contract import (
     ManifestEntry,
     ManifestError,
     PlanRow,
+    RunRecord,
     normalize_dir,
     read_manifest,
     read_plan_csv,
@@ -130,6 +134,11 @@ CORE_COLUMNS: tuple[str, ...] = (
     "queue_state",  # Slurm's state of a missing run's job (squeue / sacct), '' when unknown
     "manifest_index",
 )
+
+WHOLE_CORE_COLUMNS = ("nodes", "devices", "dp", "tp", "pp", "mbs", "gbs", "seq_length", "size_params",
+                      "neighbour_jobs", "manifest_index")  # fmt: skip
+"""CORE_COLUMNS that count (nodes, degrees, samples, tokens, parameters, jobs): a row without one (a
+skipped or pending config) makes the column float in the table, and results.csv writes them whole."""
 
 QueueLookup = Callable[[Sequence[str]], Mapping[str, str]]
 """Job ids -> Slurm state (RUNNING, PENDING, FAILED, ...); ids it does not know are left out."""
@@ -1016,16 +1025,58 @@ def outcome_counts(df: pd.DataFrame) -> dict[str, int]:
     return {o: int(counts[o]) for o in OUTCOMES if o in counts.index}
 
 
-def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
-    """results.csv: every column; list-valued cells (losses, overrides) as JSON text.
+def _whole_hints(cls: type, prefix: str) -> Iterable[str]:
+    """Names of `cls`'s int fields (int, int | None, int | str), and 'name.' of its dict[str, int]
+    fields, each after `prefix`; a dataclass field's own fields, below its name."""
+    for name, hint in typing.get_type_hints(cls).items():
+        origin = typing.get_origin(hint)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            yield from _whole_hints(hint, f"{prefix}{name}.")
+        elif origin is dict and typing.get_args(hint)[1:] == (int,):
+            yield f"{prefix}{name}."
+        elif int in (typing.get_args(hint) if origin in (types.UnionType, typing.Union) else (hint,)):
+            yield f"{prefix}{name}"  # not list[int]: a list is a JSON cell
 
-    The text is DataFrame.to_csv's (index left out, missing values empty, floats as repr writes
-    them, minimal quoting), written by the csv module from one list per column: to_csv converts and
-    writes 10,000 rows of ~160 columns in slices, several times slower.
+
+@functools.cache
+def _whole_fields() -> tuple[frozenset[str], tuple[str, ...]]:
+    """(columns, column prefixes) that hold whole numbers, from where the names are defined: the
+    record's fields (train.contract.RunRecord; its config, conf.schema.RunConfig, flattened into
+    config.<group>.<field>) by their types, and WHOLE_CORE_COLUMNS."""
+    names = [*_whole_hints(RunRecord, ""), *(f"config.{n}" for n in _whole_hints(RunConfig, ""))]
+    return frozenset(WHOLE_CORE_COLUMNS).union(n for n in names if not n.endswith(".")), tuple(
+        n for n in names if n.endswith(".")
+    )
+
+
+def whole_number_columns(df: pd.DataFrame) -> list[str]:
+    """The float columns of df that are counts (_whole_fields) and hold whole numbers only: NaN (a
+    row without the field) made them floats; a 2.5 (a hand-edited record) keeps its column float."""
+    names, prefixes = _whole_fields()
+    out = []
+    for name, column in df.items():
+        if not (name in names or str(name).startswith(prefixes)) or column.dtype.kind != "f":
+            continue
+        values = column.to_numpy()
+        known = values[~np.isnan(values)]
+        # Beyond 2^53 a float is no exact integer, and an infinity none at all.
+        if ((known == np.round(known)) & (np.abs(known) < 2.0**53)).all():
+            out.append(str(name))
+    return out
+
+
+def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
+    """results.csv: every column; list-valued cells (losses, overrides) as JSON text, and counts
+    (whole_number_columns) as integers, '2' and not '2.0', missing ones empty.
+
+    The text is DataFrame.to_csv's of the table with those counts as Int64 (index left out, missing
+    values empty, floats as repr writes them, minimal quoting), written by the csv module from one
+    list per column: to_csv converts and writes 10,000 rows of ~160 columns in slices, several times slower.
     """
-    columns = [_csv_cells(df.iloc[:, i]) for i in range(df.shape[1])]
+    whole = set(whole_number_columns(df))
+    columns = [_csv_cells(df.iloc[:, i], whole=df.columns[i] in whole) for i in range(df.shape[1])]
     if any(c is None for c in columns):  # a dtype the loaded table never has: pandas' own writer
-        out = df.copy()
+        out = df.astype({name: "Int64" for name in whole})
         for name in out.columns:
             if out[name].dtype == _OBJECT:
                 out[name] = pd.Series(_json_cells(out[name].tolist()), index=out.index, dtype=object)
@@ -1038,16 +1089,16 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def _csv_cells(column: pd.Series) -> list[Any] | None:
-    """A column's cells as to_csv writes them (the csv module str()s what is not a string);
-    None for a dtype this does not know."""
+def _csv_cells(column: pd.Series, *, whole: bool = False) -> list[Any] | None:
+    """A column's cells as to_csv writes them (the csv module str()s what is not a string); a float
+    column of whole numbers (`whole`) as Python ints; None for a dtype this does not know."""
     dtype = column.dtype
     if isinstance(dtype, np.dtype) and dtype.kind in "iub":
         return column.tolist()
     if isinstance(dtype, np.dtype) and dtype.kind == "f":
         # Python floats: the csv module writes their repr, which is numpy's str (to_csv's text).
         values = column.to_numpy()
-        cells: list[Any] = values.tolist()
+        cells: list[Any] = np.nan_to_num(values).astype(np.int64).tolist() if whole else values.tolist()
         for i in np.flatnonzero(np.isnan(values)).tolist():
             cells[i] = ""
         return cells
@@ -1091,6 +1142,7 @@ __all__ = [
     "AnalysisError",
     "QueueLookup",
     "Sweeps",
+    "WHOLE_CORE_COLUMNS",
     "load_sweep_dir",
     "load_sweeps",
     "outcome_counts",
@@ -1099,5 +1151,6 @@ __all__ = [
     "read_records",
     "sweep_labels",
     "value_texts",
+    "whole_number_columns",
     "write_results_csv",
 ]

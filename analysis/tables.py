@@ -27,7 +27,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.records import MISSING, NOT_RUN, outcome_counts, prediction_error, value_texts
+from analysis.records import (
+    MISSING,
+    NOT_RUN,
+    outcome_counts,
+    prediction_error,
+    value_texts,
+    whole_number_columns,
+)
 from train.planner.plan import format_params
 
 SEED_COLUMNS = (
@@ -580,7 +587,9 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     cells["efficiency"] = per_device.where(cells["_ok"]) / base
     cols = ["variant", "scale", "nodes", "devices", "gbs", "outcome", "samples_per_s", "tflops", "pflops", "mfu",
             "mem_gib", "mem_capacity_gib", "efficiency"]
-    return narrow(cells, cols).reset_index(drop=True)
+    cells = narrow(cells, cols)
+    # Counts as integers in scaling.csv ('48', not '48.0'; a row without a record made them floats).
+    return cells.astype({c: "Int64" for c in whole_number_columns(cells)}).reset_index(drop=True)
 
 
 def _scaling_cell(row: pd.Series) -> str:

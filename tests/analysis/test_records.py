@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import dataclasses
 import json
 import math
@@ -18,6 +19,8 @@ import pytest
 
 from analysis.recommend import format_recommendations, recommend
 from analysis.records import (
+    CORE_COLUMNS,
+    WHOLE_CORE_COLUMNS,
     AnalysisError,
     _flatten,
     _join_str,
@@ -370,6 +373,36 @@ def test_cli_writes_files_and_prints_recommendation(sweep: Path, tmp_path: Path)
     assert {"results.csv", "results.md", "scaling.csv", "tflops_mfu.png"} <= names
     csv = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(csv) == 11 and "config.model.num_layers" in csv.columns
+
+
+def test_csv_files_write_counts_as_integers(tmp_path: Path) -> None:
+    # The golden sweep's skipped and pending configs have no record: their NaNs made every count a
+    # float, and results.csv and scaling.csv wrote "dp=4.0", "nodes=48.0", "iterations_run=3.0".
+    sweep = build_sweep(tmp_path / "bloom_sweep")
+    proc = _cli(str(sweep), "--no-plots", "--no-queue", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "out" / "results.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    # The columns are the table's, named as the record and CORE_COLUMNS name them.
+    assert reader.fieldnames == list(load_sweeps([sweep], queue=None).table.columns)
+    assert set(WHOLE_CORE_COLUMNS) <= set(CORE_COLUMNS)
+    first, pending = rows[0], rows[-1]
+    assert [first[c] for c in ("nodes", "devices", "dp", "tp", "pp", "mbs", "gbs", "seq_length")] == [
+        "40", "320", "4", "8", "10", "2", "2048", "2048"
+    ]  # fmt: skip
+    assert [first[c] for c in ("iterations_run", "world.dp", "config.parallelism.tp", "config.model.num_layers")] == [
+        "3", "4", "8", "80"
+    ]  # fmt: skip
+    assert first["size_params"] == "202722768000" and first["manifest_index"] == "0"
+    # A pending config has its layout but no record: its record's counts are empty, not "nan".
+    assert (pending["outcome"], pending["dp"], pending["iterations_run"], pending["world.dp"]) == ("pending", "4", "", "")
+    # Measurements stay floats, whole or not.
+    assert (first["sec_per_iter"], first["mem_capacity_gib"], first["peak_tflops"]) == ("207.92", "78.15", "312.0")
+    with open(tmp_path / "out" / "scaling.csv", newline="") as f:
+        scaling = list(csv.DictReader(f))
+    assert scaling and all(r["nodes"].isdigit() and r["devices"].isdigit() and r["gbs"].isdigit() for r in scaling)
+    assert {(r["nodes"], r["devices"]) for r in scaling} == {("40", "320"), ("44", "352"), ("48", "384")}
 
 
 def test_cli_default_output_is_first_sweeps_analysis_dir(sweep: Path) -> None:

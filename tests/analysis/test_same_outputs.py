@@ -21,7 +21,7 @@ import pytest
 
 import analysis.__main__ as cli
 from analysis.plots import PLOT_COLUMNS, PLOT_FILES, write_plots
-from analysis.records import load_sweeps, write_results_csv
+from analysis.records import load_sweeps, whole_number_columns, write_results_csv
 from analysis.tables import narrow
 from tests.analysis.golden.build import build_sweep
 
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _to_csv(df: pd.DataFrame, path: Path) -> None:
-    """results.csv as it was written before: list and dict cells as JSON text, then DataFrame.to_csv."""
-    out = df.copy()
+    """results.csv as pandas writes it: counts as Int64, list and dict cells as JSON text, then
+    DataFrame.to_csv."""
+    out = df.astype({name: "Int64" for name in whole_number_columns(df)})
     for name in out.columns:
         if out[name].dtype == np.dtype(object):
             out[name] = pd.Series(
@@ -56,6 +57,9 @@ def _mixed_table() -> pd.DataFrame:
             "numbers": [[1.0, 2.5], [], None, [np.nan, float("inf")], [1, True, None], [10.0] * 3],
             "nested": [{"k": [1, 2]}, ["a", "b, c"], [[1], [2]], "plain", np.nan, {"x": 'q"'}],
             "strings": [["+nodes=2", "a=b"], ["]", "["], [], ["x"], ["], ["], ["y", "z"]],
+            # Counts a missing row made floats: written whole; one that is no whole number stays float.
+            "dp": [1.0, np.nan, 4.0, -0.0, 2.0**40, 8.0],
+            "world.tp": [2.0, np.nan, 2.5, 1.0, 1.0, 1.0],
         }
     )
 
