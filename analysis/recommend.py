@@ -93,7 +93,11 @@ class Candidate:
     runs: int = 1
     """Runs of this layout pooled into the candidate: with several, sec_per_iter, tflops and mfu are
     their medians, mem_gib and neighbours their maxima, sec_cv the pooled noise (see the module), and
-    sweep, run_dir and overrides those of the run nearest the median."""
+    sweep, run_dir, overrides and the fields below those of the run nearest the median."""
+    mem_device_gib: float | None = None
+    """Memory of one device as the run's hardware config gives it (hardware.memory_gib, GiB); None when unknown."""
+    device_mismatch: str = ""
+    """Why the run's device is not the one its hardware config describes ('' when it is, or unknown)."""
 
     @property
     def label(self) -> str:
@@ -138,6 +142,9 @@ class Recommendation:
     """The hardware config every compared run ran on (part of the work)."""
     runs: int = 0
     """Qualifying runs behind the `candidates` layouts (more when a layout ran several times)."""
+    unmet: tuple[str, ...] = ()
+    """Constraints the best finished without meeting, in words: a measured peak memory above its
+    hardware config's usable memory, or above its device's; empty when none."""
 
     @property
     def predicted_best_slower_pct(self) -> float | None:
@@ -155,6 +162,10 @@ class Recommendation:
 
 def _opt_float(v: object) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # type: ignore[arg-type]
+
+
+def _opt_text(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
 
 
 _DISTINCT = (
@@ -198,6 +209,8 @@ def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Can
         pred_sec_per_iter=_opt_float(row.get("pred_sec_per_iter")),
         distinct=distinct,
         runs=int(row.get("_runs", 1)),
+        mem_device_gib=_opt_float(row.get("config.hardware.memory_gib")),
+        device_mismatch=_opt_text(row.get("device_mismatch")) or "",
     )
 
 
@@ -310,7 +323,7 @@ other work, as another sequence length is."""
 _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
-    "sweep", *_SHAPE,
+    "sweep", *_SHAPE, "config.hardware.memory_gib", "device_mismatch",
 )  # fmt: skip
 """The columns recommend reads."""
 
@@ -346,18 +359,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
     several_hardware = df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
     recs = []
     for (model, hardware, gbs, seq, _), group in groups:
-        # A record that does not say where it ran (a hand-written or damaged result.json, or one
-        # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
-        masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}
-        if c.max_nodes is not None:
-            # A run without its layout is counted once, under _NO_LAYOUT, not also as over the limit.
-            masks[f"over the {c.max_nodes}-node limit"] = ~(group["nodes"] > c.max_nodes)
-        if c.max_mem_gib is not None:
-            # A run that measured no memory is not above the limit: it is unknown, and said so.
-            masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(group["mem_gib"] > c.max_mem_gib)
-            masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
-        if c.dp_multiple_of is not None:
-            masks[f"with DP not a multiple of {c.dp_multiple_of}"] = ~(group["dp"] % c.dp_multiple_of != 0) | group["dp"].isna()
+        masks = _constraint_masks(group, c)
         ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
         for mask in masks.values():
             ok &= mask
@@ -387,6 +389,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 margin_pct=margin,
                 highest_tflops=_candidate(by_tflops.iloc[0], varying),
                 satisfied=_satisfied(best, c, len(group), str(hardware) if several_hardware else ""),
+                unmet=tuple(u for u in (_memory_unmet(best),) if u),
                 per_nodes=per_nodes,
                 candidates=len(runs),
                 excluded=_excluded(group, masks),
@@ -400,11 +403,28 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
     return recs
 
 
+def _constraint_masks(group: pd.DataFrame, c: Constraints) -> dict[str, pd.Series]:
+    """Per constraint, in the words that count the runs left out by it, which runs of `group` meet it."""
+    # A record that does not say where it ran (a hand-written or damaged result.json, or one
+    # copied out of its sweep) cannot be placed beside the others: left out and counted, not a crash.
+    masks: dict[str, pd.Series] = {_NO_LAYOUT: (group[list(_LAYOUT_COUNTS)] > 0).all(axis=1)}
+    if c.max_nodes is not None:
+        # A run without its layout is counted once, under _NO_LAYOUT, not also as over the limit.
+        masks[f"over the {c.max_nodes}-node limit"] = ~(group["nodes"] > c.max_nodes)
+    if c.max_mem_gib is not None:
+        # A run that measured no memory is not above the limit: it is unknown, and said so.
+        masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(group["mem_gib"] > c.max_mem_gib)
+        masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
+    if c.dp_multiple_of is not None:
+        masks[f"with DP not a multiple of {c.dp_multiple_of}"] = ~(group["dp"] % c.dp_multiple_of != 0) | group["dp"].isna()
+    return masks
+
+
 def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = "") -> tuple[str, ...]:
     out = ["finished: status ok with measured iterations (no OOM, NaN, timeout or error)"]
     hw = f", hardware {hardware}" if hardware else ""
     out.append(f"same work as the {configs} config(s) it was compared with: same model{hw}, GBS {best.gbs} and sequence length")
-    if best.mem_gib is not None:
+    if best.mem_gib is not None and _memory_unmet(best) is None:
         cap = f" of {best.mem_capacity_gib:.1f} GiB usable" if best.mem_capacity_gib is not None else ""
         out.append(f"peak memory {best.mem_gib:.1f} GiB per device{cap}")
     if c.max_nodes is not None:
@@ -414,6 +434,28 @@ def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = ""
     if c.dp_multiple_of is not None:
         out.append(f"DP={best.dp} is a multiple of {c.dp_multiple_of} (--dp-multiple)")
     return tuple(out)
+
+
+def _memory_unmet(c: Candidate) -> str | None:
+    """Why c's measured peak memory does not fit its hardware config's memory; None when it does or
+    is unknown. A peak above the device's memory is no measurement of that device: the record is
+    wrong, or the run had a larger device than its config says, and the layout may not fit the one
+    the config describes."""
+    if c.mem_gib is None:
+        return None
+    if c.mem_device_gib is not None and c.mem_gib > c.mem_device_gib:
+        why = c.device_mismatch or "a device with more memory than hardware.memory_gib says, or a wrong record"
+        return (
+            f"peak memory {c.mem_gib:.2f} GiB per device is above the {c.mem_device_gib:.2f} GiB of the device its "
+            f"hardware config describes (hardware.memory_gib), which no run on that device can measure ({why}): "
+            "the layout may not fit that device"
+        )
+    if c.mem_capacity_gib is not None and c.mem_gib > c.mem_capacity_gib:
+        return (
+            f"peak memory {c.mem_gib:.2f} GiB per device is above the {c.mem_capacity_gib:.2f} GiB usable "
+            "(hardware.memory_gib less memory_reserve_gib): it left less free than the reserve the planner keeps"
+        )
+    return None
 
 
 def _figures(c: Candidate) -> str:
@@ -529,6 +571,7 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
                 f"- highest TFLOPs is {r.highest_tflops.label}: {_figures(r.highest_tflops)}, "
                 f"yet {slower:.1f}% slower per iteration: ranked by seconds per iteration, not TFLOPs"
             )
+        lines += [f"- constraint not met: {text}" for text in r.unmet]
         lines.append(f"- constraints satisfied: {'; '.join(r.satisfied)}")
         compared = (
             f"- compared {r.candidates} qualifying layout(s) from {r.runs} runs (runs of one layout pooled)"

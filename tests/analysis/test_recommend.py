@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from analysis.calc import compose_run
 from analysis.recommend import Constraints, Recommendation, format_recommendations, recommend
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
-from tests.analysis.golden.build import build_sweep, fixture, predicted_sweep_data
+from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, predicted_sweep_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -352,3 +353,58 @@ def test_a_run_without_its_layout_is_counted_once_under_constraints(tmp_path: Pa
     assert "1 whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)" in rec.excluded
     assert "1 over the 44-node limit" in rec.excluded  # DP=8 PP=6 on 48 nodes; the damaged run not again
     assert not any("not a multiple" in e for e in rec.excluded)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the recommendation says of memory and of the cluster, from the records' configs
+
+
+def _edit_record(path: Path, **fields: object) -> None:
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record))
+
+
+def _lines(rec: Recommendation, start: str) -> list[str]:
+    return [line for line in format_recommendations([rec]).splitlines() if line.startswith(start)]
+
+
+def test_a_peak_above_the_device_memory_is_flagged_not_satisfied(tmp_path: Path) -> None:
+    # A hand-edited record: the best run's peak (45.2 GiB) raised above the A100's 79.15 GiB. It
+    # read "constraints satisfied: ... peak memory 85.0 GiB per device of 78.2 GiB usable".
+    sweep = build_sweep(tmp_path / "s", _two_layouts())
+    _edit_record(sweep / "runs" / "1" / "result.json", max_mem_gib=85.0, max_mem_gib_per_rank=[82.0, 85.0])
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    assert (rec.best.sec_per_iter, rec.best.mem_gib, rec.best.mem_device_gib) == (172.36, 85.0, 79.15)
+    (unmet,) = _lines(rec, "- constraint not met:")
+    assert "peak memory 85.00 GiB per device is above the 79.15 GiB of the device its hardware config" in unmet
+    assert "a device with more memory than hardware.memory_gib says, or a wrong record" in unmet
+    (satisfied,) = _lines(rec, "- constraints satisfied:")
+    assert "peak memory" not in satisfied and satisfied.startswith("- constraints satisfied: finished")
+    # Within the device but above its usable 78.15 GiB (79.15 less the 1 GiB reserve): said so too.
+    _edit_record(sweep / "runs" / "1" / "result.json", max_mem_gib=78.5, max_mem_gib_per_rank=[78.0, 78.5])
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    assert _lines(rec, "- constraint not met:") == [
+        "- constraint not met: peak memory 78.50 GiB per device is above the 78.15 GiB usable (hardware.memory_gib "
+        "less memory_reserve_gib): it left less free than the reserve the planner keeps"
+    ]
+    # The runner-up's 43 GiB fits: when it is the best, its memory is satisfied as before.
+    _edit_record(sweep / "runs" / "0" / "result.json", sec_per_iter=100.0)
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    assert rec.best.mem_gib == 43.0 and _lines(rec, "- constraint not met:") == []
+    assert "peak memory 43.0 GiB per device of 78.2 GiB usable" in _lines(rec, "- constraints satisfied:")[0]
+
+
+def test_a_run_on_a_larger_device_than_its_config_says_is_flagged_with_why(tmp_path: Path) -> None:
+    # Real runs on 80 GB A100s whose config said a100_40gb (39.59 GiB): their 43 and 45.2 GiB peaks
+    # are real, and the layout would not fit the 40 GB device the config describes.
+    data = _two_layouts()
+    data["hardware"] = hardware_conf("a100_40gb")
+    sweep = build_sweep(tmp_path / "s", data)
+    for run in ("0", "1"):
+        _edit_record(sweep / "runs" / run / "result.json", device_memory_gib=79.15)
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    (unmet,) = _lines(rec, "- constraint not met:")
+    assert "peak memory 45.20 GiB per device is above the 39.59 GiB of the device its hardware config" in unmet
+    assert "hardware=a100_40gb does not describe this device: the device has 79.15 GiB" in unmet
+    assert "peak memory" not in _lines(rec, "- constraints satisfied:")[0]
