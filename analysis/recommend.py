@@ -98,6 +98,12 @@ class Candidate:
     """Memory of one device as the run's hardware config gives it (hardware.memory_gib, GiB); None when unknown."""
     device_mismatch: str = ""
     """Why the run's device is not the one its hardware config describes ('' when it is, or unknown)."""
+    cluster: str = ""
+    """The cluster config the run ran under (cluster.name; '' when its record does not say)."""
+    exclusive: bool | None = None
+    """Whether it asked for whole nodes (cluster.exclusive); None when its record does not say."""
+    core_license: str | None = None
+    """The Slurm license that kept it apart from other jobs' cores (cluster.core_license); None: none."""
 
     @property
     def label(self) -> str:
@@ -168,6 +174,10 @@ def _opt_text(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _opt_bool(v: object) -> bool | None:
+    return bool(v) if isinstance(v, bool | np.bool_) else None
+
+
 _DISTINCT = (
     ("config.parallelism.recompute", "recompute"),
     ("config.parallelism.zero_stage", "ZeRO"),
@@ -211,6 +221,9 @@ def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Can
         runs=int(row.get("_runs", 1)),
         mem_device_gib=_opt_float(row.get("config.hardware.memory_gib")),
         device_mismatch=_opt_text(row.get("device_mismatch")) or "",
+        cluster=_opt_text(row.get("config.cluster.name")) or "",
+        exclusive=_opt_bool(row.get("config.cluster.exclusive")),
+        core_license=_opt_text(row.get("config.cluster.core_license")),
     )
 
 
@@ -323,7 +336,8 @@ other work, as another sequence length is."""
 _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
-    "sweep", *_SHAPE, "config.hardware.memory_gib", "device_mismatch",
+    "sweep", *_SHAPE, "config.hardware.memory_gib", "device_mismatch", "config.cluster.name",
+    "config.cluster.exclusive", "config.cluster.core_license",
 )  # fmt: skip
 """The columns recommend reads."""
 
@@ -480,31 +494,67 @@ def _noise_text(r: Recommendation) -> str:
     return f"inside the noise: their iterations spread by more ({spreads}), so a rerun could swap them"
 
 
+def _licensed(cands: Sequence[Candidate]) -> str | None:
+    """The core license every one of `cands` ran under ('cluster local's `cores` license'); None
+    when one ran without (or its record does not say): whole nodes are then what isolates a run."""
+    licenses = {(c.cluster, c.core_license) for c in cands}
+    if len(licenses) != 1 or None in next(iter(licenses)):
+        return None
+    cluster, license_ = next(iter(licenses))
+    return f"cluster {cluster or '(unnamed)'}'s `{license_}` license (cluster.core_license)"
+
+
 def _repeat_advice(r: Recommendation) -> list[str]:
-    """Which configs to repeat, and how, to tell the runs inside the noise apart."""
+    """Which configs to repeat, and how, to tell the runs inside the noise apart: on whole nodes,
+    unless the runs' cluster keeps jobs apart by a core license (the local cluster, whose emulated
+    nodes share one host: a whole one isolates nothing there)."""
     if r.noise_pct is None:
         top = [c for c in (r.best, r.runner_up) if c is not None]
         why = "at least two measured iterations each, so that their spread is known"
     else:
         top = [r.best, *r.close][:RERUN_TOP]
         why = "within the noise of each other"
-    lines = [
-        f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters) "
-        "on whole nodes (cluster.exclusive=true), as a sweep of their own, e.g. `python -m train -m "
-        "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true` (these two "
-        "last: Hydra keeps the last value given for a key, and a run's overrides may set them):"
-    ]
+    if (licensed := _licensed(top)) is not None:
+        lines = [
+            f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters), "
+            f"as a sweep of their own on the same cluster, where {licensed} keeps the jobs running together "
+            "to the host's cores (whole nodes, cluster.exclusive, would isolate nothing there), e.g. `python -m train -m "
+            "hydra/launcher=slurm <its overrides> training.train_iters=<more>` (this last: Hydra keeps the last "
+            "value given for a key, and a run's overrides may set it):"
+        ]
+    else:
+        lines = [
+            f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters) "
+            "on whole nodes (cluster.exclusive=true), as a sweep of their own, e.g. `python -m train -m "
+            "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true` (these two "
+            "last: Hydra keeps the last value given for a key, and a run's overrides may set them):"
+        ]
     lines += [f"  - {c.label}: {c.overrides or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
     return lines
 
 
 def _neighbour_notes(r: Recommendation) -> list[str]:
     shared = [(what, c) for what, c in (("best", r.best), ("runner-up", r.runner_up)) if c is not None and c.neighbours]
-    return [
-        f"- the {what} shared its nodes with {c.neighbours} other Slurm job(s) while it trained: its timing "
-        "includes their load (cluster.exclusive=true asks for whole nodes)"
-        for what, c in shared
-    ]
+    return [f"- the {what} shared its nodes with {c.neighbours} other Slurm job(s) while it trained: {_isolation(c)}"
+            for what, c in shared]  # fmt: skip
+
+
+def _isolation(c: Candidate) -> str:
+    """What the neighbours of c's run mean for its timing, and what would have kept them off, as its
+    record's cluster config says how it was isolated."""
+    if (licensed := _licensed([c])) is not None:
+        return (
+            f"{licensed} kept the jobs running together to no more CPUs than the host has cores, but its "
+            "timing may include their load on the host's memory and caches"
+        )
+    if c.exclusive:
+        # Asking for whole nodes again is no remedy: the run already did.
+        return (
+            "it had asked for whole nodes (cluster.exclusive=true), yet Slurm listed them there (a partition "
+            "that shares nodes whatever a job asks, or jobs at the edges of its training window), so its "
+            "timing may include their load: compare it with a run that saw none"
+        )
+    return "its timing includes their load (cluster.exclusive=true asks for whole nodes)"
 
 
 def _prediction_text(r: Recommendation) -> list[str]:

@@ -223,6 +223,10 @@ def test_a_margin_inside_the_noise_is_no_winner_and_names_what_to_repeat(tmp_pat
     assert "repeat the top 2" in out and "training.train_iters" in out and "cluster.exclusive=true" in out
     assert "parallelism.pp=12" in out and "parallelism.pp=6" in out
     assert "the best shared its nodes with 2 other Slurm job(s)" in out
+    # The golden runs asked for whole nodes (a GPU site's cluster.exclusive=true) and still saw
+    # neighbours: asking for whole nodes again is no remedy, and the note does not offer it as one.
+    assert "it had asked for whole nodes (cluster.exclusive=true), yet Slurm listed them there" in out
+    assert "(cluster.exclusive=true asks for whole nodes)" not in out
     table = (sweep / "analysis" / "results.md").read_text()
     assert "| 161.96 | 5.0% |" in table and "beside 2 other job(s)" in table
     # The example puts the new values after the run's overrides: Hydra keeps the last value of a key,
@@ -408,3 +412,50 @@ def test_a_run_on_a_larger_device_than_its_config_says_is_flagged_with_why(tmp_p
     assert "peak memory 45.20 GiB per device is above the 39.59 GiB of the device its hardware config" in unmet
     assert "hardware=a100_40gb does not describe this device: the device has 79.15 GiB" in unmet
     assert "peak memory" not in _lines(rec, "- constraints satisfied:")[0]
+
+
+def _noisy(cluster: dict | None) -> dict:
+    """The golden runs with the two fastest inside each other's noise and the best beside two other
+    jobs, under `cluster` (the fixture's GPU site when None)."""
+    data = copy.deepcopy(fixture())
+    if cluster is not None:
+        data["cluster"] = cluster
+    for run in data["runs"]:
+        if run["name"] in ("n48_pp12_mbs2", "n48_pp6_mbs2"):
+            run["sec_cv"] = 0.05
+        if run["name"] == "n48_pp12_mbs2":
+            run["neighbours"] = {"nodes": "node[1-48]", "at_start": ["77_1", "78"], "at_end": ["78"]}
+    return data
+
+
+def test_on_the_local_cluster_the_advice_is_its_core_license_not_whole_nodes(tmp_path: Path) -> None:
+    # Runs recorded under conf/cluster/local.yaml (cluster=local): its emulated nodes share one host, so
+    # cluster.exclusive=true isolated nothing; the `cores` license is what keeps its runs apart.
+    local = hardware_conf("local", "cluster")
+    assert (local["name"], local["exclusive"], local["core_license"]) == ("local", False, "cores")
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", _noisy(local))], queue=None).table)
+    assert (rec.best.cluster, rec.best.exclusive, rec.best.core_license) == ("local", False, "cores")
+    text = format_recommendations([rec])
+    assert "repeat the top 2" in text and "cluster.exclusive=true" not in text
+    (advice,) = _lines(rec, "- to decide:")
+    assert "cluster local's `cores` license (cluster.core_license)" in advice
+    assert advice.endswith("`python -m train -m hydra/launcher=slurm <its overrides> training.train_iters=<more>` "
+                           "(this last: Hydra keeps the last value given for a key, and a run's overrides may set it):")
+    (shared,) = _lines(rec, "- the best shared its nodes")
+    assert "`cores` license (cluster.core_license) kept the jobs running together to no more CPUs" in shared
+
+
+def test_without_whole_nodes_or_a_license_the_advice_is_whole_nodes(tmp_path: Path) -> None:
+    # A GPU site's cluster config with whole nodes turned off: whole nodes are what would isolate the runs.
+    shared_site = {**hardware_conf("generic_gpu", "cluster"), "exclusive": False}
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", _noisy(shared_site))], queue=None).table)
+    (advice,) = _lines(rec, "- to decide:")
+    assert "on whole nodes (cluster.exclusive=true)" in advice and "license" not in advice
+    assert advice.endswith("training.train_iters=<more> cluster.exclusive=true` (these two last: Hydra keeps the "
+                           "last value given for a key, and a run's overrides may set them):")
+    (shared,) = _lines(rec, "- the best shared its nodes")
+    assert shared.endswith("its timing includes their load (cluster.exclusive=true asks for whole nodes)")
+    # The fixture's own runs asked for whole nodes: the advice keeps them, the note does not offer them again.
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "t", _noisy(None))], queue=None).table)
+    assert "on whole nodes (cluster.exclusive=true)" in _lines(rec, "- to decide:")[0]
+    assert "it had asked for whole nodes (cluster.exclusive=true)" in _lines(rec, "- the best shared its nodes")[0]

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from conf.schema import (
+    ClusterConfig,
     Engine,
     HardwareConfig,
     ModelConfig,
@@ -42,13 +43,20 @@ def fixture() -> dict[str, Any]:
     return json.loads(FIXTURE.read_text())
 
 
-def run_config(model: dict[str, Any], hardware: dict[str, Any], layout: dict[str, Any]) -> RunConfig:
+def run_config(
+    model: dict[str, Any], hardware: dict[str, Any], layout: dict[str, Any], cluster: dict[str, Any] | None = None
+) -> RunConfig:
+    """The config a fixture run records; `cluster` the fields of the cluster config it ran under (the
+    schema's defaults without: a cluster 'local' on whole nodes, which is neither conf/cluster file)."""
     par = ParallelismConfig(
         tp=layout["tp"], pp=layout["pp"], dp=layout["dp"], micro_batch_size=layout["mbs"],
         global_batch_size=layout["gbs"], zero_stage=layout.get("zero_stage", 1), recompute=Recompute.full,
         engine=Engine(layout.get("engine", "native")), offload=Offload(layout.get("offload", "none")),
     )
-    return RunConfig(model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware))
+    return RunConfig(
+        model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware),
+        cluster=ClusterConfig(**(cluster or {})),
+    )  # fmt: skip
 
 
 def overrides_of(layout: dict[str, Any], model: str, extra: list[str] | None = None) -> list[str]:
@@ -134,7 +142,7 @@ def build_sweep(root: Path, data: dict[str, Any] | None = None, *, drop: tuple[s
     entries, plan_rows = [], []
     for index, spec in enumerate(data["runs"]):
         layout = spec["layout"]
-        run = run_config(model, hardware, layout)
+        run = run_config(model, hardware, layout, data.get("cluster"))
         overrides = overrides_of(layout, model["name"], spec.get("extra_overrides"))
         out_dir = f"runs/{index}"
         shape = {"nodes": spec["nodes"], "tasks_per_node": 8}
@@ -183,9 +191,9 @@ PREDICTED_LAYOUTS = (
 """One and two nodes of eight A100s, all training the same work (GPT, GBS 512)."""
 
 
-def hardware_conf(name: str) -> dict[str, Any]:
-    """conf/hardware/<name>.yaml as a dict: the figures a user's sweep records."""
-    data = OmegaConf.to_container(OmegaConf.load(CONF / "hardware" / f"{name}.yaml"))
+def hardware_conf(name: str, group: str = "hardware") -> dict[str, Any]:
+    """conf/<group>/<name>.yaml as a dict: the figures (or cluster settings) a user's sweep records."""
+    data = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
     assert isinstance(data, dict)
     return {str(k): v for k, v in data.items()}
 
