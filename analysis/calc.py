@@ -289,14 +289,9 @@ def planned_layout(run: RunConfig, devices: int) -> RunConfig:
     return run
 
 
-def calculate(
-    run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm", predicted: bool = False
-) -> CalcResult:
-    """FLOPs of one iteration under `convention`, per device per second, and utilization of the peak.
-
-    predicted: sec_per_iter is the time model's, not a measurement, so an MFU above 100% is reported
-    (a fault of the model's figures) rather than refused as a mistyped input."""
-    model, par, hw = run.model, run.parallelism, run.hardware
+def _flops(run: RunConfig, convention: str) -> tuple[float, float, float]:
+    """(headline, model, hardware) FLOPs of one iteration under `convention` (see the module)."""
+    model, par = run.model, run.parallelism
     gbs, tp = par.global_batch_size, par.tp
     recompute = Recompute(par.recompute)
     recomputing = recompute != Recompute.none
@@ -330,6 +325,20 @@ def calculate(
             f"convention={convention} is not a known FLOPs convention: "
             f"choose one of {', '.join(CONVENTIONS)}."
         )
+    return headline, model_flops, hardware_flops
+
+
+def calculate(
+    run: RunConfig, *, sec_per_iter: float, devices: int, convention: str = "gemm", predicted: bool = False
+) -> CalcResult:
+    """FLOPs of one iteration under `convention`, per device per second, and utilization of the peak.
+
+    predicted: sec_per_iter is the time model's, not a measurement, so an MFU above 100% is reported
+    (a fault of the model's figures) rather than refused as a mistyped input."""
+    model, par, hw = run.model, run.parallelism, run.hardware
+    gbs = par.global_batch_size
+    recompute = Recompute(par.recompute)
+    headline, model_flops, hardware_flops = _flops(run, convention)
 
     tflops = achieved_tflops(headline, sec_per_iter, devices)
     model_tflops = achieved_tflops(model_flops, sec_per_iter, devices)
