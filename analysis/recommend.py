@@ -45,6 +45,7 @@ from analysis.tables import (
     format_size,
     narrow,
 )
+from train.neighbours import isolation_note
 
 RERUN_TOP = 3
 """Configs a recommendation inside the noise suggests repeating, at most (the best included)."""
@@ -540,21 +541,9 @@ def _neighbour_notes(r: Recommendation) -> list[str]:
 
 
 def _isolation(c: Candidate) -> str:
-    """What the neighbours of c's run mean for its timing, and what would have kept them off, as its
-    record's cluster config says how it was isolated."""
-    if (licensed := _licensed([c])) is not None:
-        return (
-            f"{licensed} kept the jobs running together to no more CPUs than the host has cores, but its "
-            "timing may include their load on the host's memory and caches"
-        )
-    if c.exclusive:
-        # Asking for whole nodes again is no remedy: the run already did.
-        return (
-            "it had asked for whole nodes (cluster.exclusive=true), yet Slurm listed them there (a partition "
-            "that shares nodes whatever a job asks, or jobs at the edges of its training window), so its "
-            "timing may include their load: compare it with a run that saw none"
-        )
-    return "its timing includes their load (cluster.exclusive=true asks for whole nodes)"
+    """What the neighbours of c's run mean for its timing, as its record's cluster config says how it
+    was isolated (the trainer's record warning says the same)."""
+    return isolation_note(exclusive=c.exclusive, cluster=c.cluster, core_license=c.core_license)
 
 
 def _prediction_text(r: Recommendation) -> list[str]:

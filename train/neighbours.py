@@ -100,12 +100,32 @@ def seen(neighbours: Mapping[str, Any]) -> list[str]:
                    *(neighbours.get("during") or ())})  # fmt: skip
 
 
-def neighbour_warning(neighbours: Mapping[str, Any]) -> str | None:
+def isolation_note(*, exclusive: bool | None, cluster: str = "", core_license: str | None = None) -> str:
+    """What neighbours mean for a run's timing, and what would have kept them off, as its cluster
+    config says how it was isolated: a core license (the local cluster, whose emulated nodes share
+    one host, so a whole node isolates nothing), whole nodes already asked for, or neither."""
+    if core_license:
+        return (
+            f"cluster {cluster or '(unnamed)'}'s `{core_license}` license (cluster.core_license) kept the jobs "
+            "running together to no more CPUs than the host has cores, but its timing may include their load "
+            "on the host's memory and caches"
+        )
+    if exclusive:
+        # Asking for whole nodes again is no remedy: the run already did.
+        return (
+            "it had asked for whole nodes (cluster.exclusive=true), yet Slurm listed them there (a partition "
+            "that shares nodes whatever a job asks, or jobs at the edges of its training window), so its "
+            "timing may include their load: compare it with a run that saw none"
+        )
+    return "its timing includes their load (cluster.exclusive=true asks for whole nodes)"
+
+
+def neighbour_warning(
+    neighbours: Mapping[str, Any], *, exclusive: bool, cluster: str = "", core_license: str | None = None
+) -> str | None:
     """The record's warning when other jobs ran on the job's nodes (None when none did)."""
     jobs = seen(neighbours)
     if not jobs:
         return None
-    return (
-        f"other Slurm jobs ran on this job's nodes ({neighbours.get('nodes')}): {', '.join(jobs)}; its timings "
-        "include their load (cluster.exclusive=true asks for whole nodes)"
-    )
+    note = isolation_note(exclusive=exclusive, cluster=cluster, core_license=core_license)
+    return f"other Slurm jobs ran on this job's nodes ({neighbours.get('nodes')}): {', '.join(jobs)}; {note}"

@@ -224,7 +224,9 @@ def _outcome(
         distributed.destroy_process_group()
         if watch is not None:
             progress.neighbours = watch.stop()
-            progress.warnings += [w for w in [neighbour_warning(progress.neighbours)] if w]
+            cl = run.cluster
+            note = neighbour_warning(progress.neighbours, exclusive=cl.exclusive, cluster=cl.name, core_license=cl.core_license)
+            progress.warnings += [note] if note else []
     if status == "nan":
         message = f"loss or gradient norm became NaN/inf at iteration {len(progress.iterations)}; training stopped"
     return status, message, failure
