@@ -77,6 +77,14 @@ class OptimizerImpl(str, Enum):
     torch = "torch"
 
 
+class TokenDtype(str, Enum):
+    """Width of the ids in a token file; `auto` is uint16 up to a vocabulary of 65536, else uint32."""
+
+    auto = "auto"
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
 AUTO_MICRO_BATCH = "auto"
 """The one string `parallelism.micro_batch_size` accepts: the entry points replace it by a size."""
 
@@ -317,6 +325,8 @@ class TrainingConfig:
     """Seed of parameters and synthetic data."""
     data_path: str | None = None
     """Token file (.bin, uint16/uint32 memmap); null uses deterministic synthetic tokens."""
+    data_dtype: TokenDtype = TokenDtype.auto
+    """Width of data_path's ids, which the headerless file cannot say (auto | uint16 | uint32); auto: uint16 if model.vocab_size <= 65536."""
     save_interval: int = 0
     """Iterations between checkpoints, and resume from the latest of this layout in checkpoint_dir; 0 neither (iterations)."""
     checkpoint_dir: str | None = None

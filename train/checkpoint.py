@@ -51,8 +51,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from conf.schema import RunConfig, to_plain_dict
+from conf.schema import RunConfig, TokenDtype, to_plain_dict
 from train.contract import CHECKPOINT_DIR, write_json_atomic
+from train.data import token_dtype
 from train.dp import DistributedOptimizer
 
 LATEST = "latest"
@@ -108,7 +109,14 @@ def fingerprint(run: RunConfig) -> dict[str, Any]:
         "precision": str(getattr(par.precision, "value", par.precision)),
         "seed": tr.seed,
         "data_path": tr.data_path,
+        # Only where it reads the file otherwise than auto would: older checkpoints have no such key.
+        **({"data_dtype": TokenDtype(tr.data_dtype).value} if tr.data_path and _dtype_differs(run) else {}),
     }
+
+
+def _dtype_differs(run: RunConfig) -> bool:
+    tr, vocab = run.training, run.model.vocab_size
+    return token_dtype(tr.data_dtype, vocab) != token_dtype(None, vocab)
 
 
 def read_latest(directory: Path) -> int | None:

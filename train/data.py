@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from conf.schema import ModelConfig, ModelKind
+from conf.schema import ModelConfig, ModelKind, TokenDtype
 from train.model import IGNORE_INDEX
 
 MASK_PROBABILITY = 0.15
@@ -48,21 +48,62 @@ class SyntheticTokens:
         return rng.integers(0, self.high, size=self.length, dtype=np.int64)
 
 
+UINT16_IDS = 2**16
+"""Ids a uint16 file can hold: `auto` reads uint16 up to this vocabulary, uint32 above it."""
+
+SIGNATURE_PREFIX = 2**20
+"""uint16 values read to spot uint32 ids read as uint16: the signature shows in any stretch of the
+file, so a bounded prefix keeps opening a large file cheap (2 MiB)."""
+
+SIGNATURE_MIN_PAIRS = 32
+"""Fewest (low, high) pairs the signature is judged on: below it a run of zeros is chance."""
+
+MAX_CHUNK = 2**24
+"""Token ids per read of the whole-file range check (32 MiB of uint16): bounded memory on any file size."""
+
+
+def token_dtype(setting: TokenDtype | str | None, vocab_size: int) -> np.dtype:
+    """The numpy dtype training.data_dtype names; `auto` (or None) by the vocabulary's size."""
+    name = TokenDtype(getattr(setting, "value", setting) or TokenDtype.auto).value
+    if name == TokenDtype.auto:
+        return np.dtype(np.uint16 if vocab_size <= UINT16_IDS else np.uint32)
+    return np.dtype(name)
+
+
+def scan_ids(tokens: np.ndarray, vocab_size: int, *, chunk: int = MAX_CHUNK) -> tuple[int, int | None]:
+    """(largest id, position of the first id >= vocab_size or None) of `tokens`, read `chunk` ids at a
+    time so that a memmap of any size costs bounded memory."""
+    largest, first_bad = 0, None
+    for start in range(0, len(tokens), chunk):
+        part = tokens[start : start + chunk]
+        largest = max(largest, int(part.max()))
+        if first_bad is None and largest >= vocab_size:
+            first_bad = start + int(np.argmax(part >= vocab_size))
+    return largest, first_bad
+
+
 class MemmapTokens:
-    """Consecutive windows of a flat token file (.bin of uint16, or uint32 when V > 65536).
+    """Consecutive windows of a flat token file (.bin of uint16, or uint32: training.data_dtype).
 
     Sample i starts at i x seq_length (wrapping around the file), so an epoch reads every
     token once and the windows overlap by the one token that becomes the last target.
+
+    The file has no header, so a file of the other width reads as other tokens without any error.
+    Opening it therefore checks the whole file once: uint32 ids read as uint16 (their zero high
+    halves), and any id at or above the vocabulary, are refused before the first step.
     """
 
-    def __init__(self, path: str | Path, model: ModelConfig, *, dtype: np.dtype | None = None) -> None:
-        self.dtype = np.dtype(dtype or (np.uint16 if model.vocab_size <= 2**16 else np.uint32))
+    def __init__(self, path: str | Path, model: ModelConfig, *, dtype: TokenDtype | str | None = None) -> None:
+        self.setting = TokenDtype(getattr(dtype, "value", dtype) or TokenDtype.auto).value
+        self.dtype = token_dtype(self.setting, model.vocab_size)
+        self.path = str(path)
         try:
             self.tokens = np.memmap(path, dtype=self.dtype, mode="r")
         except (OSError, ValueError) as exc:  # missing, a directory, unreadable, empty
             raise DataFileError(
-                f"training.data_path={str(path)!r} cannot be read as a token file ({exc}); give a flat file of "
-                f"{self.dtype.name} token ids, or null for synthetic tokens"
+                f"training.data_path={self.path!r} cannot be read as a token file ({exc}); give a flat file of "
+                f"{self.dtype.name} token ids (training.data_dtype={self.setting}: auto | uint16 | uint32), "
+                "or null for synthetic tokens"
             ) from None
         self.seq_length = model.seq_length
         self.vocab_size = model.vocab_size
@@ -71,22 +112,65 @@ class MemmapTokens:
                 f"token file {path} holds {len(self.tokens)} tokens, fewer than seq_length + 1 = "
                 f"{self.seq_length + 1}"
             )
+        self._refuse_uint32_read_as_uint16()
+        self._refuse_ids_beyond_vocabulary()
         self.windows = max((len(self.tokens) - 1) // self.seq_length, 1)
+
+    def _read_as(self) -> str:
+        return f"read as {self.dtype.name}, training.data_dtype={self.setting}"
+
+    def _refuse_uint32_read_as_uint16(self) -> None:
+        """Little-endian uint32 ids below 65536 read as uint16 alternate (id, 0): odd positions are
+        nearly all 0 while even ones are not, which no real uint16 token stream does."""
+        if self.dtype != np.uint16 or self.tokens.nbytes % 4:
+            return  # a uint32 file is a whole number of 4-byte ids
+        prefix = np.asarray(self.tokens[: min(len(self.tokens), SIGNATURE_PREFIX) // 2 * 2])
+        low, high = prefix[0::2], prefix[1::2]
+        if len(high) < SIGNATURE_MIN_PAIRS:
+            return
+        high_zero, low_zero = float(np.mean(high == 0)), float(np.mean(low == 0))
+        if high_zero >= 0.95 and low_zero <= 0.5:
+            raise DataFileError(
+                f"training.data_path={self.path!r} looks like uint32 token ids {self._read_as()}: in its first "
+                f"{len(prefix)} uint16 values {high_zero:.0%} of the odd positions are 0 (the high halves of "
+                f"uint32 ids) against {low_zero:.0%} of the even ones; set training.data_dtype=uint32 "
+                "(choices: auto | uint16 | uint32; the file has no header to say its width)"
+            )
+
+    def _refuse_ids_beyond_vocabulary(self) -> None:
+        """Every id below model.vocab_size, over the whole file: an id beyond the vocabulary fails the
+        embedding only when its window is drawn, perhaps hours in."""
+        largest, first_bad = scan_ids(self.tokens, self.vocab_size)
+        if first_bad is None:
+            return
+        raise DataFileError(
+            f"training.data_path={self.path!r}: its largest token id is {largest} ({self._read_as()}), not "
+            f"below model.vocab_size={self.vocab_size} as every id must be (the first out of range is at token "
+            f"{first_bad}); {self._wider_or_narrower()}"
+        )
+
+    def _wider_or_narrower(self) -> str:
+        """What to change when ids exceed the vocabulary: the width, where the other one fits."""
+        if self.dtype == np.uint32:
+            narrow = np.asarray(self.tokens[: SIGNATURE_PREFIX // 2]).view(np.uint16)
+            if int(narrow.max()) < self.vocab_size:
+                return "its first ids fit as uint16: set training.data_dtype=uint16 (choices: auto | uint16 | uint32)"
+        return (
+            "give the model whose vocabulary the file was tokenized with (model.vocab_size), or set "
+            "training.data_dtype to the width it was written with (auto | uint16 | uint32)"
+        )
 
     def sample(self, index: int) -> np.ndarray:
         start = (index % self.windows) * self.seq_length
-        window = np.asarray(self.tokens[start : start + self.seq_length + 1], dtype=np.int64)
-        if window.max(initial=0) >= self.vocab_size:
-            raise DataFileError(
-                f"token id {int(window.max())} in the token file is >= model.vocab_size {self.vocab_size}; "
-                "the file and the model's vocabulary do not match"
-            )
-        return window
+        # Every id was checked against the vocabulary when the file was opened.
+        return np.asarray(self.tokens[start : start + self.seq_length + 1], dtype=np.int64)
 
 
-def make_source(model: ModelConfig, *, seed: int, data_path: str | None) -> TokenSource:
-    """The memmap file if `data_path` is set, else synthetic tokens."""
-    return MemmapTokens(data_path, model) if data_path else SyntheticTokens(model, seed=seed)
+def make_source(
+    model: ModelConfig, *, seed: int, data_path: str | None, data_dtype: TokenDtype | str = TokenDtype.auto
+) -> TokenSource:
+    """The memmap file if `data_path` is set (ids of `data_dtype`), else synthetic tokens."""
+    return MemmapTokens(data_path, model, dtype=data_dtype) if data_path else SyntheticTokens(model, seed=seed)
 
 
 def mask_for_mlm(

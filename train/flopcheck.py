@@ -101,7 +101,8 @@ def flop_check(run: RunConfig, *, device: torch.device | str = "cpu", early_stop
     with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
         torch.manual_seed(run.training.seed)
         model = build_model(run.model, recompute=par.recompute, attention="explicit", device=device)
-        source = make_source(run.model, seed=run.training.seed, data_path=run.training.data_path)
+        tr = run.training
+        source = make_source(run.model, seed=tr.seed, data_path=tr.data_path, data_dtype=tr.data_dtype)
         tokens, labels = get_batch(
             source, run.model, indices=range(par.mbs), seed=run.training.seed, device=device
         )

@@ -118,7 +118,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
         model = build_stage(run, rank=rank, device=device, mesh=mesh)
     if is_auto_micro_batch(par):
         run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
-    source = make_source(run.model, seed=tr.seed, data_path=tr.data_path)
+    source = make_source(run.model, seed=tr.seed, data_path=tr.data_path, data_dtype=tr.data_dtype)
     resolve_peak(run, device, progress)
     probe = memory.MemoryProbe(rank.global_rank, rank.coords.pp, memory.predict_rank(run, rank), baseline)
     progress.memory = probe

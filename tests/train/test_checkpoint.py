@@ -28,12 +28,14 @@ import pytest
 import torch
 from torch import nn
 
+from conf.schema import ModelConfig, RunConfig, TokenDtype, TrainingConfig
 from train.checkpoint import (
     LATEST,
     META,
     Checkpointer,
     CheckpointMismatch,
     CheckpointUnreadable,
+    fingerprint,
     layout_key,
     read_latest,
 )
@@ -302,3 +304,17 @@ def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path
     warning = f"resumed from step {STEPS}"
     assert f"warning: {warning}" in again.stderr and f"training.train_iters={STEPS}: no iteration ran" in again.stderr
     assert any(w.startswith(warning) for w in record["warnings"])
+
+
+def test_a_token_width_other_than_auto_is_part_of_what_a_resume_must_keep() -> None:
+    # It changes the tokens every step sees; `auto`, or the width auto picks, adds no key, so that
+    # checkpoints saved before training.data_dtype existed still resume.
+    def run(**training: Any) -> RunConfig:
+        return RunConfig(model=ModelConfig(vocab_size=512), training=TrainingConfig(**training))
+
+    plain = fingerprint(run(data_path="/data/x.bin"))
+    assert "data_dtype" not in plain
+    assert fingerprint(run(data_path="/data/x.bin", data_dtype=TokenDtype.uint16)) == plain
+    wider = fingerprint(run(data_path="/data/x.bin", data_dtype=TokenDtype.uint32))
+    assert wider == {**plain, "data_dtype": "uint32"}
+    assert "data_dtype" not in fingerprint(run(data_dtype=TokenDtype.uint32))  # synthetic tokens

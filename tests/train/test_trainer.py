@@ -19,9 +19,17 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from conf import register_configs
-from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, to_run_config
+from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, TokenDtype, to_run_config
 from train import loop, trainer
-from train.data import MASK_PROBABILITY, DataFileError, MemmapTokens, SyntheticTokens, get_batch, make_source
+from train.data import (
+    MASK_PROBABILITY,
+    DataFileError,
+    MemmapTokens,
+    SyntheticTokens,
+    get_batch,
+    make_source,
+    scan_ids,
+)
 from train.model import IGNORE_INDEX, build_model
 from train.optim import TORCH_FOREACH, TORCH_FUSED, build_optimizer, lr_at
 from train.planner.layout import Rank
@@ -375,16 +383,74 @@ def test_memmap_tokens(tmp_path: Path) -> None:
     assert MemmapTokens(tmp_path / "wide.bin", wide).sample(1)[0] == 40
     np.full(100, 5000, dtype=np.uint16).tofile(tmp_path / "bad.bin")
     with pytest.raises(ValueError, match="vocab_size"):
-        MemmapTokens(tmp_path / "bad.bin", GPT_CFG).sample(0)
+        MemmapTokens(tmp_path / "bad.bin", GPT_CFG)
+
+
+def test_uint32_ids_read_as_uint16_are_refused_when_the_file_is_opened(tmp_path: Path) -> None:
+    # Ids below the vocabulary written as uint32: read as uint16 they pass any range check (id, 0, id,
+    # 0, ...) and trained silently on every other token being 0.
+    ids = np.random.default_rng(0).integers(1, GPT_CFG.vocab_size, size=2000)
+    path = tmp_path / "u32.bin"
+    ids.astype(np.uint32).tofile(path)
+    with pytest.raises(DataFileError) as refused:
+        make_source(GPT_CFG, seed=0, data_path=str(path))
+    message = str(refused.value)
+    assert message.startswith(f"training.data_path={str(path)!r} looks like uint32 token ids"), message
+    assert "read as uint16, training.data_dtype=auto" in message and "set training.data_dtype=uint32" in message
+    assert "100% of the odd positions are 0" in message and "\n" not in message
+    with pytest.raises(DataFileError, match="set training.data_dtype=uint32"):  # an explicit uint16 too
+        MemmapTokens(path, GPT_CFG, dtype="uint16")
+    source = make_source(GPT_CFG, seed=0, data_path=str(path), data_dtype=TokenDtype.uint32)
+    assert source.sample(1).tolist() == ids[40:81].tolist()
+    # A uint16 file is not taken for one: not with a whole number of 4-byte pairs, nor with a common
+    # id 0 (padding, say), which falls on even and odd positions alike.
+    padded = np.where(np.random.default_rng(1).random(2000) < 0.5, 0, ids).astype(np.uint16)
+    padded.tofile(tmp_path / "padded.bin")
+    assert MemmapTokens(tmp_path / "padded.bin", GPT_CFG).sample(0).tolist() == padded[:41].tolist()
+
+
+def test_an_id_beyond_the_vocabulary_anywhere_in_the_file_is_refused_when_it_is_opened(tmp_path: Path) -> None:
+    ids = np.random.default_rng(0).integers(0, GPT_CFG.vocab_size, size=5000).astype(np.uint16)
+    ids[-1] = 4321  # in the last window only: before, the run stopped when (if) it drew that window
+    path = tmp_path / "tokens.bin"
+    ids.tofile(path)
+    with pytest.raises(DataFileError) as refused:
+        MemmapTokens(path, GPT_CFG)
+    message = str(refused.value)
+    assert message.startswith(f"training.data_path={str(path)!r}: its largest token id is 4321"), message
+    assert "(read as uint16, training.data_dtype=auto)" in message and "model.vocab_size=1000" in message
+    assert "at token 4999" in message and "training.data_dtype to the width" in message
+    # The scan reads bounded chunks; the largest id and the first out-of-range one span chunks.
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    ids[[700, 4200]] = 1500
+    assert scan_ids(ids, 1000, chunk=512) == (4321, 700)
+    assert scan_ids(tokens, 5000, chunk=512) == (4321, None)
+    # uint16 ids read as uint32 (a vocabulary above 65536 reads uint32 by default): the width is named.
+    wide = ModelConfig(**{**GPT_CFG.__dict__, "vocab_size": 100_000})
+    np.arange(1, 1001, dtype=np.uint16).tofile(tmp_path / "u16.bin")
+    with pytest.raises(DataFileError, match=r"training.data_dtype=auto\).*set training.data_dtype=uint16"):
+        MemmapTokens(tmp_path / "u16.bin", wide)
+    assert MemmapTokens(tmp_path / "u16.bin", wide, dtype="uint16").sample(0)[0] == 1
 
 
 def test_memmap_training_run(tmp_path: Path) -> None:
-    path = tmp_path / "tokens.bin"
-    np.random.default_rng(0).integers(0, 256, size=5000, dtype=np.uint16).tofile(path)
+    ids = np.random.default_rng(0).integers(0, 256, size=5000)
+    ids.astype(np.uint16).tofile(tmp_path / "u16.bin")
+    ids.astype(np.uint32).tofile(tmp_path / "u32.bin")
     record = run_training(
-        compose_run(f"training.data_path={path}"), output_dir=tmp_path / "run", overrides=[]
+        compose_run(f"training.data_path={tmp_path / 'u16.bin'}"), output_dir=tmp_path / "u16", overrides=[]
     )
     assert record["status"] == "ok"
+    # The same ids as uint32: refused before the first step, as every data-file error (record: error)...
+    with pytest.raises(DataFileError):
+        run_training(compose_run(f"training.data_path={tmp_path / 'u32.bin'}"), output_dir=tmp_path / "x", overrides=[])
+    refused = read_record(tmp_path / "x")
+    assert refused["status"] == "error" and refused["iterations_run"] == 0
+    assert refused["message"].startswith("DataFileError: training.data_path=")
+    assert "set training.data_dtype=uint32" in refused["message"]
+    # ... and with the width it names, the same training as the uint16 file.
+    wide = compose_run(f"training.data_path={tmp_path / 'u32.bin'}", "training.data_dtype=uint32")
+    assert run_training(wide, output_dir=tmp_path / "u32", overrides=[])["losses"] == record["losses"]
 
 
 def test_optimizer_choice() -> None:
