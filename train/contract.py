@@ -210,6 +210,8 @@ class RunRecord:
     """Iterations the medians cover: after the warm-up, and at the full global batch."""
     skipped_iterations: int
     final_loss: float | None
+    """The run's last loss, the last of `losses`: this attempt's last iteration's, or the loss its checkpoint
+    recorded when it resumed and ran none (at or past train_iters); None when no step's loss is known."""
     sec_per_iter: float | None
     samples_per_s: float | None
     tokens_per_s_per_device: float | None

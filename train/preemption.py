@@ -282,7 +282,7 @@ def resume(
             print(f"warning: {progress.warnings[-1]}", file=sys.stderr, flush=True)
     progress.prior_losses = resumed.losses
     if resumed.step >= run.training.train_iters:
-        # Nothing is left to train: the record would say ok with no iteration and no final loss.
+        # Nothing is left to train: the record says ok with no iteration (its final_loss the checkpoint's).
         progress.warnings.append(
             f"resumed from step {resumed.step} ({resumed.path}), at or beyond training.train_iters="
             f"{run.training.train_iters}: no iteration ran; raise train_iters to train on, or use another "

@@ -127,6 +127,11 @@ class Progress:
         """Every step's loss so far: the earlier attempts' (from the checkpoint), then this one's."""
         return [*self.prior_losses, *(it.loss for it in self.iterations)]
 
+    def final_loss(self) -> float | None:
+        """The run's last loss: the checkpoint's when a resume left nothing to train (no iteration ran)."""
+        losses = self.losses()
+        return losses[-1] if losses else None
+
 
 def current_rank(run: RunConfig, launch: distributed.LaunchEnv | None) -> Rank:
     """This process's place in the job its launcher described (one process without a launcher).
@@ -282,7 +287,6 @@ def build_record(
 ) -> dict[str, Any]:
     """The JSON-ready record (medians after warm-up at the full batch, FLOPs, versions), credentials scrubbed."""
     layout = rank.layout
-    last = progress.iterations[-1] if progress.iterations else None
     ckpt = progress.checkpointer
     record = RunRecord(
         status=status,
@@ -301,7 +305,7 @@ def build_record(
         iterations_run=len(progress.iterations),
         warmup_iters=run.training.warmup_iters,
         skipped_iterations=progress.skipped,
-        final_loss=last.loss if last else None,
+        final_loss=progress.final_loss(),
         max_mem_source=progress.max_mem_source,
         peak_tflops=progress.peak_tflops,
         peak_source=progress.peak_source,

@@ -297,13 +297,16 @@ def test_unreadable_latest_or_step_falls_back_to_an_older_complete_one(tmp_path:
 
 def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path) -> None:
     # The same command again: its checkpoint is at train_iters already, so no iteration runs.
-    first, _ = launch(tmp_path / "run")
+    first, finished = launch(tmp_path / "run")
     assert first.returncode == 0, first.stderr[-2000:]
     again, record = launch(tmp_path / "run")
     assert again.returncode == 0 and iterations_logged(again.stdout) == [], again.stdout[-2000:]
     warning = f"resumed from step {STEPS}"
     assert f"warning: {warning}" in again.stderr and f"training.train_iters={STEPS}: no iteration ran" in again.stderr
     assert any(w.startswith(warning) for w in record["warnings"])
+    # The loss the checkpoint recorded, not None: the run's last loss is known.
+    assert record["iterations_run"] == 0 and record["losses"] == finished["losses"]
+    assert record["final_loss"] == finished["final_loss"] == finished["losses"][-1] is not None
 
 
 def test_a_token_width_other_than_auto_is_part_of_what_a_resume_must_keep() -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -451,6 +452,19 @@ def test_memmap_training_run(tmp_path: Path) -> None:
     # ... and with the width it names, the same training as the uint16 file.
     wide = compose_run(f"training.data_path={tmp_path / 'u32.bin'}", "training.data_dtype=uint32")
     assert run_training(wide, output_dir=tmp_path / "u32", overrides=[])["losses"] == record["losses"]
+
+
+def test_final_loss_is_the_runs_last_loss_also_after_a_resume_with_nothing_left() -> None:
+    # A resume at or past train_iters runs no iteration; the checkpoint's losses are the run's.
+    def record(progress: trainer.Progress) -> dict[str, Any]:
+        return trainer.build_record(
+            compose_run(), rank=Rank(), progress=progress, status="ok", message=None, overrides=[],
+            started=datetime.now(timezone.utc), wall_s=0.0,
+        )  # fmt: skip
+
+    resumed = record(trainer.Progress(prior_losses=[5.5, 5.25, 5.0], resumed_from_step=3))
+    assert resumed["iterations_run"] == 0 and resumed["final_loss"] == 5.0 and resumed["losses"] == [5.5, 5.25, 5.0]
+    assert record(trainer.Progress())["final_loss"] is None
 
 
 def test_optimizer_choice() -> None:
