@@ -59,7 +59,13 @@ SIGNATURE_MIN_PAIRS = 32
 """Fewest (low, high) pairs the signature is judged on: below it a run of zeros is chance."""
 
 MAX_CHUNK = 2**24
-"""Token ids per read of the whole-file range check (32 MiB of uint16): bounded memory on any file size."""
+"""Token ids per read of the range check (32 MiB of uint16): bounded memory on any file size."""
+
+SCAN_LIMIT = 2**28
+"""Token ids the range check reads when the file is opened (512 MiB of uint16, a fraction of a second
+from the page cache): every rank opens the file, and reading a corpus of hundreds of GB from a shared
+filesystem on each of them would cost minutes and load the filesystem. Windows past it are checked
+as they are drawn."""
 
 
 def token_dtype(setting: TokenDtype | str | None, vocab_size: int) -> np.dtype:
@@ -89,11 +95,14 @@ class MemmapTokens:
     token once and the windows overlap by the one token that becomes the last target.
 
     The file has no header, so a file of the other width reads as other tokens without any error.
-    Opening it therefore checks the whole file once: uint32 ids read as uint16 (their zero high
-    halves), and any id at or above the vocabulary, are refused before the first step.
+    Opening it therefore checks it: uint32 ids read as uint16 (their zero high halves), and any id at
+    or above the vocabulary in its first SCAN_LIMIT ids, are refused before the first step; a window
+    beyond those is checked when it is drawn.
     """
 
-    def __init__(self, path: str | Path, model: ModelConfig, *, dtype: TokenDtype | str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, model: ModelConfig, *, dtype: TokenDtype | str | None = None, scan_limit: int = SCAN_LIMIT
+    ) -> None:
         self.setting = TokenDtype(getattr(dtype, "value", dtype) or TokenDtype.auto).value
         self.dtype = token_dtype(self.setting, model.vocab_size)
         self.path = str(path)
@@ -113,6 +122,7 @@ class MemmapTokens:
                 f"{self.seq_length + 1}"
             )
         self._refuse_uint32_read_as_uint16()
+        self.scanned = min(len(self.tokens), scan_limit)
         self._refuse_ids_beyond_vocabulary()
         self.windows = max((len(self.tokens) - 1) // self.seq_length, 1)
 
@@ -138,11 +148,13 @@ class MemmapTokens:
             )
 
     def _refuse_ids_beyond_vocabulary(self) -> None:
-        """Every id below model.vocab_size, over the whole file: an id beyond the vocabulary fails the
-        embedding only when its window is drawn, perhaps hours in."""
-        largest, first_bad = scan_ids(self.tokens, self.vocab_size)
-        if first_bad is None:
-            return
+        """Every id of the first SCAN_LIMIT below model.vocab_size: an id beyond the vocabulary would
+        fail the embedding only when its window is drawn, perhaps hours in."""
+        largest, first_bad = scan_ids(self.tokens[: self.scanned], self.vocab_size)
+        if first_bad is not None:
+            self._refuse_ids(largest, first_bad)
+
+    def _refuse_ids(self, largest: int, first_bad: int) -> None:
         raise DataFileError(
             f"training.data_path={self.path!r}: its largest token id is {largest} ({self._read_as()}), not "
             f"below model.vocab_size={self.vocab_size} as every id must be (the first out of range is at token "
@@ -162,8 +174,11 @@ class MemmapTokens:
 
     def sample(self, index: int) -> np.ndarray:
         start = (index % self.windows) * self.seq_length
-        # Every id was checked against the vocabulary when the file was opened.
-        return np.asarray(self.tokens[start : start + self.seq_length + 1], dtype=np.int64)
+        window = np.asarray(self.tokens[start : start + self.seq_length + 1], dtype=np.int64)
+        if start + len(window) > self.scanned and window.max(initial=0) >= self.vocab_size:
+            # Past what opening the file checked.
+            self._refuse_ids(int(window.max()), start + int(np.argmax(window >= self.vocab_size)))
+        return window
 
 
 def make_source(

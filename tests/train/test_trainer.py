@@ -421,6 +421,15 @@ def test_an_id_beyond_the_vocabulary_anywhere_in_the_file_is_refused_when_it_is_
     assert message.startswith(f"training.data_path={str(path)!r}: its largest token id is 4321"), message
     assert "(read as uint16, training.data_dtype=auto)" in message and "model.vocab_size=1000" in message
     assert "at token 4999" in message and "training.data_dtype to the width" in message
+    # Opening reads at most scan_limit ids (every rank opens the file; a corpus of hundreds of GB is
+    # not read whole by each): a window past them is checked when it is drawn, with the same message.
+    inside = ids.copy()
+    inside[-1], inside[4950] = 0, 4321  # in the last window drawn (the file's last 39 tokens are never read)
+    inside.tofile(tmp_path / "late.bin")
+    late = MemmapTokens(tmp_path / "late.bin", GPT_CFG, scan_limit=4000)
+    assert late.sample(0).max() < GPT_CFG.vocab_size
+    with pytest.raises(DataFileError, match=r"its largest token id is 4321 .* at token 4950"):
+        late.sample(late.windows - 1)
     # The scan reads bounded chunks; the largest id and the first out-of-range one span chunks.
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     ids[[700, 4200]] = 1500
