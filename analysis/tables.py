@@ -426,6 +426,10 @@ def peak_summary(df: pd.DataFrame) -> str:
     unknown = pd.Series("", index=runs.index, dtype=object)
     hardware = _texts(runs["hardware"]) if "hardware" in runs.columns else unknown
     precision = _texts(runs["precision"]) if "precision" in runs.columns else unknown
+    if "config.hardware.tf32" in runs.columns:
+        # fp32 matmuls on a tensor-core GPU run as TF32 (hardware.tf32): its fp32 peak is TF32's.
+        tf32 = runs["config.hardware.tf32"].map(lambda v: v is True or v == 1.0)
+        precision = precision.where(~(tf32 & (precision == "fp32")), "fp32 (TF32 tensor cores)")
     source = _texts(runs["peak_source"]) if "peak_source" in runs.columns else unknown
     peaks = pd.to_numeric(runs["peak_tflops"], errors="coerce").astype(float)
     keys = pd.DataFrame({"hardware": hardware, "precision": precision, "source": source, "peak": peaks})

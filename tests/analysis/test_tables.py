@@ -392,6 +392,12 @@ def test_footnote_states_the_mfu_peaks_and_their_source(tmp_path: Path) -> None:
     # Per hardware and precision; a measured peak as the range the runs measured; failed runs' peaks left out.
     assert peak_summary(runs) == "cpu fp32: 0.51-0.73 TFLOP/s, measured; h100_sxm bf16: 989.4 TFLOP/s, datasheet"
     assert peak_summary(runs[runs["outcome"] == "oom"]) == "no finished run recorded its peak"
+    # An fp32 run on a tensor-core GPU divides by TF32's peak (hardware.tf32): said so; a CPU's fp32 is plain.
+    tf32 = pd.DataFrame({
+        "outcome": ["ok", "ok"], "hardware": ["a100_80gb", "cpu"], "precision": ["fp32", "fp32"],
+        "peak_source": ["datasheet", "measured"], "peak_tflops": [156.0, 0.5], "config.hardware.tf32": [True, False],
+    })  # fmt: skip
+    assert peak_summary(tf32) == "a100_80gb fp32 (TF32 tensor cores): 156 TFLOP/s, datasheet; cpu fp32: 0.5 TFLOP/s, measured"
 
 
 def test_a_fragmented_table_with_planned_configs_prints_no_performance_warning(tmp_path: Path) -> None:
