@@ -63,6 +63,7 @@ from launchers.bulk import bulk_allocation
 from launchers.queue import ended_outcome, is_live, is_running, read_states
 from train.contract import (
     MANIFEST_FILE,
+    MULTIRUN_FILE,
     PLAN_FILE,
     RESULT_FILE,
     ManifestEntry,
@@ -82,8 +83,6 @@ from train.planner.rules import device_mismatch
 from train.planner.sizes import total_params
 
 GIB = 2**30
-MULTIRUN_FILE = "multirun.yaml"
-"""Hydra's record of a sweep's config in its directory: the config directory and name its jobs composed."""
 _OBJECT = np.dtype(object)
 
 OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped", "pending", "running", "planned")

@@ -72,8 +72,8 @@ from conf.schema import (
     unknown_override,
 )
 from launchers.bulk import bulk_allocation
-from launchers.sweepdir import HYDRA_OPTIONS, UsageError, claim_sweep_dir, writable_dir
-from train.contract import EXIT_USAGE, ManifestEntry
+from launchers.sweepdir import HYDRA_OPTIONS, EarlierConfig, UsageError, claim_sweep_dir, writable_dir
+from train.contract import EXIT_USAGE, MULTIRUN_FILE, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -926,8 +926,8 @@ def _forget_sweep_dir(made: Path | None) -> None:
     # Only a directory that holds nothing but Hydra's multirun.yaml: a refusal after a plan.csv or a
     # manifest was written (every config infeasible) leaves them, and the config they were made of.
     with contextlib.suppress(OSError):
-        if made is not None and [p.name for p in made.iterdir()] == ["multirun.yaml"]:
-            (made / "multirun.yaml").unlink()
+        if made is not None and [p.name for p in made.iterdir()] == [MULTIRUN_FILE]:
+            (made / MULTIRUN_FILE).unlink()
             made.rmdir()
 
 
@@ -965,21 +965,33 @@ class FastValidation:
     def __init__(self, *, progress_every: int = 2000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.progress_every = progress_every
+        self._earlier: EarlierConfig | None = None
 
     def sweep(self, arguments: list[str]) -> Any:
         # Before BasicSweeper writes multirun.yaml there: a refused directory is left as it was.
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
-            if append is None:  # a launcher that writes no manifest (not megasweep's)
-                writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
-            else:
-                claim_sweep_dir(sweep_dir, append=bool(append))
-            return super().sweep(arguments)  # type: ignore[misc]
+        # BasicSweeper saves this launch's config over an earlier launch's: kept apart at the first
+        # batch's check (before anything is launched), or here if none was reached.
+        self._earlier = EarlierConfig.read(sweep_dir, append=bool(append))
+        try:
+            with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
+                if append is None:  # a launcher that writes no manifest (not megasweep's)
+                    writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
+                else:
+                    claim_sweep_dir(sweep_dir, append=bool(append))
+                result = super().sweep(arguments)  # type: ignore[misc]
+        except BaseException:
+            self._earlier.keep_if_launched()
+            raise
+        self._earlier.keep()
+        return result
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.hydra_context is not None and self.config is not None
+        if self._earlier is not None:
+            self._earlier.keep()
         if not is_megasweep_config(self.config):
             super().validate_batch_is_legal(batch)  # type: ignore[misc]
             return

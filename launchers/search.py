@@ -21,8 +21,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.compose import is_megasweep_config, parse_override, sweep_composer, usage_exits
-from launchers.sweepdir import HYDRA_OPTIONS, UsageError, claim_sweep_dir, writable_dir
-from train.contract import SEARCH_FILE, write_plan_csv
+from launchers.sweepdir import HYDRA_OPTIONS, EarlierConfig, UsageError, claim_sweep_dir, writable_dir
+from train.contract import MULTIRUN_FILE, SEARCH_FILE, write_plan_csv
 from train.planner.search import format_search, search_layouts, search_problems
 
 CHOSEN_BY_SEARCH = {
@@ -99,7 +99,9 @@ class LayoutSweeper(Sweeper):
             claim_sweep_dir(sweep_dir, append=bool(append))
         rows = [c.row for c in (*result.ranked, *result.unpredicted)]
         csv_path = write_plan_csv(rows, sweep_dir / self.csv_name)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        earlier = EarlierConfig.read(sweep_dir, append=bool(append))
+        OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
+        earlier.keep()
         print(format_search(result, search.show))
         print(f"search: all feasible layouts -> {csv_path}", flush=True)
         if not result.ranked:

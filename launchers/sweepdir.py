@@ -11,6 +11,10 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
   --append). Added configs then take the indices after the last one listed: an index (and the
   default output directory named after it) is never given to a second config, so no old
   result.json sits where a new config writes. A dry run's configs have no index to take after.
+- `EarlierConfig`: Hydra's sweeper saves each launch's config as multirun.yaml, over the one there.
+  Added to a sweep, the earlier launch's config (the one its configs, skipped ones included, are
+  composed from again by the analysis) stays multirun.yaml, and the added launch's is kept beside
+  it as multirun.append<N>.yaml (train.contract.appended_multirun_name).
 
 The errors are Hydra's CompactHydraException: Hydra prints the message alone, without a traceback;
 the command-line tools print it after `error:`.
@@ -20,17 +24,21 @@ Torch-free.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
 from train.contract import (
     MANIFEST_FILE,
+    MULTIRUN_FILE,
     PLAN_FILE,
+    SEARCH_FILE,
     ManifestEntry,
     ManifestError,
+    appended_multirun_name,
     manifest_path,
     read_manifest,
     unwritable,
@@ -38,6 +46,7 @@ from train.contract import (
 
 __all__ = [
     "HYDRA_OPTIONS",
+    "EarlierConfig",
     "SweepDirError",
     "UsageError",
     "SweepOptions",
@@ -130,3 +139,68 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
         f"({options.directory}=...), or add these configs to that sweep with {options.append}: "
         f"they get new indices, from {first} on."
     )
+
+
+def _launch_files(sweep_dir: Path) -> tuple[bytes | None, ...]:
+    """What a launch into `sweep_dir` writes besides Hydra's config (None for a file not there)."""
+    out: list[bytes | None] = []
+    for name in (MANIFEST_FILE, PLAN_FILE, SEARCH_FILE):
+        try:
+            out.append((sweep_dir / name).read_bytes())
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+@dataclass
+class EarlierConfig:
+    """The multirun.yaml of a sweep that a launch adds configs to, read before Hydra's sweeper saves
+    the launch's own config over it (see the module docstring). `read` it first, then `keep` once the
+    sweeper has saved (and again when the launch ends: a second call does nothing)."""
+
+    sweep_dir: Path
+    text: bytes | None
+    """The earlier config; None when there is none to keep (a new sweep, or not appending)."""
+    launch_files: tuple[bytes | None, ...] = ()
+    kept: Path | None = field(default=None, init=False)
+    """Where this launch's config went, once kept."""
+
+    @classmethod
+    def read(cls, sweep_dir: str | Path, *, append: bool) -> EarlierConfig:
+        sweep_dir = Path(sweep_dir)
+        try:
+            text = (sweep_dir / MULTIRUN_FILE).read_bytes() if append else None
+        except OSError:  # no earlier Hydra launch (an exported sweep): this one's config is the first
+            text = None
+        return cls(sweep_dir, text, _launch_files(sweep_dir) if text is not None else ())
+
+    def keep(self) -> Path | None:
+        """This launch's config moved to the first free appended_multirun_name and the earlier one put
+        back, when the sweeper wrote a config that differs (an identical one needs no second copy)."""
+        path = self.sweep_dir / MULTIRUN_FILE
+        if self.text is None or self.kept is not None:
+            return self.kept
+        try:
+            current = path.read_bytes()
+        except OSError:
+            current = None
+        if current is None or current == self.text:
+            return None
+        number = 1
+        while (self.sweep_dir / appended_multirun_name(number)).exists():
+            number += 1
+        self.kept = self.sweep_dir / appended_multirun_name(number)
+        self.kept.write_bytes(current)
+        # Replaced, not rewritten in place: multirun.yaml is never missing or half-written.
+        tmp = path.with_name(f".{MULTIRUN_FILE}.{os.getpid()}.tmp")
+        tmp.write_bytes(self.text)
+        os.replace(tmp, path)
+        return self.kept
+
+    def keep_if_launched(self) -> None:
+        """For a launch that ends in an exception: its config is kept only if it wrote something
+        (a manifest, a plan); refused before that, it leaves the directory as it was."""
+        self.keep()
+        if self.kept is not None and _launch_files(self.sweep_dir) == self.launch_files:
+            self.kept.unlink(missing_ok=True)
+            self.kept = None

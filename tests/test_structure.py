@@ -86,6 +86,7 @@ def test_on_disk_names_are_defined_once() -> None:
         contract.PLAN_FILE,
         contract.SEARCH_FILE,
         contract.MANIFEST_FILE,
+        contract.MULTIRUN_FILE,
         contract.STATE_DIR,
         contract.LAUNCH_FILE,
         contract.EXPORTED_JOBS_DIR,

@@ -59,6 +59,9 @@ RESULT_FILE = "result.json"
 PLAN_FILE = "plan.csv"
 SEARCH_FILE = "search.csv"
 MANIFEST_FILE = "manifest.jsonl"
+MULTIRUN_FILE = "multirun.yaml"
+"""Hydra's record of a sweep's config in its directory (the first launch's, when configs were
+added later: see appended_multirun_name)."""
 STATE_DIR = ".megasweep"
 """The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR)."""
 LAUNCH_FILE = f"{STATE_DIR}/launch.json"
@@ -110,6 +113,13 @@ def oom_report_name(rank: int) -> str:
 def attempt_result_name(attempt: int) -> str:
     """Name of the record of attempt `attempt` (0 first) of a run stopped for a requeue."""
     return f"result.attempt{attempt}.json"
+
+
+def appended_multirun_name(batch: int) -> str:
+    """Name of the Hydra config of the `batch`-th launch (1 first) that added configs to a sweep
+    (hydra.launcher.append=true), kept beside MULTIRUN_FILE: Hydra's sweeper writes every launch's
+    config to MULTIRUN_FILE, which would lose the config the earlier configs were composed from."""
+    return f"multirun.append{batch}.yaml"
 
 
 def previous_result_name(job_id: str | None) -> str:

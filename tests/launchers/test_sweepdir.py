@@ -9,12 +9,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from omegaconf import OmegaConf
 
 from analysis.records import load_sweeps
 from launchers.status import sweep_status
 from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
-from train.contract import EXIT_USAGE, ManifestEntry, read_manifest, read_record, write_manifest
+from train.contract import (
+    EXIT_USAGE,
+    MULTIRUN_FILE,
+    ManifestEntry,
+    appended_multirun_name,
+    read_manifest,
+    read_record,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -56,6 +65,10 @@ def test_a_launch_into_a_sweep_is_refused_unless_appended(slurm_cluster: SlurmCl
         assert (sweep_dir / "multirun.yaml").read_bytes() == multirun
 
         sweep(sweep_dir, "training.lr=3e-4", HOLD, "hydra.launcher.append=true")
+        # The first launch's Hydra config stays; the added one's is kept beside it.
+        assert (sweep_dir / MULTIRUN_FILE).read_bytes() == multirun
+        added_config = OmegaConf.load(sweep_dir / appended_multirun_name(1))
+        assert "training.lr=3e-4" in added_config.hydra.overrides.task
         entries = read_manifest(sweep_dir)
         assert entries[:2] == first
         added = entries[2]
@@ -160,3 +173,30 @@ def test_a_dry_run_directory_is_a_sweep_too(tmp_path: Path) -> None:
         assert proc.returncode != 0 and "already holds a dry run" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / "manifest.jsonl").exists()
     assert (tmp_path / "plan.csv").read_bytes() == plan
+
+
+def test_adding_to_a_sweep_keeps_each_launchs_hydra_config(tmp_path: Path) -> None:
+    # Hydra's sweeper saves each launch's config as multirun.yaml: the configs added were composed
+    # from theirs, the earlier ones from the first's, and the analysis recomposes skipped configs
+    # from multirun.yaml. It used to hold the last launch's alone.
+    def plan(*args: str) -> subprocess.CompletedProcess[str]:
+        return train_multirun("hydra/launcher=plan", f"hydra.sweep.dir={tmp_path}", *args)
+
+    assert plan("training.lr=1e-4").returncode == 0
+    first = (tmp_path / MULTIRUN_FILE).read_bytes()
+    for number, lr in ((1, "2e-4"), (2, "3e-4")):
+        added = plan(f"training.lr={lr}", "hydra.launcher.append=true")
+        assert added.returncode == 0, added.stderr
+        assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+        kept = OmegaConf.load(tmp_path / appended_multirun_name(number))
+        assert f"training.lr={lr}" in kept.hydra.overrides.task and "hydra.launcher.append=true" in kept.hydra.overrides.hydra
+    assert "training.lr=1e-4" in OmegaConf.load(tmp_path / MULTIRUN_FILE).hydra.overrides.task
+    # Refused before anything was planned: no config of it is kept, and the first stays.
+    refused = plan("training.lrr=5e-4", "hydra.launcher.append=true")
+    assert refused.returncode == EXIT_USAGE and "training.lrr" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        appended_multirun_name(1), appended_multirun_name(2), MULTIRUN_FILE, "plan.csv"
+    ]  # fmt: skip
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+    assert len((tmp_path / "plan.csv").read_text().splitlines()) == 4  # header and the three configs
+
