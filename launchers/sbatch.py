@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.errors import HydraException
@@ -80,7 +81,7 @@ from launchers.submit import (
     save_launch_file,
     signal_lead_s,
 )
-from launchers.sweepdir import SweepDirError, SweepOptions, first_index, writable_dir
+from launchers.sweepdir import SweepDirError, SweepOptions, first_index, removed_if_refused, writable_dir
 from train.contract import (
     EXPORTED_JOBS_DIR,
     LOG_FILE,
@@ -315,11 +316,7 @@ def export_sweep(
     config_dir = (config_dir or CONFIG_DIR).resolve()
     entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
 
-    for text in overrides:
-        # An unknown key is named as typed (`parallelism.tpp=1,2`), not as one expanded job's value.
-        named = parse_override(text).key_or_group
-        if "/" not in named and named.split(".", 1)[0] != "hydra" and (problem := unknown_override(named, text)):
-            raise HydraException(problem)
+    _check_keys(overrides)
     composer = FastComposer.from_config_dir(config_dir, config_name)
     first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
     old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
@@ -342,61 +339,23 @@ def export_sweep(
         _check_new_scripts(out_dir, stems, name)
     else:
         _check_other_sweeps_scripts(out_dir, stems, name, sweep_dir)
-    # Both directories are proved writable before any file is written: nothing is half-exported.
-    writable_dir(out_dir, option="--out-dir")
-    writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
+    common: dict[str, Any] = dict(
+        name=name, sweep_dir=sweep_dir, cwd=cwd, python=python or sys.executable, module=module,
+        entry_args=entry_args, sbatch_args=dict(sbatch_args or {}), srun_args=srun_args, command=command,
+        licenses=totals,
+    )  # fmt: skip
+    # Every file's text is made before any directory is: a row refused (a tab in an override) must
+    # not leave the scripts before it behind.
+    texts = [_render(out_dir / stem, key, piece, **common) for stem, (key, piece) in zip(stems, pieces, strict=True)]
+    # Both directories are proved writable before any file is written, and those this export made
+    # go again when it is refused: nothing is half-exported, and no empty directory is left.
+    with removed_if_refused(out_dir, sweep_dir):
+        writable_dir(out_dir, option="--out-dir")
+        writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
     # Slurm opens --output itself and does not create its directory.
     (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    scripts = []
-    exported: list[ManifestEntry] = []
-    for stem, (key, piece) in zip(stems, pieces, strict=True):
-        envs = [dict(run_env(s, sweep_dir)) for s in piece]
-        shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
-        tasks = out_dir / f"{stem}.tasks.tsv"
-        tasks.write_text("".join(task_row(i, s, shared, sweep_dir) + "\n" for i, s in enumerate(piece)))
-        script = out_dir / f"{stem}.sbatch"
-        configs = tuple(s.index for s in piece)
-        script.write_text(
-            render_script(
-                name=name,
-                key=key,
-                script=script,
-                tasks=tasks,
-                count=len(piece),
-                sweep_dir=sweep_dir,
-                cwd=cwd,
-                python=python or sys.executable,
-                module=module,
-                entry_args=entry_args,
-                shared_env=shared,
-                sbatch_args=dict(sbatch_args or {}),
-                srun_args=srun_args,
-                command=command,
-                configs=configs,
-                licenses=totals,
-            )
-        )
-        script.chmod(0o755)
-        scripts.append(ExportedScript(script=script, tasks=tasks, key=key, configs=configs))
-        exported += [
-            ManifestEntry(
-                index=s.index,
-                overrides=s.overrides,
-                output_dir=s.output_dir,
-                status="exported",
-                reason=f"exported to {script}, array task {task}",
-                shape=key.allocation.as_dict(),
-            )
-            for task, s in enumerate(piece)
-        ]
-
-    skipped_file = None
-    if skipped:
-        skipped_file = out_dir / f"{name}.skipped.tsv"
-        rows = ["index\treason\toverrides"]
-        rows += [f"{s.index}\t{' '.join(s.reason.split())}\t{' '.join(s.overrides)}" for s in skipped]
-        skipped_file.write_text("\n".join(rows) + "\n")
-
+    scripts, exported = _write_scripts(pieces, texts)
+    skipped_file = _write_skipped(out_dir / f"{name}.skipped.tsv", skipped) if skipped else None
     entries = sorted([*exported, *skipped_entries], key=lambda e: e.index)
     for e in entries:
         # A job id an earlier export's task recorded would pass for this config's.
@@ -416,6 +375,62 @@ def export_sweep(
     return Export(
         scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir, manifest=manifest
     )
+
+
+def _check_keys(overrides: Sequence[str]) -> None:
+    for text in overrides:
+        # An unknown key is named as typed (`parallelism.tpp=1,2`), not as one expanded job's value.
+        named = parse_override(text).key_or_group
+        if "/" not in named and named.split(".", 1)[0] != "hydra" and (problem := unknown_override(named, text)):
+            raise HydraException(problem)
+
+
+def _write_scripts(
+    pieces: Sequence[tuple[ArrayKey, Sequence[ConfigSpec]]], texts: Sequence[tuple[Path, str, Path, str]]
+) -> tuple[list[ExportedScript], list[ManifestEntry]]:
+    """Write each piece's task table and script (made by _render); their scripts and manifest entries."""
+    scripts = []
+    exported: list[ManifestEntry] = []
+    for (key, piece), (tasks, tasks_text, script, script_text) in zip(pieces, texts, strict=True):
+        tasks.write_text(tasks_text)
+        script.write_text(script_text)
+        script.chmod(0o755)
+        configs = tuple(s.index for s in piece)
+        scripts.append(ExportedScript(script=script, tasks=tasks, key=key, configs=configs))
+        exported += [
+            ManifestEntry(
+                index=s.index,
+                overrides=s.overrides,
+                output_dir=s.output_dir,
+                status="exported",
+                reason=f"exported to {script}, array task {task}",
+                shape=key.allocation.as_dict(),
+            )
+            for task, s in enumerate(piece)
+        ]
+    return scripts, exported
+
+
+def _write_skipped(path: Path, skipped: Sequence[SkippedConfig]) -> Path:
+    rows = ["index\treason\toverrides"]
+    rows += [f"{s.index}\t{' '.join(s.reason.split())}\t{' '.join(s.overrides)}" for s in skipped]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _render(
+    stem: Path, key: ArrayKey, piece: Sequence[ConfigSpec], *, sweep_dir: Path, **common: Any
+) -> tuple[Path, str, Path, str]:
+    """(task table, its text, script, its text) of one array script; nothing is written."""
+    envs = [dict(run_env(s, sweep_dir)) for s in piece]
+    shared = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+    tasks, script = stem.with_name(f"{stem.name}.tasks.tsv"), stem.with_name(f"{stem.name}.sbatch")
+    tasks_text = "".join(task_row(i, s, shared, sweep_dir) + "\n" for i, s in enumerate(piece))
+    script_text = render_script(
+        key=key, script=script, tasks=tasks, count=len(piece), sweep_dir=sweep_dir, shared_env=shared,
+        configs=tuple(s.index for s in piece), **common,
+    )  # fmt: skip
+    return tasks, tasks_text, script, script_text
 
 
 def _check_new_scripts(out_dir: Path, stems: Sequence[str], name: str) -> None:

@@ -6,6 +6,8 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
 - `writable_dir`: the directory is created and proved writable (a file made and removed), so an
   unwritable one is one paragraph naming the option to change, before a script, a manifest or a
   job exists, instead of a traceback halfway through.
+- `removed_if_refused`: the directories a refused command created (writable_dir creates what it
+  checks) are removed again, so that a refusal leaves nothing behind.
 - `claim_sweep_dir`: a directory whose manifest.jsonl lists a sweep, or whose plan.csv holds a
   dry run, is refused, unless the user asks to add to that sweep (hydra.launcher.append=true,
   --append). Added configs then take the indices after the last one listed: an index (and the
@@ -24,8 +26,9 @@ Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +56,7 @@ __all__ = [
     "claim_sweep_dir",
     "first_index",
     "next_index",
+    "removed_if_refused",
     "writable_dir",
 ]
 
@@ -91,6 +95,32 @@ def writable_dir(path: str | Path, *, option: str) -> Path:
             "scratch space>."
         )
     return path
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist, deepest first."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing.append(p)
+    return missing
+
+
+@contextlib.contextmanager
+def removed_if_refused(*paths: Path) -> Iterator[None]:
+    """The directories among `paths` (and their parents) that the block creates are removed again
+    when it raises. Only empty ones go (rmdir): a directory that was there, or that another process
+    wrote into meanwhile, stays as it is."""
+    missing = {d for p in paths for d in _missing_dirs(Path(p).absolute())}
+    try:
+        yield
+    except BaseException:
+        # Deepest first: one of `paths` may lie inside another.
+        for made in sorted(missing, key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
 
 
 def next_index(entries: Sequence[ManifestEntry]) -> int:

@@ -242,3 +242,39 @@ def test_a_script_of_another_sweep_is_not_overwritten(tmp_path: Path, monkeypatc
     shutil.rmtree(tmp_path / "a")
     again = export_sweep([*TINY, "training.lr=5e-4"], name="lr", out_dir=Path("s"), sweep_dir=Path("b"))
     assert [s.script for s in again.scripts] == [script] and f"SWEEP_DIR={tmp_path / 'b'}" in script.read_text()
+
+
+def test_a_refused_export_leaves_no_directory_behind(tmp_path: Path) -> None:
+    # writable_dir proves --out-dir by creating it; a --sweep-dir refused after that left the
+    # new --out-dir (and its new parents) behind, empty.
+    def export(out_dir: Path, sweep_dir: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launchers", "sbatch", "--name=a", f"--out-dir={out_dir}",
+             f"--sweep-dir={sweep_dir}", *TINY, "training.lr=1e-4"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    unwritable = "/sys/megasweep-test/sweep"  # not even root may create it
+    proc = export(tmp_path / "new" / "scripts", unwritable)
+    assert proc.returncode == EXIT_USAGE and f"--sweep-dir={unwritable}: cannot write there" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    # An --out-dir that was there stays as it was.
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "other.sbatch").write_text("#!/bin/bash\n")
+    proc = export(existing, unwritable)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert [p.name for p in existing.iterdir()] == ["other.sbatch"]
+    assert (existing / "other.sbatch").read_text() == "#!/bin/bash\n"
+
+
+def test_a_row_refused_leaves_no_script_of_an_earlier_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second script's task table refuses a row (a tab in an override): the first script's files
+    # were written before it, and the directories made for them, all left behind.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="has a tab or newline"):
+        export_sweep(
+            [*TINY, "training.lr=1e-4", "+cluster.env.X=a,b\tc"], name="t", out_dir=Path("s"),
+            sweep_dir=Path("w"), max_array_size=1,
+        )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from analysis.records import load_sweeps
 from launchers.status import sweep_status
-from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index
+from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index, removed_if_refused
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
 from train.contract import (
     EXIT_USAGE,
@@ -200,3 +200,22 @@ def test_adding_to_a_sweep_keeps_each_launchs_hydra_config(tmp_path: Path) -> No
     assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
     assert len((tmp_path / "plan.csv").read_text().splitlines()) == 4  # header and the three configs
 
+
+def test_directories_a_refused_command_made_go_again(tmp_path: Path) -> None:
+    there = tmp_path / "there"
+    there.mkdir()
+    (there / "keep").write_text("x")
+    with pytest.raises(SweepDirError), removed_if_refused(tmp_path / "a" / "b" / "c", there, tmp_path / "a" / "d"):
+        for made in (tmp_path / "a" / "b" / "c", tmp_path / "a" / "d"):
+            made.mkdir(parents=True)
+        raise SweepDirError("refused")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["there"] and (there / "keep").read_text() == "x"
+    # A directory something was written into meanwhile is not empty: it stays, with its file.
+    with pytest.raises(SweepDirError), removed_if_refused(tmp_path / "e" / "f"):
+        (tmp_path / "e" / "f").mkdir(parents=True)
+        (tmp_path / "e" / "note").write_text("y")
+        raise SweepDirError("refused")
+    assert not (tmp_path / "e" / "f").exists() and (tmp_path / "e" / "note").read_text() == "y"
+    with removed_if_refused(tmp_path / "g"):
+        (tmp_path / "g").mkdir()
+    assert (tmp_path / "g").is_dir()
