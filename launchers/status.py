@@ -24,6 +24,12 @@ side cannot tell which).
 Every failed config's log is named below the table: the run directory's own log (LOG_FILE, the
 trainer's output), else Slurm's output of its job (a job that died before the trainer started).
 
+A sweep directory moved (or copied) after its launch is not where its jobs write: the launch record
+(.megasweep/launch.json) keeps the directory each config's job was given, and a config with no
+record here whose job was given another directory says so in its detail and in a line below the
+table. A job queued there fails before anything of it runs (Slurm cannot open its output), so no
+log of it exists anywhere: that line, not "no result.json", is the cause to read.
+
 `rerun --failed` resubmits the `failed`, `interrupted` and `refused` configs: a refused sbatch
 is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
@@ -58,6 +64,7 @@ from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
     entry_for,
+    launched_sweep_dirs,
     load_launch_file,
     merge_entries,
     plan_configs,
@@ -118,6 +125,9 @@ class ConfigStatus:
     """Index of the config that reruns this failed one with changed fields; None when none does."""
     log: str | None = None
     """A failed config's log (see the module docstring); None otherwise, or when there is none."""
+    launched_in: str | None = None
+    """The sweep directory the config's job writes to, when that is not this one (the directory was
+    moved or copied after the launch) and no result of it is here; None otherwise."""
 
 
 
@@ -223,6 +233,7 @@ def sweep_status(
         slurm_states = read_states(e.job_id for e in entries if e.job_id)
     # A changed rerun the rules refused (`skipped`) never ran: it stands for nothing, and the config it
     # was to rerun stays a failure for status and for the next `rerun --failed`.
+    elsewhere = _launched_elsewhere(sweep_dir)
     rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
     refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
     out = []
@@ -232,14 +243,45 @@ def sweep_status(
         state, detail = classify(e, record, slurm)
         if foreign and state in ("failed", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
+        # A job that wrote, or will write, its record into the directory it was launched into.
+        moved = elsewhere.get(e.index) if record is None and state in ("pending", "running", "failed") else None
+        if moved is not None:
+            detail = f"{moved[1]}; {detail}" if detail else moved[1]
         if e.index in rerun_as:
             detail = f"{detail} (rerun as config {rerun_as[e.index]})"
         elif e.index in refused_reruns:
             detail = f"{detail} (its rerun, config {refused_reruns[e.index]}, is infeasible)"
         log = run_log(sweep_dir, e) if state == "failed" else None
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
-                                None if log is None else str(log)))  # fmt: skip
+                                None if log is None else str(log), None if moved is None else moved[0]))  # fmt: skip
     return out
+
+
+def _launched_elsewhere(sweep_dir: Path) -> dict[int, tuple[str, str]]:
+    """(sweep directory, why in words) of each config whose job was given another sweep directory
+    than this one: the launch record (launchers.submit.launched_sweep_dirs) says where its jobs write
+    their records and logs, which a directory moved while they were queued no longer holds."""
+    here = sweep_dir.absolute()
+    launched = launched_sweep_dirs(sweep_dir)
+    why: dict[Path, str | None] = {}
+    for there in set(launched.values()):
+        if there == here or (there.is_dir() and _same_dir(there, here)):
+            why[there] = None
+        elif there.exists():
+            why[there] = f"sweep directory copied or moved: its job writes under {there}, not here"
+        else:
+            why[there] = (
+                f"sweep directory moved: its job was given {there}, which no longer exists (its record "
+                "and log cannot land here)"
+            )
+    return {i: (str(d), text) for i, d in launched.items() if (text := why[d]) is not None}
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
@@ -265,13 +307,41 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
-    lines += [f"log of failed config {s.index}: {s.log or 'none found'}" for s in statuses if s.state == "failed"]
+    lines += _moved_lines(statuses)
+    lines += [f"log of failed config {s.index}: {s.log or _no_log(s)}" for s in statuses if s.state == "failed"]
     lines.append(
         f"[{bar}] {finished}/{total} finished: "
         # Only a local sweep stopped by Ctrl-C has interrupted configs: other sweeps' line stays as it was.
         + ", ".join(f"{counts[state]} {state}" for state in STATES if state != "interrupted" or counts[state])
     )
     return "\n".join(lines)
+
+
+def _no_log(status: ConfigStatus) -> str:
+    if status.launched_in is None:
+        return "none found"
+    return f"none found here (its job was to write it under {status.launched_in}: see above)"
+
+
+def _moved_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
+    """One line per directory that configs were launched into and that this one is not (moved)."""
+    by_dir: dict[str, list[int]] = {}
+    for s in statuses:
+        if s.launched_in is not None:
+            by_dir.setdefault(s.launched_in, []).append(s.index)
+    lines = []
+    for there, indices in by_dir.items():
+        shown = ", ".join(map(str, indices[:10])) + (", ..." if len(indices) > 10 else "")
+        if Path(there).exists():
+            fix = f"Their results land in {there}: read that directory, or resubmit them from this one"
+        else:
+            fix = f"It no longer exists: move this directory back to {there} before they start, or resubmit them"
+        lines.append(
+            f"sweep directory moved: the jobs of {len(indices)} config(s) ({shown}) were launched into {there} and "
+            f"write their records and logs there, not in this directory. {fix} (once they failed, or after "
+            "scancel) with `python -m launchers rerun --failed <this directory>`."
+        )
+    return lines
 
 
 def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
@@ -305,6 +375,8 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         return _rerun_changed(sweep_dir, [specs[s.index] for s in failed], settings, overrides)
     if not settings.local:
         check_site(specs[s.index].key for s in failed)
+    # Their jobs write into this directory now, wherever the first ones were given (a moved sweep).
+    save_launch_file(sweep_dir, settings, [specs[s.index] for s in failed])
     for s in failed:
         old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
         if old.exists():

@@ -591,6 +591,9 @@ def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[
             "wandb_group": spec.wandb_group,
             "shape": dataclasses.asdict(spec.key.allocation),
             "options": {**dataclasses.asdict(spec.key.options), "setup": list(spec.key.options.setup)},
+            # Where the config's job writes (absolute, as its command line says): `status` compares
+            # it with where the sweep directory is now, to tell a moved directory from a failed job.
+            "sweep_dir": str(sweep_dir.absolute()),
         }
     data = {
         "settings": {
@@ -605,6 +608,17 @@ def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
     return path
+
+
+def launched_sweep_dirs(sweep_dir: Path) -> dict[int, Path]:
+    """The sweep directory each config's job was given at its last submission or export (by index),
+    as save_launch_file recorded it; empty without a readable launch record (or one written before
+    it recorded them)."""
+    try:
+        configs = json.loads((sweep_dir / LAUNCH_FILE).read_text())["configs"]
+        return {int(i): Path(c["sweep_dir"]) for i, c in configs.items() if isinstance(c.get("sweep_dir"), str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigSpec]]:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
 
 from launchers.queue import GONE, read_states
+from launchers.sbatch import export_sweep
 from launchers.status import ConfigStatus, classify, format_status, sweep_status, unresolved_failures
 from tests.launchers.test_slurm_launcher import REPO, TINY, result, sweep, wait_for_results, wait_until
 from train.contract import (
@@ -438,3 +441,68 @@ def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
         subprocess.run(["scancel", str(first.job_id).split("_")[0]], check=False, timeout=30)
     # A job id a cluster never had is as unknown; Slurm not answering (no sacct, no squeue) is not.
     assert read_states(["99999999"]) == {"99999999": GONE}
+
+
+def test_a_moved_sweep_directory_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An exported sweep's launch record says where its tasks write (--sweep-dir); moved before they
+    # start, its configs waited (or failed) here without a word of why.
+    monkeypatch.chdir(tmp_path)
+    export_sweep([*TINY, "training.lr=1e-4,2e-4"], name="m", out_dir=Path("scripts"), sweep_dir=Path("sweep"))
+    assert [s.detail for s in sweep_status(tmp_path / "sweep", slurm_states={})] == [
+        "no job started yet (exported to " + str(tmp_path / "scripts" / "m.sbatch") + f", array task {i})"
+        for i in (0, 1)
+    ]
+    # Read through a symbolic link, it is the same directory.
+    (tmp_path / "link").symlink_to(tmp_path / "sweep")
+    assert all(s.launched_in is None for s in sweep_status(tmp_path / "link", slurm_states={}))
+
+    (tmp_path / "sweep").rename(tmp_path / "moved")
+    statuses = sweep_status(tmp_path / "moved", slurm_states={})
+    old = str(tmp_path / "sweep")
+    assert [(s.state, s.launched_in) for s in statuses] == [("pending", old), ("pending", old)]
+    assert statuses[0].detail.startswith(f"sweep directory moved: its job was given {old}, which no longer exists")
+    table = format_status(statuses)
+    assert f"sweep directory moved: the jobs of 2 config(s) (0, 1) were launched into {old} and write" in table
+    assert f"move this directory back to {old}" in table
+
+    # A job that failed (a job id recorded as a task records it, and Slurm's state) with no record
+    # here: its detail and its log line say where its record and log were to go.
+    (tmp_path / "moved" / EXPORTED_JOBS_DIR).mkdir(parents=True)
+    (tmp_path / "moved" / EXPORTED_JOBS_DIR / "0").write_text("9_0\n")
+    failed = sweep_status(tmp_path / "moved", slurm_states={"9_0": "FAILED"})[0]
+    assert failed.state == "failed" and failed.detail.endswith("; Slurm state FAILED, no result.json"), failed
+    table = format_status([failed])
+    assert f"log of failed config 0: none found here (its job was to write it under {old}: see above)" in table
+
+    # A copy: the jobs write into the original, which is there.
+    shutil.copytree(tmp_path / "moved", tmp_path / "sweep")
+    copied = sweep_status(tmp_path / "moved", slurm_states={})
+    assert copied[0].detail.startswith(f"sweep directory copied or moved: its job writes under {old}, not here")
+    assert f"Their results land in {old}" in format_status(copied)
+    assert all(s.launched_in is None for s in sweep_status(tmp_path / "sweep", slurm_states={}))
+
+
+def test_jobs_of_a_sweep_moved_while_queued_fail_and_status_says_why(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # Slurm cannot open a moved sweep's job output (<sweep dir>/.submitit/...): each job fails before
+    # anything of it runs (FAILED 0:53), so no record and no log: status said only that.
+    sweep_dir, moved = tmp_path / "sweep", tmp_path / "moved"
+    sweep(sweep_dir, "training.lr=1e-4,2e-4", "+hydra.launcher.sbatch_args.hold=''")
+    jobs = [str(e.job_id) for e in read_manifest(sweep_dir)]
+    sweep_dir.rename(moved)
+    try:
+        subprocess.run(["scontrol", "release", *jobs], check=True, timeout=30)
+        wait_until("both jobs to fail", lambda: [s.state for s in sweep_status(moved)] == ["failed", "failed"], 120)
+    finally:
+        subprocess.run(["scancel", *jobs], check=False, timeout=30)
+    proc = status_cli(str(moved))
+    assert proc.returncode == EXIT_FAILED, proc.stdout + proc.stderr
+    assert f"sweep directory moved: the jobs of 2 config(s) (0, 1) were launched into {sweep_dir} and write" in proc.stdout
+    assert f"move this directory back to {sweep_dir}" in proc.stdout, proc.stdout
+    for index in (0, 1):
+        assert f"log of failed config {index}: none found here (its job was to write it under {sweep_dir}" in proc.stdout
+    statuses = sweep_status(moved)
+    assert all(s.detail.startswith(f"sweep directory moved: its job was given {sweep_dir}") for s in statuses)
+    assert all(s.detail.endswith("Slurm state FAILED, no result.json") for s in statuses), statuses
+    assert not sweep_dir.exists()
