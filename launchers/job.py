@@ -11,7 +11,9 @@ A checkpointing trainer (training.save_interval > 0) saves at the next step boun
 and exits with EXIT_REQUEUE; the task then requeues its job (`scontrol requeue`) while
 SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record as
 result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
-`timeout` record stands and the job fails.
+`timeout` record stands and the job fails, unless the stop was Slurm's own requeue (`scontrol
+requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
+as for a requeue of ours, and the task says so instead of saying the job ends.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
@@ -27,6 +29,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +43,7 @@ from typing import Any, BinaryIO
 
 from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name
 
-__all__ = ["TrainCommand", "main", "slurm_job_id"]
+__all__ = ["TrainCommand", "main", "requeued_by_slurm", "slurm_job_id"]
 
 
 @dataclass(frozen=True)
@@ -90,44 +93,65 @@ class TrainCommand:
         return f"`{' '.join(self.argv)}` exited with status {code}{where}"
 
     def _requeue_or_give_up(self, environ: Mapping[str, str], result: Path) -> None:
-        """Requeue this job while retries remain (never returns then); return to fail it otherwise."""
+        """Requeue this job while retries remain (never returns then); return to fail it otherwise,
+        unless Slurm has requeued it itself (never returns then either)."""
         restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        if restarts >= self.max_retries:
-            print(
-                f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
-                f"requeue(s) are used up ({restarts} done): the job ends here",
-                file=sys.stderr,
-                flush=True,
-            )
-            return
         job = slurm_job_id(environ)
-        if int(environ.get("SLURM_PROCID", "0")) == 0:
-            # The stopped attempt's record stays beside the next one's: `status` must not read
-            # its `timeout` as the config's outcome while the job waits to run again.
-            kept = result.with_name(attempt_result_name(restarts))
-            if result.exists():
-                os.replace(result, kept)
-            try:
-                subprocess.run(
-                    ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=True
+        lead = int(environ.get("SLURM_PROCID", "0") or 0) == 0
+        if restarts >= self.max_retries:
+            if not (job and requeued_by_slurm(job, restarts)):
+                print(
+                    f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
+                    f"requeue(s) are used up ({restarts} done): the job ends here",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            except (OSError, subprocess.SubprocessError) as exc:
-                detail = str(getattr(exc, "stderr", None) or exc).strip()
-                if ALREADY_REQUEUED not in detail:
-                    print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
-                    if kept.exists():
-                        os.replace(kept, result)
-                    return
-                # Slurm requeued the job itself (`scontrol requeue`, a preemption): the stop was its
-                # doing, and the next attempt comes all the same.
-                print(f"slurm: {job} was requeued by Slurm; the next attempt resumes", flush=True)
-            else:
-                print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
+                return
+            # Slurm requeued the job itself (`scontrol requeue`, a preemption) and stopped it for that:
+            # the next attempt runs whatever max_retries says, and resumes from the checkpoint, so the
+            # stopped attempt's record goes aside as for a requeue of ours.
+            if lead:
+                self._keep_attempt_record(result, restarts)
+                print(
+                    f"slurm: {job} was requeued by Slurm itself, beyond cluster.max_retries={self.max_retries} "
+                    f"({restarts} requeue(s) done before): the next attempt resumes from the checkpoint",
+                    flush=True,
+                )
+        elif lead and not self._requeue(job, result, restarts):
+            return
         # No return value, no exception: submitit would pickle either as this job's result, and a
         # waiting launcher would take the stopped attempt's outcome for the job's.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_REQUEUE)
+
+    @staticmethod
+    def _keep_attempt_record(result: Path, restarts: int) -> Path:
+        """The stopped attempt's record, moved beside the next one's: `status` must not read its
+        `timeout` as the config's outcome while the job waits to run again."""
+        kept = result.with_name(attempt_result_name(restarts))
+        if result.exists():
+            os.replace(result, kept)
+        return kept
+
+    def _requeue(self, job: str, result: Path, restarts: int) -> bool:
+        """`scontrol requeue` this job (task 0 does it for all); False when that failed."""
+        kept = self._keep_attempt_record(result, restarts)
+        try:
+            subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = str(getattr(exc, "stderr", None) or exc).strip()
+            if ALREADY_REQUEUED not in detail:
+                print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
+                if kept.exists():
+                    os.replace(kept, result)
+                return False
+            # Slurm requeued the job itself (`scontrol requeue`, a preemption): the stop was its
+            # doing, and the next attempt comes all the same.
+            print(f"slurm: {job} was requeued by Slurm; the next attempt resumes", flush=True)
+        else:
+            print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
+        return True
 
 
 ALREADY_REQUEUED = "Job is pending execution"
@@ -184,6 +208,20 @@ def _ignore_in_this_process(signum: signal.Signals) -> None:
     # child must get the signal's default meaning until it installs its own handler.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signum, lambda *_: None)
+
+
+def requeued_by_slurm(job: str, restarts: int) -> bool:
+    """Whether Slurm has requeued `job` since the attempt whose SLURM_RESTART_COUNT is `restarts`
+    started: `scontrol show job` counts one more restart (Slurm counts it when it requeues, before
+    the job's processes are stopped). False when scontrol does not answer: the job then ends."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    match = re.search(r"(?:^|\s)Restarts=(\d+)(?:\s|$)", out)
+    return match is not None and int(match.group(1)) > restarts
 
 
 def slurm_job_id(environ: Mapping[str, str]) -> str:

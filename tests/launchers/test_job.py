@@ -1,0 +1,83 @@
+"""launchers.job, the wrapper inside each Slurm task, against the real local cluster: what it says
+and does when the trainer stopped for a requeue and cluster.max_retries are used up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launchers.job import requeued_by_slurm
+from launchers.queue import read_states
+from launchers.status import sweep_status, unresolved_failures
+from tests.launchers.test_slurm_launcher import result, sweep, wait_until
+from tests.launchers.test_status import status_table
+from train.contract import LOG_FILE, SUBMITIT_DIR, attempt_result_name, read_manifest
+from train.preemption import SLOW_FIRST_ATTEMPT_ENV
+
+if TYPE_CHECKING:
+    from tests.conftest import SlurmClusterInfo
+
+
+def _squeue_state(job: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout.strip()
+
+
+def test_requeued_by_slurm_reads_the_jobs_restart_count(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    job = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster.partition}", "--requeue", "--time=5",
+         f"--output={tmp_path / 'out'}", "--wrap", "sleep 300"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip().split(";")[0]  # fmt: skip
+    try:
+        wait_until("the job to run", lambda: _squeue_state(job) == "RUNNING", timeout=120)
+        assert not requeued_by_slurm(job, 0)
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        # Counted at once: the attempt that Slurm stops for the requeue (SLURM_RESTART_COUNT 0) sees it.
+        assert requeued_by_slurm(job, 0)
+        assert not requeued_by_slurm(job, 1)
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    # A job scontrol does not know: no requeue to speak of, the job ends as it would.
+    assert not requeued_by_slurm("99999999", 0)
+
+
+def test_slurms_own_requeue_past_max_retries_is_said_and_resumed(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """`scontrol requeue` (as a preemption requeues) of a checkpointing run whose cluster.max_retries=0
+    are used up: the wrapper said "requeue(s) are used up: the job ends here" and failed the task,
+    while Slurm ran the job again and status rightly showed it pending. It now says that Slurm requeued
+    the job, keeps the stopped attempt's record aside, and the next attempt resumes."""
+    sweep_dir = tmp_path / "sweep"
+    # The first attempt sleeps 1 s per iteration (the requeued one runs at full speed); it checkpoints
+    # only when Slurm stops it.
+    sweep(sweep_dir, "training.train_iters=8", "training.save_interval=100", "cluster.max_retries=0",
+          f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=1")  # fmt: skip
+    (entry,) = read_manifest(sweep_dir)
+    job = str(entry.job_id)
+    log = sweep_dir / entry.output_dir / LOG_FILE
+    try:
+        # Other jobs may hold the cores a while: as long as the fault tests wait.
+        wait_until("iteration 2", lambda: log.exists() and "iteration        2/" in log.read_text(errors="replace"), 300)
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        kept = sweep_dir / entry.output_dir / attempt_result_name(0)
+        wait_until("the stopped attempt's record, kept aside", kept.exists, timeout=60)
+        assert not unresolved_failures(sweep_status(sweep_dir))
+        wait_until("the requeued attempt's record", lambda: (result(sweep_dir, entry) or {}).get("status") == "ok")
+        # Ended before the scancel below, which would stop it between its record and its exit.
+        wait_until("the job to end", lambda: read_states([job]).get(job, "").startswith("COMPLETED"), timeout=60)
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    stopped = json.loads(kept.read_text())
+    resumed = result(sweep_dir, entry) or {}
+    assert stopped["status"] == "timeout" and resumed["resumed_from_step"] == stopped["iterations_run"] >= 2
+    assert len(resumed["losses"]) == 8
+    # Both attempts' output (and their stderr: submitit sends it to the same file).
+    out = (sweep_dir / SUBMITIT_DIR / job / f"{job}_0_log.out").read_text(errors="replace")
+    assert f"{job} was requeued by Slurm itself, beyond cluster.max_retries=0 (0 requeue(s) done before)" in out
+    assert "used up" not in out and "Traceback" not in out, out
+    wait_until("status to show it done", lambda: "1 done, 0 failed" in status_table(sweep_dir), 30)
