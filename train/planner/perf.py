@@ -176,6 +176,10 @@ class _Machine:
     attention: dict[tuple[int, int, bool, str], tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
     """Measured attention cores (calibration): (sequence, head size, causal, precision) -> (sequences x
     heads, forward s, backward s) of each count timed, ascending."""
+    core_share: float = 1.0
+    """The share of an unshared rank's speed each rank computes at when all compute at once: below 1
+    where a CPU job's ranks outnumber the cores they run on (calibration: the best GEMM rate per task
+    on these nodes over that on one node, whose tasks each own a core); 1 on a GPU, each rank's own."""
     unmeasured: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict, compare=False, repr=False)
     """Seconds of the untimed shapes predicted so far, filled as they are asked for: a memo of what the
     figures above give (the same whichever shape is asked first), not a figure of its own."""
@@ -241,6 +245,11 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
     fitted = links(hw.calibration)
     sheet = _sheet_links(hw, per_node)
     best = max(rates)
+    share = 1.0
+    alone = node_timing(cal, 1)
+    if hw.device_type == "cpu" and alone is not None and alone is not timing:
+        single = [2 * g.m * g.n * g.k * g.batch / g.seconds for g in alone.gemms if g.precision == precision.value]
+        share = min(1.0, best / max(single)) if single else 1.0
     return _Machine(
         flops=best,
         mem_bw=timing.memory_bw_gbs * 1e9,
@@ -254,6 +263,7 @@ def _calibrated(hw: HardwareConfig, precision: Precision, nodes: int, per_node: 
         layers={layer.tp: layer for layer in timing.layers},
         classes=_gemm_classes(table, best, hw.num_sms),
         attention=_attention_table(timing.attention),
+        core_share=share,
     )
 
 
@@ -589,7 +599,14 @@ def _predict(
     slowest = stages[totals.index(max(totals))]
     parts = {k: m * v for k, v in slowest.parts.items()}
     # (p-1) slots of the slowest stage; with v chunks per rank each slot is a chunk, 1/v of it.
-    parts["bubble"] = bubble_slots(pp=par.pp, virtual_stages=chunks) * slowest.total
+    slots = bubble_slots(pp=par.pp, virtual_stages=chunks)
+    parts["bubble"] = slots * slowest.total
+    if mach.core_share < 1.0:
+        # Ranks that share cores (an emulated cluster's nodes on one host) were timed all computing at
+        # once. A rank waiting in the bubble leaves its core to the others, which then run faster: the
+        # step takes the m slots of work at the shared speed, or the critical path of m + slots at an
+        # unshared rank's speed, whichever is longer.
+        parts["bubble"] = max(0.0, (m + slots) * slowest.total * mach.core_share - m * slowest.total)
     worst_stage = numels.index(max(numels))
     dp_time = _dp_seconds(model, par, mach, dp=dp, stage=worst_stage, stack=stack, micro_batches=m)
     if stack == Stack.megasweep and hw.device_type == "cuda":
