@@ -329,17 +329,23 @@ def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
     assert read_record(tmp_path / "new" / "run" / RESULT_FILE) is not None
 
 
+def _refused_data_file(data_path: Path, run_dir: Path) -> str:
+    """Train the tiny model on `data_path`: it must exit EXIT_FAILED with no traceback; its one error line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", f"training.data_path={data_path}", f"hydra.run.dir={run_dir}",
+         "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    return line
+
+
 def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Path) -> None:
     # A missing file, and a directory given as the file: the user's input, not a crash.
     for data_path in (tmp_path / "missing.bin", tmp_path):
         run_dir = tmp_path / f"run_{data_path.name}"
-        proc = subprocess.run(
-            [sys.executable, "-m", "train", f"training.data_path={data_path}", f"hydra.run.dir={run_dir}",
-             "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+        line = _refused_data_file(data_path, run_dir)
         assert line.startswith(f"error: training.data_path='{data_path}' cannot be read as a token file"), line
         record = read_record(run_dir / RESULT_FILE)
         assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]
@@ -349,13 +355,7 @@ def test_a_uint32_token_file_read_as_uint16_is_one_line_and_a_record(tmp_path: P
     # Refused as the file is opened, before the first step, like a file that cannot be read.
     path = tmp_path / "tokens.bin"
     np.random.default_rng(0).integers(1, 1000, size=4000).astype(np.uint32).tofile(path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", f"training.data_path={path}", f"hydra.run.dir={tmp_path / 'run'}",
-         "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    line = _refused_data_file(path, tmp_path / "run")
     assert line.startswith(f"error: training.data_path='{path}' looks like uint32 token ids"), line
     assert "set training.data_dtype=uint32" in line
     record = read_record(tmp_path / "run" / RESULT_FILE)
