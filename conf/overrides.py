@@ -7,6 +7,11 @@ override ..." with the reason in an exception's cause. Every entry point that ta
 (`python -m train`, `python -m launchers rerun|sbatch|calibrate`) asks `override_problem` first and
 prints its one line with exit status 2 (bad input), so they all say it alike.
 
+The same goes for the Hydra keys a sweep is steered with: `hydra/launcher=...` and `hydra/sweeper=...`
+(the options of Hydra's config store once its plugins are found), `hydra.launcher.<field>` and
+`hydra.sweeper.<field>` (the chosen one's fields), and an override Hydra cannot parse: Hydra says each
+with exit status 1, the code of a run that failed.
+
 Torch-free; Hydra's override parser is imported when called.
 """
 
@@ -16,7 +21,7 @@ import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from conf import group_options
+from conf import CONFIG_DIR, group_options
 from conf.schema import GROUP_SCHEMAS, unknown_override, wrong_value
 
 if TYPE_CHECKING:
@@ -28,19 +33,26 @@ __all__ = ["override_problem"]
 def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> str | None:
     """The first of `overrides` that names a key the schema lacks, an option its group lacks (when
     `own_options`: the groups' options are conf/'s own, no search path adds any) or a value its field
-    cannot take, as one line with "did you mean"; None when there is none. Bad syntax and `hydra.*`
-    keys are left to Hydra."""
+    cannot take, as one line with "did you mean", or that Hydra cannot parse; None when there is none.
+    Of Hydra's own keys only its launcher's and sweeper's are judged (_hydra_problem)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
+    parsed: list[tuple[str, Override]] = []
     for text in overrides:
         try:
             (override,) = parser.parse_overrides([text])
-        except HydraException:
-            return None  # Hydra reports bad syntax itself
+        except HydraException as bad:
+            return _unparsable(text, bad)
+        parsed.append((text, override))
+    for text, override in parsed:
         key = override.key_or_group
-        if "/" in key or key.split(".", 1)[0] == "hydra":
+        if key.split("/", 1)[0].split(".", 1)[0] == "hydra":
+            if (problem := _hydra_problem(key, override, text, parsed, own_options=own_options)) is not None:
+                return problem
+            continue
+        if "/" in key:
             continue
         problem = unknown_override(key, text)
         if problem is None and key in GROUP_SCHEMAS and override.is_delete():
@@ -52,6 +64,89 @@ def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> s
         if problem is not None:
             return problem
     return None
+
+
+def _unparsable(text: str, bad: Exception) -> str:
+    """One line for an override Hydra's grammar rejects: its reason and its grammar's page."""
+    reason, _, rest = str(bad).strip().partition("\n")
+    see = rest.strip()
+    return f"cannot parse override '{text}': {reason.strip()}" + (f" ({see[0].lower()}{see[1:]})" if see else "")
+
+
+_HYDRA_PLUGINS = ("launcher", "sweeper")
+"""Hydra's groups a megasweep sweep chooses and sets fields of (hydra/<group>=, hydra.<group>.<field>=)."""
+
+
+def _hydra_problem(
+    key: str, override: Override, text: str, parsed: Sequence[tuple[str, Override]], *, own_options: bool
+) -> str | None:
+    """One line when `hydra/launcher=` or `hydra/sweeper=` names no option, or `hydra.launcher.<field>=`
+    or `hydra.sweeper.<field>=` no field of the chosen one; None for the rest of Hydra's keys, for
+    keys added with + (Hydra's to refuse), and for options a search path may add (not own_options)."""
+    parts = key.replace("/", ".").split(".")
+    if len(parts) < 2 or parts[1] not in _HYDRA_PLUGINS or override.is_add() or override.is_force_add():
+        return None
+    group = f"hydra/{parts[1]}"
+    if len(parts) == 2 and "/" in key:
+        if not own_options or override.is_delete():
+            return None
+        return _unknown_option(group, override, text, options=_hydra_options(group))
+    chosen = _chosen(group, parsed, default=own_options)
+    options = _hydra_options(group)
+    if len(parts) < 3 or chosen not in options:
+        return None  # an unknown option is said of its own override
+    field = parts[2]
+    fields = _hydra_fields(group, chosen)
+    if field in fields:
+        return None
+    close = difflib.get_close_matches(field, fields, n=3)
+    if close:
+        hint = f"did you mean {' or '.join(f'hydra.{parts[1]}.{c}' for c in close)}?"
+    else:
+        hint = f"fields: {', '.join(fields)}" if fields else "it has no fields"
+        # A field of another option (hydra.launcher.append without hydra/launcher=slurm, say): name them.
+        others = [o for o in options if o != chosen and difflib.get_close_matches(field, _hydra_fields(group, o), n=1)]
+        if others:
+            named = ", ".join(others[:-1]) + (" or " if len(others) > 1 else "") + others[-1]
+            hint += f"; {group}={named} has a field like it"
+    return f"hydra.{parts[1]}.{field} is not a field of {group}={chosen}; {hint} (override '{text}')"
+
+
+def _chosen(group: str, parsed: Sequence[tuple[str, Override]], *, default: bool) -> str | None:
+    """The option of Hydra's `group` a run composes: the last `group=<option>` override, else (when
+    `default`: no other primary config or search path may choose) conf/config.yaml's `override group:
+    option`, else Hydra's `basic`; None when unknown here."""
+    from omegaconf import DictConfig, OmegaConf
+
+    given = [o.get_value_element_as_str() for _, o in parsed if o.key_or_group == group and not o.is_sweep_override()]
+    if given or not default:
+        return given[-1] if given else None
+    primary = OmegaConf.load(CONFIG_DIR / "config.yaml")
+    assert isinstance(primary, DictConfig)  # a primary config is a mapping
+    for entry in primary.get("defaults", []):
+        if isinstance(entry, DictConfig) and f"override {group}" in entry:
+            return str(entry[f"override {group}"])
+    return "basic"
+
+
+def _hydra_options(group: str) -> list[str]:
+    """The options of Hydra's `group` in its config store, once Hydra has found its plugins (which
+    register theirs): megasweep's, Hydra's own and any installed plugin's."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # the process's one scan of hydra_plugins, which Hydra itself then reuses
+    return sorted(name.removesuffix(".yaml") for name in ConfigStore.instance().list(group))
+
+
+def _hydra_fields(group: str, option: str) -> list[str]:
+    """The fields of option `option` of Hydra's `group` (its structured config), _target_ aside."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import DictConfig
+
+    node = ConfigStore.instance().load(f"{group}/{option}.yaml").node
+    assert isinstance(node, DictConfig)  # a structured config: its fields are its keys
+    return [str(k) for k in node if str(k) != "_target_"]
 
 
 def _wrong_values(key: str, override: Override, text: str) -> str | None:
@@ -78,7 +173,7 @@ def _no_group(group: str, text: str) -> str:
     return f"a run needs a {group} config: null or ~{group} leaves none; choose one of: {options} (override '{text}')"
 
 
-def _unknown_option(group: str, override: Override, text: str) -> str | None:
+def _unknown_option(group: str, override: Override, text: str, *, options: list[str] | None = None) -> str | None:
     """One line when `group=<option>` (or a choice sweep `a,b`) names an option conf/<group>/ lacks,
     with the closest ones; Hydra's own error for it lists the options but exits 1, the code of a
     run that failed, where bad input exits 2."""
@@ -87,9 +182,10 @@ def _unknown_option(group: str, override: Override, text: str) -> str | None:
     if override.value_type not in (ValueType.ELEMENT, ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
         return None  # ranges and globs: Hydra expands them (a glob against the options it finds)
     chosen = list(override.sweep_string_iterator()) if override.is_choice_sweep() else [override.get_value_element_as_str()]
-    options = group_options(group)
+    own_group = options is None  # conf/'s group, not Hydra's
+    options = group_options(group) if options is None else options
     for option in chosen:
-        if option == "null":
+        if option == "null" and own_group:
             return _no_group(group, text)
         if option not in options and "${" not in option:
             close = difflib.get_close_matches(option, options, n=3)

@@ -29,8 +29,53 @@ def test_a_misspelt_key_an_unknown_option_and_a_wrong_value_each_get_one_line() 
     # Options a search path or --config-dir may add are not judged without own_options; keys still are.
     assert override_problem(["parallelism=l_dp2"], own_options=False) is None
     assert override_problem(["parallelism.tpp=2"], own_options=False) is not None
-    # Hydra's own keys, group paths and bad syntax are left to Hydra.
-    assert override_problem(["hydra.launcher.append=true", "hydra/launcher=slurm", "a=[1,"]) is None
+    # Hydra's other keys and group paths are left to Hydra.
+    assert override_problem(["hydra.run.dir=x", "hydra/job_logging=stdout", "+hydra.launcher.extra=1"]) is None
+
+
+def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
+    # Hydra says each of these with exit status 1 (a failed run), and its message for a misspelt field
+    # suggests adding it with '+', which the launcher's structured config then rejects.
+    assert override_problem(["hydra/launcher=slurm", "hydra.launcher.append=true", "hydra/sweeper=layouts"]) is None
+    assert override_problem(["hydra.launcher.sbatch_args.exclusive=", "hydra/launcher=slurm"]) is None
+    launcher = override_problem(["hydra/launcher=slurmm"])
+    assert launcher is not None and launcher.startswith("hydra/launcher=slurmm is not a hydra/launcher config; did you mean slurm?")
+    assert "options: basic, local, plan, slurm" in launcher  # Hydra's own option and megasweep's
+    sweeper = override_problem(["hydra/sweeper=layout"])
+    assert sweeper is not None and "did you mean layouts?" in sweeper
+    # A field is judged against the launcher chosen on the command line, wherever it stands ...
+    field = override_problem(["hydra.launcher.apend=true", "hydra/launcher=plan"])
+    assert field == ("hydra.launcher.apend is not a field of hydra/launcher=plan; did you mean hydra.launcher.append? "
+                     "(override 'hydra.launcher.apend=true')")  # fmt: skip
+    # ... or against conf/config.yaml's choice (Hydra's basic launcher, which has no fields: the
+    # message names the launchers that have one like it).
+    basic = override_problem(["hydra.launcher.append=true"])
+    assert basic is not None and basic.startswith("hydra.launcher.append is not a field of hydra/launcher=basic")
+    assert "hydra/launcher=local, plan or slurm has a field like it" in basic
+    sweeper_field = override_problem(["hydra.sweeper.max_batch=8"])
+    assert sweeper_field is not None and "hydra/sweeper=megasweep; did you mean hydra.sweeper.max_batch_size?" in sweeper_field
+    # With a search path another primary config's or YAML file's choice may hold: only what is named.
+    assert override_problem(["hydra.sweeper.max_batch=8"], own_options=False) is None
+    assert override_problem(["hydra/launcher=mine"], own_options=False) is None
+    syntax = override_problem(["model=tiny", "training.lr=["])
+    assert syntax is not None and syntax.startswith("cannot parse override 'training.lr=[': no viable alternative")
+    assert "override_grammar" in syntax and "\n" not in syntax
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("hydra/launcher=slurmm", "did you mean slurm?"),
+        ("hydra.launcher.apend=true", "hydra/launcher=local, plan or slurm has a field like it"),
+        ("training.lr=[", "cannot parse override 'training.lr=['"),
+    ],
+)
+def test_python_m_train_refuses_them_in_one_line_with_exit_2(override: str, words: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "train", "-m", override, f"hydra.sweep.dir={tmp_path / 's'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("error: ") and words in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize(
