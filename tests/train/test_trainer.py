@@ -587,7 +587,8 @@ def test_a_spawn_stopped_before_rank_0_wrote_a_record_still_gets_one(tmp_path: P
     is written, since its console line names it."""
     run = compose_run("parallelism.tp=2")
     interrupted_dir, failed_dir = tmp_path / "interrupted", tmp_path / "failed"
-    interrupted_dir.mkdir(), failed_dir.mkdir()
+    interrupted_dir.mkdir()
+    failed_dir.mkdir()
     trainer.record_interruption(run, output_dir=interrupted_dir, overrides=["parallelism.tp=2"])
     record = read_record(interrupted_dir)
     assert record["status"] == "interrupted" and "SIGINT" in record["message"] and record["world"]["tp"] == 2
