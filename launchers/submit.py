@@ -43,7 +43,6 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -51,8 +50,7 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +86,7 @@ from train.contract import (
 )
 from train.planner.plan import count_by_rule
 from train.planner.rules import RULES, InfeasibleConfig, validate
+from train.signals import TERMINAL_STOP_SIGNALS, signals_held
 
 REQUEUE_SIGNAL_LEAD_S = 120
 """How long before the time limit Slurm sends USR1 (seconds): time for a step and a checkpoint."""
@@ -424,8 +423,8 @@ def submit_configs(
     pieces = [(key, piece) for key, members in groups.items() for piece in chunk(members, settings.max_array_size)]
     for done, (key, piece) in enumerate(pieces, start=1):
         # An sbatch that has queued an array must not be cut off from the manifest line that lists
-        # it: a stop signal waits until both are done (see _stop_signals_held).
-        with _stop_signals_held() as held:
+        # it: a stop signal waits until both are done (train.signals.signals_held).
+        with signals_held(TERMINAL_STOP_SIGNALS) as held:
             executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
             executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
             try:
@@ -447,7 +446,7 @@ def submit_configs(
                 reason = f"not submitted: the launcher was stopped ({name}) before this config's array"
                 entries.extend(entry_for(s, "interrupted", reason=reason) for _, rest in pieces[done:] for s in rest)
                 if on_queued is not None:
-                    with _stop_signals_held():
+                    with signals_held(TERMINAL_STOP_SIGNALS):
                         on_queued(sorted(entries, key=lambda e: e.index))
             print(
                 f"slurm: stopped ({name}) after {done} of {len(pieces)} arrays; the manifest lists what was "
@@ -458,30 +457,6 @@ def submit_configs(
             signal.raise_signal(held[0])  # its own handler again: the end (or KeyboardInterrupt) it means
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
-
-
-@contextlib.contextmanager
-def _stop_signals_held() -> Iterator[list[int]]:
-    """SIGINT, SIGTERM and SIGHUP received inside the block are noted (yielded), not acted on; the
-    previous handlers come back after it. Killed between sbatch and the manifest's rewrite, a launcher
-    left an array queued that no manifest listed: no status, no rerun, no analysis of it. (SIGKILL
-    cannot be held: that window stays.)"""
-    held: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-
-    def note(signum: int, frame: object) -> None:
-        held.append(signum)
-
-    # A signal this process ignores (nohup, a background job's SIGINT) stays ignored.
-    stops = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
-    previous = {sig: signal.signal(sig, note) for sig in stops}
-    try:
-        yield held
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 _RULE = re.compile(r"\[([a-z0-9_]+)\]")

@@ -11,6 +11,7 @@ import torch:
     engine          native or DeepSpeed: one optimizer step over a step's micro-batches
     setup           device, process group, model, parallelism, engine, data, peak
     preemption      Slurm's signals, checkpoint at a step boundary, resume; test fault hooks
+    signals         stop signals held while a record is written (torch-free; the launchers' too)
     checkpoint      DCP save and resume of a rank's shards
     failures        what a failed run's exception means: oom, timeout or error
     distributed     torchrun, srun or local workers: the process group and device mesh

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from conf.schema import RunConfig
 from train.planner.batch import BatchSchedule
 from train.planner.layout import Rank
+from train.signals import SLURM_STOP_SIGNALS, signals_to
 
 if TYPE_CHECKING:
     import torch
@@ -108,37 +109,8 @@ def timeout_signals(*, defer: bool = False) -> Iterator[StopRequest | None]:
             return
         raise TrainingTimeout(f"received {signal.Signals(signum).name}; stopped before the end of training")
 
-    with _stop_signals_to(handler):
+    with signals_to(handler, SLURM_STOP_SIGNALS):
         yield stop
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[list[str]]:
-    """Hold off SIGTERM and SIGUSR1 while the record is written: a local spawn's parent or Slurm may
-    end this process right after training failed, and the record is what the run leaves behind. The
-    signals received are yielded; the process exits (non-zero) after the block either way."""
-    held: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        held.append(signal.Signals(signum).name)
-
-    with _stop_signals_to(handler):
-        yield held
-
-
-@contextlib.contextmanager
-def _stop_signals_to(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """Slurm's stop signals (SIGTERM, and SIGUSR1 from --signal) go to `handler` inside the block;
-    the previous handlers come back after it."""
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def await_record(path: Path, *, since: datetime, timeout_s: float = 30.0) -> None:

@@ -51,7 +51,8 @@ from train.neighbours import NeighbourWatch, neighbour_warning
 from train.planner import flops
 from train.planner.layout import Layout, Rank
 from train.planner.rules import InfeasibleConfig, advise, validate
-from train.preemption import TrainingPreempted, TrainingTimeout, await_record, signals_held, timeout_signals
+from train.preemption import TrainingPreempted, TrainingTimeout, await_record, timeout_signals
+from train.signals import SLURM_STOP_SIGNALS, signals_held
 from train.sinks import MetricSinks
 from train.wandb_log import WandbLogger
 
@@ -176,7 +177,7 @@ def run_training(
         progress.tensorboard_dir = str(sinks.tensorboard.directory)
     # Held from the start: once training ends (its own handlers restored), a SIGTERM from the spawn's
     # parent or Slurm must not cut the record short.
-    with signals_held():
+    with signals_held(SLURM_STOP_SIGNALS):
         status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
         if status == "oom":
             write_oom_report(run, rank=rank, progress=progress, output_dir=output_dir, message=message or "")
