@@ -45,6 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import conf
 from analysis import finite_above_zero, whole_at_least_one
+from conf.overrides import override_problem
 from conf.schema import HardwareConfig, Precision, Recompute, RunConfig, to_run_config, unknown_override
 from train.contract import EXIT_USAGE
 from train.planner.flops import (
@@ -182,14 +183,14 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
 
 def _unknown_key(text: str) -> str | None:
     """One sentence with "did you mean" when the override `text` names a key that is neither the
-    calculator's own nor a field of the config (`devics=8`, `parallelism.tpp=2`); Hydra's own message
-    suggests adding it with '+', which the schema then rejects. None when the key exists."""
+    calculator's own nor a field of the config (`devics=8`, `parallelism.tpp=2`), an option its group
+    lacks (`hardware=h100`), a value its field cannot take, or cannot be parsed: what every entry point
+    says of it (conf.overrides.override_problem), with the calculator's own keys as candidates too.
+    None when `text` is fine."""
     key = text.partition("=")[0].lstrip("+~")
-    if not key or "/" in key or key.split(".", 1)[0] == "hydra":
-        return None
     if "." not in key and (close := difflib.get_close_matches(key, OWN_KEYS, n=1)) and unknown_override(key, text):
         return f"{key} is not a key of analysis.calc; did you mean {close[0]}? (override '{text}'). {OVERRIDE_HINT}"
-    problem = unknown_override(key, text)
+    problem = override_problem([text])
     return None if problem is None else f"{problem}. {OVERRIDE_HINT}"
 
 

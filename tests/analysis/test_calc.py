@@ -185,8 +185,10 @@ def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str]
         (["sec_per_iter=1", "devices=2.5"], "devices=2.5", "whole"),
         (["sec_per_iter=1", "devices=8", "convention=flops6n"], "convention=flops6n", "megatron_eq3"),
         (["sec_per_iter=1", "devices=8", "output=xml"], "output=xml", "json"),
-        (["model=gpt_99b", "sec_per_iter=1", "devices=8"], "model/gpt_99b", "gpt_1.3b"),
-        (["parallelism.tp=two", "sec_per_iter=1", "devices=8"], "parallelism.tp", "Integer"),
+        # Said as `python -m train` says them (conf.overrides): the closest options, the type in words.
+        (["model=gpt_99b", "sec_per_iter=1", "devices=8"], "model=gpt_99b is not a model config", "did you mean gpt_30b"),
+        (["parallelism.tp=two", "sec_per_iter=1", "devices=8"], "parallelism.tp=two", "not a whole number"),
+        (["training.lr=[", "sec_per_iter=1", "devices=8"], "cannot parse override 'training.lr=['", "override_grammar"),
         # An unknown key gets "did you mean" (not Hydra's "use +key"), a misspelt own key first of all:
         # `devics=8` was reported as devices missing.
         (["sec_per_iter=1", "devics=8"], "devics", "did you mean devices?"),
