@@ -13,7 +13,9 @@ SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record 
 result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
 `timeout` record stands and the job fails, unless the stop was Slurm's own requeue (`scontrol
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
-as for a requeue of ours, and the task says so instead of saying the job ends.
+as for a requeue of ours, and the task says so instead of saying the job ends. Slurm's SIGTERM
+(a requeue, a preemption, scancel) reaches this wrapper too, and it outlives it to do all that; a
+job cancelled with scancel is not requeued.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
@@ -41,9 +43,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from launchers.queue import base_state, parse_states
 from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name
 
-__all__ = ["TrainCommand", "main", "requeued_by_slurm", "slurm_job_id"]
+__all__ = ["TrainCommand", "cancelled", "main", "requeued_by_slurm", "slurm_job_id"]
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,11 @@ class TrainCommand:
         """Run the trainer and return its exit status; on EXIT_REQUEUE, requeue this job while
         retries remain (and then never return)."""
         env = {**os.environ, **dict(self.env)}
-        # Slurm's USR1 warning reaches every process of the step; its default action would kill
-        # this one (the task's wrapper process) while the trainer is still saving its checkpoint.
-        _ignore_in_this_process(signal.SIGUSR1)
+        # Slurm's USR1 warning, and the SIGTERM of a requeue, a preemption or the time limit, reach
+        # every process of the step; their default action would kill this one (the task's wrapper)
+        # while the trainer still saves its checkpoint and record, which then goes unkept.
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            _outlive(signum)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
@@ -98,6 +103,12 @@ class TrainCommand:
         restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
         job = slurm_job_id(environ)
         lead = int(environ.get("SLURM_PROCID", "0") or 0) == 0
+        if job and cancelled(job):
+            # scancel's SIGTERM stops a checkpointing trainer as a time limit's does; a requeue now
+            # would bring back the job its user has just cancelled.
+            print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record stands",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
         if restarts >= self.max_retries:
             if not (job and requeued_by_slurm(job, restarts)):
                 print(
@@ -203,10 +214,12 @@ def _echo(follow: BinaryIO, decode: codecs.IncrementalDecoder) -> None:
         sys.stdout.flush()
 
 
-def _ignore_in_this_process(signum: signal.Signals) -> None:
+def _outlive(signum: signal.Signals) -> None:
     # A Python handler, not SIG_IGN: an ignored signal stays ignored across exec, and the trainer
-    # child must get the signal's default meaning until it installs its own handler.
-    if threading.current_thread() is threading.main_thread():
+    # child must get the signal's default meaning until it installs its own handler. One already
+    # there stays (submitit's job process logs and bypasses SIGTERM); Slurm's SIGKILL follows KillWait
+    # seconds after its SIGTERM whatever this process does.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) == signal.SIG_DFL:
         signal.signal(signum, lambda *_: None)
 
 
@@ -222,6 +235,19 @@ def requeued_by_slurm(job: str, restarts: int) -> bool:
         return False
     match = re.search(r"(?:^|\s)Restarts=(\d+)(?:\s|$)", out)
     return match is not None and int(match.group(1)) > restarts
+
+
+def cancelled(job: str) -> bool:
+    """Whether `job` was cancelled (scancel). Accounting says so as soon as it is; scontrol and squeue
+    show any job being stopped as COMPLETING, whatever stops it. False when sacct does not answer."""
+    try:
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", job, "--format=JobID,State"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return base_state(parse_states(out).get(job, "")) == "CANCELLED"
 
 
 def slurm_job_id(environ: Mapping[str, str]) -> str:
