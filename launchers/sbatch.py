@@ -12,8 +12,9 @@ grouped by allocation (launchers/allocation.py), and each group becomes one arra
 
 - a header saying how it was generated, and the #SBATCH lines of the allocation and of the
   cluster config (partition, account, qos, gres, time, %N throttle, ...), plus --requeue and
-  --signal=USR1@<lead> as the launcher submits its arrays (launchers.submit.signal_lead_s;
-  a --sbatch-arg requeue/signal replaces them);
+  --signal=USR1@<lead> as the launcher submits its arrays (launchers.submit.signal_lead_s), and
+  --open-mode=append as submitit does, so that a requeued task's Slurm log keeps its earlier
+  attempts (Slurm truncates it otherwise); a --sbatch-arg requeue/signal/open-mode replaces them;
 - the cluster's setup lines, and `export` lines for the environment all its tasks share:
   cluster.env, and WANDB_RUN_GROUP=<sweep dir name> for configs whose logger.wandb_group is
   unset, so that W&B groups the runs under the sweep's name as for a launcher-run sweep
@@ -251,8 +252,9 @@ def render_script(
         _sbatch_line("output", sweep_dir / SLURM_LOG_DIR / "%A_%a.out"),
         _sbatch_line("chdir", cwd),
     ]
-    # As the launcher submits (launchers.submit.executor_parameters); the user's own options win.
-    robust = {"requeue": "", "signal": f"USR1@{signal_lead_s(alloc.time_limit_min)}"}
+    # As the launcher submits (launchers.submit.executor_parameters, and submitit's open-mode); the
+    # user's own options win. Slurm truncates a requeued job's output unless it is opened to append.
+    robust = {"requeue": "", "signal": f"USR1@{signal_lead_s(alloc.time_limit_min)}", "open-mode": "append"}
     lines += [_sbatch_line(k, v or None) for k, v in robust.items() if k not in sbatch_args]
     lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
     lines += ["", "set -euo pipefail"]
@@ -281,7 +283,8 @@ def render_script(
         'mkdir -p "$jobs"',
         'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.$config.$$"',
         'mv -f "$jobs/.$config.$$" "$jobs/$config"',
-        'echo "megasweep: array task $task runs config $config: ${args[*]}"',
+        # Slurm's log of the task holds every attempt (--open-mode=append): say where each begins.
+        'echo "megasweep: array task $task runs config $config (attempt ${SLURM_RESTART_COUNT:-0}): ${args[*]}"',
         f'{srun} "$PYTHON" -m launchers.job --output-dir "$SWEEP_DIR/$out" --max-retries "$retries" -- \\',
         f'    "$PYTHON" {entry} "${{args[@]}}"',
         "",
