@@ -103,38 +103,49 @@ class TrainCommand:
         restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
         job = slurm_job_id(environ)
         lead = int(environ.get("SLURM_PROCID", "0") or 0) == 0
-        if job and cancelled(job):
-            # scancel's SIGTERM stops a checkpointing trainer as a time limit's does; a requeue now
-            # would bring back the job its user has just cancelled.
-            print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record stands",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            return
-        if restarts >= self.max_retries:
-            if not (job and requeued_by_slurm(job, restarts)):
-                print(
-                    f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
-                    f"requeue(s) are used up ({restarts} done): the job ends here",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return
-            # Slurm requeued the job itself (`scontrol requeue`, a preemption) and stopped it for that:
-            # the next attempt runs whatever max_retries says, and resumes from the checkpoint, so the
-            # stopped attempt's record goes aside as for a requeue of ours.
-            if lead:
-                self._keep_attempt_record(result, restarts)
-                print(
-                    f"slurm: {job} was requeued by Slurm itself, beyond cluster.max_retries={self.max_retries} "
-                    f"({restarts} requeue(s) done before): the next attempt resumes from the checkpoint",
-                    flush=True,
-                )
-        elif lead and not self._requeue(job, result, restarts):
+        # Aside first: Slurm's SIGKILL follows its SIGTERM (a requeue, a preemption) within KillWait
+        # seconds, and asking scontrol and sacct below takes time. Put back if the job ends here.
+        kept = self._keep_attempt_record(result, restarts) if lead else None
+        if not self._next_attempt_comes(job, restarts, lead):
+            if kept is not None and kept.exists():
+                os.replace(kept, result)
             return
         # No return value, no exception: submitit would pickle either as this job's result, and a
         # waiting launcher would take the stopped attempt's outcome for the job's.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_REQUEUE)
+
+    def _next_attempt_comes(self, job: str, restarts: int, lead: bool) -> bool:
+        """Whether the job runs again: Slurm requeued it itself, or task 0 requeued it (retries remain)."""
+        if not lead:  # task 0 decides and requeues for all: the others ask no more than they did
+            return restarts < self.max_retries or (bool(job) and requeued_by_slurm(job, restarts))
+        if job and requeued_by_slurm(job, restarts):
+            # `scontrol requeue`, a preemption: the next attempt runs whatever max_retries says, and
+            # resumes from the checkpoint.
+            beyond = (
+                f", beyond cluster.max_retries={self.max_retries} ({restarts} requeue(s) done before)"
+                if restarts >= self.max_retries
+                else ""
+            )
+            print(f"slurm: {job} was requeued by Slurm itself{beyond}: the next attempt resumes from the checkpoint",
+                  flush=True)  # fmt: skip
+            return True
+        if job and cancelled(job):
+            # scancel's SIGTERM stops a checkpointing trainer as a time limit's does; a requeue now
+            # would bring back the job its user has just cancelled.
+            print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record stands",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return False
+        if restarts >= self.max_retries:
+            print(
+                f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
+                f"requeue(s) are used up ({restarts} done): the job ends here",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False
+        return self._requeue(job, restarts)
 
     @staticmethod
     def _keep_attempt_record(result: Path, restarts: int) -> Path:
@@ -145,20 +156,16 @@ class TrainCommand:
             os.replace(result, kept)
         return kept
 
-    def _requeue(self, job: str, result: Path, restarts: int) -> bool:
+    def _requeue(self, job: str, restarts: int) -> bool:
         """`scontrol requeue` this job (task 0 does it for all); False when that failed."""
-        kept = self._keep_attempt_record(result, restarts)
         try:
             subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60, check=True)
         except (OSError, subprocess.SubprocessError) as exc:
             detail = str(getattr(exc, "stderr", None) or exc).strip()
             if ALREADY_REQUEUED not in detail:
                 print(f"slurm: scontrol requeue {job} failed: {detail}", file=sys.stderr, flush=True)
-                if kept.exists():
-                    os.replace(kept, result)
                 return False
-            # Slurm requeued the job itself (`scontrol requeue`, a preemption): the stop was its
-            # doing, and the next attempt comes all the same.
+            # Slurm requeued the job itself since it was asked above: the next attempt comes all the same.
             print(f"slurm: {job} was requeued by Slurm; the next attempt resumes", flush=True)
         else:
             print(f"slurm: requeued {job} (retry {restarts + 1} of {self.max_retries})", flush=True)
@@ -216,10 +223,10 @@ def _echo(follow: BinaryIO, decode: codecs.IncrementalDecoder) -> None:
 
 def _outlive(signum: signal.Signals) -> None:
     # A Python handler, not SIG_IGN: an ignored signal stays ignored across exec, and the trainer
-    # child must get the signal's default meaning until it installs its own handler. One already
-    # there stays (submitit's job process logs and bypasses SIGTERM); Slurm's SIGKILL follows KillWait
-    # seconds after its SIGTERM whatever this process does.
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) == signal.SIG_DFL:
+    # child must get the signal's default meaning until it installs its own handler. (submitit's job
+    # process bypasses SIGTERM already; `python -m launchers.job` did not.) Slurm's SIGKILL follows
+    # KillWait seconds after its SIGTERM whatever this process does.
+    if threading.current_thread() is threading.main_thread():
         signal.signal(signum, lambda *_: None)
 
 
