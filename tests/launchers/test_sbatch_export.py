@@ -12,11 +12,20 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hydra.errors import HydraException
 
+from launchers.queue import base_state, read_states
 from launchers.sbatch import expand_sweep, export_sweep
 from launchers.submit import load_launch_file
 from launchers.sweepdir import SweepDirError
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
-from train.contract import EXIT_USAGE, read_manifest
+from train.contract import (
+    EXIT_USAGE,
+    LOG_FILE,
+    RESULT_FILE,
+    SLURM_LOG_DIR,
+    attempt_result_name,
+    read_manifest,
+)
+from train.preemption import SLOW_FIRST_ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -128,6 +137,64 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         assert record["env"]["SLURM_ARRAY_JOB_ID"] == job
         assert record["env"]["SLURM_ARRAY_TASK_ID"] == str(task)
         assert record["env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_requeued_task_keeps_its_stopped_attempt_and_log_and_a_cancelled_one_is_not_requeued(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scontrol requeue` (as a preemption requeues) of an exported task: its wrapper (launchers.job)
+    died of Slurm's SIGTERM before it kept the stopped attempt's record aside, the resumed attempt's
+    record took its place, and Slurm truncated the task's log when it started again. Outliving that
+    SIGTERM, the wrapper must not requeue a task its user cancelled (scancel sends the same signal)."""
+    monkeypatch.chdir(REPO)  # the tasks' working directory
+    sweep_dir = tmp_path / "sweep"
+    # Every first-attempt iteration sleeps 1 s (a requeued attempt runs at full speed); the run
+    # checkpoints only when Slurm stops it.
+    overrides = ["training.lr=1e-4,2e-4", "training.train_iters=8", "training.save_interval=100",
+                 f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=1"]  # fmt: skip
+    (script,) = export_sweep([*TINY, *overrides], name="rq", out_dir=tmp_path, sweep_dir=sweep_dir).scripts
+    assert "#SBATCH --open-mode=append" in script.script.read_text().splitlines()
+    array = subprocess.run(
+        ["sbatch", "--parsable", str(script.script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip().split(";")[0]
+    requeued, cancelled = f"{array}_0", f"{array}_1"
+    logs = [sweep_dir / str(i) / LOG_FILE for i in range(2)]
+    kept = sweep_dir / "0" / attempt_result_name(0)
+
+    def ended_as_they_should() -> bool:
+        states = read_states([requeued, cancelled])
+        return [base_state(states.get(j, "")) for j in (requeued, cancelled)] == ["COMPLETED", "CANCELLED"]
+
+    try:
+        # Other jobs may hold the cores a while: as long as the fault tests wait.
+        wait_until(
+            "iteration 1 of both tasks",
+            lambda: all(log.exists() and "iteration        1/" in log.read_text(errors="replace") for log in logs),
+            timeout=300,
+        )
+        subprocess.run(["scontrol", "requeue", requeued], check=True, timeout=30)
+        subprocess.run(["scancel", cancelled], check=True, timeout=30)
+        wait_until("the stopped attempt's record, kept aside", kept.exists, timeout=60)
+        wait_until("the requeued task to complete and the cancelled one to stay cancelled", ended_as_they_should, 120)
+    finally:
+        subprocess.run(["scancel", array], check=False, timeout=30)
+    stopped, resumed, cancelled_record = (
+        json.loads(p.read_text()) for p in (kept, sweep_dir / "0" / RESULT_FILE, sweep_dir / "1" / RESULT_FILE)
+    )
+    assert stopped["status"] == "timeout" and resumed["status"] == "ok"
+    assert resumed["resumed_from_step"] == stopped["iterations_run"] >= 1 and len(resumed["losses"]) == 8
+    assert cancelled_record["status"] == "timeout" and not (sweep_dir / "1" / attempt_result_name(0)).exists()
+    # Slurm's log of the requeued task holds both attempts, and why the first one ended.
+    out = (sweep_dir / SLURM_LOG_DIR / f"{requeued}.out").read_text(errors="replace")
+    assert "runs config 0 (attempt 0)" in out and "runs config 0 (attempt 1)" in out, out
+    assert "DUE TO JOB REQUEUE" in out and f"{requeued} was requeued by Slurm" in out and "Traceback" not in out, out
+    out = (sweep_dir / SLURM_LOG_DIR / f"{cancelled}.out").read_text(errors="replace")
+    assert f"{cancelled} was cancelled (scancel): not requeued" in out and "(attempt 1)" not in out, out
+    table = cli("launchers", "status", str(sweep_dir), "--ok-if-failed").stdout
+    assert "2/2 finished: 0 pending, 0 running, 1 done, 1 failed" in table, table
+    assert "cancelled (Slurm state CANCELLED), not a time limit" in table, table
+    analysis = cli("analysis", str(sweep_dir), "--no-plots", "-o", str(tmp_path / "analysis"))
+    assert "2 configs: 1 ok, 1 timeout" in analysis.stdout, analysis.stdout
 
 
 def test_exclusive_configs_get_their_own_script_that_slurm_takes_as_exclusive(
