@@ -36,6 +36,7 @@ context a launcher keeps), `HydraJob` (a job of any other Hydra app, run as Hydr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import dataclasses
@@ -965,33 +966,22 @@ class FastValidation:
     def __init__(self, *, progress_every: int = 2000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.progress_every = progress_every
-        self._earlier: EarlierConfig | None = None
 
     def sweep(self, arguments: list[str]) -> Any:
-        # Before BasicSweeper writes multirun.yaml there: a refused directory is left as it was.
+        # Before BasicSweeper writes multirun.yaml there: a refused directory is left as it was. (An
+        # earlier multirun.yaml of a sweep added to is kept by megasweep's launcher: SweepLauncher.)
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        # BasicSweeper saves this launch's config over an earlier launch's: kept apart at the first
-        # batch's check (before anything is launched), or here if none was reached.
-        self._earlier = EarlierConfig.read(sweep_dir, append=bool(append))
-        try:
-            with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
-                if append is None:  # a launcher that writes no manifest (not megasweep's)
-                    writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
-                else:
-                    claim_sweep_dir(sweep_dir, append=bool(append))
-                result = super().sweep(arguments)  # type: ignore[misc]
-        except BaseException:
-            self._earlier.keep_if_launched()
-            raise
-        self._earlier.keep()
-        return result
+        with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
+            if append is None:  # a launcher that writes no manifest (not megasweep's)
+                writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
+            else:
+                claim_sweep_dir(sweep_dir, append=bool(append))
+            return super().sweep(arguments)  # type: ignore[misc]
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.hydra_context is not None and self.config is not None
-        if self._earlier is not None:
-            self._earlier.keep()
         if not is_megasweep_config(self.config):
             super().validate_batch_is_legal(batch)  # type: ignore[misc]
             return
@@ -1015,7 +1005,17 @@ class FastValidation:
 
 class SweepLauncher(Launcher):
     """What megasweep's launchers share: the sweep's Hydra context, kept by setup() for launch(),
-    and the claim on the sweep directory (launchers.sweepdir), made once per sweep."""
+    the claim on the sweep directory (launchers.sweepdir), made once per sweep, and the sweep's
+    earlier multirun.yaml, kept through the launch (`keeping_earlier_config`).
+
+    Any sweeper saves the launch's config as multirun.yaml before it launches (Hydra's basic one
+    too), over that of the sweep the directory holds, even when the launcher then refuses the
+    directory. Hydra sets the launcher up before that: setup() reads the earlier one (and copies it
+    into the state directory), and the first launch puts it back or keeps the added launch's beside
+    it (launchers.sweepdir.EarlierConfig). A sweep that ends before its first launch (a sweeper's
+    error, Ctrl-C) puts it back at exit; one killed meanwhile leaves the copy, which the next launch
+    into the directory puts back.
+    """
 
     def __init__(self, append: bool = False) -> None:
         super().__init__()
@@ -1024,6 +1024,7 @@ class SweepLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.append = append
         self._first_index: int | None = None
+        self._earlier: EarlierConfig | None = None
 
     def first_index(self, sweep_dir: Path) -> int:
         """Index of this sweep's first config: 0, or after the configs of the sweep appended to.
@@ -1038,6 +1039,30 @@ class SweepLauncher(Launcher):
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
+        if self._earlier is not None:  # set up again before it launched
+            atexit.unregister(self._earlier.keep_if_launched)
+            self._earlier = None
+        # Another app's launch neither claims nor refuses the directory: its config is the directory's.
+        if is_megasweep_config(config):
+            self._earlier = EarlierConfig.read(Path(str(config.hydra.sweep.dir)), append=self.append, copy=True)
+            if self._earlier.text is not None:
+                atexit.register(self._earlier.keep_if_launched)
+
+    @contextlib.contextmanager
+    def keeping_earlier_config(self) -> Iterator[None]:
+        """Around a launch: at the first, the sweep's earlier multirun.yaml is kept (see the class
+        docstring) before anything is launched, and put back if the launch is refused."""
+        earlier, self._earlier = self._earlier, None
+        if earlier is None:
+            yield
+            return
+        atexit.unregister(earlier.keep_if_launched)
+        earlier.keep()
+        try:
+            yield
+        except BaseException:
+            earlier.keep_if_launched()
+            raise
 
 
 # ---------------------------------------------------------------------------------------------

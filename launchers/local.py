@@ -129,7 +129,7 @@ class LocalLauncher(SweepLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # Under any sweeper (Hydra's basic one too), a refusal of the input exits as bad input.
-        with usage_exits():
+        with self.keeping_earlier_config(), usage_exits():
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -229,7 +229,7 @@ class PlanLauncher(SweepLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # Planning keeps every row and estimate alive: no collector walks over them meanwhile. Under
         # any sweeper (Hydra's basic one too), a refusal of the input exits as bad input.
-        with bulk_allocation(), usage_exits():
+        with self.keeping_earlier_config(), bulk_allocation(), usage_exits():
             return self._launch(job_overrides, initial_job_idx)
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -13,10 +13,12 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
   --append). Added configs then take the indices after the last one listed: an index (and the
   default output directory named after it) is never given to a second config, so no old
   result.json sits where a new config writes. A dry run's configs have no index to take after.
-- `EarlierConfig`: Hydra's sweeper saves each launch's config as multirun.yaml, over the one there.
-  Added to a sweep, the earlier launch's config (the one its configs, skipped ones included, are
-  composed from again by the analysis) stays multirun.yaml, and the added launch's is kept beside
-  it as multirun.append<N>.yaml (train.contract.appended_multirun_name).
+- `EarlierConfig`: Hydra's sweepers save each launch's config as multirun.yaml, over the one there,
+  before the launcher runs. Added to a sweep, the earlier launch's config (the one its configs, skipped
+  ones included, are composed from again by the analysis) stays multirun.yaml, and the added launch's
+  is kept beside it as multirun.append<N>.yaml (train.contract.appended_name); a refused launch puts
+  the earlier one back. megasweep's launchers read it when Hydra sets them up, before any sweeper
+  (Hydra's basic one too) writes there; the layouts search keeps its search.csv the same way.
 
 The errors are Hydra's CompactHydraException: Hydra prints the message alone, without a traceback;
 the command-line tools print it after `error:`.
@@ -27,7 +29,6 @@ Torch-free.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +36,18 @@ from pathlib import Path
 from hydra.errors import CompactHydraException
 
 from train.contract import (
+    EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
     MULTIRUN_FILE,
     PLAN_FILE,
     SEARCH_FILE,
     ManifestEntry,
     ManifestError,
-    appended_multirun_name,
+    appended_name,
     manifest_path,
     read_manifest,
     unwritable,
+    write_text_atomic,
 )
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "UsageError",
     "SweepOptions",
     "claim_sweep_dir",
+    "free_append_number",
     "first_index",
     "next_index",
     "removed_if_refused",
@@ -171,66 +175,127 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
     )
 
 
-def _launch_files(sweep_dir: Path) -> tuple[bytes | None, ...]:
+def _launch_files(sweep_dir: Path) -> tuple[tuple[str, bytes | None], ...]:
     """What a launch into `sweep_dir` writes besides Hydra's config (None for a file not there)."""
-    out: list[bytes | None] = []
-    for name in (MANIFEST_FILE, PLAN_FILE, SEARCH_FILE):
+    names = [MANIFEST_FILE, PLAN_FILE, SEARCH_FILE]
+    names += sorted(p.name for p in sweep_dir.glob(appended_name(SEARCH_FILE, "*")))
+    out: list[tuple[str, bytes | None]] = []
+    for name in names:
         try:
-            out.append((sweep_dir / name).read_bytes())
+            out.append((name, (sweep_dir / name).read_bytes()))
         except OSError:
-            out.append(None)
+            out.append((name, None))
     return tuple(out)
+
+
+def free_append_number(sweep_dir: Path, *names: str) -> int:
+    """The first N (from 1) for which no appended_name(name, N) of `names` is in `sweep_dir`: one
+    number per added launch, shared by the files it keeps (multirun.append2.yaml, search.append2.csv)."""
+    number = 1
+    while any((sweep_dir / appended_name(name, number)).exists() for name in names):
+        number += 1
+    return number
 
 
 @dataclass
 class EarlierConfig:
-    """The multirun.yaml of a sweep that a launch adds configs to, read before Hydra's sweeper saves
-    the launch's own config over it (see the module docstring). `read` it first, then `keep` once the
-    sweeper has saved (and again when the launch ends: a second call does nothing)."""
+    """The multirun.yaml in a sweep directory before a launch, read before a sweeper saves the
+    launch's own config over it (see the module docstring). `read` it first; then, once the sweeper
+    has saved, `keep` (a launch that goes ahead) or `keep_if_launched` (one that ends in an exception).
+    A second call of either does what is left, if anything.
+
+    Read with `copy`, it is also copied to EARLIER_MULTIRUN_FILE until kept, so that a launch killed
+    before it keeps it (SIGKILL, SIGTERM while the sweeper checks its configs) loses nothing: the
+    next `read` with `copy` finds that copy, puts it back and keeps it as the earlier config."""
 
     sweep_dir: Path
     text: bytes | None
-    """The earlier config; None when there is none to keep (a new sweep, or not appending)."""
-    launch_files: tuple[bytes | None, ...] = ()
+    """The earlier config; None when there was none."""
+    append: bool
+    """The launch adds configs to the sweep there; without it, its config is the directory's own."""
+    launch_files: tuple[tuple[str, bytes | None], ...] = ()
+    copied: bool = False
+    """EARLIER_MULTIRUN_FILE holds `text` until kept."""
     kept: Path | None = field(default=None, init=False)
     """Where this launch's config went, once kept."""
 
     @classmethod
-    def read(cls, sweep_dir: str | Path, *, append: bool) -> EarlierConfig:
+    def read(cls, sweep_dir: str | Path, *, append: bool, copy: bool = False) -> EarlierConfig:
         sweep_dir = Path(sweep_dir)
+        copy_path = sweep_dir / EARLIER_MULTIRUN_FILE
         try:
-            text = (sweep_dir / MULTIRUN_FILE).read_bytes() if append else None
-        except OSError:  # no earlier Hydra launch (an exported sweep): this one's config is the first
-            text = None
-        return cls(sweep_dir, text, _launch_files(sweep_dir) if text is not None else ())
+            left = copy_path.read_bytes() if copy else None
+        except OSError:
+            left = None
+        if left is not None:
+            # An earlier launch was killed before it kept the sweep's config: the multirun.yaml
+            # there now may be that launch's own.
+            earlier = cls(sweep_dir, left, append, copied=True)
+            earlier._put_back()
+        else:
+            try:
+                text = (sweep_dir / MULTIRUN_FILE).read_bytes()
+            except OSError:  # no earlier Hydra launch (a new or an exported sweep): this one's is the first
+                text = None
+            earlier = cls(sweep_dir, text, append)
+            if copy and text is not None:
+                # A directory that cannot take the copy cannot take the launch either: the claim on
+                # it says why (launchers.sweepdir.writable_dir), not a traceback from here.
+                with contextlib.suppress(OSError):
+                    copy_path.parent.mkdir(exist_ok=True)
+                    write_text_atomic(copy_path, text)
+                    earlier.copied = True
+        if earlier.text is not None:
+            earlier.launch_files = _launch_files(sweep_dir)
+        return earlier
 
-    def keep(self) -> Path | None:
-        """This launch's config moved to the first free appended_multirun_name and the earlier one put
-        back, when the sweeper wrote a config that differs (an identical one needs no second copy)."""
-        path = self.sweep_dir / MULTIRUN_FILE
+    def keep(self, number: int | None = None) -> Path | None:
+        """An added launch's config moved to appended_name(MULTIRUN_FILE, N) and the earlier one put
+        back, when the sweeper wrote a config that differs (an identical one needs no second copy).
+        N: `number`, else free_append_number's."""
         if self.text is None or self.kept is not None:
             return self.kept
-        try:
-            current = path.read_bytes()
-        except OSError:
-            current = None
-        if current is None or current == self.text:
-            return None
-        number = 1
-        while (self.sweep_dir / appended_multirun_name(number)).exists():
-            number += 1
-        self.kept = self.sweep_dir / appended_multirun_name(number)
-        self.kept.write_bytes(current)
-        # Replaced, not rewritten in place: multirun.yaml is never missing or half-written.
-        tmp = path.with_name(f".{MULTIRUN_FILE}.{os.getpid()}.tmp")
-        tmp.write_bytes(self.text)
-        os.replace(tmp, path)
+        current = self._current()
+        if self.append and current is not None and current != self.text:
+            if number is None:
+                number = free_append_number(self.sweep_dir, MULTIRUN_FILE, SEARCH_FILE)
+            self.kept = self.sweep_dir / appended_name(MULTIRUN_FILE, number)
+            self.kept.write_bytes(current)
+            self._put_back()
+        self._drop_copy()
         return self.kept
 
     def keep_if_launched(self) -> None:
-        """For a launch that ends in an exception: its config is kept only if it wrote something
-        (a manifest, a plan); refused before that, it leaves the directory as it was."""
-        self.keep()
-        if self.kept is not None and _launch_files(self.sweep_dir) == self.launch_files:
+        """For a launch that ends in an exception: its config is kept (`keep`) only if it wrote
+        something (a manifest, a plan, a search); refused before that, appended or not, it leaves the
+        directory as it was, the earlier config in multirun.yaml."""
+        if self.text is None:
+            return
+        if _launch_files(self.sweep_dir) != self.launch_files:
+            self.keep()
+            return
+        if self.kept is not None:
             self.kept.unlink(missing_ok=True)
             self.kept = None
+        if self._current() != self.text:
+            self._put_back()
+        self._drop_copy()
+
+    def _current(self) -> bytes | None:
+        try:
+            return (self.sweep_dir / MULTIRUN_FILE).read_bytes()
+        except OSError:
+            return None
+
+    def _put_back(self) -> None:
+        assert self.text is not None
+        # Replaced, not rewritten in place: multirun.yaml is never missing or half-written.
+        write_text_atomic(self.sweep_dir / MULTIRUN_FILE, self.text)
+
+    def _drop_copy(self) -> None:
+        if self.copied:
+            path = self.sweep_dir / EARLIER_MULTIRUN_FILE
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the state directory goes too if the copy was all it held
+                path.parent.rmdir()
+            self.copied = False

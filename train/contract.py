@@ -7,6 +7,7 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <sweep dir>/plan.csv                  PlanRow per config (dry run; analysis)
     <sweep dir>/.megasweep/launch.json    what a rerun needs (launchers)
     <sweep dir>/.megasweep/jobs/<index>   job id an exported array task recorded (launchers)
+    <sweep dir>/.megasweep/multirun.earlier.yaml  the sweep's multirun.yaml while a launch keeps it
     <run dir>/result.json                 RunRecord, one per run whatever its outcome (trainer)
     <run dir>/result.attempt<N>.json      the record of attempt N, stopped for a requeue
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
@@ -18,6 +19,8 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <run dir>/train.rank<R>.log           the console output of srun task R > 0 (launchers.job)
     <sweep dir>/.submitit/<job id>/       submitit's scripts and Slurm logs of the launcher's jobs
     <sweep dir>/search.csv                every layout the search judged (hydra/sweeper=layouts)
+    <sweep dir>/multirun.append<N>.yaml   the Hydra config of a launch that added configs (appended_name)
+    <sweep dir>/search.append<N>.csv      the layouts an added search judged (appended_name)
     <sweep dir>/.slurm/<job id>.out       Slurm logs of an exported array script's tasks
     <cache dir>/peak-<host>.json          PeakCalibration per device, precision, cores, threads, torch (trainer)
 
@@ -58,15 +61,20 @@ from train.metrics import scrub_overrides
 RESULT_FILE = "result.json"
 PLAN_FILE = "plan.csv"
 SEARCH_FILE = "search.csv"
+"""The layouts a search ranked (the first search's, when one was added later: see appended_name)."""
 MANIFEST_FILE = "manifest.jsonl"
 MULTIRUN_FILE = "multirun.yaml"
 """Hydra's record of a sweep's config in its directory (the first launch's, when configs were
-added later: see appended_multirun_name)."""
+added later: see appended_name)."""
 STATE_DIR = ".megasweep"
-"""The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR)."""
+"""The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR, EARLIER_MULTIRUN_FILE)."""
 LAUNCH_FILE = f"{STATE_DIR}/launch.json"
 EXPORTED_JOBS_DIR = f"{STATE_DIR}/jobs"
 """Where an exported script's array tasks record their job ids (one file per config index)."""
+EARLIER_MULTIRUN_FILE = f"{STATE_DIR}/multirun.earlier.yaml"
+"""A copy of the sweep's MULTIRUN_FILE while a launch into its directory has yet to keep it (from
+before the launch's sweeper writes its own there until the launcher runs): left by a launch that
+was killed meanwhile, it is the sweep's, and the next launch puts it back."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
@@ -115,11 +123,14 @@ def attempt_result_name(attempt: int) -> str:
     return f"result.attempt{attempt}.json"
 
 
-def appended_multirun_name(batch: int) -> str:
-    """Name of the Hydra config of the `batch`-th launch (1 first) that added configs to a sweep
-    (hydra.launcher.append=true), kept beside MULTIRUN_FILE: Hydra's sweeper writes every launch's
-    config to MULTIRUN_FILE, which would lose the config the earlier configs were composed from."""
-    return f"multirun.append{batch}.yaml"
+def appended_name(name: str, batch: int | str) -> str:
+    """Name of sweep file `name` (MULTIRUN_FILE, SEARCH_FILE) as written by the `batch`-th launch (1
+    first) that added configs to a sweep (hydra.launcher.append=true), kept beside the first launch's:
+    each launch writes its own, which would lose the one the earlier configs were composed from (Hydra's
+    config) or ranked by (a search's layouts). multirun.yaml -> multirun.append<batch>.yaml; batch "*"
+    gives the glob pattern of them all."""
+    path = PurePosixPath(name)
+    return f"{path.stem}.append{batch}{path.suffix}"
 
 
 def previous_result_name(job_id: str | None) -> str:
@@ -152,8 +163,8 @@ reports a command the signal ended, so that scripts around it stop too."""
 # Atomic writes
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` atomically: a reader sees the old file or the new one.
+def write_text_atomic(path: str | Path, text: str | bytes) -> None:
+    """Replace `path` with `text` (bytes as they are) atomically: a reader sees the old file or the new one.
 
     The temporary file lives in the same directory, so os.replace is a rename on one file
     system (atomic on POSIX); fsync first so that a crash after the rename cannot leave an
@@ -164,8 +175,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     # the file gets the ordinary umask permissions, so other users of the sweep can read it.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "xb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -3,8 +3,10 @@ added configs get new indices, and an unwritable directory is one paragraph, not
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,10 +18,11 @@ from launchers.status import sweep_status
 from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index, removed_if_refused
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
 from train.contract import (
+    EARLIER_MULTIRUN_FILE,
     EXIT_USAGE,
     MULTIRUN_FILE,
     ManifestEntry,
-    appended_multirun_name,
+    appended_name,
     read_manifest,
     read_record,
     write_manifest,
@@ -67,7 +70,7 @@ def test_a_launch_into_a_sweep_is_refused_unless_appended(slurm_cluster: SlurmCl
         sweep(sweep_dir, "training.lr=3e-4", HOLD, "hydra.launcher.append=true")
         # The first launch's Hydra config stays; the added one's is kept beside it.
         assert (sweep_dir / MULTIRUN_FILE).read_bytes() == multirun
-        added_config = OmegaConf.load(sweep_dir / appended_multirun_name(1))
+        added_config = OmegaConf.load(sweep_dir / appended_name(MULTIRUN_FILE, 1))
         assert "training.lr=3e-4" in added_config.hydra.overrides.task
         entries = read_manifest(sweep_dir)
         assert entries[:2] == first
@@ -188,17 +191,77 @@ def test_adding_to_a_sweep_keeps_each_launchs_hydra_config(tmp_path: Path) -> No
         added = plan(f"training.lr={lr}", "hydra.launcher.append=true")
         assert added.returncode == 0, added.stderr
         assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
-        kept = OmegaConf.load(tmp_path / appended_multirun_name(number))
+        kept = OmegaConf.load(tmp_path / appended_name(MULTIRUN_FILE, number))
         assert f"training.lr={lr}" in kept.hydra.overrides.task and "hydra.launcher.append=true" in kept.hydra.overrides.hydra
     assert "training.lr=1e-4" in OmegaConf.load(tmp_path / MULTIRUN_FILE).hydra.overrides.task
     # Refused before anything was planned: no config of it is kept, and the first stays.
     refused = plan("training.lrr=5e-4", "hydra.launcher.append=true")
     assert refused.returncode == EXIT_USAGE and "training.lrr" in refused.stderr, refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        appended_multirun_name(1), appended_multirun_name(2), MULTIRUN_FILE, "plan.csv"
+        appended_name(MULTIRUN_FILE, 1), appended_name(MULTIRUN_FILE, 2), MULTIRUN_FILE, "plan.csv"
     ]  # fmt: skip
     assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
     assert len((tmp_path / "plan.csv").read_text().splitlines()) == 4  # header and the three configs
+
+
+def test_hydras_basic_sweeper_keeps_the_sweeps_config_too(tmp_path: Path) -> None:
+    # Hydra's basic sweeper saves multirun.yaml before the launcher runs, so only the launcher can
+    # keep the sweep's: refused, it used to leave the refused launch's config, appended the added one's.
+    def launch(*args: str) -> subprocess.CompletedProcess[str]:
+        return train_multirun("hydra/sweeper=basic", f"hydra.sweep.dir={tmp_path}", *args)
+
+    assert launch("hydra/launcher=plan", "training.lr=1e-4").returncode == 0
+    first = (tmp_path / MULTIRUN_FILE).read_bytes()
+    refused = launch("hydra/launcher=plan", "training.lr=3e-4")
+    assert refused.returncode == EXIT_USAGE and "already holds a dry run" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MULTIRUN_FILE, "plan.csv"]
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+
+    added = launch("hydra/launcher=plan", "training.lr=2e-4", "hydra.launcher.append=true")
+    assert added.returncode == 0, added.stderr
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+    assert "training.lr=2e-4" in OmegaConf.load(tmp_path / appended_name(MULTIRUN_FILE, 1)).hydra.overrides.task
+    # Launched but failed (every config infeasible, listed in the manifest): its config is kept too.
+    failed = launch("hydra/launcher=local", "training.train_iters=-5", "hydra.launcher.append=true")
+    assert failed.returncode != 0 and "infeasible" in failed.stderr, failed.stderr
+    assert [e.status for e in read_manifest(tmp_path)] == ["skipped"]
+    assert "training.train_iters=-5" in OmegaConf.load(tmp_path / appended_name(MULTIRUN_FILE, 2)).hydra.overrides.task
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+    assert not (tmp_path / EARLIER_MULTIRUN_FILE).exists()
+
+
+def test_a_launch_stopped_before_its_launcher_ran_loses_no_config(tmp_path: Path) -> None:
+    # Hydra's basic sweeper composes each config in full (~50 ms each) after it saved multirun.yaml
+    # and before the launcher runs: a launch stopped meanwhile must not leave its own config there.
+    assert train_multirun("hydra/launcher=plan", f"hydra.sweep.dir={tmp_path}").returncode == 0
+    first = (tmp_path / MULTIRUN_FILE).read_bytes()
+
+    def stopped(signum: int) -> subprocess.CompletedProcess[str]:
+        args = ["hydra/sweeper=basic", "hydra/launcher=plan", "training.seed=range(0,3000)", "hydra.launcher.append=true"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "train", "-m", *TINY, *args, f"hydra.sweep.dir={tmp_path}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        # Signalled once the sweeper has saved its config, while it checks the 3000 configs.
+        while (tmp_path / MULTIRUN_FILE).read_bytes() == first and proc.poll() is None:
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    # Ctrl-C: the launcher puts the sweep's config back as the process exits.
+    interrupted = stopped(signal.SIGINT)
+    assert interrupted.returncode != 0, interrupted.stderr
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MULTIRUN_FILE, "plan.csv"]
+    # Killed: no code of it runs, but the copy the launcher made first stays, and the next launch puts it back.
+    killed = stopped(signal.SIGTERM)
+    assert killed.returncode == -signal.SIGTERM
+    assert (tmp_path / EARLIER_MULTIRUN_FILE).read_bytes() == first
+    refused = train_multirun("hydra/sweeper=basic", "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path}")
+    assert refused.returncode == EXIT_USAGE and "already holds a dry run" in refused.stderr, refused.stderr
+    assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MULTIRUN_FILE, "plan.csv"]
 
 
 def test_directories_a_refused_command_made_go_again(tmp_path: Path) -> None:
