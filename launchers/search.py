@@ -6,7 +6,9 @@ time model, and hand the fastest `search.top_k` to the chosen launcher (plan, lo
 
 The candidates are judged by train.planner (train.planner.search); every feasible one is written to
 search.csv in the sweep directory (plan.csv's columns, ranked), the `search.show` fastest are printed
-with their time, memory and where the time goes, and the rejected ones are counted by rule.
+with their time, memory and where the time goes, and the rejected ones are counted by rule. A search
+added to a sweep that has one (hydra.launcher.append=true) writes search.append<N>.csv instead, N
+that of its multirun.append<N>.yaml (launchers.sweepdir.EarlierConfig): the first ranking stays.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.compose import is_megasweep_config, parse_override, sweep_composer, usage_exits
-from launchers.sweepdir import HYDRA_OPTIONS, EarlierConfig, UsageError, claim_sweep_dir, writable_dir
-from train.contract import MULTIRUN_FILE, SEARCH_FILE, write_plan_csv
+from launchers.sweepdir import (
+    HYDRA_OPTIONS,
+    EarlierConfig,
+    UsageError,
+    claim_sweep_dir,
+    free_append_number,
+    writable_dir,
+)
+from train.contract import MULTIRUN_FILE, SEARCH_FILE, appended_name, write_plan_csv
 from train.planner.search import format_search, search_layouts, search_problems
 
 CHOSEN_BY_SEARCH = {
@@ -98,10 +107,16 @@ class LayoutSweeper(Sweeper):
         else:
             claim_sweep_dir(sweep_dir, append=bool(append))
         rows = [c.row for c in (*result.ranked, *result.unpredicted)]
-        csv_path = write_plan_csv(rows, sweep_dir / self.csv_name)
+        # Added to a sweep, the first search's ranking and Hydra config stay; this one's are kept
+        # beside them under one number (search.append<N>.csv, multirun.append<N>.yaml).
+        number = free_append_number(sweep_dir, MULTIRUN_FILE, self.csv_name)
+        csv_path = sweep_dir / self.csv_name
+        if append and csv_path.exists():
+            csv_path = sweep_dir / appended_name(self.csv_name, number)
         earlier = EarlierConfig.read(sweep_dir, append=bool(append))
         OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
-        earlier.keep()
+        earlier.keep(number)
+        csv_path = write_plan_csv(rows, csv_path)
         print(format_search(result, search.show))
         print(f"search: all feasible layouts -> {csv_path}", flush=True)
         if not result.ranked:

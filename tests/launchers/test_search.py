@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.bench import bench_time_model
 from tests.launchers.test_plan import read_rows, run_train
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
-from train.contract import EXIT_USAGE, SEARCH_FILE, read_manifest
+from train.contract import EXIT_USAGE, MULTIRUN_FILE, SEARCH_FILE, appended_name, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -84,19 +85,26 @@ def test_a_search_into_a_sweep_or_an_unwritable_directory_is_refused_before_it_w
     assert f"hydra.sweep.dir={tmp_path / 'file' / 'sweep'}: cannot write there" in unwritable.stderr
 
 
-def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
-    # The CPU's figures given by hand (what a calibration provides): 2 devices, one layout of each kind.
-    # TINY's micro-batch is left out: the search sets it (search.micro_batch_sizes) and refuses a pinned one.
-    sweep_dir = tmp_path / "run"
-    proc = subprocess.run(
+def local_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A search of TINY's layouts on 2 devices of this machine, run by the local launcher. The CPU's
+    figures are given by hand (what a calibration provides); TINY's micro-batch is left out: the
+    search sets it (search.micro_batch_sizes) and refuses a pinned one."""
+    return subprocess.run(
         [sys.executable, "-m", "train", "-m", *(a for a in TINY if not a.startswith("parallelism.micro_batch_size=")),
          "hydra/sweeper=layouts", "hydra/launcher=local",
          "hardware.peak_measured=false", "hardware.peak_tflops_fp32=0.05", "hardware.memory_bw_gbs=5",
          "hardware.intra_node_bw_gbs=1", "hardware.devices_per_node=2", "parallelism.precision=fp32",
-         "search.nodes=[1]", "search.micro_batch_sizes=[1]", "search.recompute=[none]", "search.zero_stages=[0]",
-         "search.sequence_parallel=[false]", "search.virtual_stages=[1]", "search.top_k=2", f"hydra.sweep.dir={sweep_dir}"],
+         "search.nodes=[1]", "search.recompute=[none]", "search.zero_stages=[0]", "search.sequence_parallel=[false]",
+         "search.virtual_stages=[1]", *args, f"hydra.sweep.dir={sweep_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
+
+
+def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
+    # The CPU's figures given by hand (what a calibration provides): 2 devices, one layout of each kind.
+    # TINY's micro-batch is left out: the search sets it (search.micro_batch_sizes) and refuses a pinned one.
+    sweep_dir = tmp_path / "run"
+    proc = local_search(sweep_dir, "search.micro_batch_sizes=[1]", "search.top_k=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     entries = read_manifest(sweep_dir)
     assert len(entries) == 2
@@ -107,6 +115,32 @@ def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
     layouts = [tuple(r["config"]["parallelism"][k] for k in ("dp", "tp", "pp")) for r in records if r]
     top = [tuple(int(row[k]) for k in ("dp", "tp", "pp")) for row in ranked[:2]]
     assert sorted(layouts) == sorted(top) and len(set(layouts)) == 2
+
+
+def test_a_search_added_to_a_sweep_keeps_the_first_searchs_ranking(tmp_path: Path) -> None:
+    # The added search wrote its ranking over search.csv: the first one's layouts were lost.
+    sweep_dir = tmp_path / "run"
+    first = local_search(sweep_dir, "search.micro_batch_sizes=[1]", "search.top_k=1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    ranking, config = (sweep_dir / SEARCH_FILE).read_bytes(), (sweep_dir / MULTIRUN_FILE).read_bytes()
+    added = local_search(sweep_dir, "search.micro_batch_sizes=[2]", "search.top_k=1", "hydra.launcher.append=true")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert (sweep_dir / SEARCH_FILE).read_bytes() == ranking
+    assert (sweep_dir / MULTIRUN_FILE).read_bytes() == config
+    # The added search's ranking and config, under one number.
+    assert f"{appended_name(SEARCH_FILE, 1)}" in added.stdout
+    assert {r["micro_batch_size"] for r in read_rows(sweep_dir / appended_name(SEARCH_FILE, 1))} == {"2"}
+    kept = OmegaConf.load(sweep_dir / appended_name(MULTIRUN_FILE, 1))
+    assert "search.micro_batch_sizes=[2]" in kept.hydra.overrides.task
+    # Status and the analysis read the sweep's two launches as one sweep.
+    assert [(e.index, e.status) for e in read_manifest(sweep_dir)] == [(0, "submitted"), (1, "submitted")]
+    status = subprocess.run([sys.executable, "-m", "launchers", "status", str(sweep_dir)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert status.returncode == 0 and "2 done" in status.stdout, status.stdout + status.stderr
+    analysis = subprocess.run([sys.executable, "-m", "analysis", str(sweep_dir), "--no-plots", "-o", str(tmp_path / "an")],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert analysis.returncode == 0, analysis.stdout + analysis.stderr
+    assert sorted(r["run_dir"] for r in read_rows(tmp_path / "an" / "results.csv")) == ["0", "1"]
 
 
 # Issue 12's Done-means on the local cluster: about 4.5 minutes on this VM (calibration ~50 s, twelve
@@ -150,3 +184,4 @@ def _check_search(out: Path, rows: list[bench_time_model.Row], lines: list[str])
         assert len(ranked) > bench_time_model.PER_NODE_COUNT
         for field in ("dp", "tp", "pp"):
             assert any(f"parallelism.{field}=2" in r["overrides"].split() for r in ranked), (nodes, field)
+
