@@ -18,7 +18,8 @@ class LayoutSweeperConf:
 
     _target_: str = "hydra_plugins.megasweep.layouts_sweeper.LayoutSweeper"
     csv_name: str = SEARCH_FILE
-    """File every feasible layout is written to, in hydra.sweep.dir."""
+    """File every feasible layout is written to, in hydra.sweep.dir (a search added to a sweep that has
+    one writes <stem>.append<N>.<suffix> beside it)."""
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="layouts", node=LayoutSweeperConf, provider="megasweep")
