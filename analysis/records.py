@@ -62,6 +62,7 @@ from conf.schema import (
 from launchers.bulk import bulk_allocation
 from launchers.queue import ended_outcome, is_live, is_running, read_states
 from train.contract import (
+    EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
     MULTIRUN_FILE,
     PLAN_FILE,
@@ -772,7 +773,9 @@ def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
 
 def _sweep_config(sweep_dir: Path) -> tuple[Path, str]:
     """The config directory and primary config the sweep's jobs were composed from: what Hydra's
-    multirun.yaml records (a --config-dir before the main one, as Hydra searches), else conf/."""
+    multirun.yaml records (a --config-dir before the main one, as Hydra searches), else conf/. A
+    launch into the directory that has yet to keep the sweep's multirun.yaml (or was killed before
+    it could) holds it in EARLIER_MULTIRUN_FILE: that copy is the sweep's."""
     import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -780,7 +783,8 @@ def _sweep_config(sweep_dir: Path) -> tuple[Path, str]:
     from conf import CONFIG_DIR
 
     try:
-        hydra = OmegaConf.load(sweep_dir / MULTIRUN_FILE).hydra
+        copy = sweep_dir / EARLIER_MULTIRUN_FILE
+        hydra = OmegaConf.load(copy if copy.is_file() else sweep_dir / MULTIRUN_FILE).hydra
         name = str(hydra.job.config_name)
         sources = [s for s in hydra.runtime.config_sources if s.schema == "file"]
         dirs = [Path(s.path) for s in sources if s.provider == "command-line"]

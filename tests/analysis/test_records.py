@@ -45,7 +45,15 @@ from tests.analysis.golden.build import (
 )
 from tests.train.planner.test_calibration import MODEL as CAL_MODEL
 from tests.train.planner.test_calibration import calibration
-from train.contract import EXPORTED_JOBS_DIR, RESULT_FILE, ManifestEntry, write_json_atomic, write_manifest
+from train.contract import (
+    EARLIER_MULTIRUN_FILE,
+    EXPORTED_JOBS_DIR,
+    MULTIRUN_FILE,
+    RESULT_FILE,
+    ManifestEntry,
+    write_json_atomic,
+    write_manifest,
+)
 from train.planner.layout import Layout
 from train.planner.plan import plan_run
 
@@ -326,6 +334,12 @@ def test_a_launched_sweep_is_planned_from_the_configs_its_multirun_yaml_names(tm
     assert df.loc[1, "model"] == "" and math.isnan(df.loc[1, "tp"]) and df.loc[1, "outcome"] == "skipped"
     (warning,) = loaded.warnings
     assert "1 skipped or refused config(s) do not compose" in warning and "bigger.yaml" in warning
+    # A launch killed before it kept the sweep's multirun.yaml left its own there, and the sweep's copy.
+    (sweep / EARLIER_MULTIRUN_FILE).parent.mkdir()
+    (sweep / MULTIRUN_FILE).replace(sweep / EARLIER_MULTIRUN_FILE)
+    (sweep / MULTIRUN_FILE).write_text(json.dumps({"hydra": {"job": {"config_name": "config"}}}))
+    df = load_sweeps([sweep], queue=None).table.set_index("manifest_index")
+    assert (df.loc[0, "model"], df.loc[0, "tp"]) == ("gpt_350m", 3)
 
 
 def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
