@@ -32,10 +32,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import io
 import json
 import math
 import operator
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1073,44 +1075,85 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
     (whole_number_columns) as integers, '2' and not '2.0', missing ones empty.
 
     The text is DataFrame.to_csv's of the table with those counts as Int64 (index left out, missing
-    values empty, floats as repr writes them, minimal quoting), written by the csv module from one
-    list per column: to_csv converts and writes 10,000 rows of ~160 columns in slices, several times slower.
+    values empty, floats as repr writes them, minimal quoting). Built a column at a time, each
+    distinct value's text made once (a sweep's columns repeat a few values), and the lines joined
+    from those texts: to_csv converts and writes 10,000 rows of ~170 columns in slices, and even the
+    csv module, fed every cell, took ~30% more CPU (0.68 s against 0.48 s here).
     """
     whole = set(whole_number_columns(df))
-    columns = [_csv_cells(df.iloc[:, i], whole=df.columns[i] in whole) for i in range(df.shape[1])]
-    if any(c is None for c in columns):  # a dtype the loaded table never has: pandas' own writer
+    texts = [_csv_texts(df.iloc[:, i], whole=df.columns[i] in whole) for i in range(df.shape[1])]
+    columns = [c for c in texts if c is not None]
+    if len(columns) < len(texts):  # a dtype the loaded table never has: pandas' own writer
         out = df.astype({name: "Int64" for name in whole})
         for name in out.columns:
             if out[name].dtype == _OBJECT:
                 out[name] = pd.Series(_json_cells(out[name].tolist()), index=out.index, dtype=object)
         out.to_csv(path, index=False)
         return path
+    if len(columns) == 1:  # the csv module quotes the one empty field of a row, or it reads as no row
+        columns = [['""' if text == "" else text for text in columns[0]]]
     with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(list(df.columns))
-        writer.writerows(zip(*columns, strict=True))
+        csv.writer(f, lineterminator="\n").writerow(list(df.columns))
+        if len(df) and columns:
+            f.write("\n".join(map(",".join, zip(*columns, strict=True))))
+            f.write("\n")
     return path
 
 
-def _csv_cells(column: pd.Series, *, whole: bool = False) -> list[Any] | None:
-    """A column's cells as to_csv writes them (the csv module str()s what is not a string); a float
-    column of whole numbers (`whole`) as Python ints; None for a dtype this does not know."""
+def _csv_texts(column: pd.Series, *, whole: bool = False) -> list[str] | None:
+    """Each cell's field in results.csv, as the csv module writes it (str() of what is not a string,
+    repr() of a float, '' for a missing value, quoted where it must be); a float column of whole
+    numbers (`whole`) as integers; None for a dtype this does not know."""
     dtype = column.dtype
-    if isinstance(dtype, np.dtype) and dtype.kind in "iub":
-        return column.tolist()
-    if isinstance(dtype, np.dtype) and dtype.kind == "f":
-        # Python floats: the csv module writes their repr, which is numpy's str (to_csv's text).
+    if isinstance(dtype, np.dtype) and dtype.kind in "iubf":
         values = column.to_numpy()
-        cells: list[Any] = np.nan_to_num(values).astype(np.int64).tolist() if whole else values.tolist()
-        for i in np.flatnonzero(np.isnan(values)).tolist():
-            cells[i] = ""
-        return cells
-    if dtype == _OBJECT or isinstance(dtype, pd.StringDtype):
-        cells = column.tolist() if dtype == _OBJECT else column.astype(object).tolist()
-        for i in np.flatnonzero(column.isna().to_numpy()).tolist():
-            cells[i] = ""
-        return _json_cells(cells) if dtype == _OBJECT else cells
-    return None
+        # Distinct by their bits, not their values: -0.0 == 0.0, yet repr tells them apart.
+        codes, uniques = pd.factorize(values.view(f"i{values.itemsize}") if dtype.kind == "f" else values)
+        if dtype.kind != "f":
+            texts = [str(v) for v in uniques.tolist()]
+        else:
+            floats = uniques.view(dtype).tolist()
+            texts = ["" if math.isnan(v) else str(int(v)) if whole else repr(v) for v in floats]
+        return np.array(texts, dtype=object)[codes].tolist()  # no quoting: no number holds a comma
+    if dtype == _OBJECT:
+        cells = _json_cells(column.tolist())
+    elif isinstance(dtype, pd.StringDtype):
+        cells = column.astype(object).tolist()
+    else:
+        return None
+    for i in np.flatnonzero(column.isna().to_numpy()).tolist():
+        cells[i] = ""
+    if dtype == _OBJECT:
+        cells = [v if type(v) is str else repr(v) if isinstance(v, float) else str(v) for v in cells]
+    return _quoted(cells)
+
+
+_NEEDS_QUOTES = re.compile(r'[,"\r\n]')
+"""What may make the csv module quote a field: the delimiter, the quote, a line break."""
+
+
+def _quoted(texts: list[str]) -> list[str]:
+    """The texts as csv fields, each distinct one quoted once where the csv module quotes it."""
+    if not _NEEDS_QUOTES.search("".join(texts)):
+        return texts
+    known: dict[str, str] = {}
+    out = []
+    for text in texts:
+        field = known.get(text)
+        if field is None:
+            field = known[text] = _csv_field(text) if _NEEDS_QUOTES.search(text) else text
+        out.append(field)
+    return out
+
+
+def _csv_field(text: str) -> str:
+    """text quoted as the csv module quotes a field (minimal quoting, quotes doubled)."""
+    if "\r" not in text:
+        return '"' + text.replace('"', '""') + '"'
+    # A lone carriage return: whether it is quoted depends on the Python version; csv itself decides.
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow([text, ""])  # a lone empty field would be quoted
+    return buffer.getvalue()[:-2]
 
 
 def _json_cells(values: list[Any]) -> list[Any]:

@@ -57,6 +57,9 @@ def _mixed_table() -> pd.DataFrame:
             "numbers": [[1.0, 2.5], [], None, [np.nan, float("inf")], [1, True, None], [10.0] * 3],
             "nested": [{"k": [1, 2]}, ["a", "b, c"], [[1], [2]], "plain", np.nan, {"x": 'q"'}],
             "strings": [["+nodes=2", "a=b"], ["]", "["], [], ["x"], ["], ["], ["y", "z"]],
+            # Repeated values are written once per distinct text: -0.0 is not 0.0, True not 1.
+            "zeros": [0.0, -0.0, 0.0, -0.0, np.nan, 0.0],
+            "alike": [1, True, 1.0, "1", "cr\rinside", "cr\r, comma"],
             # Counts a missing row made floats: written whole; one that is no whole number stays float.
             "dp": [1.0, np.nan, 4.0, -0.0, 2.0**40, 8.0],
             "world.tp": [2.0, np.nan, 2.5, 1.0, 1.0, 1.0],
