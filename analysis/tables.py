@@ -287,7 +287,8 @@ def above_peak_text(mfu: float) -> str:
 
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The finished and skipped configs as the seeds' columns (strings), sorted; configs not run left out."""
-    done = sort_results(narrow(df[~df["outcome"].isin(NOT_RUN)], _RESULTS_COLUMNS))
+    # Narrowed before the rows are selected: a selection copies every column of what it selects from.
+    done = sort_results(narrow(df, _RESULTS_COLUMNS)[~df["outcome"].isin(NOT_RUN)])
     ok = done["outcome"] == "ok"
     mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
     table = pd.DataFrame(
@@ -367,7 +368,7 @@ def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> 
     # Narrowed before columns are added: the loaded table has ~200 columns in as many blocks, and a
     # column added to it made pandas print a PerformanceWarning (a highly fragmented frame) on the
     # console of an analysis that mixes a plan directory with result sweeps.
-    planned = narrow(df[df["outcome"] == "planned"], _PLANNED_COLUMNS)
+    planned = narrow(df, _PLANNED_COLUMNS)[df["outcome"] == "planned"]
     if planned.empty:
         return ""
     pred = planned["pred_sec_per_iter"] if "pred_sec_per_iter" in planned.columns else pd.Series(math.nan, planned.index)
@@ -420,7 +421,8 @@ def peak_summary(df: pd.DataFrame) -> str:
     needed = ("outcome", "peak_tflops")
     if any(c not in df.columns for c in needed):
         return "no finished run recorded its peak"
-    runs = df[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
+    read = ("outcome", "peak_tflops", "hardware", "precision", "peak_source")
+    runs = narrow(df, read)[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
     if runs.empty:
         return "no finished run recorded its peak"
     unknown = pd.Series("", index=runs.index, dtype=object)
@@ -576,7 +578,7 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     (1.0 = perfect scaling). Cells with several runs of the same work (repeats, other overrides)
     keep the fastest.
     """
-    runs = narrow(df[df["outcome"].isin(_RAN)], _SCALING_COLUMNS).copy()
+    runs = narrow(df, _SCALING_COLUMNS)[df["outcome"].isin(_RAN)].copy()
     if runs.empty:
         return pd.DataFrame()
     label = runs["model"].astype(str) + " (tp=" + _texts(runs["tp"]) + " pp=" + _texts(runs["pp"])
@@ -707,7 +709,7 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     several runs (e.g. different batch sizes) keep the fastest; rows come in the seed's order,
     per model the baseline first, then by engine, stage, offload and model parallelism.
     """
-    runs = narrow(df[df["outcome"].isin(_RAN)], _ZERO_READ).copy()
+    runs = narrow(df, _ZERO_READ)[df["outcome"].isin(_RAN)].copy()
     if runs.empty:
         return pd.DataFrame(columns=list(ZERO_COLUMNS))
     for name in _ZERO_SETTINGS:
