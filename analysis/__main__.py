@@ -37,16 +37,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from train.contract import EXIT_USAGE
@@ -60,6 +62,8 @@ if TYPE_CHECKING:
     from analysis.plots import Plots
     from analysis.records import Sweeps
 
+
+T = TypeVar("T")
 
 CONSOLE_ROWS = 20
 """Rows of the planned and missing configs the console shows; results.md and results.csv have all (rows)."""
@@ -230,7 +234,7 @@ def _plots_process(conn: Connection) -> None:
     failed: BaseException | None = None
     columns: tuple[str, ...] = ()
     try:
-        from analysis.plots import PLOT_COLUMNS, pyplot, write_plots
+        from analysis.plots import PLOT_COLUMNS, pyplot
 
         pyplot()  # matplotlib's start-up, while the parent loads the sweep
         columns = PLOT_COLUMNS
@@ -244,7 +248,7 @@ def _plots_process(conn: Connection) -> None:
     try:
         if failed is not None:
             raise failed
-        result: tuple[str, object] = ("ok", write_plots(df, out))
+        result: tuple[str, object] = ("ok", _plots_side_by_side(df, out))
     except BaseException as exc:  # all of it goes back to the parent, which raises it
         exc.add_note("In the plotting process:\n" + "".join(traceback.format_exception(exc)).rstrip())
         result = ("error", exc)
@@ -257,6 +261,29 @@ def _plots_process(conn: Connection) -> None:
             conn.send(("error", RuntimeError(f"plotting failed: {result[1]!r}")))
     finally:
         conn.close()
+
+
+def _plots_side_by_side(df: pd.DataFrame, out: Path) -> Plots:
+    """write_plots(df, out), each plot but the first drawn by a forked process (_aside) of its own.
+
+    Drawing takes longer than results.csv or results.md (PNG encoding alone is a third of it): in one
+    process the plots would run alone at the end, with the other CPU idle; three processes share
+    the CPUs with the tables' evenly. A plot that fails is drawn again here, and raises here."""
+    from analysis.plots import PLOT_FILES, plots_written, write_plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    aside = [_aside(functools.partial(write_plot, name, df, out)) for name in PLOT_FILES[1:]]
+    answers: list[str | None] = []
+    failed: BaseException | None = None
+    draws: list[Callable[[], str | None]] = [functools.partial(write_plot, PLOT_FILES[0], df, out), *aside]
+    for draw in draws:
+        try:
+            answers.append(draw())
+        except BaseException as exc:  # the first raised once all are waited for: no file left half written
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return plots_written(out, answers)
 
 
 def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
@@ -311,8 +338,9 @@ def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pa
     return written, md, rec_text
 
 
-def _aside(write: Callable[[], object]) -> Callable[[], None]:
-    """write() run by a forked child while this process goes on; the callable returned waits for it.
+def _aside(write: Callable[[], T]) -> Callable[[], T]:
+    """write() run by a forked child while this process goes on; the callable returned waits for it
+    and gives what write() returned (pickled back through a pipe).
 
     A child that fails (or is killed) leaves the write to this process, which then raises what
     write() raises, as if nothing had been forked. Without a fork (see _can_fork; a fork refused;
@@ -320,35 +348,41 @@ def _aside(write: Callable[[], object]) -> Callable[[], None]:
     returned is write() itself: the files come in the same order, and fail alike, either way.
     Forked after loading, unlike the plots: the child only reads the table and lives about a
     second, so the pages this process writes meanwhile (results.md touches the table's objects)
-    are few to copy. results.csv of 10,000 records takes ~1 s, now beside results.md and the plots.
+    are few to copy. results.csv of 10,000 records takes ~0.5 s, now beside results.md and the plots.
     """
-
-    def here() -> None:
-        write()
-
     if not _can_fork() or signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
-        return here
+        return write
     sys.stdout.flush()
     sys.stderr.flush()
+    reader, writer = os.pipe()
     try:
         pid = os.fork()
     except OSError:  # no process to spare (EAGAIN, ENOMEM)
-        return here
+        os.close(reader)
+        os.close(writer)
+        return write
     if pid == 0:  # the child: nothing of the parent's (atexit, buffers, finally) may run here
         code = 1
         try:
-            write()
+            os.close(reader)
+            value = pickle.dumps(write())
+            with open(writer, "wb") as pipe:
+                pipe.write(value)
             code = 0
         finally:
             os._exit(code)
+    os.close(writer)
 
-    def wait() -> None:
+    def wait() -> T:
+        with open(reader, "rb") as pipe:
+            value = pipe.read()  # before waiting: a child whose answer fills the pipe waits for this
         try:
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:  # reaped already (SIGCHLD ignored since): how it ended is unknown
             status = -1
         if status == -1 or os.waitstatus_to_exitcode(status) != 0:
-            write()
+            return write()
+        return pickle.loads(value)
 
     return wait
 

@@ -21,6 +21,7 @@ The *_figure functions return the open figure (the caller closes it); write_plot
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -289,23 +290,36 @@ def memory_figure(df: pd.DataFrame) -> Figure:
     return fig
 
 
+_FIGURES = dict(zip(PLOT_FILES, (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure), strict=True))
+
+
+def write_plot(name: str, df: pd.DataFrame, out_dir: Path) -> str | None:
+    """The plot PLOT_FILES names `name` drawn into out_dir (which exists): None when written, else why
+    there was nothing measured to draw (and no file of that name is left)."""
+    path = out_dir / name
+    try:
+        fig = _FIGURES[name](df)
+    except NothingToPlot as why:
+        # An earlier analysis's plot of this name would now be read as this one's.
+        path.unlink(missing_ok=True)
+        return str(why)
+    fig.savefig(path, dpi=DPI)  # no bbox_inches='tight': the pixel size stays FIGSIZE x DPI
+    pyplot().close(fig)
+    return None
+
+
+def plots_written(out_dir: Path, why_not: Sequence[str | None]) -> Plots:
+    """The Plots of write_plot's answers for PLOT_FILES, in that order."""
+    return Plots(
+        written=tuple(out_dir / name for name, why in zip(PLOT_FILES, why_not, strict=True) if why is None),
+        skipped=tuple((name, why) for name, why in zip(PLOT_FILES, why_not, strict=True) if why is not None),
+    )
+
+
 def write_plots(df: pd.DataFrame, out_dir: Path) -> Plots:
     """The plots with something measured to draw into out_dir (PLOT_FILES); the others named with why."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written, skipped = [], []
-    for name, figure in zip(PLOT_FILES, (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure), strict=True):
-        path = out_dir / name
-        try:
-            fig = figure(df)
-        except NothingToPlot as why:
-            # An earlier analysis's plot of this name would now be read as this one's.
-            path.unlink(missing_ok=True)
-            skipped.append((name, str(why)))
-            continue
-        fig.savefig(path, dpi=DPI)  # no bbox_inches='tight': the pixel size stays FIGSIZE x DPI
-        pyplot().close(fig)
-        written.append(path)
-    return Plots(written=tuple(written), skipped=tuple(skipped))
+    return plots_written(out_dir, [write_plot(name, df, out_dir) for name in PLOT_FILES])
 
 
 __all__ = [
@@ -318,5 +332,7 @@ __all__ = [
     "memory_figure",
     "sec_vs_nodes_figure",
     "tflops_mfu_figure",
+    "plots_written",
+    "write_plot",
     "write_plots",
 ]

@@ -107,18 +107,21 @@ def test_cli_outputs_are_the_same_with_the_plots_drawn_aside_or_inline(
         assert (tmp_path / "aside" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
 
 
-def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", PLOT_FILES)
+def test_cli_plotting_failure_is_raised_as_before(golden: Path, tmp_path: Path, name: str) -> None:
     # The output directory exists but a plot's path is a directory: savefig fails in the plotting
-    # process, and the CLI reports it as it reports any OSError (one line, exit 2), with the tables written.
+    # process (the first plot) or in one it forked (the others), and the CLI reports it as it reports
+    # any OSError (one line, exit 2), with the tables and the other plots written.
     out = tmp_path / "out"
-    (out / "tflops_mfu.png").mkdir(parents=True)
+    (out / name).mkdir(parents=True)
     proc = subprocess.run(
         [sys.executable, "-m", "analysis", str(golden), "--no-queue", "-o", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and "tflops_mfu.png" in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: ") and name in proc.stderr, proc.stderr
     assert (out / "results.csv").is_file() and (out / "results.md").is_file()
+    assert all((out / other).is_file() for other in PLOT_FILES if other != name)
 
 
 def _cli_in_a_fresh_interpreter(golden: Path, out: Path, options: Sequence[str], then: str) -> str:
@@ -175,9 +178,9 @@ def test_a_plotting_process_that_dies_is_replaced_by_drawing_here(
 def test_a_write_aside_runs_in_another_process_and_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "_can_fork", lambda: True)
     path = tmp_path / "pid"
-    wait = cli._aside(lambda: path.write_text(str(os.getpid())))
-    wait()
-    assert path.read_text() != str(os.getpid())  # written, and by the child
+    wait = cli._aside(lambda: (path.write_text(str(os.getpid())), os.getpid()))
+    _, pid = wait()  # what it returned comes back
+    assert path.read_text() == str(pid) != str(os.getpid())  # written, and by the child
 
 
 @pytest.mark.parametrize("fork", [True, False])
