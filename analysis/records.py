@@ -33,6 +33,7 @@ import csv
 import dataclasses
 import functools
 import io
+import itertools
 import json
 import math
 import operator
@@ -1162,8 +1163,8 @@ def _json_cells(values: list[Any]) -> list[Any]:
     if not at:
         return values
     nested = [values[i] for i in at]
-    texts: list[str] | None = None
-    if set(map(type, nested)) == {list}:
+    texts = _one_list_texts(nested)
+    if texts is None and set(map(type, nested)) == {list}:
         # One json.dumps of all the lists, cut between them, instead of a call per cell: each
         # boundary is one "], [", so as many as there are boundaries means no text holds one.
         inner = json.dumps(nested)[2:-2]
@@ -1177,6 +1178,19 @@ def _json_cells(values: list[Any]) -> list[Any]:
     for i, text in zip(at, texts, strict=True):
         out[i] = text
     return out
+
+
+def _one_list_texts(nested: list[Any]) -> list[str] | None:
+    """The JSON text of each value when they are all one list (a sweep's search space, in every
+    record), dumped once; None otherwise. One list: equal lists whose items are all of one type, str,
+    int or float, none a float zero (True == 1 == 1.0 and -0.0 == 0.0, which JSON writes apart)."""
+    first = nested[0]
+    if type(first) is not list or nested.count(first) != len(nested):
+        return None
+    kinds = set(map(type, itertools.chain.from_iterable(nested)))
+    if len(kinds) > 1 or not kinds <= {str, int, float} or (float in kinds and 0.0 in first):
+        return None
+    return [json.dumps(first)] * len(nested)
 
 
 __all__ = [

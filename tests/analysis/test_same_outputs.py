@@ -60,6 +60,10 @@ def _mixed_table() -> pd.DataFrame:
             # Repeated values are written once per distinct text: -0.0 is not 0.0, True not 1.
             "zeros": [0.0, -0.0, 0.0, -0.0, np.nan, 0.0],
             "alike": [1, True, 1.0, "1", "cr\rinside", "cr\r, comma"],
+            # One list in every row is dumped once; equal lists that JSON writes apart are not one.
+            "same": [[0.5, 2.0, 1e16]] * 6,
+            "equal": [[1], [1.0], [True], [1], [1], [1]],
+            "signed": [[0.0], [-0.0], [0.0], [0.0], [0.0], [0.0]],
             # Counts a missing row made floats: written whole; one that is no whole number stays float.
             "dp": [1.0, np.nan, 4.0, -0.0, 2.0**40, 8.0],
             "world.tp": [2.0, np.nan, 2.5, 1.0, 1.0, 1.0],
