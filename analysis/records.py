@@ -195,7 +195,8 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
                     stack.append((entry.path, f"{rel}/{name}" if rel else name))
             except OSError:
                 continue
-    return sorted(found, key=lambda found: [part for part in found[1].split("/") if part])
+    # rel has no empty part ('' only for sweep_dir itself, which sorts first either way).
+    return sorted(found, key=lambda found: found[1].split("/"))
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:
@@ -837,13 +838,14 @@ def _manifest_plan(
 
 
 def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
+    keys = [overrides_key(e.overrides) for e in entries]
     return pd.DataFrame(
         {
             "manifest_index": [e.index for e in entries],
             "m_overrides": [list(e.overrides) for e in entries],
-            "m_key": [overrides_key(e.overrides) for e in entries],
+            "m_key": keys,
             # What the config's own result.json records (train.contract.record_matches).
-            "m_record_key": [overrides_key(recorded_overrides(e.overrides)) for e in entries],
+            "m_record_key": _recorded_keys(entries, keys),
             "m_dir": [e.output_dir for e in entries],
             "m_status": [e.status for e in entries],
             "m_reason": [e.reason or "" for e in entries],
@@ -851,6 +853,23 @@ def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
             "m_nodes": [float(e.nodes) if e.nodes is not None else np.nan for e in entries],
         }
     )
+
+
+def _recorded_keys(entries: Sequence[ManifestEntry], keys: Sequence[str]) -> list[str]:
+    """overrides_key(recorded_overrides(e.overrides)) of each entry, `keys` being their overrides_key:
+    recorded_overrides keeps, drops or scrubs each override alone, so it is asked once per distinct
+    override (a sweep repeats a few), and an entry whose overrides it keeps all has its own key."""
+    recorded_of: dict[str, list[str]] = {}
+    out = []
+    for entry, key in zip(entries, keys, strict=True):
+        recorded: list[str] = []
+        for item in entry.overrides:
+            kept = recorded_of.get(item)
+            if kept is None:
+                kept = recorded_of[item] = recorded_overrides([item])
+            recorded += kept
+        out.append(key if recorded == list(entry.overrides) else overrides_key(recorded))
+    return out
 
 
 def _merge_manifest(

@@ -272,12 +272,17 @@ def _mfu_cells(done: pd.DataFrame) -> pd.Series:
     ratio itself marked as such, never an empty cell that reads as 'not measured'. A recorded MFU
     above 100% (a record not written by this trainer, which leaves it out) is marked alike."""
     recorded = pd.to_numeric(done["mfu"], errors="coerce")
-    cells = recorded.map(format_mfu).where(~(recorded > 1.0), recorded.map(above_peak_text))
+    cells = recorded.map(format_mfu)
+    # Marked where above the peak only: a text per row, of which most are thrown away, took a
+    # report's time too (10,000 rows).
+    over = recorded > 1.0
+    cells[over] = recorded[over].map(above_peak_text)
     if "peak_tflops" not in done.columns:
         return cells
     ratio = pd.to_numeric(done["tflops"], errors="coerce") / pd.to_numeric(done["peak_tflops"], errors="coerce")
     above = (cells == "") & (ratio > 1.0)
-    return cells.where(~above, ratio.map(above_peak_text))
+    cells[above] = ratio[above].map(above_peak_text)
+    return cells
 
 
 def above_peak_text(mfu: float) -> str:
