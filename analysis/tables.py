@@ -426,7 +426,7 @@ def peak_summary(df: pd.DataFrame) -> str:
     needed = ("outcome", "peak_tflops")
     if any(c not in df.columns for c in needed):
         return "no finished run recorded its peak"
-    read = ("outcome", "peak_tflops", "hardware", "precision", "peak_source")
+    read = ("outcome", "peak_tflops", "hardware", "precision", "peak_source", "config.hardware.tf32")
     runs = narrow(df, read)[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
     if runs.empty:
         return "no finished run recorded its peak"
