@@ -18,8 +18,9 @@ Torch-free; Hydra's override parser is imported when called.
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conf import CONFIG_DIR, group_options
 from conf.schema import GROUP_SCHEMAS, unknown_override, wrong_value
@@ -98,7 +99,8 @@ def _hydra_problem(
     field = parts[2]
     fields = _hydra_fields(group, chosen)
     if field in fields:
-        return None
+        # Hydra would refuse a value of the wrong type while composing, with exit status 1.
+        return _wrong_values(key, override, text, hint=_hydra_field_hint(group, chosen, field))
     close = difflib.get_close_matches(field, fields, n=3)
     if close:
         hint = f"did you mean {' or '.join(f'hydra.{parts[1]}.{c}' for c in close)}?"
@@ -149,7 +151,16 @@ def _hydra_fields(group: str, option: str) -> list[str]:
     return [str(k) for k in node if str(k) != "_target_"]
 
 
-def _wrong_values(key: str, override: Override, text: str) -> str | None:
+def _hydra_field_hint(group: str, option: str, field: str) -> Any:
+    """The annotation of `field` in the dataclass behind option `option` of Hydra's `group`."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    node = ConfigStore.instance().load(f"{group}/{option}.yaml").node
+    return typing.get_type_hints(OmegaConf.get_type(node)).get(field)
+
+
+def _wrong_values(key: str, override: Override, text: str, *, hint: Any = None) -> str | None:
     """One line when a value of `key=...` (each of a choice sweep's) cannot be the field's type:
     Hydra fails on it while composing and exits 1, the code of a run that failed."""
     from hydra.core.override_parser.types import ValueType
@@ -161,7 +172,7 @@ def _wrong_values(key: str, override: Override, text: str) -> str | None:
     else:
         return None  # ranges and intervals are numbers; globs choose group options
     for value in values:
-        if (problem := wrong_value(key, value)) is not None:
+        if (problem := wrong_value(key, value, hint=hint)) is not None:
             return f"{problem} (override '{text}')"
     return None
 

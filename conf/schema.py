@@ -550,12 +550,13 @@ _BOOLEANS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
 """What OmegaConf reads as a boolean, case aside."""
 
 
-def wrong_value(key: str, value: str) -> str | None:
+def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     """One sentence when the command-line `value` of field `key` cannot be its type (a whole number,
     a number, true/false, one of an enum's names), naming what it can be; None when it can, or when
     the field takes text too (`micro_batch_size: int | str`) or more than one value. The schema
-    would reject it after Hydra composed, with a message that names the type's Python class."""
-    hint = _field_hint(key)
+    would reject it after Hydra composed, with a message that names the type's Python class.
+    `hint`: the field's annotation where `key` is not RunConfig's (a Hydra plugin's field)."""
+    hint = _field_hint(key) if hint is None else hint
     args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
     kinds = [a for a in args if a is not type(None)]
     if len(kinds) != 1 or "${" in value:

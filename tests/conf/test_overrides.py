@@ -57,6 +57,12 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     # With a search path another primary config's or YAML file's choice may hold: only what is named.
     assert override_problem(["hydra.sweeper.max_batch=8"], own_options=False) is None
     assert override_problem(["hydra/launcher=mine"], own_options=False) is None
+    # A field's value is judged against its type there too (Hydra: "Error merging override", exit 1).
+    top = override_problem(["hydra/launcher=plan", "hydra.launcher.top=abc"])
+    assert top == "hydra.launcher.top=abc is not a whole number (override 'hydra.launcher.top=abc')"
+    wait = override_problem(["hydra/launcher=slurm", "hydra.launcher.wait=maybe"])
+    assert wait is not None and wait.startswith("hydra.launcher.wait=maybe is not true or false")
+    assert override_problem(["hydra/launcher=plan", "hydra.launcher.top=null", "hydra.launcher.table=false"]) is None
     syntax = override_problem(["model=tiny", "training.lr=["])
     assert syntax is not None and syntax.startswith("cannot parse override 'training.lr=[': no viable alternative")
     assert "override_grammar" in syntax and "\n" not in syntax
@@ -68,10 +74,11 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
         ("hydra/launcher=slurmm", "did you mean slurm?"),
         ("hydra.launcher.apend=true", "hydra/launcher=local, plan or slurm has a field like it"),
         ("training.lr=[", "cannot parse override 'training.lr=['"),
+        ("hydra/launcher=plan hydra.launcher.top=abc", "hydra.launcher.top=abc is not a whole number"),
     ],
 )
 def test_python_m_train_refuses_them_in_one_line_with_exit_2(override: str, words: str, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "train", "-m", override, f"hydra.sweep.dir={tmp_path / 's'}"],
+    proc = subprocess.run([sys.executable, "-m", "train", "-m", *override.split(), f"hydra.sweep.dir={tmp_path / 's'}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert proc.stderr.startswith("error: ") and words in proc.stderr and len(proc.stderr.splitlines()) == 1
