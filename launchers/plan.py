@@ -213,11 +213,6 @@ class PlanLauncher(SweepLauncher):
         top: int | None = DEFAULT_TOP,
     ) -> None:
         super().__init__(append)
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-            raise HydraException(
-                f"hydra.launcher.top={top}: the plan table shows a whole number of feasible rows, 0 or more; "
-                f"null shows them all"
-            )
         self.world_size = world_size
         self.csv_name = csv_name
         self.table = table
@@ -234,6 +229,13 @@ class PlanLauncher(SweepLauncher):
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
+        top = self.top
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            # Here, not in __init__: Hydra reports a constructor's error as a failed run (exit 1).
+            raise UsageError(
+                f"hydra.launcher.top={top}: the plan table shows a whole number of feasible rows, 0 or more; "
+                f"null shows them all"
+            )
         if not is_megasweep_config(self.config):
             raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -205,8 +205,12 @@ def test_top_null_prints_every_feasible_row_and_a_negative_top_is_refused(tmp_pa
     feasible = [r for r in read_plan_csv(tmp_path / "all" / "plan.csv") if r.feasible]
     assert proc.stdout.count("\nok ") == len(feasible) == 3 and "more feasible" not in proc.stdout
     proc = run_train(*args, "hydra.launcher.top=-1", f"hydra.sweep.dir={tmp_path / 'neg'}")
-    assert proc.returncode != 0
-    assert "hydra.launcher.top=-1" in proc.stderr and "null shows them all" in proc.stderr
+    # Bad input, in one line (it was Hydra's "Error in call to target", exit 1), and nothing written.
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "hydra.launcher.top=-1: the plan table shows a whole number of feasible rows, 0 or more; null shows them all"
+    ]
+    assert not (tmp_path / "neg").exists()
 
 
 @pytest.mark.usefixtures("hydra_restore_singletons")
