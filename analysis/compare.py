@@ -135,14 +135,16 @@ def _with_layouts(df: pd.DataFrame) -> pd.DataFrame:
     """layout_key with what it leaves out and the recommendation keeps apart: SP, interleaving, the
     sequence length and the model's shape (the same model name at another sequence length or width
     is other work, not a speed-up)."""
-    parts = [df[c].tolist() for c in _APART if c in df.columns]
+    # As texts (value_texts): a side whose skipped rows have no config holds virtual_stages as floats,
+    # and str(1.0) never met the other side's str(1).
+    parts = [value_texts(df[c]) for c in _APART if c in df.columns]
     if (seq := _sequence(df)) is not None:
         parts.append(value_texts(seq.astype(object)))
     if "model" in df.columns:
         parts.append(model_shapes(df).tolist())
     if not parts or "layout_key" not in df.columns:
         return df
-    extra = pd.Series(["|".join(map(str, values)) for values in zip(*parts, strict=True)], index=df.index, dtype=object)
+    extra = pd.Series(["|".join(values) for values in zip(*parts, strict=True)], index=df.index, dtype=object)
     return df.assign(layout_key=df["layout_key"].where(df["layout_key"] == "", df["layout_key"] + "|" + extra))
 
 

@@ -207,3 +207,16 @@ def test_runs_with_and_without_sequence_parallelism_are_other_layouts() -> None:
                        "config.parallelism.virtual_stages": [1, 1, 2, 1]})  # fmt: skip
     keys = list(_with_layouts(df)["layout_key"])
     assert len(set(keys[:3])) == 3 and keys[3] == ""
+
+
+def test_layouts_match_when_only_one_side_has_configs_without_a_record(tmp_path: Path) -> None:
+    # The fixture's skipped and pending configs have no record, so their sweep holds
+    # virtual_stages as floats (1.0); a sweep whose every config ran holds ints (1). Keyed as
+    # str(1.0) against str(1), `compare` found no layout in both (a real slurm sweep with a skipped
+    # config against a local sweep of the same layouts).
+    data = _after(2.0, ["cluster.env.NCCL_ALGO=Tree"])
+    data["runs"] = [r for r in data["runs"] if r.get("status") != "skipped" and not r.get("pending")]
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and c.only_after == 0 and len(c.table) == len(data["runs"])
