@@ -74,6 +74,7 @@ from launchers.site import check_site, license_totals
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
+    check_array_options,
     merge_entries,
     plan_configs,
     read_max_array_size,
@@ -312,6 +313,11 @@ def export_sweep(
     """Write the array scripts, task tables and the skipped list of a sweep; see the module docstring."""
     if not NAME_PATTERN.fullmatch(name):
         raise ValueError(f"--name {name!r}: use letters, digits, '_', '.', '-' (it names files and the job)")
+    check_array_options(
+        array_parallelism=array_parallelism,
+        max_array_size=max_array_size,
+        names=("--array-parallelism", "--max-array-size"),
+    )
     cwd = Path.cwd()
     out_dir = (cwd / out_dir).resolve()
     sweep_dir = (cwd / (sweep_dir or Path("multirun") / "sbatch" / name)).resolve()

@@ -40,6 +40,7 @@ from launchers.site import check_site
 from launchers.submit import (
     LaunchSettings,
     Submission,
+    check_array_options,
     check_output_dirs,
     entry_args_for,
     entry_for,
@@ -183,6 +184,11 @@ class SlurmLauncher(SweepLauncher):
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
+        check_array_options(
+            array_parallelism=self.array_parallelism,
+            max_array_size=self.max_array_size,
+            names=("hydra.launcher.array_parallelism", "hydra.launcher.max_array_size"),
+        )
         if not is_megasweep_config(self.config):
             # Any other Hydra app: no validation or shapes to group by, and Hydra's launcher
             # contract (each job's JobReturn) means waiting for the array to end.

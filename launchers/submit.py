@@ -165,6 +165,21 @@ def read_max_array_size(default: int = DEFAULT_MAX_ARRAY_SIZE) -> int:
     return int(match.group(1)) if match else default
 
 
+def check_array_options(*, array_parallelism: int | None, max_array_size: int | None, names: tuple[str, str]) -> None:
+    """UsageError naming the option (`names`: the tool's words for the two) when the %N throttle or the
+    largest array is below 1; None leaves each to cluster.array_parallelism and Slurm's MaxArraySize.
+    The rules judge cluster.array_parallelism, but this option replaces it: 0 became %1 in an
+    exported script, and a max_array_size of 0 silently meant MaxArraySize."""
+    meant = (("number of tasks of one array that run at once (%N)", "cluster.array_parallelism"),
+             ("largest number of tasks in one array before the sweep is split", "Slurm's MaxArraySize"))  # fmt: skip
+    for name, value, (what, default) in zip(names, (array_parallelism, max_array_size), meant, strict=True):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(
+                f"{name}={value}: the {what} is a whole number of at least 1; leave it out for {default}. "
+                "Nothing was launched or written."
+            )
+
+
 def run_dir_override(path: Path) -> str:
     """`hydra.run.dir=<path>`, quoted when Hydra's override grammar needs it."""
     text = str(path)

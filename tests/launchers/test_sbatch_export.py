@@ -335,6 +335,20 @@ def test_a_refused_export_leaves_no_directory_behind(tmp_path: Path) -> None:
     assert (existing / "other.sbatch").read_text() == "#!/bin/bash\n"
 
 
+@pytest.mark.parametrize("option", ["--array-parallelism=0", "--max-array-size=0", "--max-array-size=-1"])
+def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(option: str, tmp_path: Path) -> None:
+    # Before: --array-parallelism=0 wrote %1, --max-array-size=0 meant MaxArraySize, -1 failed
+    # with "chunk size must be positive".
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "sbatch", "--name=a", f"--out-dir={tmp_path / 'scripts'}",
+         f"--sweep-dir={tmp_path / 'sweep'}", option, *TINY, "training.lr=1e-4,2e-4"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith(f"error: {option}: ") and "whole number of at least 1" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_a_row_refused_leaves_no_script_of_an_earlier_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The second script's task table refuses a row (a tab in an override): the first script's files
     # were written before it, and the directories made for them, all left behind.

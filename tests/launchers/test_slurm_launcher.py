@@ -30,7 +30,7 @@ from launchers.submit import (
     subdir_namer,
     submit_configs,
 )
-from train.contract import EXIT_REQUEUE, ManifestEntry, read_manifest
+from train.contract import EXIT_REQUEUE, EXIT_USAGE, ManifestEntry, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -430,6 +430,17 @@ def test_a_sweep_of_no_configs_is_refused_and_writes_nothing(launcher: str, tmp_
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "The sweep has no configs" in proc.stderr and "infeasible" not in proc.stderr
     assert "Traceback" not in proc.stderr and not sweep_dir.exists()
+
+
+@pytest.mark.parametrize("option", ["array_parallelism=0", "max_array_size=-1"])
+def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_submitted(option: str, tmp_path: Path) -> None:
+    # Before: array_parallelism=0 went to sbatch as %0 (which sbatch takes), max_array_size=-1 ended
+    # in a traceback ("chunk size must be positive") after multirun.yaml and launch.json were written.
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", f"hydra.launcher.{option}", check=False)
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"hydra.launcher.{option}: ") and "whole number of at least 1" in proc.stderr
+    assert not sweep_dir.exists()
 
 
 def test_ctrl_c_while_waiting_says_the_jobs_stay_queued(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
