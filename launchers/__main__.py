@@ -6,7 +6,7 @@ Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interru
 configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
 EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
-rerun whose every changed config is infeasible (nothing resubmitted)."""
+rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported)."""
 
 from __future__ import annotations
 
@@ -208,6 +208,12 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(format_export(export))
+    if not export.scripts:
+        # As hydra/launcher=slurm ends a launch whose every config is infeasible: bad input, so that
+        # `... sbatch ... && sbatch <script>` stops here rather than at a script that was never written.
+        print(f"Nothing was exported: all {len(export.skipped)} configs are infeasible (the rules' reasons "
+              "are above)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     return 0
 
 

@@ -349,6 +349,20 @@ def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(opt
     assert len(proc.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
+def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers", "sbatch", "--name=a", f"--out-dir={tmp_path / 'scripts'}",
+         f"--sweep-dir={tmp_path / 'sweep'}", *TINY, "parallelism.tp=3,5"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "2 configs: 0 in 0 script(s), 2 infeasible" in proc.stdout
+    assert "Nothing was exported: all 2 configs are infeasible" in proc.stderr
+    # The manifest keeps the rules' reasons, as hydra/launcher=slurm's does.
+    assert [e.status for e in read_manifest(tmp_path / "sweep")] == ["skipped", "skipped"]
+    assert not list((tmp_path / "scripts").glob("*.sbatch"))
+
+
 def test_a_row_refused_leaves_no_script_of_an_earlier_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The second script's task table refuses a row (a tab in an override): the first script's files
     # were written before it, and the directories made for them, all left behind.
