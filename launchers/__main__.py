@@ -11,18 +11,41 @@ rerun or export whose every (changed) config is infeasible (nothing resubmitted 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from conf.overrides import override_problem
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line with the close command or option, like every other bad input (argparse prints its
+        # usage block first and, before Python 3.14, suggests nothing); its subcommands' parsers too.
+        print(f"error: {message}{_close_one(message, self)} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _close_one(message: str, parser: argparse.ArgumentParser) -> str:
+    """'; did you mean X?' for argparse's invalid choice or unrecognized option, when one is close."""
+    if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        word, options = choice[1], re.findall(r"'([^']*)'", choice[2])
+    elif option := re.match(r"unrecognized arguments: (-\S+)", message):
+        word, options = option[1].split("=")[0], [o for a in parser._actions for o in a.option_strings]
+    else:
+        return ""
+    close = difflib.get_close_matches(word, options, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers", description=__doc__)
+    parser = _Parser(prog="python -m launchers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="table of pending / running / done / failed / skipped configs")
     status.add_argument("sweep_dir")
@@ -84,8 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --name x b=2` the overrides after the option come back unparsed. They are overrides all the same.
     if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # said by the command's parser, which knows its options
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     # A misspelt key, a missing group option or a value of the wrong type: the trainer's one line with
     # "did you mean", before anything composes (Hydra's words for them suggest '+key' or hide the
     # reason in an exception's cause). A rerun's sweep, or an export's --config-dir, may have group

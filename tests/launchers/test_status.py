@@ -246,6 +246,24 @@ def test_status_exits_non_zero_for_failures_and_for_what_is_not_a_sweep(tmp_path
     assert status_cli("--ok-if-failed", str(sweep_dir)).returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["statis", "x"], "invalid choice: 'statis' (choose from 'status', 'rerun', 'sbatch', 'calibrate'); did you mean status?"),
+        (["status", "x", "--ok-if-faild"], "unrecognized arguments: --ok-if-faild; did you mean --ok-if-failed?"),
+        (["status"], "the following arguments are required: sweep_dir (see python -m launchers status --help)"),
+        (["sbatch", "--nme", "x", "model=tiny"], "did you mean --name?"),
+    ],
+)
+def test_a_misspelt_command_or_option_is_one_line_with_the_close_one(args: list[str], words: str, tmp_path: Path) -> None:
+    # argparse printed its usage block, then the error without a suggestion.
+    proc = subprocess.run([sys.executable, "-m", "launchers", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("error: ") and words in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_result_of_another_config_in_a_configs_directory_is_not_its_result(tmp_path: Path) -> None:
     entry = ManifestEntry(index=0, overrides=("training.lr=0.2",), output_dir="0", status="submitted", job_id="9_0")
     write_manifest([entry], tmp_path / "manifest.jsonl")
