@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
+from conf.overrides import argparse_hint
 from train.contract import EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ CONSOLE_ROWS = 20
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # One line, like every other bad input, instead of argparse's usage block.
-        print(f"error: {message} (see python -m analysis --help)", file=sys.stderr)
+        print(f"error: {message}{argparse_hint(message, self)} (see python -m analysis --help)", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 

@@ -12,12 +12,17 @@ The same goes for the Hydra keys a sweep is steered with: `hydra/launcher=...` a
 `hydra.sweeper.<field>` (the chosen one's fields), and an override Hydra cannot parse: Hydra says each
 with exit status 1, the code of a run that failed.
 
+The command-line tools' own options (`python -m launchers`, `python -m analysis`) are argparse's to
+parse: `argparse_hint` adds the close command or option to its one-line refusal.
+
 Torch-free; Hydra's override parser is imported when called.
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
+import re
 import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +33,7 @@ from conf.schema import GROUP_SCHEMAS, unknown_override, wrong_value
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
 
-__all__ = ["override_problem"]
+__all__ = ["argparse_hint", "override_problem"]
 
 
 def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> str | None:
@@ -203,3 +208,16 @@ def _unknown_option(group: str, override: Override, text: str, *, options: list[
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"
     return None
+
+
+def argparse_hint(message: str, parser: argparse.ArgumentParser) -> str:
+    """'; did you mean X?' for argparse's `message` of an invalid choice or an unrecognized option of
+    `parser`, when one is close; '' otherwise (argparse suggests nothing before Python 3.14)."""
+    if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+        word, options = choice[1], re.findall(r"'([^']*)'", choice[2])
+    elif option := re.match(r"unrecognized arguments: (-\S+)", message):
+        word, options = option[1].split("=")[0], [o for a in parser._actions for o in a.option_strings]
+    else:
+        return ""
+    close = difflib.get_close_matches(word, options, n=1)
+    return f"; did you mean {close[0]}?" if close else ""

@@ -11,15 +11,13 @@ rerun or export whose every (changed) config is infeasible (nothing resubmitted 
 from __future__ import annotations
 
 import argparse
-import difflib
-import re
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from conf.overrides import override_problem
+from conf.overrides import argparse_hint, override_problem
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
 
@@ -28,20 +26,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line with the close command or option, like every other bad input (argparse prints its
         # usage block first and, before Python 3.14, suggests nothing); its subcommands' parsers too.
-        print(f"error: {message}{_close_one(message, self)} (see {self.prog} --help)", file=sys.stderr)
+        print(f"error: {message}{argparse_hint(message, self)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-
-
-def _close_one(message: str, parser: argparse.ArgumentParser) -> str:
-    """'; did you mean X?' for argparse's invalid choice or unrecognized option, when one is close."""
-    if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
-        word, options = choice[1], re.findall(r"'([^']*)'", choice[2])
-    elif option := re.match(r"unrecognized arguments: (-\S+)", message):
-        word, options = option[1].split("=")[0], [o for a in parser._actions for o in a.option_strings]
-    else:
-        return ""
-    close = difflib.get_close_matches(word, options, n=1)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from analysis.__main__ import main
 from tests.analysis.golden.build import build_sweep
 from tests.analysis.test_tables import zero_sweep_dir
 from tests.launchers.test_slurm_launcher import REPO
-from train.contract import read_manifest
+from train.contract import EXIT_USAGE, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -210,3 +210,18 @@ def test_a_dry_runs_directory_is_planned_not_run_and_draws_no_empty_plots(tmp_pa
     md = (out / "results.md").read_text()
     assert summary + "." in md and "## Planned, not run" in md and "pending" not in md
     assert md.count("hardware=a100_80gb model=gpt_350m") == len(feasible)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--maxnodes", "2"], "unrecognized arguments: --maxnodes; did you mean --max-nodes?"),
+        (["compare", "a", "b", "--outt", "x"], "unrecognized arguments: --outt x; did you mean --out?"),
+    ],
+)
+def test_a_misspelt_option_is_one_line_with_the_close_one(args: list[str], words: str) -> None:
+    # argparse's message named the option but not the one meant.
+    proc = subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr == f"error: {words} (see python -m analysis --help)\n"
