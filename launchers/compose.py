@@ -43,6 +43,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import sys
 import time
 import typing
@@ -909,8 +910,8 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
     """A sweep refused for its input (UsageError) or an override that does not compose ends as a
     single run's bad input does: its paragraph on stderr and EXIT_USAGE. Hydra's run_and_report
     would exit 1, a failed run's status, for any exception; SystemExit passes it by. `made`: the
-    sweep directory when this launch created it; refused, it goes again with the multirun.yaml
-    Hydra's sweeper wrote there first, so that "nothing was written" holds."""
+    top directory this launch created (the sweep directory or one above it); refused, it goes again
+    with the multirun.yaml Hydra's sweeper wrote there first, so that "nothing was written" holds."""
     try:
         yield
     except (UsageError, ConfigCompositionException, OverrideParseException) as exc:
@@ -924,12 +925,20 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
 
 
 def _forget_sweep_dir(made: Path | None) -> None:
-    # Only a directory that holds nothing but Hydra's multirun.yaml: a refusal after a plan.csv or a
+    # Only a tree that holds nothing but Hydra's multirun.yaml: a refusal after a plan.csv or a
     # manifest was written (every config infeasible) leaves them, and the config they were made of.
+    # `made` is the top directory the launch created: the default multirun/<date>/<time> makes the
+    # date's too, which was left behind, empty.
     with contextlib.suppress(OSError):
-        if made is not None and [p.name for p in made.iterdir()] == [MULTIRUN_FILE]:
-            (made / MULTIRUN_FILE).unlink()
-            made.rmdir()
+        if made is not None and [p.name for p in made.rglob("*") if not p.is_dir()] == [MULTIRUN_FILE]:
+            shutil.rmtree(made)
+
+
+def _created_by_launch(sweep_dir: Path) -> Path | None:
+    """The top directory of `sweep_dir`'s that does not exist yet (None: it exists): what the launch
+    will create, and what a refusal removes again."""
+    missing = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
+    return missing[-1] if missing else None
 
 
 def sweep_composer(config_loader: ConfigLoader, master_config: DictConfig) -> FastComposer:
@@ -973,7 +982,7 @@ class FastValidation:
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        with usage_exits(made=None if sweep_dir.exists() else sweep_dir):
+        with usage_exits(made=_created_by_launch(sweep_dir)):
             if append is None:  # a launcher that writes no manifest (not megasweep's)
                 writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
             else:

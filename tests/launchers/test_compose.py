@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from omegaconf import open_dict
 
 from conf.schema import GROUP_SCHEMAS, Precision, Recompute, RunConfig, to_run_config
 from launchers.compose import FastComposer
+from train.contract import EXIT_USAGE
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -268,3 +272,15 @@ def test_group_options_that_are_not_a_plain_merge_are_composed(tmp_path: Path) -
     # cluster's node has a layer after the option (the body): still derived, with that layer.
     assert (stats.bases, stats.derived) == (3, 1)
     assert composer.run_config(["model=gpt_13b", "hardware=cpu", "cluster=generic_gpu"]).cluster.time_limit_min == 7
+
+
+def test_a_refused_launch_leaves_no_directory_above_its_sweep_directory(tmp_path: Path) -> None:
+    # The default hydra.sweep.dir, multirun/<date>/<time>: the refusal removed the sweep directory
+    # (with Hydra's multirun.yaml) but left multirun/<date>/ behind, empty.
+    repo = Path(__file__).resolve().parents[2]
+    refused = ("-m", "model=tiny", "hydra/launcher=plan", "hydra.launcher.top=-1")
+    for where in ([], ["hydra.sweep.dir=a/b/c"]):
+        proc = subprocess.run([sys.executable, "-m", "train", *refused, *where], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+        assert proc.returncode == EXIT_USAGE and "hydra.launcher.top=-1" in proc.stderr, proc.stderr
+        assert list(tmp_path.iterdir()) == []
