@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import functools
 import gc
 import multiprocessing
@@ -473,6 +474,19 @@ def compare(argv: Sequence[str]) -> int:
     return 0
 
 
+def _command_hint(args: Sequence[str]) -> str:
+    """'; did you mean ...?' when the first argument, read as a sweep directory that does not exist,
+    is close to a command (`calibrat` was said to be a missing sweep directory, nothing more)."""
+    if not args or args[0].startswith("-") or Path(args[0]).exists():
+        return ""
+    close = difflib.get_close_matches(args[0], COMMANDS, n=1)
+    return f"; did you mean python -m analysis {close[0]}?" if close else ""
+
+
+COMMANDS = ("compare", "calibrate")
+"""What `python -m analysis <first argument>` runs instead of analysing sweep directories."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from analysis.records import AnalysisError
 
@@ -486,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return calibrate(args[1:])
         return analyse(args)
     except AnalysisError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{_command_hint(args)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
         # Unwritable output directory, unreadable sweep: the user's to fix, not a bug to trace.

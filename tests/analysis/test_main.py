@@ -225,3 +225,11 @@ def test_a_misspelt_option_is_one_line_with_the_close_one(args: list[str], words
                           timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert proc.stderr == f"error: {words} (see python -m analysis --help)\n"
+
+
+def test_a_misspelt_command_is_named_beside_the_missing_sweep_directory(tmp_path: Path) -> None:
+    # `calibrat` was read as a sweep directory, and only its absence was said.
+    proc = subprocess.run([sys.executable, "-m", "analysis", "calibrat", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr == "error: sweep directory calibrat does not exist; did you mean python -m analysis calibrate?\n"
