@@ -30,6 +30,18 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _hydra_override(text: str) -> bool:
+    """Whether `text` sets one of Hydra's own keys (one Hydra cannot parse is said as such elsewhere)."""
+    from hydra.errors import HydraException
+
+    from launchers.compose import parse_override
+
+    try:
+        return parse_override(text).is_hydra_override()
+    except HydraException:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m launchers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,7 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # reason in an exception's cause). A rerun's sweep, or an export's --config-dir, may have group
     # options of its own: only keys and values are checked there.
     own_options = args.command == "calibrate" or (args.command == "sbatch" and not args.config_dir)
-    if (problem := override_problem(getattr(args, "overrides", None) or [], own_options=own_options)) is not None:
+    overrides = getattr(args, "overrides", None) or []
+    if args.command == "sbatch":
+        # An export refuses Hydra's own keys, whatever they say (launchers.sbatch.expand_sweep): a hint at
+        # the hydra/launcher that has such a field sent the user to a second refusal.
+        overrides = [o for o in overrides if not _hydra_override(o)]
+    if (problem := override_problem(overrides, own_options=own_options)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "calibrate":

@@ -279,19 +279,33 @@ def test_sweep_expands_in_hydra_order_and_refuses_hydra_settings() -> None:
         expand_sweep(["a=1,2", "hydra.verbose=true"])
 
 
-def test_an_unknown_key_gets_did_you_mean_and_nothing_is_written(tmp_path: Path) -> None:
-    # The same line as `python -m train` gives (conf.schema.unknown_override), before any script.
+def refused_export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m launchers sbatch <TINY> <args>` into tmp_path's scripts/ and sweep/; it must exit EXIT_USAGE."""
     proc = subprocess.run(
         [sys.executable, "-m", "launchers", "sbatch", f"--out-dir={tmp_path / 'scripts'}",
-         f"--sweep-dir={tmp_path / 'sweep'}", *TINY, "parallelism.tpp=1,2"],
+         f"--sweep-dir={tmp_path / 'sweep'}", *TINY, *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr
+    return proc
+
+
+def test_an_unknown_key_gets_did_you_mean_and_nothing_is_written(tmp_path: Path) -> None:
+    # The same line as `python -m train` gives (conf.schema.unknown_override), before any script.
+    proc = refused_export(tmp_path, "parallelism.tpp=1,2")
     assert proc.stderr.strip() == (
         "error: parallelism.tpp is not a field of parallelism; did you mean parallelism.tp or parallelism.pp? "
         "(override 'parallelism.tpp=1,2')"
     )
     assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_a_hydra_override_is_refused_as_an_export_refuses_it_not_as_a_launchers_field(tmp_path: Path) -> None:
+    # Before: "hydra.launcher.top is not a field of hydra/launcher=basic; hydra/launcher=plan has a
+    # field like it", and with hydra/launcher=plan added, the export refused it all the same.
+    proc = refused_export(tmp_path, "hydra.launcher.top=3")
+    assert proc.stderr == "error: 'hydra.launcher.top=3': Hydra's own settings have no effect on an exported script\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_script_of_another_sweep_is_not_overwritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,23 +353,13 @@ def test_a_refused_export_leaves_no_directory_behind(tmp_path: Path) -> None:
 def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(option: str, tmp_path: Path) -> None:
     # Before: --array-parallelism=0 wrote %1, --max-array-size=0 meant MaxArraySize, -1 failed
     # with "chunk size must be positive".
-    proc = subprocess.run(
-        [sys.executable, "-m", "launchers", "sbatch", "--name=a", f"--out-dir={tmp_path / 'scripts'}",
-         f"--sweep-dir={tmp_path / 'sweep'}", option, *TINY, "training.lr=1e-4,2e-4"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == EXIT_USAGE, proc.stderr
+    proc = refused_export(tmp_path, option, "training.lr=1e-4,2e-4")
     assert proc.stderr.startswith(f"error: {option}: ") and "whole number of at least 1" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "launchers", "sbatch", "--name=a", f"--out-dir={tmp_path / 'scripts'}",
-         f"--sweep-dir={tmp_path / 'sweep'}", *TINY, "parallelism.tp=3,5"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == EXIT_USAGE, proc.stderr
+    proc = refused_export(tmp_path, "parallelism.tp=3,5")
     assert "2 configs: 0 in 0 script(s), 2 infeasible" in proc.stdout
     assert "Nothing was exported: all 2 configs are infeasible" in proc.stderr
     # The manifest keeps the rules' reasons, as hydra/launcher=slurm's does.
