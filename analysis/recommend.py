@@ -575,10 +575,24 @@ def _prediction_text(r: Recommendation) -> list[str]:
     ]
 
 
-def format_recommendations(recs: Sequence[Recommendation]) -> str:
-    """Plain text (also valid markdown) for the console and results.md."""
+def left_out(df: pd.DataFrame, constraints: Constraints) -> str:
+    """Why no run qualified although some finished with a measured iteration (how many each limit
+    left out, in the recommendation's words); '' when none did."""
+    measured = df[(df["outcome"] == "ok") & (pd.to_numeric(df["sec_per_iter"], errors="coerce") > 0)]
+    if measured.empty:
+        return ""
+    counts = [f"{int((~mask).sum())} {why}" for why, mask in _constraint_masks(measured, constraints).items() if (~mask).any()]
+    return f"{len(measured)} run(s) finished with a measured iteration, but none met the limits: {'; '.join(counts)}"
+
+
+def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "") -> str:
+    """Plain text (also valid markdown) for the console and results.md; `left_out`: why nothing
+    qualified (see left_out) when recs is empty."""
     if not recs:
-        return "No recommendation: no run finished with a measured iteration (and met the constraints)."
+        # "no run finished" was said of runs that finished and were only outside --max-mem-gib, say.
+        return f"No recommendation: {left_out}." if left_out else (
+            "No recommendation: no run finished with a measured iteration."
+        )
     several_hardware = len({r.hardware for r in recs}) > 1
     blocks = []
     for r in recs:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.calc import compose_run
-from analysis.recommend import Constraints, Recommendation, format_recommendations, recommend
+from analysis.recommend import Constraints, Recommendation, format_recommendations, left_out, recommend
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
 from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, predicted_sweep_data
@@ -79,6 +79,17 @@ def test_constraints_filter_and_are_reported(tmp_path: Path) -> None:
     assert "DP=4 is a multiple of 4 (--dp-multiple)" in rec.satisfied
     assert any("above 50 GiB per device" in e for e in rec.excluded)
     assert any("over the 44-node limit" in e for e in rec.excluded)
+
+
+def test_runs_that_finished_but_miss_every_limit_are_said_to_miss_them(tmp_path: Path) -> None:
+    # Before: "no run finished with a measured iteration", of five runs that finished and measured.
+    df = load_sweeps([build_sweep(tmp_path / "s")], queue=None).table
+    limits = Constraints(max_nodes=1, dp_multiple_of=64)
+    assert recommend(df, limits) == []
+    text = format_recommendations([], left_out=left_out(df, limits))
+    assert text == ("No recommendation: 5 run(s) finished with a measured iteration, but none met the limits: "
+                    "5 over the 1-node limit; 5 with DP not a multiple of 64.")  # fmt: skip
+    assert left_out(df[df["outcome"] != "ok"], limits) == ""
 
 
 def test_different_work_gets_separate_recommendations(tmp_path: Path) -> None:
