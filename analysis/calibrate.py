@@ -125,6 +125,9 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
                 continue
             p = run.parallelism
             label = f"{run.model.name} dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
+            # What else a layout search varies: without it, runs with and without SP read alike.
+            label += " sp" * p.sequence_parallel + f" v{p.virtual_stages}" * (p.virtual_stages > 1)
+            label += f" zero{p.zero_stage}" * (p.zero_stage > 0)
             where = record["run_dir"]
             if several:
                 where = sweep_label if where == "." else f"{sweep_label}/{where}"

@@ -92,6 +92,19 @@ def test_each_row_names_its_model_and_directory(tmp_path: Path, capsys: pytest.C
     assert ends == {("gpt_350m", "small/0"), ("gpt_1.3b", "large/0")}
 
 
+def test_runs_a_layout_search_tells_apart_are_told_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Three rows read "gpt_350m dp2 tp2 pp1 mbs4 none", one with sequence parallelism, one with ZeRO-1.
+    for i, extra in enumerate(([], ["parallelism.sequence_parallel=true"], ["parallelism.zero_stage=1"])):
+        run = compose_run("model=gpt_350m", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.tp=2",
+                          "parallelism.dp=2", "parallelism.global_batch_size=64", *extra)  # fmt: skip
+        record = {"status": "ok", "sec_per_iter": 1.0 + i, "config": to_plain_dict(run), "world": {"dp": 2}}
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / RESULT_FILE).write_text(json.dumps(record))
+    labels = [p.label for p in points([tmp_path])[0]]
+    assert sorted(labels) == ["gpt_350m dp2 tp2 pp1 mbs4 none", "gpt_350m dp2 tp2 pp1 mbs4 none sp",
+                              "gpt_350m dp2 tp2 pp1 mbs4 none zero1"]  # fmt: skip
+
+
 def test_a_factor_the_fit_drives_to_zero_is_flagged_not_usable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
