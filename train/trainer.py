@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,7 @@ from train.contract import (
     RunRecord,
     oom_report_name,
     read_oom_reports,
+    read_record,
     write_json_atomic,
 )
 from train.loop import above_peak_warning, train, utilization
@@ -188,7 +190,7 @@ def run_training(
             overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
         )
         if rank.lead:
-            write_json_atomic(path, record)
+            record = _write_unless_finished(path, record, progress)
         sinks.finish(summary=_summary_figures(record), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
@@ -200,6 +202,22 @@ def run_training(
         raise failure
     if status == "nan":
         raise TrainingDiverged(f"{message} (record: {path})")
+    return record
+
+
+def _write_unless_finished(path: Path, record: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Write `record` to `path` and return it, unless a resume found the run finished (no iteration ran)
+    and `path` holds the measured record of the attempt that finished it: the same command run again
+    would replace its figures (sec/it, MFU, memory) with an `ok` that measured nothing. That record is
+    kept and returned, and stderr says so. A record without figures (an attempt stopped after its last
+    checkpoint, say) is replaced as before."""
+    if record["status"] == "ok" and progress.resumed_from_step is not None and not progress.iterations:
+        earlier = read_record(path)
+        if earlier is not None and earlier.get("status") == "ok" and earlier.get("sec_per_iter") is not None:
+            print(f"warning: the run had finished already: its record, with its measured figures, is kept "
+                  f"({path}); nothing was trained", file=sys.stderr, flush=True)  # fmt: skip
+            return earlier
+    write_json_atomic(path, record)
     return record
 
 

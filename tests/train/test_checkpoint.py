@@ -39,7 +39,7 @@ from train.checkpoint import (
     layout_key,
     read_latest,
 )
-from train.contract import EXIT_FAILED, EXIT_REQUEUE
+from train.contract import EXIT_FAILED, EXIT_REQUEUE, RESULT_FILE
 from train.preemption import FAULT_EXIT_CODE
 
 from .test_distributed import REPO, TINY, run_train, worker_env
@@ -299,12 +299,21 @@ def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path
     # The same command again: its checkpoint is at train_iters already, so no iteration runs.
     first, finished = launch(tmp_path / "run")
     assert first.returncode == 0, first.stderr[-2000:]
+    measured = (tmp_path / "run" / RESULT_FILE).read_bytes()
     again, record = launch(tmp_path / "run")
     assert again.returncode == 0 and iterations_logged(again.stdout) == [], again.stdout[-2000:]
     warning = f"resumed from step {STEPS}"
     assert f"warning: {warning}" in again.stderr and f"training.train_iters={STEPS}: no iteration ran" in again.stderr
+    # The finished run's record stays, figures and all: an `ok` that measured nothing replaced it.
+    assert "the run had finished already: its record, with its measured figures, is kept" in again.stderr
+    assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured and record == finished
+    assert finished["sec_per_iter"] is not None
+    # Without that record (removed; or one without figures), the resume's own record says what happened,
+    # with the loss the checkpoint recorded: the run's last loss is known.
+    (tmp_path / "run" / RESULT_FILE).unlink()
+    third, record = launch(tmp_path / "run")
+    assert third.returncode == 0 and iterations_logged(third.stdout) == [], third.stdout[-2000:]
     assert any(w.startswith(warning) for w in record["warnings"])
-    # The loss the checkpoint recorded, not None: the run's last loss is known.
     assert record["iterations_run"] == 0 and record["losses"] == finished["losses"]
     assert record["final_loss"] == finished["final_loss"] == finished["losses"][-1] is not None
 
