@@ -30,7 +30,8 @@ entity and group default to the records' logger.* config, the group then to the 
 WANDB_MODE wins over the records' wandb_mode (offline when neither says). A failing W&B only
 warns: the local outputs are written either way.
 
-Bad input ends with one line on stderr and exit status 2. No torch is imported.
+Bad input ends with one line on stderr and exit status 2; a reader that went away (`| head`) with exit
+status 141 and nothing on stderr (train.contract.EXIT_BROKEN_PIPE). No torch is imported.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import argparse_hint
-from train.contract import EXIT_USAGE
+from train.contract import EXIT_USAGE, exit_on_broken_pipe
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -502,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AnalysisError as exc:
         print(f"error: {exc}{_command_hint(args)}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # stdout's reader went away (`| head`): said by exit_on_broken_pipe, not as an error
     except OSError as exc:
         # Unwritable output directory, unreadable sweep: the user's to fix, not a bug to trace.
         print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
@@ -509,4 +512,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_broken_pipe(main)

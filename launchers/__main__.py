@@ -6,7 +6,8 @@ Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interru
 configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
 EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
-rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported)."""
+rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported);
+EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | head`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from typing import NoReturn
 
 from conf.overrides import argparse_hint, override_problem
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
-from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, SUBMITIT_DIR, ManifestError
+from train.contract import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    SUBMITIT_DIR,
+    ManifestError,
+    exit_on_broken_pipe,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -244,4 +253,4 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_broken_pipe(main)

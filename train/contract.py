@@ -46,12 +46,13 @@ import math
 import operator
 import os
 import re
+import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from train.metrics import scrub_overrides
 
@@ -157,6 +158,26 @@ EXIT_REQUEUE instead."""
 EXIT_INTERRUPTED = 130
 """A run stopped by Ctrl-C (SIGINT) after its record said `interrupted`: 128 + SIGINT, as a shell
 reports a command the signal ended, so that scripts around it stop too."""
+EXIT_BROKEN_PIPE = 141
+"""A command-line tool whose reader went away (`python -m analysis DIR | head`): 128 + SIGPIPE, what a
+shell reports of a command SIGPIPE ended, with nothing on stderr (exit_on_broken_pipe)."""
+
+
+def exit_on_broken_pipe(main: Callable[[], int]) -> NoReturn:
+    """sys.exit(main()), but quietly with EXIT_BROKEN_PIPE when stdout's reader has gone: Python turns
+    SIGPIPE into BrokenPipeError, which a tool would print as an error (or a traceback) of its own.
+    stdout goes to /dev/null first, so that the interpreter's last flush cannot raise it again."""
+    code: object
+    try:
+        try:
+            code = main()
+        except SystemExit as done:  # argparse's --help and errors: their text is still to be flushed
+            code = done.code
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_BROKEN_PIPE
+    sys.exit(code)
 
 
 # ---------------------------------------------------------------------------------------------

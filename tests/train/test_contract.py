@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -174,3 +176,26 @@ def test_normalize_dir_spells_a_directory_as_its_posix_parts(path: str) -> None:
     # The parts pathlib sees, without the cost of pathlib for the relative ones.
     parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
     assert contract.normalize_dir(path) == ("/".join(parts) or ".")
+
+
+def _with_reader_gone(args: list[str]) -> tuple[int, bytes]:
+    """Run `args` with stdout a pipe whose reader is gone before the process writes (closed here at
+    once), as `... | head` leaves it once head has its lines: the first write fails with EPIPE."""
+    proc = subprocess.Popen(args, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr
+
+
+def test_a_tool_whose_reader_went_away_exits_141_quietly(tmp_path: Path) -> None:
+    printing = "from train.contract import exit_on_broken_pipe\nexit_on_broken_pipe(lambda: print('x' * 100) or 0)"
+    assert _with_reader_gone([sys.executable, "-c", printing]) == (contract.EXIT_BROKEN_PIPE, b"")
+    # `python -m analysis <dir> | head` printed "error: Broken pipe" with exit 2 before.
+    plan = subprocess.run([sys.executable, "-m", "train", "-m", "parallelism.tp=1,2", "hydra/launcher=plan",
+                           f"hydra.sweep.dir={tmp_path / 'plan'}"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, timeout=120)  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    analysis = [sys.executable, "-m", "analysis", str(tmp_path / "plan"), "--no-plots", "-o", str(tmp_path / "out")]
+    assert _with_reader_gone(analysis) == (contract.EXIT_BROKEN_PIPE, b"")
