@@ -24,9 +24,12 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
+from launchers.status import process_start
 from launchers.submit import (
     ConfigSpec,
     LaunchFailed,
@@ -56,7 +60,16 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
 )
-from train.contract import RESULT_FILE, ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.contract import (
+    RESULT_FILE,
+    LocalRun,
+    ManifestEntry,
+    local_run_path,
+    manifest_path,
+    read_manifest,
+    write_json_atomic,
+    write_manifest,
+)
 
 __all__ = ["INTERRUPTED_BEFORE_RECORD", "INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
 
@@ -82,7 +95,8 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
             started.add(spec.index)
             print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
             try:
-                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
+                with _marked_running(sweep_dir, spec.index):
+                    outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
             except Exception as exc:  # reported to Hydra below, after the other configs have run
                 print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
                 outcomes[spec.index] = (JobStatus.FAILED, exc)
@@ -101,6 +115,20 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
         _mark(sweep_dir, reasons, "interrupted")
         raise
     return outcomes
+
+
+@contextlib.contextmanager
+def _marked_running(sweep_dir: Path, index: int) -> Iterator[None]:
+    """Config `index` marked as running by this process (train.contract.LocalRun) until it ends: a
+    local sweep's manifest names no Slurm job, so `status` would call the running config pending.
+    Left behind only when this process is killed, which `status` then sees."""
+    path = local_run_path(sweep_dir, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dataclasses.asdict(LocalRun(socket.gethostname(), os.getpid(), process_start(os.getpid()))))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _mark(sweep_dir: Path, reasons: dict[int, str], status: str) -> None:

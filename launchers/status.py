@@ -52,6 +52,8 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +81,11 @@ from train.contract import (
     RESULT_FILE,
     SLURM_LOG_DIR,
     SUBMITIT_DIR,
+    LocalRun,
     ManifestEntry,
     manifest_path,
     previous_result_name,
+    read_local_run,
     read_manifest,
     read_record,
     record_matches,
@@ -241,6 +245,8 @@ def sweep_status(
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign = _record(sweep_dir, e)
         state, detail = classify(e, record, slurm)
+        if state == "pending" and record is None and e.job_id is None and (run := read_local_run(sweep_dir, e.index)):
+            state, detail = local_run_state(run)
         if foreign and state in ("failed", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.
@@ -255,6 +261,41 @@ def sweep_status(
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
                                 None if log is None else str(log), None if moved is None else moved[0]))  # fmt: skip
     return out
+
+
+def local_run_state(run: LocalRun) -> tuple[str, str]:
+    """(state, detail) of a config a local launcher marked as running (no Slurm job to ask): running
+    while that launcher lives; failed once it is gone without the config's record (killed: SIGKILL,
+    the OOM killer, a closed terminal), which `rerun --failed` then runs again. On another host the
+    marker is taken at its word."""
+    where = f"local launcher, pid {run.pid}"
+    if run.host != socket.gethostname():
+        return "running", f"by a {where} on {run.host} (not checked from {socket.gethostname()})"
+    if _alive(run):
+        return "running", f"by this machine's {where}"
+    return "failed", f"its {where}, ended without the config's result.json (killed?)"
+
+
+def process_start(pid: int) -> str | None:
+    """Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat's 22nd field); None
+    without /proc or without the process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # after the command name, which may hold spaces
+
+
+def _alive(run: LocalRun) -> bool:
+    if run.started is not None:
+        return process_start(run.pid) == run.started  # not a later process given the same id
+    try:
+        os.kill(run.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _launched_elsewhere(sweep_dir: Path) -> dict[int, tuple[str, str]]:

@@ -8,6 +8,7 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <sweep dir>/.megasweep/launch.json    what a rerun needs (launchers)
     <sweep dir>/.megasweep/jobs/<index>   job id an exported array task recorded (launchers)
     <sweep dir>/.megasweep/multirun.earlier.yaml  the sweep's multirun.yaml while a launch keeps it
+    <sweep dir>/.megasweep/local/<index>  LocalRun of a config a local launcher is running (launchers)
     <run dir>/result.json                 RunRecord, one per run whatever its outcome (trainer)
     <run dir>/result.attempt<N>.json      the record of attempt N, stopped for a requeue
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
@@ -68,7 +69,8 @@ MULTIRUN_FILE = "multirun.yaml"
 """Hydra's record of a sweep's config in its directory (the first launch's, when configs were
 added later: see appended_name)."""
 STATE_DIR = ".megasweep"
-"""The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR, EARLIER_MULTIRUN_FILE)."""
+"""The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR, EARLIER_MULTIRUN_FILE,
+LOCAL_RUNS_DIR)."""
 LAUNCH_FILE = f"{STATE_DIR}/launch.json"
 EXPORTED_JOBS_DIR = f"{STATE_DIR}/jobs"
 """Where an exported script's array tasks record their job ids (one file per config index)."""
@@ -76,6 +78,10 @@ EARLIER_MULTIRUN_FILE = f"{STATE_DIR}/multirun.earlier.yaml"
 """A copy of the sweep's MULTIRUN_FILE while a launch into its directory has yet to keep it (from
 before the launch's sweeper writes its own there until the launcher runs): left by a launch that
 was killed meanwhile, it is the sweep's, and the next launch puts it back."""
+LOCAL_RUNS_DIR = f"{STATE_DIR}/local"
+"""One LocalRun file per config that `hydra/launcher=local` is running (named by its index), removed
+when the config ends: `status` tells a running config from a pending one by it, as it asks Slurm of a
+job."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
@@ -618,6 +624,32 @@ _JOB_ID = re.compile(r"\d+(_\d+)?")
 
 class ManifestError(ValueError):
     """A manifest line that is not a valid entry (the message names the file and line)."""
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A config that `hydra/launcher=local` is running, in LOCAL_RUNS_DIR/<index> until it ends."""
+
+    host: str
+    """Host name of the machine the local launcher runs on."""
+    pid: int
+    """The local launcher's process id there."""
+    started: str | None
+    """That process's start time (clock ticks since boot, /proc/<pid>/stat): tells it from a later
+    process given the same id; None where there is no /proc."""
+
+
+def local_run_path(sweep_dir: str | Path, index: int) -> Path:
+    return Path(sweep_dir) / LOCAL_RUNS_DIR / str(index)
+
+
+def read_local_run(sweep_dir: str | Path, index: int) -> LocalRun | None:
+    """The LocalRun of config `index`; None when it has none (not running locally) or it is unreadable."""
+    try:
+        data = json.loads(local_run_path(sweep_dir, index).read_text(encoding="utf-8"))
+        return LocalRun(host=str(data["host"]), pid=int(data["pid"]), started=data.get("started"))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 @dataclass(frozen=True)
