@@ -24,12 +24,11 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,19 +89,22 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
     """
     outcomes: dict[int, tuple[JobStatus, Any]] = {}
     started: set[int] = set()
+    marks = _LocalMarks(sweep_dir, [s.index for s in specs])
     try:
         for n, spec in enumerate(specs, start=1):
             started.add(spec.index)
             print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
             try:
-                with _marked_running(sweep_dir, spec.index):
-                    outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
+                marks.start(spec.index)
+                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
             except Exception as exc:  # reported to Hydra below, after the other configs have run
                 print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
                 outcomes[spec.index] = (JobStatus.FAILED, exc)
                 if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():
                     # Killed before its record (SIGKILL, the OOM killer): only this process saw it end.
                     _mark(sweep_dir, {spec.index: str(exc)}, "failed")
+            finally:
+                marks.end(spec.index)
     except KeyboardInterrupt:
         never = {s.index for s in specs} - started
         reasons = dict.fromkeys(never, INTERRUPTED_BEFORE_START)
@@ -114,21 +116,40 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
                 reasons[spec.index] = INTERRUPTED_BEFORE_RECORD
         _mark(sweep_dir, reasons, "interrupted")
         raise
+    finally:
+        marks.clear()
     return outcomes
 
 
-@contextlib.contextmanager
-def _marked_running(sweep_dir: Path, index: int) -> Iterator[None]:
-    """Config `index` marked as running by this process (train.contract.LocalRun) until it ends: a
-    local sweep's manifest names no Slurm job, so `status` would call the running config pending.
-    Left behind only when this process is killed, which `status` then sees."""
-    path = local_run_path(sweep_dir, index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, dataclasses.asdict(LocalRun(socket.gethostname(), os.getpid(), process_start(os.getpid()))))
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
+class _LocalMarks:
+    """This launch's configs marked as its own (train.contract.LocalRun, in LOCAL_RUNS_DIR): queued when
+    it starts, running from start(), unmarked when each ends. A local sweep's manifest names no Slurm
+    job to ask, so `status` would call the running config pending, and every config of a launcher that
+    was killed pending for ever. Marks are left behind only when this process is killed, which
+    `status` then sees from them (launchers.status.local_run_state)."""
+
+    def __init__(self, sweep_dir: Path, indices: Sequence[int]) -> None:
+        self.sweep_dir, self.marked = sweep_dir, set(indices)
+        self.me = (socket.gethostname(), os.getpid(), process_start(os.getpid()))
+        if indices:
+            local_run_path(sweep_dir, indices[0]).parent.mkdir(parents=True, exist_ok=True)
+        for index in indices:
+            self._write(index, running=False)
+
+    def start(self, index: int) -> None:
+        self._write(index, running=True)
+
+    def end(self, index: int) -> None:
+        local_run_path(self.sweep_dir, index).unlink(missing_ok=True)
+        self.marked.discard(index)
+
+    def clear(self) -> None:
+        for index in list(self.marked):
+            self.end(index)
+
+    def _write(self, index: int, *, running: bool) -> None:
+        host, pid, started = self.me
+        write_json_atomic(local_run_path(self.sweep_dir, index), dataclasses.asdict(LocalRun(host, pid, started, running)))
 
 
 def _mark(sweep_dir: Path, reasons: dict[int, str], status: str) -> None:

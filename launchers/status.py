@@ -264,16 +264,22 @@ def sweep_status(
 
 
 def local_run_state(run: LocalRun) -> tuple[str, str]:
-    """(state, detail) of a config a local launcher marked as running (no Slurm job to ask): running
-    while that launcher lives; failed once it is gone without the config's record (killed: SIGKILL,
-    the OOM killer, a closed terminal), which `rerun --failed` then runs again. On another host the
-    marker is taken at its word."""
+    """(state, detail) of a config a local launcher marked as its own (no Slurm job to ask): running, or
+    pending behind the config it runs, while that launcher lives; once it is gone without the config's
+    record (killed: SIGKILL, the OOM killer, a closed terminal), failed if it had started the config and
+    interrupted if not, both of which `rerun --failed` runs again. On another host the mark is taken at
+    its word."""
     where = f"local launcher, pid {run.pid}"
     if run.host != socket.gethostname():
-        return "running", f"by a {where} on {run.host} (not checked from {socket.gethostname()})"
+        return ("running" if run.running else "pending"), (
+            f"{'run' if run.running else 'queued'} by a {where} on {run.host} (not checked from {socket.gethostname()})"
+        )
     if _alive(run):
-        return "running", f"by this machine's {where}"
-    return "failed", f"its {where}, ended without the config's result.json (killed?)"
+        return ("running", f"by this machine's {where}") if run.running else (
+            "pending", f"queued by this machine's {where}")  # fmt: skip
+    if run.running:
+        return "failed", f"its {where}, ended without the config's result.json (killed?)"
+    return "interrupted", f"its {where}, ended before it started the config (killed?)"
 
 
 def process_start(pid: int) -> str | None:

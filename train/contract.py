@@ -8,7 +8,7 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <sweep dir>/.megasweep/launch.json    what a rerun needs (launchers)
     <sweep dir>/.megasweep/jobs/<index>   job id an exported array task recorded (launchers)
     <sweep dir>/.megasweep/multirun.earlier.yaml  the sweep's multirun.yaml while a launch keeps it
-    <sweep dir>/.megasweep/local/<index>  LocalRun of a config a local launcher is running (launchers)
+    <sweep dir>/.megasweep/local/<index>  LocalRun of a config a local launcher runs or queues (launchers)
     <run dir>/result.json                 RunRecord, one per run whatever its outcome (trainer)
     <run dir>/result.attempt<N>.json      the record of attempt N, stopped for a requeue
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
@@ -79,9 +79,9 @@ EARLIER_MULTIRUN_FILE = f"{STATE_DIR}/multirun.earlier.yaml"
 before the launch's sweeper writes its own there until the launcher runs): left by a launch that
 was killed meanwhile, it is the sweep's, and the next launch puts it back."""
 LOCAL_RUNS_DIR = f"{STATE_DIR}/local"
-"""One LocalRun file per config that `hydra/launcher=local` is running (named by its index), removed
-when the config ends: `status` tells a running config from a pending one by it, as it asks Slurm of a
-job."""
+"""One LocalRun file per config of a `hydra/launcher=local` launch (named by its index), from the launch
+until the config ends: `status` tells a queued, a running and an abandoned config apart by it, as it
+asks Slurm of a job."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
@@ -637,6 +637,8 @@ class LocalRun:
     started: str | None
     """That process's start time (clock ticks since boot, /proc/<pid>/stat): tells it from a later
     process given the same id; None where there is no /proc."""
+    running: bool = True
+    """The launcher has started this config; False: queued behind the one it runs."""
 
 
 def local_run_path(sweep_dir: str | Path, index: int) -> Path:
@@ -647,7 +649,7 @@ def read_local_run(sweep_dir: str | Path, index: int) -> LocalRun | None:
     """The LocalRun of config `index`; None when it has none (not running locally) or it is unreadable."""
     try:
         data = json.loads(local_run_path(sweep_dir, index).read_text(encoding="utf-8"))
-        return LocalRun(host=str(data["host"]), pid=int(data["pid"]), started=data.get("started"))
+        return LocalRun(str(data["host"]), int(data["pid"]), data.get("started"), bool(data.get("running", True)))
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

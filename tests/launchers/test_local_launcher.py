@@ -160,7 +160,7 @@ def test_ctrl_c_before_the_running_config_wrote_its_record_leaves_it_interrupted
 
 def test_status_tells_the_running_config_and_one_whose_launcher_was_killed(tmp_path: Path) -> None:
     # A local sweep's manifest names no Slurm job: status called the config being trained `pending`,
-    # and, once the launcher was killed, `pending` for ever.
+    # and, once the launcher was killed, every config of it `pending` for ever.
     sweep_dir = tmp_path / "sweep"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "train", "-m", "training.train_iters=100000", "training.lr=1e-4,2e-4", *TINY_RUN,
@@ -175,9 +175,11 @@ def test_status_tells_the_running_config_and_one_whose_launcher_was_killed(tmp_p
         states = sweep_status(sweep_dir, slurm_states={})
         assert [s.state for s in states] == ["running", "pending"], states
         assert states[0].detail.startswith("by this machine's local launcher, pid ")
+        assert states[1].detail.startswith("queued by this machine's local launcher, pid ")
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)  # no record, no manifest update: as SIGKILL or the OOM killer
         launcher.wait(timeout=60)
     states = sweep_status(sweep_dir, slurm_states={})
-    assert [s.state for s in states] == ["failed", "pending"], states
+    assert [s.state for s in states] == ["failed", "interrupted"], states
     assert "ended without the config's result.json (killed?)" in states[0].detail
+    assert "ended before it started the config (killed?)" in states[1].detail
