@@ -122,34 +122,31 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
 
 
 class _LocalMarks:
-    """This launch's configs marked as its own (train.contract.LocalRun, in LOCAL_RUNS_DIR): queued when
-    it starts, running from start(), unmarked when each ends. A local sweep's manifest names no Slurm
-    job to ask, so `status` would call the running config pending, and every config of a launcher that
-    was killed pending for ever. Marks are left behind only when this process is killed, which
-    `status` then sees from them (launchers.status.local_run_state)."""
+    """This launch and the configs it has yet to end, in its LocalRun file (train.contract): all queued
+    at the start, one running from start(), each dropped by end(), the file removed by clear(). A local
+    sweep's manifest names no Slurm job to ask, so `status` would call the running config pending, and
+    every config of a launcher that was killed pending for ever. The file outlives the launch only
+    when this process is killed, which `status` then sees (launchers.status.local_run_state)."""
 
     def __init__(self, sweep_dir: Path, indices: Sequence[int]) -> None:
-        self.sweep_dir, self.marked = sweep_dir, set(indices)
-        self.me = (socket.gethostname(), os.getpid(), process_start(os.getpid()))
-        if indices:
-            local_run_path(sweep_dir, indices[0]).parent.mkdir(parents=True, exist_ok=True)
-        for index in indices:
-            self._write(index, running=False)
+        pid = os.getpid()
+        self.run = LocalRun(socket.gethostname(), pid, process_start(pid), tuple(indices))
+        self.path = local_run_path(sweep_dir, self.run.host, pid)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._save(self.run)
 
     def start(self, index: int) -> None:
-        self._write(index, running=True)
+        self._save(dataclasses.replace(self.run, running=index))
 
     def end(self, index: int) -> None:
-        local_run_path(self.sweep_dir, index).unlink(missing_ok=True)
-        self.marked.discard(index)
+        self._save(dataclasses.replace(self.run, queued=tuple(i for i in self.run.queued if i != index), running=None))
 
     def clear(self) -> None:
-        for index in list(self.marked):
-            self.end(index)
+        self.path.unlink(missing_ok=True)
 
-    def _write(self, index: int, *, running: bool) -> None:
-        host, pid, started = self.me
-        write_json_atomic(local_run_path(self.sweep_dir, index), dataclasses.asdict(LocalRun(host, pid, started, running)))
+    def _save(self, run: LocalRun) -> None:
+        self.run = run
+        write_json_atomic(self.path, dataclasses.asdict(run))
 
 
 def _mark(sweep_dir: Path, reasons: dict[int, str], status: str) -> None:

@@ -85,7 +85,7 @@ from train.contract import (
     ManifestEntry,
     manifest_path,
     previous_result_name,
-    read_local_run,
+    read_local_runs,
     read_manifest,
     read_record,
     record_matches,
@@ -240,13 +240,14 @@ def sweep_status(
     elsewhere = _launched_elsewhere(sweep_dir)
     rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
     refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
+    local = {i: run for run in read_local_runs(sweep_dir) for i in run.queued}
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign = _record(sweep_dir, e)
         state, detail = classify(e, record, slurm)
-        if state == "pending" and record is None and e.job_id is None and (run := read_local_run(sweep_dir, e.index)):
-            state, detail = local_run_state(run)
+        if state == "pending" and record is None and e.job_id is None and e.index in local:
+            state, detail = local_run_state(local[e.index], e.index)
         if foreign and state in ("failed", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.
@@ -263,21 +264,22 @@ def sweep_status(
     return out
 
 
-def local_run_state(run: LocalRun) -> tuple[str, str]:
-    """(state, detail) of a config a local launcher marked as its own (no Slurm job to ask): running, or
-    pending behind the config it runs, while that launcher lives; once it is gone without the config's
+def local_run_state(run: LocalRun, index: int) -> tuple[str, str]:
+    """(state, detail) of config `index` of a local launch (no Slurm job to ask): running, or pending
+    behind the config it runs, while that launcher lives; once it is gone without the config's
     record (killed: SIGKILL, the OOM killer, a closed terminal), failed if it had started the config and
     interrupted if not, both of which `rerun --failed` runs again. On another host the mark is taken at
     its word."""
     where = f"local launcher, pid {run.pid}"
+    running = run.running == index
     if run.host != socket.gethostname():
-        return ("running" if run.running else "pending"), (
-            f"{'run' if run.running else 'queued'} by a {where} on {run.host} (not checked from {socket.gethostname()})"
+        return ("running" if running else "pending"), (
+            f"{'run' if running else 'queued'} by a {where} on {run.host} (not checked from {socket.gethostname()})"
         )
     if _alive(run):
-        return ("running", f"by this machine's {where}") if run.running else (
+        return ("running", f"by this machine's {where}") if running else (
             "pending", f"queued by this machine's {where}")  # fmt: skip
-    if run.running:
+    if running:
         return "failed", f"its {where}, ended without the config's result.json (killed?)"
     return "interrupted", f"its {where}, ended before it started the config (killed?)"
 

@@ -8,7 +8,7 @@ definitions from here and nowhere else, so a field or a file name cannot drift b
     <sweep dir>/.megasweep/launch.json    what a rerun needs (launchers)
     <sweep dir>/.megasweep/jobs/<index>   job id an exported array task recorded (launchers)
     <sweep dir>/.megasweep/multirun.earlier.yaml  the sweep's multirun.yaml while a launch keeps it
-    <sweep dir>/.megasweep/local/<index>  LocalRun of a config a local launcher runs or queues (launchers)
+    <sweep dir>/.megasweep/local/<host>.<pid>.json  LocalRun of a live local launch (launchers)
     <run dir>/result.json                 RunRecord, one per run whatever its outcome (trainer)
     <run dir>/result.attempt<N>.json      the record of attempt N, stopped for a requeue
     <run dir>/result.<job id>.json        a failed run's record, set aside by `rerun --failed`
@@ -79,9 +79,8 @@ EARLIER_MULTIRUN_FILE = f"{STATE_DIR}/multirun.earlier.yaml"
 before the launch's sweeper writes its own there until the launcher runs): left by a launch that
 was killed meanwhile, it is the sweep's, and the next launch puts it back."""
 LOCAL_RUNS_DIR = f"{STATE_DIR}/local"
-"""One LocalRun file per config of a `hydra/launcher=local` launch (named by its index), from the launch
-until the config ends: `status` tells a queued, a running and an abandoned config apart by it, as it
-asks Slurm of a job."""
+"""One LocalRun file per `hydra/launcher=local` launch (local_run_path), from its start until its end:
+`status` tells a queued, a running and an abandoned config apart by it, as it asks Slurm of a job."""
 DS_CONFIG_FILE = "deepspeed_config.json"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
@@ -628,7 +627,7 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class LocalRun:
-    """A config that `hydra/launcher=local` is running, in LOCAL_RUNS_DIR/<index> until it ends."""
+    """A `hydra/launcher=local` launch and the configs it has yet to end, in local_run_path's file."""
 
     host: str
     """Host name of the machine the local launcher runs on."""
@@ -637,21 +636,27 @@ class LocalRun:
     started: str | None
     """That process's start time (clock ticks since boot, /proc/<pid>/stat): tells it from a later
     process given the same id; None where there is no /proc."""
-    running: bool = True
-    """The launcher has started this config; False: queued behind the one it runs."""
+    queued: tuple[int, ...]
+    """Indices of the launch's configs that have not ended, the running one included, in launch order."""
+    running: int | None = None
+    """Index of the config it runs now; None between two."""
 
 
-def local_run_path(sweep_dir: str | Path, index: int) -> Path:
-    return Path(sweep_dir) / LOCAL_RUNS_DIR / str(index)
+def local_run_path(sweep_dir: str | Path, host: str, pid: int) -> Path:
+    return Path(sweep_dir) / LOCAL_RUNS_DIR / f"{host}.{pid}.json"
 
 
-def read_local_run(sweep_dir: str | Path, index: int) -> LocalRun | None:
-    """The LocalRun of config `index`; None when it has none (not running locally) or it is unreadable."""
-    try:
-        data = json.loads(local_run_path(sweep_dir, index).read_text(encoding="utf-8"))
-        return LocalRun(str(data["host"]), int(data["pid"]), data.get("started"), bool(data.get("running", True)))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
+def read_local_runs(sweep_dir: str | Path) -> list[LocalRun]:
+    """Every LocalRun file of the sweep that reads as one (none: no local launch is live, or left one)."""
+    runs = []
+    for path in sorted((Path(sweep_dir) / LOCAL_RUNS_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            runs.append(LocalRun(str(data["host"]), int(data["pid"]), data.get("started"),
+                                 tuple(int(i) for i in data["queued"]), data.get("running")))  # fmt: skip
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # being replaced, or not one: as if absent
+    return runs
 
 
 @dataclass(frozen=True)
