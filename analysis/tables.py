@@ -419,6 +419,10 @@ def _peak_text(v: float) -> str:
     return f"{v:.4g}"
 
 
+_PEAK_READ = ("outcome", "peak_tflops", "hardware", "precision", "peak_source", "config.hardware.tf32")
+"""Every column peak_summary reads: the table is narrowed to these first, so one left out reads as absent."""
+
+
 def peak_summary(df: pd.DataFrame) -> str:
     """The peaks the finished runs' MFU divides by, per hardware and precision, with where each came
     from: 'h100_sxm bf16: 989.4 TFLOP/s, datasheet'. A measured peak differs from run to run (a CPU's
@@ -426,8 +430,7 @@ def peak_summary(df: pd.DataFrame) -> str:
     needed = ("outcome", "peak_tflops")
     if any(c not in df.columns for c in needed):
         return "no finished run recorded its peak"
-    read = ("outcome", "peak_tflops", "hardware", "precision", "peak_source", "config.hardware.tf32")
-    runs = narrow(df, read)[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
+    runs = narrow(df, _PEAK_READ)[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
     if runs.empty:
         return "no finished run recorded its peak"
     unknown = pd.Series("", index=runs.index, dtype=object)
