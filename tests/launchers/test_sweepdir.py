@@ -17,8 +17,10 @@ from analysis.records import load_sweeps
 from launchers.status import sweep_status
 from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index, removed_if_refused
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
+from tests.train.test_main import AS_FROM_A_TERMINAL
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     MULTIRUN_FILE,
     ManifestEntry,
@@ -238,8 +240,10 @@ def test_a_launch_stopped_before_its_launcher_ran_loses_no_config(tmp_path: Path
 
     def stopped(signum: int) -> subprocess.CompletedProcess[str]:
         args = ["hydra/sweeper=basic", "hydra/launcher=plan", "training.seed=range(0,3000)", "hydra.launcher.append=true"]
+        # Started as a terminal starts a foreground command: from a background job (SIGINT ignored,
+        # inherited) the SIGINT below would be lost and the sweeper would check all 3000 configs.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "train", "-m", *TINY, *args, f"hydra.sweep.dir={tmp_path}"],
+            [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "train", "-m", *TINY, *args, f"hydra.sweep.dir={tmp_path}"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         # Signalled once the sweeper has saved its config, while it checks the 3000 configs.
@@ -251,7 +255,8 @@ def test_a_launch_stopped_before_its_launcher_ran_loses_no_config(tmp_path: Path
 
     # Ctrl-C: the launcher puts the sweep's config back as the process exits.
     interrupted = stopped(signal.SIGINT)
-    assert interrupted.returncode != 0, interrupted.stderr
+    assert interrupted.returncode == EXIT_INTERRUPTED, interrupted.stderr
+    assert interrupted.stderr.splitlines()[-1:] == ["interrupted"], interrupted.stderr
     assert (tmp_path / MULTIRUN_FILE).read_bytes() == first
     assert sorted(p.name for p in tmp_path.iterdir()) == [MULTIRUN_FILE, "plan.csv"]
     # Killed: no code of it runs, but the copy the launcher made first stays, and the next launch puts it back.
