@@ -916,7 +916,10 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
         yield
     except (UsageError, ConfigCompositionException, OverrideParseException) as exc:
         _forget_sweep_dir(made)
-        print(str(exc).strip(), file=sys.stderr, flush=True)
+        # The prefix every other refusal carries (bad overrides, `launchers`, `analysis`): a script
+        # that greps stderr for it finds this one too.
+        text = str(exc).strip()
+        print(text if text.startswith("error:") else f"error: {text}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
     except SystemExit as done:
         if done.code == EXIT_USAGE:  # a launcher's own usage_exits has said why

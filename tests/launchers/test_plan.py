@@ -208,7 +208,7 @@ def test_top_null_prints_every_feasible_row_and_a_negative_top_is_refused(tmp_pa
     # Bad input, in one line (it was Hydra's "Error in call to target", exit 1), and nothing written.
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert proc.stderr.splitlines() == [
-        "hydra.launcher.top=-1: the plan table shows a whole number of feasible rows, 0 or more; null shows them all"
+        "error: hydra.launcher.top=-1: the plan table shows a whole number of feasible rows, 0 or more; null shows them all"
     ]
     assert not (tmp_path / "neg").exists()
 

@@ -439,7 +439,7 @@ def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_submitted(o
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", f"hydra.launcher.{option}", check=False)
     assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
-    assert proc.stderr.startswith(f"hydra.launcher.{option}: ") and "whole number of at least 1" in proc.stderr
+    assert proc.stderr.startswith(f"error: hydra.launcher.{option}: ") and "whole number of at least 1" in proc.stderr
     assert not sweep_dir.exists()
 
 
