@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from conf import schema
 from conf.schema import GROUP_SCHEMAS, RunConfig, to_field_config, to_run_config
@@ -150,12 +150,16 @@ def test_a_group_converts_alone_as_in_the_whole_config() -> None:
     run = to_run_config(cfg)
     for f in dataclasses.fields(RunConfig):
         node = cfg._get_node(f.name)
+        assert isinstance(node, DictConfig), f.name  # every RunConfig field is a group
         # The typed node as composed, and the same content as a plain, untyped node (merged onto the schema).
         plain = OmegaConf.create(OmegaConf.to_container(node, resolve=True))
+        assert isinstance(plain, DictConfig), f.name
         for given in (node, plain):
             assert to_field_config(f.name, given) == getattr(run, f.name), f.name
+    model = cfg._get_node("model")
+    assert isinstance(model, DictConfig)
     with pytest.raises(KeyError):
-        to_field_config("hydra", cfg._get_node("model"))
+        to_field_config("hydra", model)
 
 
 # --------------------------------------------------------------------------------------

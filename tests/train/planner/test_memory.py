@@ -520,12 +520,12 @@ def test_fused_against_unfused_adam_on_the_first_node() -> None:
     hw = load_hardware(BLOOM_HW)
     model = load_model("bloom_200b_l80_h14400")
 
-    def reading(optimizer: str) -> float:
+    def reading(optimizer: OptimizerImpl) -> float:
         layout = ParallelismConfig(tp=8, pp=8, micro_batch_size=1, global_batch_size=2048, zero_stage=1,
                                    recompute=Recompute.full, precision=Precision.bf16, optimizer=optimizer)
         return device_reading(estimate_memory(model, layout, dp=2, hardware=hw, stack=Stack.megatron_deepspeed), hw)
 
-    assert (reading("torch") - reading("auto")) / GIB == pytest.approx(10, rel=0.25)
+    assert (reading(OptimizerImpl.torch) - reading(OptimizerImpl.auto)) / GIB == pytest.approx(10, rel=0.25)
 
 
 def test_memoised_estimate_reads_what_the_full_estimate_reads() -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from conf.schema import HardwareConfig, ModelConfig, Offload, ParallelismConfig, Precision, Recompute
+from conf.schema import Engine, HardwareConfig, ModelConfig, Offload, ParallelismConfig, Precision, Recompute
 from train.planner.flops import layer_gemms, logits_gemm
 from train.planner.memory import Stack
 from train.planner.perf import PARTS, TimePrediction, UnknownHardwareFigure, predict_time
@@ -135,13 +135,13 @@ def test_data_parallel_reduction_hides_behind_backward_only_in_megasweep_on_a_gp
     layout = par(global_batch_size=4, micro_batch_size=1, precision=Precision.fp32)
     slow_net = replace(HW, intra_node_bw_gbs=1.0)
     megasweep = predict_time(big, layout, slow_net, dp=4)
-    deepspeed = predict_time(big, replace(layout, engine="deepspeed"), slow_net, dp=4)
+    deepspeed = predict_time(big, replace(layout, engine=Engine.deepspeed), slow_net, dp=4)
     assert 0 <= megasweep.parts["dp_comm"] < deepspeed.parts["dp_comm"]
     assert predict_time(big, layout, slow_net, dp=1).parts["dp_comm"] == 0
     # On a CPU gloo reduces on the cores the compute fills: megasweep hides nothing either.
     cpu = replace(slow_net, device_type="cpu")
     assert predict_time(big, layout, cpu, dp=4).parts["dp_comm"] == pytest.approx(
-        predict_time(big, replace(layout, engine="deepspeed"), cpu, dp=4).parts["dp_comm"]
+        predict_time(big, replace(layout, engine=Engine.deepspeed), cpu, dp=4).parts["dp_comm"]
     )
 
 

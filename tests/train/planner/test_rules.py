@@ -156,7 +156,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
             or (c.mem_per_node_gb is not None and c.mem_per_node_gb < 1)):
         broken.add("cluster_settings")
 
-    mbs: object = p.micro_batch_size
+    mbs = p.micro_batch_size
     ints = {"layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
             "seq": m.seq_length, "tp": p.tp, "pp": p.pp, "vs": p.virtual_stages, "gbs": p.global_batch_size,
             "dpn": hw.devices_per_node, "ffn": m.ffn_hidden_size, "dp": p.dp, "world": world_size}

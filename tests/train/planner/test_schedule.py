@@ -9,6 +9,7 @@ import pytest
 from train.planner.schedule import (
     Message,
     ScheduleError,
+    Unit,
     chunk_layers,
     in_flight_peaks,
     plan,
@@ -41,8 +42,8 @@ def test_each_unit_runs_once_after_its_input_arrived(pp: int, v: int, m: int) ->
     ticks = plan(pp=pp, virtual_stages=v, micro_batches=m)
     last_stage = pp * v - 1
     for r in range(pp):
-        arrived: dict[tuple[bool, object], int] = {}
-        done: dict[tuple[bool, object], int] = {}
+        arrived: dict[tuple[bool, Unit], int] = {}
+        done: dict[tuple[bool, Unit], int] = {}
         for i, tick in enumerate(ticks[r]):
             for backward, u in tick.work:
                 stage = u.chunk * pp + r

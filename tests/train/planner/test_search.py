@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from conf.schema import Engine, Recompute, SearchConfig
+from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchConfig
 from train.planner.rules import validate
 from train.planner.search import format_search, layout_overrides, layouts, search_layouts, search_problems
 
@@ -14,46 +14,51 @@ from .test_plan import compose_run
 GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512")
 
 
-def gpt_1_3b() -> object:
+def gpt_1_3b() -> RunConfig:
     return compose_run(*GPT)
+
+
+def layout_dp(p: ParallelismConfig) -> int:
+    assert p.dp is not None  # layouts() sets dp from the device count: a search never leaves it to the world size
+    return p.dp
 
 
 def test_layouts_cover_every_factorisation_of_each_node_count() -> None:
     run = gpt_1_3b()
     search = SearchConfig(nodes=[1, 2], micro_batch_sizes=[1, 4], recompute=[Recompute.none, Recompute.full],
                           zero_stages=[0, 1], sequence_parallel=[False], virtual_stages=[1])
-    seen = list(layouts(run, search))  # type: ignore[arg-type]
+    seen = list(layouts(run, search))
     # 8 devices: (tp, pp) over 10 ordered factorisations; 16 devices: 15; 24 layers allow every pp here.
-    shapes = {(d, p.dp, p.tp, p.pp) for d, p in seen}
+    shapes = {(d, layout_dp(p), p.tp, p.pp) for d, p in seen}
     assert len([s for s in shapes if s[0] == 8]) == 10 and len([s for s in shapes if s[0] == 16]) == 15
-    assert all(p.dp * p.tp * p.pp == d for d, p in seen)
+    assert all(layout_dp(p) * p.tp * p.pp == d for d, p in seen)
     # ZeRO over one replica is not tried twice; ZeRO 2-3 would run on DeepSpeed.
     assert not any(p.zero_stage and p.dp == 1 for _, p in seen)
     replicas = sum(1 for s in shapes if s[1] > 1)
     assert len(seen) == (len(shapes) + replicas) * 2 * 2
-    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], sequence_parallel=[False, True])))  # type: ignore[arg-type]
+    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], sequence_parallel=[False, True])))
     assert deep and all(p.engine == Engine.deepspeed and not p.sequence_parallel for _, p in deep)
     # Sequence parallel doubles the native layouts with tp > 1, and only those.
-    both = list(layouts(run, dataclasses.replace(search, sequence_parallel=[False, True])))  # type: ignore[arg-type]
+    both = list(layouts(run, dataclasses.replace(search, sequence_parallel=[False, True])))
     assert {p for _, p in both if not p.sequence_parallel} == {p for _, p in seen}
     assert {dataclasses.replace(p, sequence_parallel=False) for _, p in both if p.sequence_parallel} == {
         p for _, p in seen if p.tp > 1
     }
     # Virtual stages: tried on native pipelines whose chunks hold whole layers (24 layers) and whose
     # steps run whole groups of pp micro-batches (512 / (mbs x dp)), never on DeepSpeed.
-    chunky = list(layouts(run, dataclasses.replace(search, virtual_stages=[1, 2, 5])))  # type: ignore[arg-type]
+    chunky = list(layouts(run, dataclasses.replace(search, virtual_stages=[1, 2, 5])))
     assert {p for _, p in chunky if p.virtual_stages == 1} == {p for _, p in seen}
     interleaved = [p for _, p in chunky if p.virtual_stages > 1]
     assert interleaved and {p.virtual_stages for p in interleaved} == {2}  # 5 splits no pp's layers
-    expected = {p for _, p in seen if p.pp > 1 and 24 % (2 * p.pp) == 0 and (512 // (p.mbs * p.dp)) % p.pp == 0}
+    expected = {p for _, p in seen if p.pp > 1 and 24 % (2 * p.pp) == 0 and (512 // (p.mbs * layout_dp(p))) % p.pp == 0}
     assert {dataclasses.replace(p, virtual_stages=1) for p in interleaved} == expected
-    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], virtual_stages=[1, 2])))  # type: ignore[arg-type]
+    deep = list(layouts(run, dataclasses.replace(search, zero_stages=[2], virtual_stages=[1, 2])))
     assert all(p.virtual_stages == 1 for _, p in deep)
 
 
 def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_overrides() -> None:
     run = gpt_1_3b()
-    result = search_layouts(run, SearchConfig(nodes=[1, 2]))  # type: ignore[arg-type]
+    result = search_layouts(run, SearchConfig(nodes=[1, 2]))
     assert result.ranked and not result.unpredicted
     times = [c.row.pred_sec_per_iter for c in result.ranked]
     assert times == sorted(times)
@@ -74,7 +79,7 @@ def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_o
 def test_each_rejecting_rule_is_shown_with_an_example_reason() -> None:
     # A V100 has no bf16: the count alone gave no hint that fp16 or fp32 would do.
     run = compose_run(*GPT, "hardware=v100_32gb")
-    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))  # type: ignore[arg-type]
+    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))
     assert not result.ranked and result.rejected["precision_supported"] == result.candidates
     text = format_search(result, show=3)
     example = next(line for line in text.splitlines() if line.startswith("  [precision_supported] e.g. "))
@@ -83,19 +88,19 @@ def test_each_rejecting_rule_is_shown_with_an_example_reason() -> None:
 
 def test_cpu_layouts_are_feasible_but_unpredicted() -> None:
     run = compose_run("hardware.devices_per_node=2")
-    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))  # type: ignore[arg-type]
+    result = search_layouts(run, SearchConfig(nodes=[1], micro_batch_sizes=[1]))
     assert result.unpredicted and not result.ranked
 
 
 def test_unpredicted_layouts_carry_the_time_model_reason(tmp_path: Path) -> None:
     # A calibration file that is missing or empty left every layout unpredicted without saying why.
-    small = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0],  # type: ignore[arg-type]
+    small = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0],
                          sequence_parallel=[False], virtual_stages=[1])  # fmt: skip
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
     for path, why in ((tmp_path / "missing.json", "cannot be read"), (empty, "version None")):
         run = compose_run(*GPT, f"hardware.calibration={path}")
-        result = search_layouts(run, small)  # type: ignore[arg-type]
+        result = search_layouts(run, small)
         assert result.unpredicted and not result.ranked
         [(reason, n)] = result.unpredictable.items()
         assert f"hardware.calibration='{path}'" in reason and why in reason and n == len(result.unpredicted)
@@ -104,7 +109,7 @@ def test_unpredicted_layouts_carry_the_time_model_reason(tmp_path: Path) -> None
 
 
 def test_a_predicted_mfu_above_100_percent_is_flagged() -> None:
-    result = search_layouts(gpt_1_3b(), SearchConfig(nodes=[1], micro_batch_sizes=[4]))  # type: ignore[arg-type]
+    result = search_layouts(gpt_1_3b(), SearchConfig(nodes=[1], micro_batch_sizes=[4]))
     assert "MFU above 100%" not in format_search(result, show=3)
     first = result.ranked[0]
     wrong = dataclasses.replace(first, row=dataclasses.replace(first.row, pred_mfu=1.48))
@@ -113,10 +118,10 @@ def test_a_predicted_mfu_above_100_percent_is_flagged() -> None:
 
 
 def test_a_value_listed_twice_is_searched_once() -> None:
-    once = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0])  # type: ignore[arg-type]
-    twice = SearchConfig(nodes=[1, 1], micro_batch_sizes=[4, 4], recompute=[Recompute.none, Recompute.none],  # type: ignore[arg-type]
+    once = SearchConfig(nodes=[1], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0])
+    twice = SearchConfig(nodes=[1, 1], micro_batch_sizes=[4, 4], recompute=[Recompute.none, Recompute.none],
                          zero_stages=[0, 0])  # fmt: skip
-    assert list(layouts(gpt_1_3b(), twice)) == list(layouts(gpt_1_3b(), once))  # type: ignore[arg-type]
+    assert list(layouts(gpt_1_3b(), twice)) == list(layouts(gpt_1_3b(), once))
 
 
 def test_an_option_that_leaves_nothing_to_try_or_divides_by_zero_is_refused() -> None:
