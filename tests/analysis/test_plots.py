@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from numpy.typing import ArrayLike
 from PIL import Image
 
 from analysis.plots import (
@@ -59,9 +61,18 @@ def close_figures() -> Iterator[None]:
 
 
 def _legend(fig: Figure) -> list[str]:
-    texts = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    texts: list[str] = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            texts += [t.get_text() for t in legend.get_texts()]
     assert texts, "no legend"
     return texts
+
+
+def _data(values: ArrayLike) -> list[float]:
+    # A line's data is what was plotted (a list or an array), hence typed ArrayLike.
+    return [float(v) for v in np.ravel(values)]
 
 
 def test_all_plots_written(plots: list[Path]) -> None:
@@ -93,8 +104,10 @@ def test_tflops_and_mfu_per_layout_share_one_scale_when_the_runs_share_a_peak(ta
     assert ax.get_ylim()[0] == ax2.get_ylim()[0] == 0
     assert ax2.get_ylim()[1] == pytest.approx(100 * ax.get_ylim()[1] / peak, rel=1e-3)
     (points,) = ax2.lines
-    heights = sorted(p.get_height() for p in ax.patches)
-    assert sorted(points.get_ydata()) == pytest.approx([100 * h / peak for h in heights], rel=0.01)
+    bars = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert len(bars) == len(ax.patches)  # every patch is a bar
+    heights = sorted(p.get_height() for p in bars)
+    assert sorted(_data(points.get_ydata())) == pytest.approx([100 * h / peak for h in heights], rel=0.01)
 
 
 @pytest.mark.usefixtures("close_figures")
@@ -118,7 +131,7 @@ def test_memory_plot_marks_the_usable_capacity(table: pd.DataFrame) -> None:
     label = f"usable capacity of a100_80gb: {capacity:.1f} GiB"
     assert label in legend and "prediction = measurement" in legend and "run ok" in legend
     (line,) = [ln for ln in ax.lines if ln.get_label() == label]
-    assert list(line.get_ydata()) == [capacity, capacity]
+    assert _data(line.get_ydata()) == [capacity, capacity]
     # The capacity is inside the drawn range, the runs' measurements too.
     assert ax.get_ylim()[1] > capacity >= table["mem_gib"].max()
 
@@ -140,7 +153,7 @@ def test_memory_plot_gives_each_hardware_its_colour_and_capacity(tmp_path: Path)
         assert f"{hw} ({len(drawn)} run(s))" in legend
         capacity = float(runs["mem_capacity_gib"].iloc[0])
         (line,) = [ln for ln in ax.lines if ln.get_label() == f"usable capacity of {hw}: {capacity:.1f} GiB"]
-        assert list(line.get_ydata()) == [capacity, capacity] and line.get_linestyle() == ":"
+        assert _data(line.get_ydata()) == [capacity, capacity] and line.get_linestyle() == ":"
         colours[hw] = to_rgba(line.get_color())
         # This hardware's runs, and only they, are drawn in its capacity line's colour.
         mine = [c for c in ax.collections if tuple(np.asarray(c.get_facecolor(), dtype=float)[0]) == colours[hw]]
@@ -207,7 +220,7 @@ def test_one_node_count_is_drawn_as_points_on_a_whole_node_axis(table: pd.DataFr
     assert ax.get_xlim() == (47.5, 48.5) and list(ax.get_xticks()) == [48]
     assert "48 node(s)" in ax.get_title()
     (fastest,) = ax.lines
-    assert fastest.get_marker() == "D" and list(fastest.get_xdata()) == [48]
+    assert fastest.get_marker() == "D" and _data(fastest.get_xdata()) == [48]
     assert _legend(fig)[0].startswith("bloom_200b_l80_h14400 GBS 2048")
 
 
@@ -229,7 +242,7 @@ def test_runs_on_other_hardware_or_sequence_lengths_are_other_series(table: pd.D
         "bloom_200b_l80_h14400 on a100_80gb GBS 2048",
         "bloom_200b_l80_h14400 on h100_sxm GBS 2048",
     ]
-    fastest = {line.get_label().split(" GBS")[0]: min(line.get_ydata()) for line in fig.axes[0].lines}
+    fastest = {str(line.get_label()).split(" GBS")[0]: min(_data(line.get_ydata())) for line in fig.axes[0].lines}
     assert fastest["bloom_200b_l80_h14400 on a100_80gb"] == pytest.approx(ok["sec_per_iter"].min())
 
 
