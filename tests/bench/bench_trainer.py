@@ -133,7 +133,7 @@ def plain_loop(run: RunConfig) -> tuple[list[float], list[float], int]:
         fused=True,
     )
     source = make_source(run.model, seed=tr.seed, data_path=None)
-    mbs, gbs = par.micro_batch_size, par.global_batch_size
+    mbs, gbs = par.mbs, par.global_batch_size
     losses, times = [], []
     for step in range(1, tr.train_iters + 1):
         start = time.perf_counter()

@@ -96,8 +96,8 @@ def test_a_layer_never_timed_consistently_records_an_upper_bound(
 ) -> None:
     # Every attempt times the 9-layer model's step below the 1-layer model's: no difference holds, so
     # the 9-layer model's time per layer, positive and step >= forward, with a word on stderr.
-    monkeypatch.setattr(calibration_job, "concurrent_seconds", lambda fn, **_: next(times))
     times = iter([0.002, 0.09, 0.018, 0.045] * LAYER_ATTEMPTS[1])
+    monkeypatch.setattr(calibration_job, "concurrent_seconds", lambda fn, **_: next(times))
     [layer] = layer_timings(_narrow_spec(), None, torch.device("cpu"), {"min_seconds": 0.0, "trials": 1})
     assert layer["forward_s"] == pytest.approx(0.002) and layer["step_s"] == pytest.approx(0.005)
     assert 0 < layer["forward_s"] <= layer["step_s"]
@@ -131,9 +131,9 @@ def test_the_timed_attention_core_is_the_models(monkeypatch: pytest.MonkeyPatch)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     calls: list[tuple[tuple[torch.Tensor, ...], dict[str, bool], torch.Tensor]] = []
 
-    def spy(*args: torch.Tensor, **kwargs: bool) -> torch.Tensor:
-        out = sdpa(*args, **kwargs)
-        calls.append((args, kwargs, out))
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: bool) -> torch.Tensor:
+        out = sdpa(q, k, v, is_causal=kwargs["is_causal"])  # the one keyword expected: asserted below
+        calls.append(((q, k, v), kwargs, out))
         return out
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)

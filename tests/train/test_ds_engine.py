@@ -69,7 +69,7 @@ def global_batch(step: int) -> torch.Tensor:
 def rank_batches(step: int, rank: int, dp: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """This DP rank's micro-batches, as the trainer splits a step: micro-batch m of rank r takes
     samples (m*dp + r)*mbs onwards."""
-    tokens, mbs = global_batch(step), PAR.micro_batch_size
+    tokens, mbs = global_batch(step), PAR.mbs
     out = []
     for m in range(PAR.global_batch_size // (mbs * dp)):
         start = (m * dp + rank) * mbs

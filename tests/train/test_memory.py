@@ -112,6 +112,7 @@ GRID = {
 def measure_every_mode(run: RunConfig, rank_index: int | None) -> list[dict[str, Any]]:
     """This process's rank, set up as the trainer does, measured and predicted in every mode."""
     from train import distributed, memory
+    from train.engine import NativeEngine
     from train.model import set_recompute
     from train.planner.memory import stage_memory
     from train.setup import setup
@@ -121,6 +122,7 @@ def measure_every_mode(run: RunConfig, rank_index: int | None) -> list[dict[str,
     progress = Progress()
     s = setup(run, rank=rank, progress=progress)
     engine = s.engine
+    assert isinstance(engine, NativeEngine)  # the grid's layouts are native: DeepSpeed's tensors are its own
     stage = engine.state.stage
     rows = []
     for precision in (Precision.fp32, Precision.bf16):

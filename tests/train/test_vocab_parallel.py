@@ -29,6 +29,9 @@ RTOL = 1e-5
 PADDED_APART = 400
 """A vocabulary padded to 448 rows on one rank and to 512 for tp = 2."""
 
+RankRecord = dict[tuple[str, bool, int], dict[str, Any]]
+"""What a worker records: (model kind, plain tensors, vocabulary size) -> its figures by name."""
+
 
 def tiny(kind: ModelKind, *, vocab_size: int = 500) -> ModelConfig:
     # 500 pads to 512 (a multiple of 64 x tp) on both layouts; 400 pads to 448 unsharded and to 512
@@ -70,7 +73,7 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP)
     try:
         mesh = build_mesh("cpu", pp=1, dp=1, tp=TP)
-        results = {}
+        results: RankRecord = {}
         for kind in kinds:
             for plain, vocab_size in ((False, 500), (True, 500), (False, PADDED_APART), (True, PADDED_APART)):
                 cfg = tiny(kind, vocab_size=vocab_size)
@@ -105,7 +108,7 @@ def _worker(rank: int, init_file: str, kinds: list[ModelKind], out: str) -> None
 
 
 @pytest.fixture(scope="module")
-def tp_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def tp_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[RankRecord]:
     """Both model kinds on 2 TP workers: one spawn (its start-up dominates the test's time)."""
     tmp = tmp_path_factory.mktemp("vocab_tp")
     out = str(tmp / "rank")
@@ -120,7 +123,7 @@ def close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("plain", [False, True], ids=["dtensor", "plain"])
 @pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
-def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: ModelKind, plain: bool) -> None:
+def test_vocab_split_matches_unsharded(tp_ranks: list[RankRecord], kind: ModelKind, plain: bool) -> None:
     cfg = tiny(kind)
     vocab = padded_vocab_size(cfg, TP)
     assert vocab == 512
@@ -146,7 +149,7 @@ def test_vocab_split_matches_unsharded(tp_ranks: list[dict[str, Any]], kind: Mod
 
 
 @pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
-def test_plain_tp_shards_layers_like_megatron(tp_ranks: list[dict[str, Any]], kind: ModelKind) -> None:
+def test_plain_tp_shards_layers_like_megatron(tp_ranks: list[RankRecord], kind: ModelKind) -> None:
     """apply_tp_plain: qkv/fc_in hold output rows, proj/fc_out input columns, each rank's gradient the
     matching slice of the unsharded one; exactly the sharded tensors carry tensor_model_parallel
     (what DeepSpeed's gradient norm sums over TP), the replicated ones (row biases, norms) do not."""
@@ -188,7 +191,7 @@ def test_model_pads_vocabulary_for_tp() -> None:
 @pytest.mark.parametrize("plain", [False, True], ids=["dtensor", "plain"])
 @pytest.mark.parametrize("kind", [ModelKind.gpt, ModelKind.bert])
 def test_loss_does_not_depend_on_vocabulary_padding(
-    tp_ranks: list[dict[str, Any]], kind: ModelKind, plain: bool
+    tp_ranks: list[RankRecord], kind: ModelKind, plain: bool
 ) -> None:
     """tp = 2 pads 400 tokens to 512 rows, one process to 448: the padded rows are out of the softmax
     (their logits -inf, in the vocab-parallel max and sum too), so the loss and the real rows'
