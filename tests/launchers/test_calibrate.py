@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conf import CONFIG_DIR
 from launchers.calibrate import attention_shapes, gemm_shapes, layer_model, node_timing, pointwise_shapes
@@ -30,10 +30,15 @@ def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> N
     assert {s[4] for s in shapes} == {"nt", "nn", "tn"}
     assert any(s[1] == 3 * 64 for s in shapes) and any(s[1] == 3 * 64 // 2 for s in shapes)
     assert [k for k, _ in pointwise_shapes(run)] == ["layer_norm", "gelu", "add", "softmax", "cross_entropy"]
-    task = {"gemms": [{"m": 1, "n": 2, "k": 3, "batch": 1, "precision": "fp32", "seconds": 0.0, "layout": "nn"}],
-            "memory_bw_gbs": 0.0, "op_overhead_us": 0.0, "pointwise": {"add": [0.0, 0.0]}}
-    tasks = [{**task, "gemms": [{**task["gemms"][0], "seconds": s}], "memory_bw_gbs": s, "pointwise": {"add": [s, s]}}
-             for s in (1.0, 3.0, 2.0)]  # type: ignore[dict-item]
+    # One task's JSON record, as node_timing reads it.
+    task: dict[str, Any] = {
+        "gemms": [{"m": 1, "n": 2, "k": 3, "batch": 1, "precision": "fp32", "seconds": 0.0, "layout": "nn"}],
+        "memory_bw_gbs": 0.0, "op_overhead_us": 0.0, "pointwise": {"add": [0.0, 0.0]},
+    }  # fmt: skip
+    tasks: list[dict[str, Any]] = [
+        {**task, "gemms": [{**task["gemms"][0], "seconds": s}], "memory_bw_gbs": s, "pointwise": {"add": [s, s]}}
+        for s in (1.0, 3.0, 2.0)
+    ]
     for task, s in zip(tasks, (1.0, 3.0, 2.0), strict=True):
         task["layers"] = [{"tp": 2, "kind": "gpt", "hidden_size": 32, "num_attention_heads": 2, "seq_length": 32,
                            "vocab_size": 256, "micro_batch_size": 1, "forward_s": s, "step_s": 3 * s}]
