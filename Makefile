@@ -50,7 +50,7 @@ demo: install
 
 lint: install-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy conf train launchers analysis hydra_plugins
+	$(VENV)/bin/mypy conf train launchers analysis hydra_plugins tests
 
 # A real single-machine Slurm (munge, MariaDB + slurmdbd, slurmctld, 4 emulated slurmd); root only.
 cluster-up:
