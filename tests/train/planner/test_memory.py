@@ -484,7 +484,7 @@ def bloom_estimate(row: tuple[str, int, int, int, int, int, int, int, int, int, 
 
 
 @pytest.mark.parametrize("row", BLOOM_ROWS, ids=lambda r: f"{r[0]}-dp{r[5]}-tp{r[6]}-pp{r[7]}-mbs{r[8]}")
-def test_bloom_row_fits_exactly_when_it_ran(row: tuple) -> None:  # type: ignore[type-arg]
+def test_bloom_row_fits_exactly_when_it_ran(row: tuple) -> None:
     est = bloom_estimate(row)
     assert predicts_oom(est, load_hardware(BLOOM_HW)) == (row[10] == "OOM")  # type: ignore[arg-type]
 

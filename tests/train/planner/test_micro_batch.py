@@ -94,7 +94,7 @@ def _auto_run(memory_gib: float) -> RunConfig:
     """TINY, micro_batch_size=auto, gbs 32, on a device with memory_gib usable (no reserve)."""
     return RunConfig(
         model=TINY,
-        parallelism=ParallelismConfig(micro_batch_size="auto", global_batch_size=32, precision=Precision.fp32),  # type: ignore[arg-type]  # the unresolved form
+        parallelism=ParallelismConfig(micro_batch_size="auto", global_batch_size=32, precision=Precision.fp32),  # the unresolved form
         hardware=dataclasses.replace(
             RunConfig().hardware, memory_gib=memory_gib, memory_reserve_gib=0.0, peak_tflops_fp32=1.0
         ),
@@ -137,7 +137,7 @@ def test_validate_reports_why_auto_finds_no_size_and_rejects_other_words() -> No
     row = plan_run(_auto_run(1e-4))
     assert not row.feasible and row.micro_batch_size == 0 and row.reasons == [str(v)] == [f"[{v.rule}] {v.message}"]
     word = dataclasses.replace(
-        _auto_run(80.0), parallelism=dataclasses.replace(_auto_run(80.0).parallelism, micro_batch_size="max")  # type: ignore[arg-type]
+        _auto_run(80.0), parallelism=dataclasses.replace(_auto_run(80.0).parallelism, micro_batch_size="max")
     )
     (w,) = validate(word)
     assert w.rule == "micro_batch_size" and "parallelism.micro_batch_size=max" in w.message and "auto" in w.message
