@@ -365,12 +365,22 @@ def fork_local(
     # own handlers: one arriving mid-fork would otherwise raise in an at-fork hook ("Exception
     # ignored ... KeyboardInterrupt") or leave the parent without the workers it started.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    for rank in range(world_size):
-        pid = os.fork()
-        if pid == 0:  # the worker
-            os._exit(_run_forked(worker, _worker_env(base, rank=rank, world_size=world_size, port=port)))
-        procs.append(_Forked(pid))
-    return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
+    try:
+        for rank in range(world_size):
+            pid = os.fork()
+            if pid == 0:  # the worker
+                os._exit(_run_forked(worker, _worker_env(base, rank=rank, world_size=world_size, port=port)))
+            procs.append(_Forked(pid))
+        return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
+    except BaseException:
+        # A fork refused (EAGAIN, ENOMEM): the workers started so far would wait in their rendezvous
+        # for peers that never come.
+        _end_all(procs, grace_s=grace_s)
+        raise
+    finally:
+        # _supervise unblocks them once its handlers are in place; on any other way out a parent left
+        # with them blocked would pass that mask on to every process it starts later.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}

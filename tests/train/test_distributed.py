@@ -191,6 +191,39 @@ def test_spawn_local_success() -> None:
     assert spawn_local([sys.executable, "-c", threads, "3"], world_size=2, env={**env, "OMP_NUM_THREADS": "3"}).returncode == 0
 
 
+def test_a_refused_fork_ends_the_workers_started_and_leaves_no_signal_blocked() -> None:
+    # The second fork of three fails (EAGAIN: a process limit; os.fork made to fail in a fresh
+    # interpreter, since such a limit does not bind root). fork_local blocks SIGINT and SIGTERM while it
+    # forks: left blocked, every process the caller starts later would inherit them blocked.
+    script = (
+        "import errno, os, signal, sys, time\n"
+        "from train import distributed\n"
+        "real_fork, forks, pids = os.fork, [], []\n"
+        "def fork():\n"
+        "    forks.append(1)\n"
+        "    if len(forks) == 2: raise OSError(errno.EAGAIN, 'Resource temporarily unavailable')\n"
+        "    pid = real_fork()\n"
+        "    if pid: pids.append(pid)\n"
+        "    return pid\n"
+        "os.fork = fork\n"
+        "try:\n"
+        "    distributed.fork_local(lambda: time.sleep(60) or 0, world_size=3, grace_s=1.0)\n"
+        "except OSError as exc:\n"
+        "    print('refused', exc.errno == errno.EAGAIN)\n"
+        "print('blocked', sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+        "for pid in pids:\n"
+        "    try: os.waitpid(pid, os.WNOHANG); print('left', pid)\n"
+        "    except ChildProcessError: print('ended', pid)\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["refused True", "blocked []"], proc.stdout
+    assert len(lines) == 3 and lines[2].startswith("ended "), proc.stdout  # the one worker forked, reaped
+    assert time.monotonic() - start < 30  # not the worker's 60 s
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 
