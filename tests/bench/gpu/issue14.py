@@ -20,6 +20,8 @@ Stages:
 - memory: the local launcher over mbs 1, 2, 4, 8 x three recompute modes x both models (gbs 8).
 - best: python -m train at the two layouts per model that the memory stage measured fastest.
 - trace: the CUDA allocator's live tensors at gpt_350m's peak (tests.bench.gpu.memory_trace).
+- heads: tests.bench.gpu.attention_heads (the attention core at the BLOOM notes' head sizes, on
+  Megatron-DeepSpeed's strided q, k, v views and on contiguous copies).
 """
 
 from __future__ import annotations
@@ -242,8 +244,13 @@ def trace(d: Driver) -> None:
     d.summary["stages"]["trace"] = rc
 
 
+def heads(d: Driver) -> None:
+    rc, _ = d.sh("heads", [sys.executable, "-m", "tests.bench.gpu.attention_heads", "--out", str(d.work / "attention_heads.json")])
+    d.summary["stages"]["heads"] = rc
+
+
 STAGES = {"env": env, "smoke": smoke, "calibrate": calibrate, "mfu": mfu, "plain": plain, "profile": profile,
-          "gemm": gemm, "memory": memory, "best": best, "trace": trace, "layouts": layouts}  # fmt: skip
+          "gemm": gemm, "memory": memory, "best": best, "trace": trace, "layouts": layouts, "heads": heads}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
