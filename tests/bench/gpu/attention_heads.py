@@ -4,7 +4,7 @@
 
 Why: the time model's worst BLOOM rows (seed 001; tests/train/planner/test_perf.py) are the 20 with
 hidden 14400 and 96 heads, 36% fast on average against 17% for the other 53; 13824 with 128 heads ran
-35% slower per step than with 64 heads. Both have a head size whose bytes are not a multiple of 16
+34% slower per step than with 64 heads. Both have a head size whose bytes are not a multiple of 16
 (150 x 2 = 300, 108 x 2 = 216). Megatron-DeepSpeed's attention splits one fused QKV output
 [s, b, heads, 3 x head] into strided q, k and v views and multiplies them with baddbmm and bmm; a
 head's k and v then start 300 or 216 bytes after its q, and tensor-core kernels read their operands
