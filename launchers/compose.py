@@ -74,7 +74,14 @@ from conf.schema import (
     unknown_override,
 )
 from launchers.bulk import bulk_allocation
-from launchers.sweepdir import HYDRA_OPTIONS, EarlierConfig, UsageError, claim_sweep_dir, writable_dir
+from launchers.sweepdir import (
+    HYDRA_OPTIONS,
+    EarlierConfig,
+    UsageError,
+    claim_sweep_dir,
+    missing_dirs,
+    writable_dir,
+)
 from train.contract import EXIT_USAGE, MULTIRUN_FILE, ManifestEntry
 
 log = logging.getLogger(__name__)
@@ -940,7 +947,7 @@ def _forget_sweep_dir(made: Path | None) -> None:
 def _created_by_launch(sweep_dir: Path) -> Path | None:
     """The top directory of `sweep_dir`'s that does not exist yet (None: it exists): what the launch
     will create, and what a refusal removes again."""
-    missing = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
+    missing = missing_dirs(sweep_dir)
     return missing[-1] if missing else None
 
 

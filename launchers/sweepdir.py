@@ -59,6 +59,7 @@ __all__ = [
     "claim_sweep_dir",
     "free_append_number",
     "first_index",
+    "missing_dirs",
     "next_index",
     "removed_if_refused",
     "writable_dir",
@@ -101,7 +102,7 @@ def writable_dir(path: str | Path, *, option: str) -> Path:
     return path
 
 
-def _missing_dirs(path: Path) -> list[Path]:
+def missing_dirs(path: Path) -> list[Path]:
     """`path` and its ancestors that do not exist, deepest first."""
     missing = []
     for p in (path, *path.parents):
@@ -116,7 +117,7 @@ def removed_if_refused(*paths: Path) -> Iterator[None]:
     """The directories among `paths` (and their parents) that the block creates are removed again
     when it raises. Only empty ones go (rmdir): a directory that was there, or that another process
     wrote into meanwhile, stays as it is."""
-    missing = {d for p in paths for d in _missing_dirs(Path(p).absolute())}
+    missing = {d for p in paths for d in missing_dirs(Path(p).absolute())}
     try:
         yield
     except BaseException:
