@@ -30,12 +30,15 @@ from pathlib import Path
 
 import torch
 
+from conf.schema import ModelConfig, Precision
 from train.calibration_job import best_seconds
+from train.planner.flops import layer_gemms
+from train.planner.perf import ATTENTION_CORE
+from train.planner.shapes import alignment_elements
 
 NOTES = ((14400, 96), (13824, 96), (13824, 64), (13824, 128), (14336, 64), (14336, 112), (14336, 128), (14336, 256))
 """(hidden, heads) of seed 001's tables (NHIDDEN, NHEADS, the 48-node and MBS tables)."""
 TP = 8
-ALIGN_BYTES = 16
 
 
 def core(s: int, b: int, heads: int, head: int, *, strided: bool, device: torch.device) -> Callable[[], None]:
@@ -84,10 +87,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for hidden, heads in NOTES:
         head, per_rank = hidden // heads, heads // TP
+        model = ModelConfig(name="bloom_like", num_layers=1, hidden_size=hidden, num_attention_heads=heads,
+                            seq_length=args.seq)  # fmt: skip
         for b in args.mbs:
-            flops = 3 * 2 * (2 * b * per_rank * args.seq * args.seq * head)
-            row: dict[str, object] = {"hidden": hidden, "heads": heads, "head": head, "heads_per_rank": per_rank,
-                                      "mbs": b, "head_bytes_16_aligned": (2 * head) % ALIGN_BYTES == 0}  # fmt: skip
+            # The planner's forward FLOPs of the two core GEMMs on one TP rank; backward twice that.
+            flops = 3 * sum(g.flops for g in layer_gemms(model, micro_batch_size=b, tp=TP) if g.name in ATTENTION_CORE)
+            row: dict[str, object] = {"hidden": hidden, "heads": heads, "head": head, "heads_per_rank": per_rank, "mbs": b,
+                                      "head_bytes_16_aligned": head % alignment_elements(Precision.bf16) == 0}  # fmt: skip
             for strided in (True, False):
                 fn = core(args.seq, b, per_rank, head, strided=strided, device=device)
                 seconds = best_seconds(fn, device=device, min_seconds=args.min_seconds, trials=3)
