@@ -136,8 +136,35 @@ def _executor_parameters(run: RunConfig, nodes: int, licenses: Mapping[str, int]
     return params
 
 
+def core_share(results: Sequence[dict[str, Any]]) -> float:
+    """The share of a CPU core each task's thread gets when all compute: on each host (by name: an
+    emulated cluster's nodes are one host), its CPUs over the threads of the tasks on it; the least
+    over hosts, at most 1. 1 for GPU tasks (each computes on its own device) and for results of a job
+    from before the tasks reported their host."""
+    threads: dict[str, int] = {}
+    cpus: dict[str, int] = {}
+    for r in results:
+        if "host" not in r or not str(r.get("device", "")).startswith("cpu"):
+            return 1.0
+        threads[r["host"]] = threads.get(r["host"], 0) + max(1, int(r["threads"]))
+        cpus[r["host"]] = max(1, int(r["host_cpus"]))
+    return min([1.0, *(cpus[host] / threads[host] for host in threads)])
+
+
+def nodes_per_host(results: Sequence[dict[str, Any]]) -> int:
+    """The most nodes of the job whose tasks run on one host (by name): 1 on a real cluster; all of the
+    job's on an emulated one. 1 for results from before the tasks reported their node."""
+    nodes: dict[str, set[str]] = {}
+    for r in results:
+        if "host" not in r or "node" not in r:
+            return 1
+        nodes.setdefault(r["host"], set()).add(r["node"])
+    return max((len(held) for held in nodes.values()), default=1)
+
+
 def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any]]) -> NodeTiming:
-    """One job's tasks reduced to one device's figures: the median task of each."""
+    """One job's tasks reduced to one device's figures: the median task of each, and the share of a
+    core its tasks got (core_share)."""
     by_shape: dict[tuple[int, int, int, int, str, str], list[float]] = {}
     for r in results:
         for g in r["gemms"]:
@@ -165,6 +192,8 @@ def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any
             AttentionTiming(**{**first, **{k: statistics.median(r["attention"][i][k] for r in results) for k in ("forward_s", "backward_s")}})
             for i, first in enumerate(results[0].get("attention", []))
         ],
+        core_share=core_share(results),
+        nodes_per_host=nodes_per_host(results),
     )
 
 
@@ -270,6 +299,12 @@ def format_calibration(cal: Calibration) -> str:
                 f"    narrow layer at tp={layer.tp}: forward {layer.forward_s * 1e3:.3g} ms, "
                 f"forward + backward {layer.step_s * 1e3:.3g} ms"
             )
+        if t.core_share < 1.0:
+            # What the time model uses instead (train.planner.calibration.time_shared says why).
+            lines.append(
+                f"    its tasks time-share their host's cores ({t.core_share:.3g} of a core each): the time model "
+                "prices them as the figures of tasks with a core each, divided among them"
+            )
     for scope in ("intra", "inter"):
         link = fit_link([c for c in cal.collectives if c.scope == scope])
         if link is not None:
@@ -296,4 +331,7 @@ def main(overrides: Sequence[str], *, out: Path, nodes: Sequence[int], min_secon
     return 0
 
 
-__all__ = ["attention_shapes", "calibrate", "calibrate_here", "format_calibration", "gemm_shapes", "main", "node_timing"]
+__all__ = [
+    "attention_shapes", "calibrate", "calibrate_here", "core_share", "format_calibration", "gemm_shapes", "main",
+    "node_timing", "nodes_per_host",
+]

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import math
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -358,6 +359,12 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         distributed.destroy_process_group()
     return {
         "rank": launch.rank if launch else 0,
+        # Which ranks time-share a host's cores (launchers.calibrate.core_share): an emulated cluster's
+        # nodes all run on one host, under one host name.
+        "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "host_cpus": os.cpu_count() or 1,
+        "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads",
         "gemms": gemms,
         "memory_bw_gbs": 2 * src.numel() * 4 / copy / 1e9,

@@ -3,13 +3,24 @@ calibration file the time model predicts a CPU layout from."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from conf import CONFIG_DIR
-from launchers.calibrate import attention_shapes, gemm_shapes, layer_model, node_timing, pointwise_shapes
+from launchers.calibrate import (
+    attention_shapes,
+    core_share,
+    gemm_shapes,
+    layer_model,
+    node_timing,
+    nodes_per_host,
+    pointwise_shapes,
+)
 from launchers.compose import FastComposer
 from train.planner.calibration import COLLECTIVES, fit_link, load_calibration
 from train.planner.perf import predict_time
@@ -55,6 +66,23 @@ def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> N
     assert layer_model(run) == ("gpt", 32, 2, 32, 256, 1)  # a head per device of a node
 
 
+def test_the_core_share_counts_the_threads_of_the_tasks_on_each_host() -> None:
+    def task(host: str, cpus: int, threads: int, device: str = "cpu x1 threads", node: str = "") -> dict[str, Any]:
+        return {"host": host, "node": node or host, "host_cpus": cpus, "threads": threads, "device": device}
+
+    # An emulated cluster: two nodes' 4 tasks of a thread each on one host of 2 CPUs, half a core each.
+    emulated = [task("vm", 2, 1, node=n) for n in ("node1", "node1", "node2", "node2")]
+    assert core_share(emulated) == 0.5 and nodes_per_host(emulated) == 2
+    # Real nodes: 2 tasks of 2 threads on each 8-CPU host, a core per thread.
+    real = [task(h, 8, 2) for h in ("n1", "n1", "n2", "n2")]
+    assert core_share(real) == 1.0 and nodes_per_host(real) == 1
+    # The most crowded host decides: a job waits for its slowest rank.
+    assert core_share([task("n1", 4, 2), task("n1", 4, 2), task("n2", 4, 3), task("n2", 4, 3)]) == pytest.approx(4 / 6)
+    # GPU ranks compute on their own devices; a job from before the tasks reported their host.
+    assert core_share([task("g1", 2, 8, device="NVIDIA H100 80GB HBM3")] * 4) == 1.0
+    assert core_share([{"device": "cpu x1 threads"}] * 4) == 1.0 and nodes_per_host([{"device": "cpu"}] * 4) == 1
+
+
 def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
     proc = subprocess.run(
@@ -67,6 +95,9 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     assert "narrow layer at tp=2" in proc.stdout
     cal = load_calibration(str(out))
     assert [(t.nodes, t.tasks_per_node) for t in cal.nodes] == [(1, 2), (2, 2)]
+    # cluster.cpus_per_task=1: a thread per task; the emulated nodes share this host's CPUs.
+    assert [t.core_share for t in cal.nodes] == [min(1.0, (os.cpu_count() or 1) / (2 * t.nodes)) for t in cal.nodes]
+    assert [t.nodes_per_host for t in cal.nodes] == [1, 2]
     run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(SMALL))
     for timing in cal.nodes:
         assert len(timing.gemms) == len(gemm_shapes(run)) and all(g.seconds > 0 for g in timing.gemms)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,12 @@ class NodeTiming:
     attention: list[AttentionTiming] = field(default_factory=list)
     """The attention core at each (micro-batch, TP) the search runs (files from before it have none:
     the time model then prices the core as two batched GEMMs)."""
+    core_share: float = 1.0
+    """The share of a CPU core each rank's thread gets while all compute: the host's CPUs over the
+    threads the job's ranks run on it, at most 1 (1 where each has its own, and on a GPU). Below 1 on
+    an emulated cluster, whose nodes share one host (files from before it: 1)."""
+    nodes_per_host: int = 1
+    """The job's nodes that run on one host: 1 on a real cluster, all of them on an emulated one."""
 
 
 @dataclass(frozen=True)
@@ -238,10 +244,46 @@ def links(path: str) -> dict[str, Link]:
 
 
 def node_timing(cal: Calibration, nodes: int) -> NodeTiming | None:
-    """The measurement taken on `nodes` nodes, else on the nearest node count measured."""
+    """One device's figures on `nodes` nodes: the measurement taken on that many nodes, else on the
+    nearest count measured. Where that job's ranks time-shared their host's cores (core_share < 1),
+    its compute figures are those of the nearest job whose ranks had a core each, divided among the
+    ranks sharing one (time_shared)."""
     if not cal.nodes:
         return None
-    return min(cal.nodes, key=lambda n: (abs(n.nodes - nodes), n.nodes))
+    timing = min(cal.nodes, key=lambda n: (abs(n.nodes - nodes), n.nodes))
+    own = [n for n in cal.nodes if n.core_share >= 1.0]
+    if timing.core_share >= 1.0 or not own:
+        return timing
+    return time_shared(min(own, key=lambda n: (abs(n.nodes - nodes), n.nodes)), timing)
+
+
+def time_shared(own: NodeTiming, shared: NodeTiming) -> NodeTiming:
+    """`own`'s figures (ranks with a core each) for the ranks of `shared`, which get its core_share of
+    a core: every time divided by that share, the copy bandwidth multiplied by it.
+
+    Why not the figures the shared job timed itself: a time-sharing scheduler is fair over periods
+    long against its slice (a few ms), as a training step is (0.25 s for the local cluster's small
+    GPT), but not over a calibration's trials of 20-50 ms, whose slowest rank (the one each trial
+    counts, train.calibration_job.concurrent_seconds) got less than its share. On the local cluster
+    (4 ranks of 2 emulated nodes on the host's 2 cores, share 0.5), three calibrations of 2026-11-26
+    timed the two-node GEMMs at 0.39-0.45 of the one-node rate (median over shapes; 0.22-0.89 by
+    shape) and the narrow layer at 0.38-0.82; the search's two-node layouts, predicted from such
+    figures, took 1-45% less than predicted (both attempts of the local-cluster test in CI on dc0bb49),
+    its one-node layouts within 13%."""
+    share = shared.core_share
+    return replace(
+        own,
+        nodes=shared.nodes,
+        tasks_per_node=shared.tasks_per_node,
+        core_share=share,
+        nodes_per_host=shared.nodes_per_host,
+        gemms=[replace(g, seconds=g.seconds / share) for g in own.gemms],
+        memory_bw_gbs=own.memory_bw_gbs * share,
+        op_overhead_us=own.op_overhead_us / share,
+        pointwise={kind: [seconds / share for seconds in both] for kind, both in own.pointwise.items()},
+        layers=[replace(t, forward_s=t.forward_s / share, step_s=t.step_s / share) for t in own.layers],
+        attention=[replace(a, forward_s=a.forward_s / share, backward_s=a.backward_s / share) for a in own.attention],
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -270,4 +312,5 @@ __all__ = [
     "load_calibration",
     "node_timing",
     "ring_factors",
+    "time_shared",
 ]

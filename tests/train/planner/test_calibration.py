@@ -19,7 +19,9 @@ from train.planner.calibration import (
     LayerTiming,
     NodeTiming,
     fit_link,
+    gemm_table,
     load_calibration,
+    node_timing,
     ring_factors,
 )
 from train.planner.flops import layer_gemms, logits_gemm
@@ -304,25 +306,45 @@ def test_what_a_measured_layer_costs_beyond_the_model_is_added_per_layer_and_mic
 
 
 def test_ranks_that_share_cores_hide_the_pipeline_bubble(tmp_path: Path) -> None:
-    # The local cluster's two emulated nodes share one host: the calibration's two-node job timed each
-    # task's GEMMs at half the one-node rate (4 tasks on 2 cores, all computing at once). A pp=2 rank
-    # waiting in the bubble leaves its core to the others, so the bubble costs the step only what the
-    # critical path at an unshared rank's speed exceeds the work at the shared one (measured on the
-    # local cluster: dp=2 pp=2 vpp=2 on two nodes ran 28-39% faster than with the whole bubble counted).
+    # The local cluster's two emulated nodes share one host: the calibration's two-node job ran 4 tasks
+    # on 2 cores, half a core each. A pp rank that waits (in the bubble, or on a stage with less work)
+    # leaves its core to the others, so the step takes the host's mean work at the shared speed, or the
+    # critical path at an unshared rank's speed if that is longer (measured on the local cluster: dp=2
+    # pp=2 vpp=2 on two nodes ran 28-39% faster than with the whole bubble counted).
     one = load_calibration(str(calibration(tmp_path)))
-    slow = [replace(g, seconds=2 * g.seconds) for g in one.nodes[0].gemms]
-    shared = replace(one, nodes=[one.nodes[0], replace(one.nodes[0], nodes=2, gemms=slow)],
-                     collectives=[*one.collectives, *timings("inter", 4)])
+    # What the two-node job timed itself (short trials, its slowest rank below its share) is not used.
+    slow = [replace(g, seconds=3 * g.seconds) for g in one.nodes[0].gemms]
+    two = replace(one.nodes[0], nodes=2, gemms=slow, core_share=0.5, nodes_per_host=2)
+    shared = replace(one, nodes=[one.nodes[0], two], collectives=[*one.collectives, *timings("inter", 4)])
     path = shared.write(tmp_path / "shared.json")
     hw = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(path))
     assert _machine_cached(hw, Precision.fp32, 2).core_share == pytest.approx(0.5)
     assert _machine_cached(hw, Precision.fp32, 1).core_share == 1.0
+    # The one-node job's figures, each rank on half a core.
+    own = node_timing(shared, 1)
+    half = node_timing(shared, 2)
+    assert own is not None and half is not None and (half.nodes, half.core_share, half.nodes_per_host) == (2, 0.5, 2)
+    assert [g.seconds for g in half.gemms] == [2 * g.seconds for g in own.gemms]
+    assert half.memory_bw_gbs == own.memory_bw_gbs / 2 and half.op_overhead_us == 2 * own.op_overhead_us
+    assert gemm_table(str(path), 2) == {key: 2 * s for key, s in gemm_table(str(path), 1).items()}
     layout = ParallelismConfig(pp=2, micro_batch_size=1, global_batch_size=2, precision=Precision.fp32)
     on_one = predict_time(MODEL, layout, hw, dp=1)  # 2 devices: one node, each rank owns its core
     assert on_one.parts["bubble"] == pytest.approx(max(on_one.stage_seconds))
     on_two = predict_time(MODEL, layout, hw, dp=2)  # 4 devices: two nodes, one micro-batch per rank
-    # The critical path, (1 micro-batch + 1 slot) at the unshared speed, is the work at the shared one.
-    assert on_two.parts["bubble"] == pytest.approx(0.0)
+    first, last = on_two.stage_seconds
+    assert last > first  # the last stage computes the logits
+    # The critical path, (1 micro-batch + 1 slot) of the last stage at the unshared speed, is that
+    # stage's work at the shared speed: beyond the mean of the host's stages by half their difference.
+    assert on_two.parts["bubble"] == pytest.approx((last - first) / 2)
+    assert on_two.parts["gemm"] < on_one.parts["gemm"]  # the two stages' mean, not the last one's
+    assert on_two.sec_per_iter - on_two.parts["dp_comm"] - on_two.parts["optimizer"] == pytest.approx(last)
     deep = replace(MODEL, num_layers=4)
     four = predict_time(deep, replace(layout, pp=4, global_batch_size=1), hw, dp=1)  # 3 slots, 1 micro-batch
-    assert four.parts["bubble"] == pytest.approx((1 + 3) * max(four.stage_seconds) * 0.5 - max(four.stage_seconds))
+    mean = sum(four.stage_seconds) / 4
+    assert four.parts["bubble"] == pytest.approx((1 + 3) * max(four.stage_seconds) * 0.5 - mean)
+    # Nodes on hosts of their own (a real cluster's, oversubscribed): a host holds one stage's ranks, so
+    # the last stage's host does its own work at the shared speed; the critical path adds nothing.
+    apart = replace(shared, nodes=[one.nodes[0], replace(two, nodes_per_host=1)]).write(tmp_path / "apart.json")
+    real = predict_time(MODEL, layout, replace(hw, calibration=str(apart)), dp=2)
+    assert real.parts["bubble"] == pytest.approx(0.0) and real.parts["gemm"] > on_two.parts["gemm"]
+    assert real.sec_per_iter - real.parts["dp_comm"] - real.parts["optimizer"] == pytest.approx(last)
