@@ -194,6 +194,8 @@ def node_timing(nodes: int, tasks_per_node: int, results: Sequence[dict[str, Any
         ],
         core_share=core_share(results),
         nodes_per_host=nodes_per_host(results),
+        # The mean task: over a step, ranks that share cores take turns (sustained_rate).
+        sustained_tflops=statistics.mean(r.get("sustained_tflops", 0.0) for r in results),
     )
 
 
@@ -280,6 +282,7 @@ def _torch_version() -> str:
 def format_calibration(cal: Calibration) -> str:
     """A few lines: what was measured, the best GEMM rate, bandwidths and the fitted links."""
     from train.planner.calibration import fit_link
+    from train.planner.calibration import node_timing as priced
 
     lines = [f"calibration of {cal.hardware} on {cal.host} ({cal.device}, torch {cal.torch}), {cal.measured_at}"]
     for t in cal.nodes:
@@ -301,9 +304,12 @@ def format_calibration(cal: Calibration) -> str:
             )
         if t.core_share < 1.0:
             # What the time model uses instead (train.planner.calibration.time_shared says why).
+            used = priced(cal, t.nodes)
+            assert used is not None
             lines.append(
-                f"    its tasks time-share their host's cores ({t.core_share:.3g} of a core each): the time model "
-                "prices them as the figures of tasks with a core each, divided among them"
+                f"    its tasks time-share their host's cores ({t.core_share:.3g} of a core each by count, "
+                f"{used.core_share:.3g} by the sustained GEMM): the time model prices them as the figures of tasks "
+                "with a core each, divided by that"
             )
     for scope in ("intra", "inter"):
         link = fit_link([c for c in cal.collectives if c.scope == scope])

@@ -67,6 +67,9 @@ class CalibrationSpec:
     min_seconds: float = 0.05
     trials: int = 3
     timeout_s: float = 300.0
+    sustained_seconds: float = 0.5
+    """Length of each of the sustained GEMM's trials (s): long against a CPU scheduler's slice of a
+    few ms, as a training step is (sustained_rate)."""
 
 
 WINDOW_S = 1e-3
@@ -155,6 +158,35 @@ def concurrent_seconds(fn: Callable[[], object], *, device: torch.device, min_se
         elapsed = torch.tensor([time.perf_counter() - tic], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         best = min(best, elapsed.item() / calls)
+    return best
+
+
+def sustained_rate(fn: Callable[[], object], *, device: torch.device, seconds: float, trials: int = 2) -> float:
+    """Calls of `fn` per second that this rank sustains while every rank of the job calls it back to
+    back for `seconds` of wall time from a common start (the best of `trials`): the mean over ranks
+    is what each gets of the hardware they share over a whole step.
+
+    Where ranks time-share cores (an emulated cluster's nodes on one host), concurrent_seconds' short
+    trials, each counting its slowest rank, understate that share (train.planner.calibration.
+    time_shared), and the count of cores over ranks overstates it: it leaves out what switching
+    between ranks costs (caches refilled, context switches). A trial this long includes those, and
+    a rank that falls behind in one slice catches up in the next."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    barrier = dist.barrier if dist.is_available() and dist.is_initialized() else (lambda: None)
+    for _ in range(2):
+        fn()
+    best = 0.0
+    for _ in range(trials):
+        sync()
+        barrier()
+        calls, tic = 0, time.perf_counter()
+        while time.perf_counter() - tic < seconds:
+            fn()
+            calls += 1
+            if device.type == "cuda" and calls % 4 == 0:
+                sync()
+        sync()
+        best = max(best, calls / (time.perf_counter() - tic))
     return best
 
 
@@ -339,6 +371,12 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         asdict(GemmTiming(m, n, k, b, spec.precision, concurrent_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
         for m, n, k, b, lay in spec.gemms
     ]
+    # The largest GEMM, sustained: what ranks that share cores each get of them (sustained_rate).
+    sustained = 0.0
+    if spec.gemms:
+        m, n, k, b, lay = max(spec.gemms, key=lambda g: g[0] * g[1] * g[2] * g[3])
+        sustained = 2 * m * n * k * b * sustained_rate(_gemm(m, n, k, b, lay, dtype, device), device=device,
+                                                       seconds=spec.sustained_seconds)  # fmt: skip
     # Written first: a CPU's untouched torch.empty reads as the kernel's one zero page, from cache
     # (a 64 MiB copy then took 1.3 ms, "113 GB/s", against 8 ms from a written source).
     src = torch.randn(max(1, spec.copy_bytes // 4), dtype=torch.float32, device=device)
@@ -367,6 +405,7 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads",
         "gemms": gemms,
+        "sustained_tflops": sustained / 1e12,
         "memory_bw_gbs": 2 * src.numel() * 4 / copy / 1e9,
         "op_overhead_us": op * 1e6,
         "pointwise": pointwise,

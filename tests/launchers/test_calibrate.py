@@ -98,6 +98,7 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     # cluster.cpus_per_task=1: a thread per task; the emulated nodes share this host's CPUs.
     assert [t.core_share for t in cal.nodes] == [min(1.0, (os.cpu_count() or 1) / (2 * t.nodes)) for t in cal.nodes]
     assert [t.nodes_per_host for t in cal.nodes] == [1, 2]
+    assert all(t.sustained_tflops > 0 for t in cal.nodes)
     run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(SMALL))
     for timing in cal.nodes:
         assert len(timing.gemms) == len(gemm_shapes(run)) and all(g.seconds > 0 for g in timing.gemms)

@@ -109,8 +109,12 @@ def test_one_process_measures_everything_but_collectives(monkeypatch: pytest.Mon
         monkeypatch.delenv(key, raising=False)
     spec = CalibrationSpec(gemms=((32, 64, 16, 1, "nt"), (32, 16, 64, 1, "nn")), precision="fp32", device_type="cpu",
                            message_bytes=(1024,), copy_bytes=1 << 20, pointwise=(("gelu", (64, 64)),),
-                           attention=((2, 4, 64, 16, True),), min_seconds=0.001, trials=1)  # fmt: skip
+                           attention=((2, 4, 64, 16, True),), min_seconds=0.001, trials=1,
+                           sustained_seconds=0.01)  # fmt: skip
     out = measure(spec)
+    # The largest GEMM sustained, and who this task is on which host (launchers.calibrate.core_share).
+    assert out["sustained_tflops"] > 0 and out["threads"] >= 1 and out["host_cpus"] >= 1
+    assert out["host"] and out["node"]
     [core] = out["attention"]
     assert (core["batch"], core["heads"], core["seq_length"], core["head_dim"], core["causal"]) == (2, 4, 64, 16, True)
     assert core["forward_s"] > 0 and "backward_s" in core and core["precision"] == "fp32"

@@ -146,6 +146,9 @@ class NodeTiming:
     an emulated cluster, whose nodes share one host (files from before it: 1)."""
     nodes_per_host: int = 1
     """The job's nodes that run on one host: 1 on a real cluster, all of them on an emulated one."""
+    sustained_tflops: float = 0.0
+    """The largest GEMM's rate per device with every device of the job running it back to back for
+    half a second at once (TFLOP/s; train.calibration_job.sustained_rate; files from before it: 0)."""
 
 
 @dataclass(frozen=True)
@@ -258,10 +261,12 @@ def node_timing(cal: Calibration, nodes: int) -> NodeTiming | None:
 
 
 def time_shared(own: NodeTiming, shared: NodeTiming) -> NodeTiming:
-    """`own`'s figures (ranks with a core each) for the ranks of `shared`, which get its core_share of
-    a core: every time divided by that share, the copy bandwidth multiplied by it.
+    """`own`'s figures (ranks with a core each) for the ranks of `shared`, which time-share cores:
+    every time divided by their share, the copy bandwidth multiplied by it. The share is the
+    sustained GEMM rate of `shared` over that of `own` (what switching between ranks costs
+    included), at most the counted core_share; the counted one where either job did not measure it.
 
-    Why not the figures the shared job timed itself: a time-sharing scheduler is fair over periods
+    Why not the figures the shared job timed itself, shape by shape: a time-sharing scheduler is fair over periods
     long against its slice (a few ms), as a training step is (0.25 s for the local cluster's small
     GPT), but not over a calibration's trials of 20-50 ms, whose slowest rank (the one each trial
     counts, train.calibration_job.concurrent_seconds) got less than its share. On the local cluster
@@ -271,6 +276,8 @@ def time_shared(own: NodeTiming, shared: NodeTiming) -> NodeTiming:
     figures, took 1-45% less than predicted (both attempts of the local-cluster test in CI on dc0bb49),
     its one-node layouts within 13%."""
     share = shared.core_share
+    if shared.sustained_tflops > 0 and own.sustained_tflops > 0:
+        share = min(share, shared.sustained_tflops / own.sustained_tflops)
     return replace(
         own,
         nodes=shared.nodes,

@@ -327,6 +327,16 @@ def test_ranks_that_share_cores_hide_the_pipeline_bubble(tmp_path: Path) -> None
     assert [g.seconds for g in half.gemms] == [2 * g.seconds for g in own.gemms]
     assert half.memory_bw_gbs == own.memory_bw_gbs / 2 and half.op_overhead_us == 2 * own.op_overhead_us
     assert gemm_table(str(path), 2) == {key: 2 * s for key, s in gemm_table(str(path), 1).items()}
+    # Where both jobs sustained the largest GEMM, their ratio is the share (switching between ranks
+    # costs), never above the count; where either did not, the count.
+    sustained = [replace(one.nodes[0], sustained_tflops=0.1), replace(two, sustained_tflops=0.04)]
+    assert node_timing(replace(shared, nodes=sustained), 2).core_share == pytest.approx(0.4)  # type: ignore[union-attr]
+    above = [sustained[0], replace(two, sustained_tflops=0.07)]
+    assert node_timing(replace(shared, nodes=above), 2).core_share == 0.5  # type: ignore[union-attr]
+    unmeasured = [sustained[0], two]
+    assert node_timing(replace(shared, nodes=unmeasured), 2).core_share == 0.5  # type: ignore[union-attr]
+    slower = node_timing(replace(shared, nodes=sustained), 2)
+    assert slower is not None and [g.seconds for g in slower.gemms] == pytest.approx([g.seconds / 0.4 for g in own.gemms])
     layout = ParallelismConfig(pp=2, micro_batch_size=1, global_batch_size=2, precision=Precision.fp32)
     on_one = predict_time(MODEL, layout, hw, dp=1)  # 2 devices: one node, each rank owns its core
     assert on_one.parts["bubble"] == pytest.approx(max(on_one.stage_seconds))
