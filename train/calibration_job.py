@@ -214,6 +214,20 @@ def fresh_operands(make: Callable[[], T], nbytes: int) -> Callable[[], T]:
 _POOLS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
+def _align(dtype: torch.dtype) -> int:
+    # Each view starts on 64 bytes, as torch's allocator aligns a tensor.
+    return max(1, 64 // dtype.itemsize)
+
+
+def pool_elements(dtype: torch.dtype, nbytes: int) -> int:
+    """Elements of the buffer _carver needs for operands of `nbytes` (room to align two views per copy)."""
+    return operand_copies(nbytes) * (nbytes // dtype.itemsize + 2 * _align(dtype))
+
+
+def _operand_bytes(m: int, n: int, k: int, batch: int, dtype: torch.dtype) -> int:
+    return dtype.itemsize * batch * (m * k + k * n)
+
+
 def _carver(dtype: torch.dtype, device: torch.device, nbytes: int) -> Callable[[tuple[int, ...]], torch.Tensor]:
     """A `make` helper for fresh_operands: each call returns the next `shape` of one random buffer
     that the whole process shares (read only), at least operand_copies(nbytes) x `nbytes` long.
@@ -223,9 +237,8 @@ def _carver(dtype: torch.dtype, device: torch.device, nbytes: int) -> Callable[[
     (65,536 page faults per 256 MiB). The buffer is drawn once, and again only where a shape needs
     more (measure() lets it go at the end)."""
     key = (device, dtype)
-    # Each view starts on 64 bytes, as torch's allocator aligns a tensor: room for two per copy.
-    align = max(1, 64 // dtype.itemsize)
-    elements = operand_copies(nbytes) * (nbytes // dtype.itemsize + 2 * align)
+    align = _align(dtype)
+    elements = pool_elements(dtype, nbytes)
     if key not in _POOLS or _POOLS[key].numel() < elements:
         _POOLS.pop(key, None)
         _POOLS[key] = torch.randn(elements, device=device).to(dtype)
@@ -249,7 +262,7 @@ def _gemm(m: int, n: int, k: int, batch: int, layout: str, dtype: torch.dtype, d
     lead = (batch,) if batch > 1 else ()
     a_shape = (*lead, k, m) if layout == "tn" else (*lead, m, k)
     b_shape = (*lead, n, k) if layout == "nt" else (*lead, k, n)
-    nbytes = dtype.itemsize * batch * (m * k + k * n)
+    nbytes = _operand_bytes(m, n, k, batch, dtype)
     take = _carver(dtype, device, nbytes)
     pairs = fresh_operands(lambda: (take(a_shape), take(b_shape)), nbytes)
 
@@ -352,6 +365,27 @@ def _collective(op: str, nbytes: int, group: Any, peer: int | None, device: torc
     return exchange if rank != peer else None
 
 
+def gemm_seconds(spec: CalibrationSpec, dtype: torch.dtype, device: torch.device) -> list[float]:
+    """Seconds of each of spec.gemms: the best of `trials` timings (concurrent_seconds), taken in
+    `trials` passes over all the shapes rather than shape after shape.
+
+    A machine's speed drifts over seconds to minutes (a VM's neighbours, clocks); timed shape after
+    shape, a slow stretch falls on some shapes only, and the time model then ranks layouts by which
+    of their GEMMs met it. On the local cluster, GEMM time of the small GPT's layouts at micro-batch 1
+    against 2 (same tokens per step) came out from 5% lower to 24% higher across calibrations of one
+    hour, while training measured them within the runs' noise of each other. In passes, every shape
+    is timed in every stretch, so each keeps the machine's speed of its best pass."""
+    # The largest buffer first: the operands' buffer (_carver) is drawn once, and every shape's
+    # operands are views of it, alive together.
+    order = sorted(range(len(spec.gemms)), key=lambda i: -pool_elements(dtype, _operand_bytes(*spec.gemms[i][:4], dtype)))
+    calls = {i: _gemm(*spec.gemms[i], dtype, device) for i in order}
+    best = [math.inf] * len(spec.gemms)
+    for _ in range(spec.trials):
+        for i in order:
+            best[i] = min(best[i], concurrent_seconds(calls[i], device=device, min_seconds=spec.min_seconds, trials=1))
+    return best
+
+
 def measure(spec: CalibrationSpec) -> dict[str, Any]:
     """This task's measurements (JSON-ready): its GEMMs, copy bandwidth, op cost and collectives."""
     env = os.environ
@@ -367,10 +401,7 @@ def measure(spec: CalibrationSpec) -> dict[str, Any]:
     dtype = DTYPES[spec.precision]
     barrier = dist.barrier if launch is not None else (lambda: None)
     barrier()
-    gemms = [
-        asdict(GemmTiming(m, n, k, b, spec.precision, concurrent_seconds(_gemm(m, n, k, b, lay, dtype, device), device=device, **timing), lay))
-        for m, n, k, b, lay in spec.gemms
-    ]
+    gemms = [asdict(GemmTiming(m, n, k, b, spec.precision, s, lay)) for (m, n, k, b, lay), s in zip(spec.gemms, gemm_seconds(spec, dtype, device), strict=True)]
     # The largest GEMM, sustained: what ranks that share cores each get of them (sustained_rate).
     sustained = 0.0
     if spec.gemms:

@@ -4,8 +4,9 @@
 
 1. `python -m launchers calibrate` for a small GPT on 1 and 2 emulated nodes (2 tasks each);
 2. for each node count, `hydra/sweeper=layouts` with that calibration hands the predicted fastest
-   layouts (dp, tp, pp, micro-batch, recompute) to hydra/launcher=slurm with throttle 1 and waits,
-   node counts one after the other, so no two jobs ever share the host's cores;
+   layouts (dp, tp, pp, micro-batch, recompute) to hydra/launcher=slurm, held (sbatch --hold); the
+   jobs are then released one at a time, alternating node counts (run_alternately), so no two jobs
+   ever share the host's cores and a slow stretch of the machine falls on both node counts;
 3. every measured sec/it is compared with its prediction: mean absolute error, and whether the
    measured fastest is within the predicted top 3.
 
@@ -19,14 +20,16 @@ in tests/bench/results/.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from train.contract import RESULT_FILE, SEARCH_FILE
+from train.contract import RESULT_FILE, SEARCH_FILE, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "model.seq_length=128",
@@ -65,13 +68,19 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
     cal = out / "calibration.json"
     subprocess.run([sys.executable, "-m", "launchers", "calibrate", *MODEL, *SEARCH, *cluster, "search.nodes=[1,2]",
                     "--min-seconds", str(min_seconds), "--out", str(cal)], cwd=REPO, check=True)  # fmt: skip
-    rows = []
+    held = {}
     for nodes in (1, 2):
         sweep = out / f"nodes{nodes}"
         subprocess.run([sys.executable, "-m", "train", "-m", "hydra/sweeper=layouts", "hydra/launcher=slurm",
-                        "hydra.launcher.wait=true", "cluster.array_parallelism=1", *MODEL, *SEARCH, *cluster,
-                        f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}", f"hardware.calibration={cal}",
-                        f"hydra.sweep.dir={sweep}"], cwd=REPO, check=True, capture_output=True)  # fmt: skip
+                        "+hydra.launcher.sbatch_args.hold=''", "cluster.array_parallelism=1", *MODEL, *SEARCH,
+                        *cluster, f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}",
+                        f"hardware.calibration={cal}", f"hydra.sweep.dir={sweep}"],
+                       cwd=REPO, check=True, capture_output=True)  # fmt: skip
+        held[nodes] = [str(e.job_id) for e in read_manifest(sweep) if e.job_id is not None]
+    run_alternately(held[1], held[2])
+    rows = []
+    for nodes in (1, 2):
+        sweep = out / f"nodes{nodes}"
         with (sweep / SEARCH_FILE).open(newline="") as f:
             predicted = {r["overrides"]: float(r["pred_sec_per_iter"]) for r in csv.DictReader(f)}
         for path in sorted(sweep.glob(f"*/{RESULT_FILE}")):
@@ -85,6 +94,24 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
                       f"cv {record['sec_per_iter_cv']:.0%}")
             rows.append((nodes, _label(key), predicted[key], float(record["sec_per_iter"]), spread))
     return rows
+
+
+def run_alternately(*queues: list[str], timeout_s: float = 600.0) -> None:
+    """Release held jobs one at a time, taking the queues in turn (the first job of each, then the
+    second, ...), each after the one before has left the queue.
+
+    On this VM the speed drifts over minutes: measured node count after node count, the two-node
+    layouts' sec/it came out from 0.84 to 1.43 times the one-node layouts' of the same work (seven
+    runs on 2026-11-26), which no model of the layouts can predict; in turn, both sets meet the
+    same stretches."""
+    order = [job for turn in itertools.zip_longest(*queues) for job in turn if job is not None]
+    for job in order:
+        subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
+        deadline = time.monotonic() + timeout_s
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job} still queued or running after {timeout_s:.0f} s")
+            time.sleep(0.5)
 
 
 def report(rows: list[Row]) -> tuple[list[str], float, bool]:
