@@ -386,12 +386,28 @@ def fork_local(
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+def _stop_signalled(fd: int) -> int | None:
+    """The stop signal (SIGTERM, SIGINT) this process received so far, from the bytes Python's C-level
+    handler wrote to its wakeup fd (signal.set_wakeup_fd) as each arrived; None if none did."""
+    received = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 512):
+            received += chunk
+    return next((sig for sig in received if sig in _STOP_SIGNALS), None)
+
+
 def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
     global _hold_rendezvous_output
     code = 1
+    # Every signal with a Python handler leaves a byte here the moment it arrives, even while the
+    # worker is blocked in C++ (a gloo collective) and before that handler has run.
+    wakeup_r, wakeup_w = os.pipe()
+    os.set_blocking(wakeup_r, False)
+    os.set_blocking(wakeup_w, False)
     try:
         _die_with_parent()
         _hold_rendezvous_output = True
+        signal.set_wakeup_fd(wakeup_w, warn_on_full_buffer=False)
         # The parent's handlers forward signals to workers; a worker gets the default SIGTERM back
         # (the trainer installs its own) and Ctrl-C as the trainer takes it (a record, then exit).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -409,8 +425,15 @@ def _run_forked(worker: Callable[[], int], env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED  # the trainer's record says so; a traceback would say nothing more
     except BaseException:
-        traceback.print_exc()
-        code = 1
+        stopped = _stop_signalled(wakeup_r)
+        if stopped is None:
+            traceback.print_exc()
+            code = 1
+        else:
+            # Told to stop, the ranks stop at slightly different moments: one still in a collective
+            # fails when a peer that stopped first closes its connection ("Connection closed by
+            # peer"). The parent's one line and rank 0's record say what happened; this is its echo.
+            code = 128 + stopped
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

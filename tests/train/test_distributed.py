@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -222,6 +223,34 @@ def test_a_refused_fork_ends_the_workers_started_and_leaves_no_signal_blocked() 
     assert lines[:2] == ["refused True", "blocked []"], proc.stdout
     assert len(lines) == 3 and lines[2].startswith("ended "), proc.stdout  # the one worker forked, reaped
     assert time.monotonic() - start < 30  # not the worker's 60 s
+
+
+def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback() -> None:
+    # SIGTERM reaches every worker at once, but they stop at slightly different moments: one still
+    # blocked in a gloo collective (where its Python handler cannot run) fails when a peer that
+    # stopped first closes the connection. That failure is an echo of the stop (the parent prints
+    # the one line), not a traceback; a worker that fails without being told to stop still prints one.
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from train import distributed\n"
+        "def worker():\n"
+        "    told = []\n"
+        "    signal.signal(signal.SIGTERM, lambda *_: told.append(1))  # as the trainer's, too late\n"
+        "    while sys.argv[1] == 'stop' and not told: time.sleep(0.01)\n"
+        "    raise RuntimeError('Connection closed by peer')\n"
+        "if sys.argv[1] == 'stop':\n"
+        "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "result = distributed.fork_local(worker, world_size=2, grace_s=5.0)\n"
+        "print('codes', sorted(result.returncodes), 'stopped_by', result.stopped_by)\n"
+    )
+    stopped = subprocess.run([sys.executable, "-c", script, "stop"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "Traceback" not in stopped.stderr and "Connection closed" not in stopped.stderr, stopped.stderr
+    assert stopped.stdout.split() == ["codes", "[143,", "143]", "stopped_by", str(int(signal.SIGTERM))], stopped.stdout
+    failed = subprocess.run([sys.executable, "-c", script, "fail"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert failed.stderr.count("RuntimeError: Connection closed by peer") >= 1, failed.stderr
+    # (The first failure makes the parent stop the other worker, which may then end as told to.)
+    assert "Traceback" in failed.stderr and "codes [1," in failed.stdout, failed.stdout + failed.stderr
 
 
 def test_free_port_is_bindable() -> None:
