@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from launchers.queue import is_live, read_states
 from train.contract import RESULT_FILE, SEARCH_FILE, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,9 @@ def run_alternately(*queues: list[str], timeout_s: float = 600.0) -> None:
     for job in order:
         subprocess.run(["scontrol", "release", job], check=True, capture_output=True)
         deadline = time.monotonic() + timeout_s
-        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+        # launchers.queue, the project's one reader of squeue and sacct: a job neither answered for
+        # counts as still queued, so a failed query never releases the next job early.
+        while is_live(read_states([job]).get(job, "PENDING")):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job} still queued or running after {timeout_s:.0f} s")
             time.sleep(0.5)
