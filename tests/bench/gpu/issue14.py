@@ -41,7 +41,7 @@ MODELS = ("gpt_350m", "gpt_1.3b")
 RECOMPUTE = ("none", "selective", "full")
 MFU_GBS = 32
 """Global batch of the MFU runs: 4 to 32 micro-batches, so the optimizer step is a small share."""
-ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100, "trace": 40, "layouts": 280}
+ESTIMATE_S = {"env": 15, "smoke": 40, "calibrate": 90, "mfu": 300, "plain": 70, "profile": 50, "gemm": 60, "memory": 360, "best": 100, "trace": 40, "layouts": 280, "heads": 40}
 """Rough seconds per stage on an H100, to skip a stage that cannot end before the deadline."""
 
 
@@ -245,7 +245,8 @@ def trace(d: Driver) -> None:
 
 
 def heads(d: Driver) -> None:
-    rc, _ = d.sh("heads", [sys.executable, "-m", "tests.bench.gpu.attention_heads", "--out", str(d.work / "attention_heads.json")])
+    rc, _ = d.sh("heads", [sys.executable, "-m", "tests.bench.gpu.attention_heads", "--out", str(d.work / "attention_heads.json"),
+                          "--mbs", "1", "2", "4", "8"])  # the BLOOM notes' micro-batch sizes
     d.summary["stages"]["heads"] = rc
 
 
