@@ -125,7 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slurm)
             # Under `pytest -n N --dist loadgroup` (make test) the Slurm tests run one after another on
             # one worker: they share the one cluster and its queue, and some read it whole. The other
-            # worker meanwhile runs the tests that need only processes of their own.
+            # workers meanwhile run the tests that need only processes of their own.
             # Without xdist (-p no:xdist: make test's `alone` run) the marker is unknown.
             if config.pluginmanager.hasplugin("xdist"):
                 item.add_marker(pytest.mark.xdist_group("slurm"))

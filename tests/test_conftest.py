@@ -1,5 +1,5 @@
-"""tests/conftest.py under `make test`'s `pytest -n 2 --dist loadgroup`: every test that uses the Slurm
-cluster runs on one worker, one after another, while the other worker runs the rest.
+"""tests/conftest.py under `make test`'s `pytest -n N --dist loadgroup`: every test that uses the Slurm
+cluster runs on one worker, one after another, while the other workers run the rest.
 
 Both halves of that broke silently before: the group marker was added after xdist had read the
 markers, and pytest 9.2 drops the group xdist writes into node ids (pytest-xdist#1386). Nothing
