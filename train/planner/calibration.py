@@ -214,6 +214,17 @@ class Link:
 
     latency: float
     bandwidth: float
+    ops: tuple[tuple[str, float, float], ...] = ()
+    """(collective, latency, bandwidth) of each collective the file timed at two sizes or more, its own
+    ring fit; the scope's figures above price the others. A backend may run one collective as another:
+    gloo's reduce-scatter is an all-reduce and a copy, twice its half-ring time on the local cluster
+    (2026-11-26), which sequence parallelism pays twice per layer."""
+
+    def seconds(self, op: str, ranks: int, nbytes: float) -> float:
+        """One `op` of `nbytes` (the whole message) over `ranks` ranks on this link."""
+        latency, bandwidth = next(((lat, bw) for name, lat, bw in self.ops if name == op), (self.latency, self.bandwidth))
+        steps, share = ring_factors(op, ranks)
+        return steps * latency + share * nbytes / bandwidth
 
 
 def fit_link(timings: list[CollectiveTiming]) -> Link | None:
@@ -240,10 +251,27 @@ def fit_link(timings: list[CollectiveTiming]) -> Link | None:
 
 @functools.lru_cache(maxsize=64)
 def links(path: str) -> dict[str, Link]:
-    """The fitted Link of each scope the file measured ('intra', 'inter')."""
+    """The fitted Link of each scope the file measured ('intra', 'inter'), with each collective's own fit."""
     cal = load_calibration(path)
-    fitted = {scope: fit_link([c for c in cal.collectives if c.scope == scope]) for scope in ("intra", "inter")}
-    return {scope: link for scope, link in fitted.items() if link is not None}
+    fitted = {}
+    for scope in ("intra", "inter"):
+        timings = [c for c in cal.collectives if c.scope == scope]
+        link = fit_link(timings)
+        if link is not None:
+            fitted[scope] = with_op_fits(link, timings)
+    return fitted
+
+
+def with_op_fits(link: Link, timings: list[CollectiveTiming]) -> Link:
+    """`link` (the fit of every collective together) with each collective's own ring fit: the physics
+    (steps and bytes moved) stays the ring model's, while latency and bandwidth are what this backend
+    shows for that collective."""
+    ops = []
+    for op in sorted({t.op for t in timings}):
+        own = fit_link([t for t in timings if t.op == op])
+        if own is not None:
+            ops.append((op, own.latency, own.bandwidth))
+    return replace(link, ops=tuple(ops))
 
 
 def node_timing(cal: Calibration, nodes: int) -> NodeTiming | None:

@@ -364,13 +364,11 @@ def _link(mach: _Machine, span: int) -> Link:
     return link
 
 
-def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, passes: int) -> float:
-    """A ring collective over `ranks` ranks: `passes` = 2 for all-reduce, 1 for reduce-scatter or all-gather."""
+def _ring(mach: _Machine, nbytes: float, ranks: int, span: int, *, op: str) -> float:
+    """A ring collective `op` (all_reduce, reduce_scatter, all_gather) over `ranks` ranks."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    link = _link(mach, span)
-    steps = passes * (ranks - 1)
-    return steps * link.latency + steps / ranks * nbytes / link.bandwidth
+    return _link(mach, span).seconds(op, ranks, nbytes)
 
 
 def _one_gemm(m: int, n: int, k: int, batch: int, layout: str, mach: _Machine, precision: Precision) -> float:
@@ -496,10 +494,11 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
 
 def _tp_collective(mach: _Machine, nbytes: float, t: int, *, sequence_parallel: bool) -> float:
     """One of Megatron's f / g operators on `nbytes`: an all-reduce, or under sequence parallel a
-    reduce-scatter and an all-gather (the two halves of a ring all-reduce, so the same time)."""
+    reduce-scatter and an all-gather (the two halves of a ring all-reduce: the same time, unless the
+    calibration timed this backend's collectives otherwise)."""
     if sequence_parallel:
-        return 2 * _ring(mach, nbytes, t, t, passes=1)
-    return _ring(mach, nbytes, t, t, passes=2)
+        return _ring(mach, nbytes, t, t, op="reduce_scatter") + _ring(mach, nbytes, t, t, op="all_gather")
+    return _ring(mach, nbytes, t, t, op="all_reduce")
 
 
 def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: bool, last: bool) -> _Stage:
@@ -511,7 +510,7 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
         # Lookup, position add and the backward's scatter-add, each counted as an add of b*s*h
         # elements (forward and backward); the vocabulary-parallel lookup is summed over TP.
         stage.add("memory_bound", sum(_pointwise([("add", tokens * h)] * 3, mach, e)))
-        stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, passes=2))
+        stage.add("tp_comm", _ring(mach, tokens * h * e, t, t, op="all_reduce"))
     if last:
         head_f, head_b = _gemm_seconds(head_gemms(model, micro_batch_size=par.mbs, tp=t), mach, precision)
         stage.add("gemm", head_f + head_b)
@@ -523,7 +522,7 @@ def _ends(model: ModelConfig, par: ParallelismConfig, mach: _Machine, *, first: 
         # The logits' input gradient is summed over TP (sequence parallel: the input gathered, its
         # gradient reduce-scattered); the loss's max and sum are b*s floats.
         head = _tp_collective(mach, tokens * h * e, t, sequence_parallel=par.sequence_parallel)
-        stage.add("tp_comm", head + 3 * _ring(mach, tokens * 4, t, t, passes=2))
+        stage.add("tp_comm", head + 3 * _ring(mach, tokens * 4, t, t, op="all_reduce"))
     return stage
 
 
@@ -537,19 +536,19 @@ def _dp_seconds(
     if stack == Stack.megasweep:
         # fp32 gradients in train.dp's buckets; ZeRO-1 reduce-scatters them and all-gathers fp32 weights.
         if zero == 0:
-            return _ring(mach, 4 * n, dp, span, passes=2)
-        return _ring(mach, 4 * n, dp, span, passes=1) * 2
+            return _ring(mach, 4 * n, dp, span, op="all_reduce")
+        return _ring(mach, 4 * n, dp, span, op="reduce_scatter") + _ring(mach, 4 * n, dp, span, op="all_gather")
     if stack == Stack.megatron_deepspeed:
         # DeepSpeed's 2022 BF16_Optimizer all-reduces fp32 gradients, then all-gathers 16-bit weights.
-        return _ring(mach, 4 * n, dp, span, passes=2) + (_ring(mach, e * n, dp, span, passes=1) if zero else 0.0)
+        return _ring(mach, 4 * n, dp, span, op="all_reduce") + (_ring(mach, e * n, dp, span, op="all_gather") if zero else 0.0)
     # DeepSpeed ZeRO reduces 16-bit gradients; stage 1 reduce-scatters them once per step, stages 2
     # and 3 after every micro-batch's backward (its gradients are partitioned as they are produced),
     # and stage 3 gathers the parameters for every forward and backward besides; the updated 16-bit
     # weights are all-gathered after the step.
     if zero == 0:
-        return _ring(mach, e * n, dp, span, passes=2)
-    scatter = _ring(mach, e * n, dp, span, passes=1)
-    gather = _ring(mach, e * n, dp, span, passes=1)
+        return _ring(mach, e * n, dp, span, op="all_reduce")
+    scatter = _ring(mach, e * n, dp, span, op="reduce_scatter")
+    gather = _ring(mach, e * n, dp, span, op="all_gather")
     per_step = (micro_batches if zero >= 2 else 1) * scatter + gather
     return per_step + (2 * micro_batches * gather if zero == 3 else 0.0)
 
@@ -615,7 +614,7 @@ def _predict(
         # The tied word embedding's fp32 gradient is summed between the first and the last stage
         # (train.parallel.tie_embedding_grads; Megatron's embedding group), after backward.
         words = padded_vocab_size(model, par.tp) // par.tp * model.hidden_size
-        dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, passes=2)
+        dp_time += _ring(mach, 4 * words, 2, par.tp * dp * par.pp, op="all_reduce")
     parts["dp_comm"] = dp_time
     held = numels[worst_stage]
     stepped = held / dp if par.zero_stage >= 1 else held
@@ -752,7 +751,7 @@ class _RankWork:
 
         def p2p(boundary: int) -> float:
             link = _link(mach, 2 * mach.per_node if crossings[boundary] else 1)
-            return link.latency + p2p_bytes / link.bandwidth
+            return link.seconds("send_recv", 2, p2p_bytes)
 
         per_neighbour = 2 if stack == Stack.megatron_deepspeed else 1
         casts = stack == Stack.megasweep and Precision(self.key.precision) != Precision.fp32

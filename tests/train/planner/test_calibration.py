@@ -20,6 +20,7 @@ from train.planner.calibration import (
     NodeTiming,
     fit_link,
     gemm_table,
+    links,
     load_calibration,
     node_timing,
     ring_factors,
@@ -77,6 +78,36 @@ def test_the_ring_fit_recovers_latency_and_bandwidth() -> None:
     assert link is not None
     assert link.latency == pytest.approx(LATENCY) and link.bandwidth == pytest.approx(BANDWIDTH)
     assert fit_link(timings("inter", 4)[:1]) is None  # one size cannot separate the two
+
+
+def test_a_collective_the_backend_runs_as_another_is_priced_as_measured(tmp_path: Path) -> None:
+    # gloo's reduce-scatter is an all-reduce and a copy: timed as such, it costs twice its half-ring
+    # figure, which sequence parallelism pays twice per layer; the one fit keeps the other collectives'.
+    rs = [CollectiveTiming("reduce_scatter", "intra", 2, t.nbytes, t.seconds) for t in timings("intra", 2)
+          if t.op == "all_reduce"]  # fmt: skip
+    cal = Calibration(
+        version=CALIBRATION_VERSION, hardware="cpu", host="h", device="cpu x1", measured_at="now", torch="2.13",
+        nodes=load_calibration(str(calibration(tmp_path))).nodes, collectives=timings("intra", 2) + rs,
+    )
+    path = cal.write(tmp_path / "gloo.json")
+    link = links(str(path))["intra"]
+    # Each collective priced at its own measured times (the largest message, where bandwidth rules).
+    for t in cal.collectives:
+        if t.nbytes == 1 << 20:
+            assert link.seconds(t.op, t.ranks, t.nbytes) == pytest.approx(t.seconds, rel=0.1), t
+    assert link.seconds("reduce_scatter", 2, 1 << 20) > 1.8 * link.seconds("all_gather", 2, 1 << 20)
+    model = replace(MODEL, num_attention_heads=2)
+    hw = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(path))
+    sp, plain = (ParallelismConfig(tp=2, micro_batch_size=1, global_batch_size=1, precision=Precision.fp32,
+                                   sequence_parallel=on) for on in (True, False))  # fmt: skip
+    activation = model.seq_length * model.hidden_size * 4
+    # Megatron's f / g operators: four per layer and one at the head; each an all-reduce, or under
+    # sequence parallel a reduce-scatter and an all-gather.
+    sp_op = link.seconds("reduce_scatter", 2, activation) + link.seconds("all_gather", 2, activation)
+    plain_op = link.seconds("all_reduce", 2, activation)
+    gap = predict_time(model, sp, hw, dp=1).parts["tp_comm"] - predict_time(model, plain, hw, dp=1).parts["tp_comm"]
+    assert sp_op > 1.4 * plain_op
+    assert gap == pytest.approx((4 * model.num_layers + 1) * (sp_op - plain_op))
 
 
 def test_the_file_round_trips_and_another_version_is_refused(tmp_path: Path) -> None:
