@@ -11,7 +11,8 @@ train.planner.perf makes; train.calibration_job measures.
 Collective times are reduced to the two numbers of the ring model the time model uses: the latency
 of one ring step and the bus bandwidth, a least-squares fit of t = steps x latency + moved bytes /
 bandwidth over the measured sizes (`fit_link`), so a group of another size is predicted by the
-same physics.
+same physics: one fit of every collective of a scope, and each collective's own (`with_op_fits`),
+which prices it where the backend runs it otherwise than the ring model says.
 
 Torch-free.
 """
