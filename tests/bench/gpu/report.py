@@ -220,8 +220,8 @@ def heads_table(call: str = "call8") -> list[str]:
               f"(median {statistics.median(ratios):.2f}), misaligned or not."]  # fmt: skip
     slowest = 1.0
     for head, aligned in ALIGNED_NEIGHBOUR.items():
-        speed = [next(r["strided_tflops"] for r in rows if r["head"] == aligned and r["mbs"] == m) / r["strided_tflops"]
-                 for r in rows if r["head"] == head for m in [r["mbs"]]]  # fmt: skip
+        neighbour = {r["mbs"]: r["strided_tflops"] for r in rows if r["head"] == aligned}
+        speed = [neighbour[r["mbs"]] / r["strided_tflops"] for r in rows if r["head"] == head]
         slowest = max(slowest, *speed)
         lines.append(f"Head {head} (rows not 16-byte multiples) against head {aligned}, as Megatron-DeepSpeed runs them "
                      f"(strided): {min(speed):.2f}-{max(speed):.2f}x the time per FLOP.")  # fmt: skip
