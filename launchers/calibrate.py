@@ -281,7 +281,7 @@ def _torch_version() -> str:
 
 def format_calibration(cal: Calibration) -> str:
     """A few lines: what was measured, the best GEMM rate, bandwidths and the fitted links."""
-    from train.planner.calibration import fit_link, with_op_fits
+    from train.planner.calibration import fitted_links
     from train.planner.calibration import node_timing as priced
 
     lines = [f"calibration of {cal.hardware} on {cal.host} ({cal.device}, torch {cal.torch}), {cal.measured_at}"]
@@ -311,13 +311,10 @@ def format_calibration(cal: Calibration) -> str:
                 f"{used.core_share:.3g} by the sustained GEMM): the time model prices them as the figures of tasks "
                 "with a core each, divided by that"
             )
-    for scope in ("intra", "inter"):
-        timings = [c for c in cal.collectives if c.scope == scope]
-        link = fit_link(timings)
-        if link is not None:
-            lines.append(f"  {scope}-node link: {link.latency * 1e6:.3g} us per ring step, {link.bandwidth / 1e9:.3g} GB/s")
-            for op, latency, bandwidth in with_op_fits(link, timings).ops:
-                lines.append(f"    {op}: {latency * 1e6:.3g} us per ring step, {bandwidth / 1e9:.3g} GB/s")
+    for scope, link in fitted_links(cal).items():
+        lines.append(f"  {scope}-node link: {link.latency * 1e6:.3g} us per ring step, {link.bandwidth / 1e9:.3g} GB/s")
+        for op, latency, bandwidth in link.ops:
+            lines.append(f"    {op}: {latency * 1e6:.3g} us per ring step, {bandwidth / 1e9:.3g} GB/s")
     return "\n".join(lines)
 
 

@@ -253,7 +253,11 @@ def fit_link(timings: list[CollectiveTiming]) -> Link | None:
 @functools.lru_cache(maxsize=64)
 def links(path: str) -> dict[str, Link]:
     """The fitted Link of each scope the file measured ('intra', 'inter'), with each collective's own fit."""
-    cal = load_calibration(path)
+    return fitted_links(load_calibration(path))
+
+
+def fitted_links(cal: Calibration) -> dict[str, Link]:
+    """`links` of a calibration already read (what `launchers calibrate` prints)."""
     fitted = {}
     for scope in ("intra", "inter"):
         timings = [c for c in cal.collectives if c.scope == scope]
