@@ -36,9 +36,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	@# DeepSpeed compiles its CPU ops (CPU Adam for offload, the shared-memory collectives) on first use,
 	@# into ~/.cache/torch_extensions, again for every new venv path. Built here, alone on the cores, not
 	@# inside a timed Slurm job while the other test worker shares them; a failure only defers the build.
+	@# train.ds_engine loads them past a lock file that a killed earlier load left behind.
 	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
-	$(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder; \
-	CPUAdamBuilder().load(verbose=False); ShareMemCommBuilder().load(verbose=False)" >/dev/null || \
+	$(PY) -c "from train.ds_engine import import_deepspeed, load_cpu_op; \
+	import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')" >/dev/null || \
 	echo "make: DeepSpeed's CPU ops were not built ahead; the tests that need them build them"
 	touch $@
 

@@ -109,7 +109,47 @@ def import_deepspeed(device_type: str) -> ModuleType:
             f"DeepSpeed's accelerator is {name!r}, the run needs {device_type!r}: set "
             f"DS_ACCELERATOR={device_type} before deepspeed is first imported"
         )
+    if device_type == "cpu":
+        # deepspeed.comm loads it on every CPU rank (its shared-memory all-reduce).
+        load_cpu_op("ShareMemCommBuilder")
     return deepspeed
+
+
+def load_cpu_op(builder_name: str) -> None:
+    """Load one of DeepSpeed's JIT-built CPU ops ('ShareMemCommBuilder', 'CPUAdamBuilder') so that
+    DeepSpeed's own later load of it returns the loaded module.
+
+    torch.utils.cpp_extension guards each op's build directory with a plain lock file, taken by
+    every process that loads the op, even when nothing is built, and removed only by that process:
+    one killed inside that window (scancel, a time limit, a failed rank's neighbours ended) leaves
+    the file behind, and every later DeepSpeed process that loads the op waits on it for ever
+    (CI, 2026-11-26: a ZeRO sweep's jobs waited until the test gave up). Here the load holds an
+    flock on a file beside the directory first, which the kernel releases when its holder dies:
+    whoever holds it and finds torch's lock file knows it was left by a process that died, and
+    removes it. Processes that load the op outside megasweep do not take the flock.
+    """
+    import fcntl
+    import sys
+
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops import __compatible_ops__
+    from torch.utils.cpp_extension import _get_build_directory
+
+    builder = get_accelerator().create_op_builder(builder_name)
+    if builder is None or not __compatible_ops__.get(builder.NAME, False):
+        return  # DeepSpeed then runs without it, as it would have
+    build_dir = _get_build_directory(builder.name, verbose=False)
+    with open(f"{build_dir}.megasweep-lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            print(
+                f"megasweep: removing {stale}, left by a process that died while loading "
+                f"DeepSpeed's {builder.name} op (every later load would wait on it)",
+                file=sys.stderr,
+            )
+            os.remove(stale)
+        builder.load(verbose=False)
 
 
 def _free_port() -> int:
@@ -167,6 +207,8 @@ def build_deepspeed_engine(
     device_type = next(model.parameters()).device.type
     deepspeed = import_deepspeed(device_type)
     _ensure_process_group(deepspeed, device_type)
+    if ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device") == "cpu":
+        load_cpu_op("CPUAdamBuilder")  # DeepSpeedCPUAdam's op (see load_cpu_op)
     weight_decay = float(ds_config["optimizer"]["params"]["weight_decay"])
     engine, _, _, _ = deepspeed.initialize(
         model=model,

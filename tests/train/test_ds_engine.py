@@ -292,3 +292,40 @@ def test_deepspeed_stage2_matches_the_18_byte_convention() -> None:
     # 1.3B parameters, the model's name.
     assert 1.2e9 < ds.total_params < 1.45e9
     assert math.isfinite(ds.host_bytes)
+
+
+LOAD_SHM = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)"
+
+
+def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Path) -> None:
+    """torch leaves its build lock behind when a process dies loading an op (CI, 2026-11-26: a ZeRO
+    sweep on Slurm waited on one for ever); train.ds_engine's load removes one that nobody holds."""
+    import shutil
+    import subprocess
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    # The op as built for this venv (make install-test builds it; loaded here in case it is not),
+    # copied with its timestamps into a directory of this test's own, so that no other test's
+    # DeepSpeed process can meet the lock.
+    load = "from train.ds_engine import import_deepspeed; import_deepspeed('cpu')"
+    subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, timeout=600)
+    built = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
+    shutil.copytree(built, tmp_path / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_ACCELERATOR": "cpu"}
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.touch()  # what a process killed between torch's try_acquire() and release() leaves
+
+    # DeepSpeed's own load waits on it (torch's FileBaton polls until the file goes).
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", LOAD_SHM], env=env, capture_output=True, timeout=5)
+    assert lock.exists()
+
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{load}; {LOAD_SHM}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"megasweep: removing {lock}, left by a process that died" in proc.stderr
+    assert not lock.exists()
