@@ -13,7 +13,7 @@ trials long enough to time reliably, and the best trial is the peak, because int
 only ever makes a trial slower. The trials' spread is kept with it. Concurrent runs on one
 host take a file lock, so one of them calibrates while the others wait for its figure instead
 of measuring each other. Delete the cache file to calibrate again (after a BIOS or driver
-change, say).
+change, say); a run that beats the cached figure drops it itself (forget_cached_peak).
 """
 
 from __future__ import annotations
@@ -184,3 +184,30 @@ def cached_peak(
         except OSError as exc:
             return replace(measured, cache_file=None), f"peak calibration not cached ({exc}): measured for this run only"
         return measured, None
+
+
+def forget_cached_peak(calibration: PeakCalibration) -> bool:
+    """Drop `calibration` from its host's cache if it is still the entry there; True if dropped.
+
+    A run that went faster than the peak proves the figure too low (calibrated while other work
+    shared the cores): kept, it would put every later run on this host above 100% MFU. Dropped,
+    the next run measures again. An entry another run wrote since (another calibrated_at) stays.
+    """
+    if calibration.cache_file is None:
+        return False
+    path = Path(calibration.cache_file)
+    try:
+        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 (held across the rewrite)
+    except OSError:
+        return False
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = _read_entries(path)
+        entry = entries.get(calibration.key)
+        if not isinstance(entry, dict) or entry.get("calibrated_at") != calibration.calibrated_at:
+            return False
+        try:
+            write_json_atomic(path, {"entries": {k: v for k, v in entries.items() if k != calibration.key}})
+        except OSError:
+            return False
+        return True

@@ -30,9 +30,11 @@ import torch
 
 from conf.schema import RunConfig, WandbMode, to_plain_dict
 from train import distributed, failures
+from train.calibrate import forget_cached_peak
 from train.contract import (
     RESULT_FILE,
     OomReport,
+    PeakCalibration,
     RunRecord,
     oom_report_name,
     read_oom_reports,
@@ -378,6 +380,9 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             f"iterations: sec/it, throughput, TFLOPs and MFU are not given (they are figures of the full batch)"
         )
     if (above := above_peak_warning(progress)) is not None:
+        cal = progress.peak_calibration
+        if cal is not None and forget_cached_peak(PeakCalibration.from_dict(cal)):
+            above += f"; dropped from {cal['cache_file']}, so the next run on this host measures it again"
         progress.warnings.append(above)
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
     per_rank = progress.max_mem_per_rank or ([] if mem is None else [mem])

@@ -3,6 +3,7 @@ whose log lines and record use that one peak, warning (never `n/a`) when an iter
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from tests.launchers.test_slurm_launcher import TINY
-from train.calibrate import cached_peak, calibrate
+from train.calibrate import cached_peak, calibrate, forget_cached_peak
 from train.contract import (
     CACHE_DIR_ENV,
     RESULT_FILE,
@@ -116,7 +117,8 @@ def test_iterations_above_a_cached_peak_warn_with_both_figures(tmp_path: Path) -
     path = peak_cache_path(socket.gethostname(), {CACHE_DIR_ENV: str(cache)})
     path.parent.mkdir(parents=True)
     assert low.key == peak_cache_key(device="cpu", precision="fp32", cores=low.cores, threads=1, torch=low.torch)
-    write_json_atomic(path, {"entries": {low.key: low.to_dict()}})
+    other = dataclasses.replace(low, threads=2, tflops=1.0)  # another thread count's entry: kept
+    write_json_atomic(path, {"entries": {low.key: low.to_dict(), other.key: other.to_dict()}})
 
     proc = run_train(tmp_path / "run", cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -128,6 +130,9 @@ def test_iterations_above_a_cached_peak_warn_with_both_figures(tmp_path: Path) -
     warned = [line for line in proc.stdout.splitlines() if line.startswith("warning: iteration ")]
     assert len(warned) == 3 and all("above the measured peak of 1e-06 TFLOP/s" in w for w in warned)
     assert any("3 of 3 iterations ran above the measured peak of 1e-06" in w for w in record["warnings"])
+    # The run proved the cached figure too low: it is dropped, so the next run measures again.
+    assert any(w.endswith(f"dropped from {path}, so the next run on this host measures it again") for w in record["warnings"])
+    assert json.loads(path.read_text())["entries"] == {other.key: other.to_dict()}
     assert record["mfu"] is None and any(w.startswith("MFU not recorded") for w in record["warnings"])
     # ... and the analysis shows the ratio, marked, rather than an empty MFU cell.
     from analysis.records import load_sweeps
@@ -156,3 +161,16 @@ def test_an_fp16_run_on_a_cpu_stays_below_its_measured_peak(tmp_path: Path) -> N
     assert not [w for w in record["warnings"] if "above the" in w]
     mfus = [float(m.strip().rstrip("%")) for _, m in LOG_MFU.findall(proc.stdout)]
     assert mfus and max(mfus) < 100
+
+
+def test_forget_drops_only_the_entry_it_was_given(tmp_path: Path) -> None:
+    """A run that beat its peak drops that calibration; one another run wrote since stays."""
+    environ = {CACHE_DIR_ENV: str(tmp_path)}
+    measured, _ = cached_peak("cpu", "fp32", environ=environ, **QUICK)
+    path = Path(measured.cache_file or "")
+    newer = dataclasses.replace(measured, calibrated_at="2099-01-01T00:00:00+00:00")
+    write_json_atomic(path, {"entries": {newer.key: newer.to_dict()}})
+    assert not forget_cached_peak(measured)
+    assert json.loads(path.read_text())["entries"] == {newer.key: newer.to_dict()}
+    assert forget_cached_peak(newer) and json.loads(path.read_text())["entries"] == {}
+    assert not forget_cached_peak(dataclasses.replace(newer, cache_file=None))
