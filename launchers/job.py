@@ -13,7 +13,9 @@ SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record 
 result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
 `timeout` record stands and the job fails, unless the stop was Slurm's own requeue (`scontrol
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
-as for a requeue of ours, and the task says so instead of saying the job ends. Slurm's SIGTERM
+as for a requeue of ours, and the task says so instead of saying the job ends. A task that Slurm
+killed before it could keep the record (KillWait) leaves it to the next attempt, whose task 0 keeps
+it before its trainer starts. Slurm's SIGTERM
 (a requeue, a preemption, scancel) reaches this wrapper too, and it outlives it to do all that; a
 job cancelled with scancel is not requeued.
 
@@ -82,6 +84,7 @@ class TrainCommand:
         # while the trainer still saves its checkpoint and record, which then goes unkept.
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             _outlive(signum)
+        self._keep_left_record(os.environ)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
@@ -146,6 +149,22 @@ class TrainCommand:
             )
             return False
         return self._requeue(job, restarts)
+
+    def _keep_left_record(self, environ: Mapping[str, str]) -> None:
+        """A requeued attempt's task 0 keeps aside the record the attempt before it left as result.json.
+
+        The stopped attempt's own task does that when the trainer exits (_requeue_or_give_up), unless
+        Slurm's SIGKILL comes first: KillWait seconds after the SIGTERM of a requeue, while a loaded
+        node still saves the checkpoint and record (CI, 2026-11-26: the wrapper was killed 7 s after
+        `scontrol requeue`, the record written but never kept, then overwritten by the next attempt's)."""
+        restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if restarts == 0 or int(environ.get("SLURM_PROCID", "0") or 0) != 0:
+            return
+        result = Path(self.output_dir) / RESULT_FILE
+        kept = result.with_name(attempt_result_name(restarts - 1))
+        if result.exists() and not kept.exists():
+            os.replace(result, kept)
+            print(f"slurm: kept the record attempt {restarts - 1} left as {kept.name}", flush=True)
 
     @staticmethod
     def _keep_attempt_record(result: Path, restarts: int) -> Path:

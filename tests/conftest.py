@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +129,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Without xdist (-p no:xdist: make test's `alone` run) the marker is unknown.
             if config.pluginmanager.hasplugin("xdist"):
                 item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+# CI keeps only pytest's output: a Slurm test that failed (a timeout, mostly) says what the cluster
+# was doing at that moment, or a hang cannot be read afterwards (CI on 82f4560, 2026-11-26: three tests
+# timed out one after another behind two jobs that never ended, and nothing showed why).
+SLURM_LOG_LINES = 30
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed and item.get_closest_marker("slurm") is not None:
+        report.sections.append(("Slurm when the test failed", slurm_snapshot()))
+    return report
+
+
+def slurm_snapshot() -> str:
+    """The queue, each listed job's scontrol record and log tail, and slurmctld's log tail (bounded)."""
+
+    def run(*args: str) -> str:
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=15)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{' '.join(args)}: {exc}\n"
+        return proc.stdout + proc.stderr
+
+    def tail(path: Path) -> str:
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-SLURM_LOG_LINES:]
+        except OSError as exc:
+            return f"({exc})"
+        return "\n".join(lines)
+
+    queue = run("squeue", "-h", "-r", "-o", "%i|%T|%r|%M|%N|%j")
+    parts = ["squeue (id|state|reason|time|nodes|name):", queue or "(empty)"]
+    for job in [line.split("|")[0] for line in queue.splitlines() if "|" in line][:4]:
+        record = run("scontrol", "show", "job", job)
+        parts += [f"scontrol show job {job}:", record]
+        out = next((w.partition("=")[2] for w in record.split() if w.startswith("StdOut=")), "")
+        if out:
+            parts += [f"last {SLURM_LOG_LINES} lines of {out}:", tail(Path(out))]
+    ctld = slurm_state_dir() / "log" / "slurmctld.log"
+    parts += [f"last {SLURM_LOG_LINES} lines of {ctld}:", tail(ctld)]
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="session", autouse=True)

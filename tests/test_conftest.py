@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import SlurmClusterInfo
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -41,3 +43,39 @@ def test_slurm_tests_run_on_one_worker_under_loadgroup(tmp_path: Path) -> None:
     slurm = {(worker, group) for worker, name, group in ran if name.startswith("test_slurm")}
     assert len(slurm) == 1 and next(iter(slurm))[1] == "@slurm", proc.stdout
     assert all(not group for _, name, group in ran if name.startswith("test_plain")), proc.stdout
+
+
+def test_a_failed_slurm_test_reports_what_the_cluster_was_doing(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    """CI keeps only pytest's output: a Slurm test's failure carries the queue, the queued jobs'
+    records and log tails, and slurmctld's log tail (tests/conftest.py's makereport hook)."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_collection_modifyitems, pytest_runtest_makereport, slurm_cluster  # noqa: F401\n"
+    )
+    (tmp_path / "test_stuck.py").write_text(
+        "import subprocess\n\n\n"
+        "def test_waits_on_a_job(slurm_cluster):\n"
+        "    job = subprocess.run(['sbatch', '--parsable', '-J', 'megasweep-stuck', '-o', 'stuck-%j.out',\n"
+        "                          '--wrap', 'echo still working; sleep 120'],\n"
+        "                         check=True, capture_output=True, text=True).stdout.strip()\n"
+        "    open('job', 'w').write(job)\n"
+        "    subprocess.run(['bash', '-c', f'until grep -q working stuck-{job}.out 2>/dev/null; do sleep 0.5; done'],\n"
+        "                   timeout=60)\n"
+        "    assert False, 'gave up waiting'\n\n\n"
+        "def test_plain_failure():\n"
+        "    assert False\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", str(tmp_path)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+    finally:
+        job = (tmp_path / "job").read_text() if (tmp_path / "job").exists() else ""
+        if job:
+            subprocess.run(["scancel", job], check=False, timeout=30)
+    assert proc.returncode == 1 and job, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("Slurm when the test failed") == 1, proc.stdout  # not for the plain test
+    assert re.search(rf"^{job}\|RUNNING\|None\|.*\|node\d\|megasweep-stuck$", proc.stdout, re.M), proc.stdout
+    assert f"scontrol show job {job}:" in proc.stdout and f"last 30 lines of {tmp_path}/stuck-{job}.out:" in proc.stdout
+    assert "\nstill working\n" in proc.stdout and "slurmctld.log:" in proc.stdout

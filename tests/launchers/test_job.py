@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from launchers.job import requeued_by_slurm
 from launchers.queue import read_states
 from launchers.status import sweep_status, unresolved_failures
@@ -81,3 +83,36 @@ def test_slurms_own_requeue_past_max_retries_is_said_and_resumed(
     assert f"{job} was requeued by Slurm itself, beyond cluster.max_retries=0 (0 requeue(s) done before)" in out
     assert "used up" not in out and "Traceback" not in out, out
     wait_until("status to show it done", lambda: "1 done, 0 failed" in status_table(sweep_dir), 30)
+
+
+def test_a_requeued_attempt_keeps_the_record_its_killed_predecessor_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's SIGKILL can end a stopped attempt's wrapper before it keeps the trainer's record aside
+    (CI, 2026-11-26: 7 s after `scontrol requeue` on a loaded node); the next attempt's task 0 keeps it
+    before its trainer starts, instead of the next record overwriting it. Slurm's side is what it sets
+    in the task's environment (SLURM_RESTART_COUNT, SLURM_PROCID); the trainer here is a stand-in."""
+    import sys
+
+    from launchers.job import TrainCommand
+    from train.contract import RESULT_FILE
+
+    left = {"status": "timeout", "iterations_run": 3}
+    (tmp_path / RESULT_FILE).write_text(json.dumps(left))
+    write_ok = f"import json; json.dump({{'status': 'ok'}}, open({str(tmp_path / RESULT_FILE)!r}, 'w'))"
+    command = TrainCommand(argv=(sys.executable, "-c", write_ok), cwd=str(tmp_path), output_dir=str(tmp_path))
+
+    def attempt(restarts: str, procid: str = "0") -> int:
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+        monkeypatch.setenv("SLURM_PROCID", procid)
+        return command.run()
+
+    assert attempt("1", procid="1") == 0  # not task 0: leaves it to task 0
+    assert not (tmp_path / attempt_result_name(0)).exists()
+    (tmp_path / RESULT_FILE).write_text(json.dumps(left))
+    assert attempt("1") == 0
+    assert json.loads((tmp_path / attempt_result_name(0)).read_text()) == left
+    assert json.loads((tmp_path / RESULT_FILE).read_text()) == {"status": "ok"}
+    # A record its own wrapper kept already stays, and a first attempt has nothing to keep.
+    assert attempt("1") == 0 and json.loads((tmp_path / attempt_result_name(0)).read_text()) == left
+    assert attempt("0") == 0 and not (tmp_path / attempt_result_name(-1)).exists()
