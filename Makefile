@@ -39,7 +39,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	@# train.ds_engine loads them past a lock file that a killed earlier load left behind.
 	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
 	$(PY) -c "from train.ds_engine import import_deepspeed, load_cpu_op; \
-	import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')" >/dev/null || \
+	import_deepspeed('cpu'); load_cpu_op('ShareMemCommBuilder'); load_cpu_op('CPUAdamBuilder')" >/dev/null || \
 	echo "make: DeepSpeed's CPU ops were not built ahead; the tests that need them build them"
 	touch $@
 

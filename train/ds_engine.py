@@ -109,9 +109,6 @@ def import_deepspeed(device_type: str) -> ModuleType:
             f"DeepSpeed's accelerator is {name!r}, the run needs {device_type!r}: set "
             f"DS_ACCELERATOR={device_type} before deepspeed is first imported"
         )
-    if device_type == "cpu":
-        # deepspeed.comm loads it on every CPU rank (its shared-memory all-reduce).
-        load_cpu_op("ShareMemCommBuilder")
     return deepspeed
 
 
@@ -167,6 +164,8 @@ def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
         for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if device_type == "cpu":
+        load_cpu_op("ShareMemCommBuilder")  # deepspeed.comm loads it on a CPU (see load_cpu_op)
     deepspeed.init_distributed(
         dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
     )

@@ -327,7 +327,8 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
 ) -> None:
     # What an exported script's srun task runs: `python -m launchers.job ... -- <trainer>`.
     record = tmp_path / "result.json"
-    stop = [sys.executable, "-c", f"import sys; sys.exit({EXIT_REQUEUE})"]
+    # A trainer stopped for a requeue: its `timeout` record written, then EXIT_REQUEUE.
+    stop = [sys.executable, "-c", f"import sys; open({str(record)!r}, 'w').write('{{\"status\": \"timeout\"}}'); sys.exit({EXIT_REQUEUE})"]
 
     def wrapper(max_retries: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         args = ["--output-dir", str(tmp_path), "--max-retries", str(max_retries), "--", *stop]
@@ -340,7 +341,6 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
             timeout=60,
         )
 
-    record.write_text('{"status": "timeout"}')
     # Retries used up: the stopped run's status stands, its record too.
     given_up = wrapper(1, {"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "1"})
     assert given_up.returncode == EXIT_REQUEUE

@@ -309,7 +309,7 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
     # The op as built for this venv (make install-test builds it; loaded here in case it is not),
     # copied with its timestamps into a directory of this test's own, so that no other test's
     # DeepSpeed process can meet the lock.
-    load = "from train.ds_engine import import_deepspeed; import_deepspeed('cpu')"
+    load = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('ShareMemCommBuilder')"
     subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, timeout=600)
     built = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
     shutil.copytree(built, tmp_path / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
