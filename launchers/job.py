@@ -15,9 +15,8 @@ result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past m
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
 as for a requeue of ours, and the task says so instead of saying the job ends. A task that Slurm
 killed before it could keep the record (KillWait) leaves it to the next attempt, whose task 0 keeps
-it before its trainer starts. Slurm's SIGTERM
-(a requeue, a preemption, scancel) reaches this wrapper too, and it outlives it to do all that; a
-job cancelled with scancel is not requeued.
+it before its trainer starts. Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this
+wrapper too, and it outlives it to do all that; a job cancelled with scancel is not requeued.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
@@ -92,7 +91,7 @@ class TrainCommand:
 
     def log_path(self, environ: Mapping[str, str]) -> Path:
         """This srun task's log in the run directory (see the module docstring)."""
-        return Path(self.output_dir) / rank_log_name(int(environ.get("SLURM_PROCID", "0") or 0))
+        return Path(self.output_dir) / rank_log_name(_task(environ))
 
     def failure(self, code: int) -> str:
         """The message of a trainer that exited with status `code`."""
@@ -103,9 +102,9 @@ class TrainCommand:
     def _requeue_or_give_up(self, environ: Mapping[str, str], result: Path) -> None:
         """Requeue this job while retries remain (never returns then); return to fail it otherwise,
         unless Slurm has requeued it itself (never returns then either)."""
-        restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        restarts = _restarts(environ)
         job = slurm_job_id(environ)
-        lead = int(environ.get("SLURM_PROCID", "0") or 0) == 0
+        lead = _task(environ) == 0
         # Aside first: Slurm's SIGKILL follows its SIGTERM (a requeue, a preemption) within KillWait
         # seconds, and asking scontrol and sacct below takes time. Put back if the job ends here.
         kept = self._keep_attempt_record(result, restarts) if lead else None
@@ -157,13 +156,12 @@ class TrainCommand:
         Slurm's SIGKILL comes first: KillWait seconds after the SIGTERM of a requeue, while a loaded
         node still saves the checkpoint and record (CI, 2026-11-26: the wrapper was killed 7 s after
         `scontrol requeue`, the record written but never kept, then overwritten by the next attempt's)."""
-        restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        if restarts == 0 or int(environ.get("SLURM_PROCID", "0") or 0) != 0:
+        restarts = _restarts(environ)
+        if restarts == 0 or _task(environ) != 0:
             return
         result = Path(self.output_dir) / RESULT_FILE
-        kept = result.with_name(attempt_result_name(restarts - 1))
-        if result.exists() and not kept.exists():
-            os.replace(result, kept)
+        if result.exists() and not result.with_name(attempt_result_name(restarts - 1)).exists():
+            kept = self._keep_attempt_record(result, restarts - 1)
             print(f"slurm: kept the record attempt {restarts - 1} left as {kept.name}", flush=True)
 
     @staticmethod
@@ -192,6 +190,16 @@ class TrainCommand:
 
 
 ALREADY_REQUEUED = "Job is pending execution"
+
+
+def _task(environ: Mapping[str, str]) -> int:
+    """This srun task's rank in its step (SLURM_PROCID; 0 outside Slurm)."""
+    return int(environ.get("SLURM_PROCID", "0") or 0)
+
+
+def _restarts(environ: Mapping[str, str]) -> int:
+    """How often Slurm has requeued this job so far (SLURM_RESTART_COUNT; 0 on its first attempt)."""
+    return int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
 """scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 ECHO_INTERVAL_S = 0.2
