@@ -15,7 +15,7 @@ result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past m
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
 as for a requeue of ours, and the task says so instead of saying the job ends. A task that Slurm
 killed before it could keep the record (KillWait) leaves it to the next attempt, whose task 0 keeps
-it before its trainer starts. Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this
+it before its trainer starts; that task also says the job runs again, and whether past max_retries. Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this
 wrapper too, and it outlives it to do all that; a job cancelled with scancel is not requeued.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
@@ -83,7 +83,7 @@ class TrainCommand:
         # while the trainer still saves its checkpoint and record, which then goes unkept.
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             _outlive(signum)
-        self._keep_left_record(os.environ)
+        self._begin_requeued_attempt(os.environ)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
@@ -149,8 +149,9 @@ class TrainCommand:
             return False
         return self._requeue(job, restarts)
 
-    def _keep_left_record(self, environ: Mapping[str, str]) -> None:
-        """A requeued attempt's task 0 keeps aside the record the attempt before it left as result.json.
+    def _begin_requeued_attempt(self, environ: Mapping[str, str]) -> None:
+        """A requeued attempt's task 0 says it runs again, and keeps aside the record the attempt before it
+        left as result.json.
 
         The stopped attempt's own task does that when the trainer exits (_requeue_or_give_up), unless
         Slurm's SIGKILL comes first: KillWait seconds after the SIGTERM of a requeue, while a loaded
@@ -159,6 +160,15 @@ class TrainCommand:
         restarts = _restarts(environ)
         if restarts == 0 or _task(environ) != 0:
             return
+        # Said here too: the stopped attempt's own words (_next_attempt_comes) are lost when that SIGKILL
+        # ends its wrapper first. Past max_retries no wrapper requeues, so Slurm did (scontrol, preemption).
+        beyond = (
+            f", beyond cluster.max_retries={self.max_retries}: Slurm requeued it itself"
+            if restarts > self.max_retries
+            else ""
+        )
+        print(f"slurm: {slurm_job_id(environ)} runs again (requeue {restarts}{beyond}); it resumes from its "
+              "last checkpoint", flush=True)  # fmt: skip
         result = Path(self.output_dir) / RESULT_FILE
         if result.exists() and not result.with_name(attempt_result_name(restarts - 1)).exists():
             kept = self._keep_attempt_record(result, restarts - 1)

@@ -430,7 +430,7 @@ def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
     stopped = json.loads((sweep_dir / entries[1].output_dir / "result.attempt0.json").read_text())
     assert stopped["status"] == "timeout" and stopped["iterations_run"] == resumed["resumed_from_step"]
     slurm_log = (sweep_dir / SUBMITIT_DIR / jobs[1] / f"{jobs[1]}_0_log.out").read_text(errors="replace")
-    assert "was requeued by Slurm" in slurm_log and "Traceback" not in slurm_log
+    assert f"{jobs[1]} runs again (requeue 1" in slurm_log and "Traceback" not in slurm_log, slurm_log
     wait_until("status to show both done", lambda: "2 done, 0 failed" in status_table(sweep_dir), 30)
 
 def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
