@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from train import calibration_job
 from train.calibration_job import (
@@ -27,6 +26,8 @@ from train.calibration_job import (
     per_layer,
     pointwise_seconds,
 )
+
+from .ranks import start_ranks
 
 
 @pytest.mark.parametrize("layout", ["nt", "nn", "tn"])
@@ -189,7 +190,7 @@ def _timing_worker(rank: int, init_file: str, out: str) -> None:
 
 def test_every_rank_reports_the_slowest_ranks_time(tmp_path: Path) -> None:
     # Timed on its own, rank 0 would report 2 ms a call; every rank gets the 6 ms a step would see.
-    mp.spawn(_timing_worker, args=(str(tmp_path / "init"), str(tmp_path / "rank")), nprocs=2, join=True)
+    start_ranks(_timing_worker, (str(tmp_path / "init"), str(tmp_path / "rank")), 2)
     seconds = [float((tmp_path / f"rank.{r}").read_text()) for r in range(2)]
     assert seconds[0] == seconds[1]
     assert 0.006 <= seconds[0] < 0.012

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
@@ -23,6 +22,7 @@ from train.distributed import build_mesh
 from train.parallel import GlobalGradScaler
 from train.trainer import run_training
 
+from .ranks import start_ranks
 from .test_distributed import TINY
 from .test_parallel import launch
 from .test_trainer import compose_run
@@ -85,7 +85,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("fp16")
     out = str(tmp / "rank")
-    mp.spawn(_worker, args=(str(tmp / "init"), out), nprocs=WORLD, join=True)
+    start_ranks(_worker, (str(tmp / "init"), out), WORLD)
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
 
 

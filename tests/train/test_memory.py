@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from conf.schema import Precision, Recompute, RunConfig
@@ -28,6 +27,7 @@ from train import distributed
 from train.distributed import free_port
 from train.memory import SavedTensors, model_state_bytes, saved_activation_bytes
 
+from .ranks import start_ranks
 from .test_distributed import TINY
 from .test_trainer import compose_run
 
@@ -183,7 +183,7 @@ def test_one_process_every_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_layout_every_rank_every_mode(tmp_path: Path, name: str) -> None:
     run = compose_run(*TINY, *GRID[name])
     world = 8 if name.startswith("dp2_tp2_pp2") else 4 if name.startswith("tp2_pp2") else 2
-    mp.start_processes(_worker, args=(world, free_port(), run, str(tmp_path)), nprocs=world, start_method="spawn")
+    start_ranks(_worker, (world, free_port(), run, str(tmp_path)), world)
     errors = sorted(tmp_path.glob("*.error"))
     assert not errors, errors[0].read_text()
     rows = [row for r in range(world) for row in json.loads((tmp_path / f"{r}.json").read_text())]

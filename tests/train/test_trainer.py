@@ -576,9 +576,9 @@ def _memory_worker(rank: int, init_file: str, out: str) -> None:
 
 
 def test_the_log_lines_memory_is_the_highest_ranks(tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
+    from .ranks import start_ranks
 
-    mp.spawn(_memory_worker, args=(str(tmp_path / "init"), str(tmp_path / "rank")), nprocs=2, join=True)
+    start_ranks(_memory_worker, (str(tmp_path / "init"), str(tmp_path / "rank")), 2)
     assert [float((tmp_path / f"rank.{r}").read_text()) for r in range(2)] == [2.0, 2.0]
 
 

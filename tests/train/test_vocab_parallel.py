@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from conf.schema import ModelConfig, ModelKind
 from train import distributed
@@ -23,6 +22,8 @@ from train.distributed import build_mesh
 from train.model import IGNORE_INDEX, build_model, count_params, lm_loss_sum
 from train.parallel import VocabParallelEmbedding, apply_tp, apply_tp_plain, lm_loss_fn
 from train.planner.sizes import padded_vocab_size, total_params
+
+from .ranks import start_ranks
 
 TP = 2
 RTOL = 1e-5
@@ -112,7 +113,7 @@ def tp_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[RankRecord]:
     """Both model kinds on 2 TP workers: one spawn (its start-up dominates the test's time)."""
     tmp = tmp_path_factory.mktemp("vocab_tp")
     out = str(tmp / "rank")
-    mp.spawn(_worker, args=(str(tmp / "init"), [ModelKind.gpt, ModelKind.bert], out), nprocs=TP, join=True)
+    start_ranks(_worker, (str(tmp / "init"), [ModelKind.gpt, ModelKind.bert], out), TP)
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(TP)]
 
 
