@@ -108,6 +108,20 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+ONE_WORKER_MODULES = (
+    "tests/analysis/test_wandb_io.py",
+    "tests/train/test_checkpoint.py",
+    "tests/train/test_ds_engine.py",
+    "tests/train/test_ds_trainer.py",
+    "tests/train/test_fp16.py",
+    "tests/train/test_vocab_parallel.py",
+)
+"""Test files whose tests share a costly module-scoped fixture (gloo or DeepSpeed ranks, a real run):
+under `--dist loadgroup` each file's tests stay on one worker, so the fixture runs once. Spread over
+the workers it ran once per worker (2026-11-26: test_ds_engine's two DeepSpeed ranks, 28 s, on two
+workers)."""
+
+
 # tryfirst: xdist's worker reads the xdist_group markers in its own pytest_collection_modifyitems,
 # registered after this conftest and so called before it; without it the markers came too late and
 # the Slurm tests of `make test` ran on both workers at once, waiting in the queue for each other.
@@ -129,6 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Without xdist (-p no:xdist: make test's `alone` run) the marker is unknown.
             if config.pluginmanager.hasplugin("xdist"):
                 item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.nodeid.split("::")[0] in ONE_WORKER_MODULES and config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 # CI keeps only pytest's output: a Slurm test that failed (a timeout, mostly) says what the cluster
