@@ -21,7 +21,10 @@ import json
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import hydra
@@ -315,6 +318,40 @@ def check_run_dir(argv: list[str]) -> str | None:
     )
 
 
+_ctrl_c = threading.Event()
+
+
+def _ctrl_c_said_as_such(signum: int, frame: FrameType | None) -> None:
+    """SIGINT handler until a run installs its own: Python's KeyboardInterrupt, and Hydra told to pass on
+    whatever exception follows instead of printing it as the command's error (run_interruptibly)."""
+    _ctrl_c.set()
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    signal.default_int_handler(signum, frame)
+
+
+def run_interruptibly(command: Callable[[], object]) -> None:
+    """Run `command` (Hydra's main); Ctrl-C ends it with one line, `interrupted`, and EXIT_INTERRUPTED.
+
+    The KeyboardInterrupt can be replaced on its way out: a `finally` of OmegaConf's that runs on a
+    config it was copying raises an error of its own, which Hydra then printed as the command's with
+    exit status 1 (CI, 2026-11-26: Ctrl-C while Hydra's basic sweeper composed a sweep's configs ended in
+    "'NoneType' object has no attribute '_invalidate_flags_cache'"). After a Ctrl-C, any error is its
+    consequence. SIGINT that the shell had ignored (a background job) stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _ctrl_c_said_as_such)
+    try:
+        command()
+    except KeyboardInterrupt:
+        # Ctrl-C before training started (imports, composition), or of a sweep: nothing to record here.
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception:
+        if not (_ctrl_c.is_set() or interrupted()):
+            raise  # HYDRA_FULL_ERROR=1 of the user's own: the traceback they asked for
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
 if __name__ == "__main__":
     if (unknown := check_override_keys(sys.argv[1:])) is not None:
         print(f"error: {unknown}", file=sys.stderr)
@@ -322,9 +359,4 @@ if __name__ == "__main__":
     if (unwritable_run_dir := check_run_dir(sys.argv[1:])) is not None:
         print(f"error: {unwritable_run_dir}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    try:
-        main()
-    except KeyboardInterrupt:
-        # Ctrl-C before training started (imports, composition), or of a sweep: nothing to record here.
-        print("interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+    run_interruptibly(main)

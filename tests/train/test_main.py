@@ -428,6 +428,40 @@ def test_ctrl_c_in_start_up_of_a_single_run_is_one_line_and_a_record(tmp_path: P
     assert record is not None and record["status"] == "interrupted" and record["iterations_run"] == 0
 
 
+# A sweep's composition that Ctrl-C stops, and whose cleanup then fails (as OmegaConf's did on a half-copied
+# config), under Hydra's own reporting; `failing` is the same error without a Ctrl-C.
+REPLACED_INTERRUPT = """
+import os, signal, sys, time
+from hydra._internal.utils import run_and_report
+from train.__main__ import run_interruptibly
+
+def composing():
+    try:
+        if sys.argv[1] == "ctrl-c":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+    finally:
+        raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+run_interruptibly(lambda: run_and_report(composing))
+"""
+
+
+@pytest.mark.parametrize("ctrl_c", [True, False], ids=["ctrl-c", "failing"])
+def test_ctrl_c_that_another_error_replaced_on_its_way_out_is_still_interrupted(ctrl_c: bool) -> None:
+    # CI, 2026-11-26: Ctrl-C while Hydra's basic sweeper composed 3000 configs ended in OmegaConf's
+    # "'NoneType' object has no attribute '_invalidate_flags_cache'", printed by Hydra, exit status 1.
+    proc = subprocess.run(
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, "-c", REPLACED_INTERRUPT, "ctrl-c" if ctrl_c else "failing"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if ctrl_c:
+        assert (proc.returncode, proc.stderr) == (EXIT_INTERRUPTED, "interrupted\n"), proc.stderr[-3000:]
+    else:  # no Ctrl-C: Hydra reports the error as before
+        assert proc.returncode == 1 and "_invalidate_flags_cache" in proc.stderr, proc.stderr[-3000:]
+        assert "interrupted" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("override", "words"),
     [
