@@ -15,8 +15,9 @@ result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past m
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
 as for a requeue of ours, and the task says so instead of saying the job ends. A task that Slurm
 killed before it could keep the record (KillWait) leaves it to the next attempt, whose task 0 keeps
-it before its trainer starts; that task also says the job runs again, and whether past max_retries. Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this
-wrapper too, and it outlives it to do all that; a job cancelled with scancel is not requeued.
+it before its trainer starts; that task also says the job runs again, and whether past max_retries.
+Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this wrapper too, and it outlives it to
+do all that; a job cancelled with scancel is not requeued.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
