@@ -201,6 +201,7 @@ class TrainCommand:
 
 
 ALREADY_REQUEUED = "Job is pending execution"
+"""scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 
 def _task(environ: Mapping[str, str]) -> int:
@@ -211,7 +212,6 @@ def _task(environ: Mapping[str, str]) -> int:
 def _restarts(environ: Mapping[str, str]) -> int:
     """How often Slurm has requeued this job so far (SLURM_RESTART_COUNT; 0 on its first attempt)."""
     return int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-"""scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 ECHO_INTERVAL_S = 0.2
 """How often the task copies what the trainer added to its log to its own output (seconds)."""

@@ -143,8 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Without xdist (-p no:xdist: make test's `alone` run) the marker is unknown.
             if config.pluginmanager.hasplugin("xdist"):
                 item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.nodeid.split("::")[0] in ONE_WORKER_MODULES and config.pluginmanager.hasplugin("xdist"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        elif (file := item.nodeid.split("::")[0]) in ONE_WORKER_MODULES and config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(file))
 
 
 # CI keeps only pytest's output: a Slurm test that failed (a timeout, mostly) says what the cluster

@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -48,7 +47,7 @@ from train.contract import (
 from train.distributed import launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
-from train.preemption import install_interrupt_handler, interrupted
+from train.preemption import install_interrupt_handler, interrupted, note_interrupt
 
 register_configs()  # the primary config extends megasweep_schema, read from Hydra's ConfigStore
 
@@ -318,13 +317,10 @@ def check_run_dir(argv: list[str]) -> str | None:
     )
 
 
-_ctrl_c = threading.Event()
-
-
 def _ctrl_c_said_as_such(signum: int, frame: FrameType | None) -> None:
     """SIGINT handler until a run installs its own: Python's KeyboardInterrupt, and Hydra told to pass on
     whatever exception follows instead of printing it as the command's error (run_interruptibly)."""
-    _ctrl_c.set()
+    note_interrupt()
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.default_int_handler(signum, frame)
 
@@ -346,7 +342,7 @@ def run_interruptibly(command: Callable[[], object]) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except Exception:
-        if not (_ctrl_c.is_set() or interrupted()):
+        if not interrupted():
             raise  # HYDRA_FULL_ERROR=1 of the user's own: the traceback they asked for
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

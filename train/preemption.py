@@ -54,6 +54,12 @@ def interrupt_once(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def note_interrupt() -> None:
+    """Record that this process got Ctrl-C, for a SIGINT handler of its own (the entry point's, before
+    a run installs interrupt_once); interrupted() then says so."""
+    _interrupted.set()
+
+
 def install_interrupt_handler() -> None:
     """Ctrl-C (SIGINT) goes to interrupt_once in this process (main thread only, as Python allows)."""
     if threading.current_thread() is threading.main_thread():
