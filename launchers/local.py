@@ -69,6 +69,7 @@ from train.contract import (
     write_json_atomic,
     write_manifest,
 )
+from train.preemption import raise_if_interrupted
 
 __all__ = ["INTERRUPTED_BEFORE_RECORD", "INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
 
@@ -98,6 +99,9 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
                 marks.start(spec.index)
                 outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
             except Exception as exc:  # reported to Hydra below, after the other configs have run
+                # A Ctrl-C whose KeyboardInterrupt another error replaced on its way out (a cleanup
+                # that raised, e.g. an echo into a closed stdout) stops the sweep all the same.
+                raise_if_interrupted(exc)
                 print(f"local: config {spec.index} failed: {exc}", file=sys.stderr, flush=True)
                 outcomes[spec.index] = (JobStatus.FAILED, exc)
                 if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():

@@ -55,6 +55,7 @@ from launchers.submit import (
     submit_configs,
 )
 from train.contract import SUBMITIT_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.preemption import raise_if_interrupted
 
 __all__ = ["GENERIC_TIME_LIMIT_MIN", "SlurmLauncher", "generic_executor_parameters", "submit_hydra_jobs"]
 
@@ -107,6 +108,7 @@ def submit_hydra_jobs(
         try:
             value = slurm_job.result()
         except Exception as exc:  # the job's failure, reported to Hydra as its own launchers do
+            raise_if_interrupted(exc)  # Ctrl-C stops the wait, whatever error it became
             value = JobReturn(
                 overrides=list(overrides),
                 task_name=str(job.config.hydra.job.name),
@@ -275,6 +277,7 @@ class SlurmLauncher(SweepLauncher):
                     # result() refuses those). Task 0 is rank 0, which writes the record.
                     value = job.results()[0]
                 except Exception as exc:  # the job's failure, as Hydra launchers report it
+                    raise_if_interrupted(exc)  # Ctrl-C stops the wait, whatever error it became
                     status, value = JobStatus.FAILED, exc
             returns.append(job_return(e, sweep_dir=sweep_dir, task_name=task_name, status=status, value=value))
         return returns

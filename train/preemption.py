@@ -72,6 +72,14 @@ def interrupted() -> bool:
     return _interrupted.is_set()
 
 
+def raise_if_interrupted(exc: Exception) -> None:
+    """Raise KeyboardInterrupt (from `exc`) if this process got Ctrl-C: `exc` then stands where the
+    interrupt was (a cleanup that raised on the way out, a child that failed because of it), and a
+    caller that goes on after a failure must stop instead."""
+    if interrupted():
+        raise KeyboardInterrupt from exc
+
+
 class TrainingTimeout(Exception):
     """Slurm asked the job to stop (SIGTERM at the time limit, or the SIGUSR1 warning)."""
 

@@ -11,13 +11,20 @@ from pathlib import Path
 from launchers.local import INTERRUPTED_BEFORE_RECORD, INTERRUPTED_BEFORE_START
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
-from tests.train.test_main import AS_FROM_A_TERMINAL, TINY_RUN, interrupt
+from tests.train.test_main import AS_FROM_A_TERMINAL, INTERRUPT_LOST_ON_ITS_WAY, TINY_RUN, interrupt
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, LOG_FILE, read_manifest
 
 
 def rerun(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", *overrides],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def stand_in(path: Path, script: str) -> Path:
+    """An executable shell script at `path` that runs `script`: the launcher's python in a test."""
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return path
 
 
 def test_local_launcher_runs_two_configs_and_skips_the_infeasible_one(tmp_path: Path) -> None:
@@ -131,9 +138,7 @@ def test_a_run_killed_before_its_record_is_failed_not_pending(tmp_path: Path) ->
 def test_ctrl_c_before_the_running_config_wrote_its_record_leaves_it_interrupted_not_pending(tmp_path: Path) -> None:
     # The config's process is still starting (in life: importing torch, starting W&B) when Ctrl-C comes,
     # and ends without a record: here a stand-in interpreter that only waits.
-    starting = tmp_path / "starting"
-    starting.write_text("#!/bin/sh\nexec sleep 60\n")
-    starting.chmod(0o755)
+    starting = stand_in(tmp_path / "starting", "exec sleep 60")
     sweep_dir = tmp_path / "sweep"
     run = subprocess.Popen(
         [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4",
@@ -183,3 +188,20 @@ def test_status_tells_the_running_config_and_one_whose_launcher_was_killed(tmp_p
     assert [s.state for s in states] == ["failed", "interrupted"], states
     assert "ended without the config's result.json (killed?)" in states[0].detail
     assert "ended before it started the config (killed?)" in states[1].detail
+
+
+def test_a_config_that_fails_after_ctrl_c_stops_the_sweep_as_interrupted(tmp_path: Path) -> None:
+    # The first config's process signals the launcher, as Ctrl-C would, and fails: the launcher must not
+    # record it failed and go on to the next config.
+    failing = stand_in(tmp_path / "failing", "kill -INT $PPID; exit 1")
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_LOST_ON_ITS_WAY, "-m", *TINY, "training.lr=1e-4,2e-4",
+         "hydra/launcher=local", f"hydra.launcher.python={failing}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr.splitlines()[-1:]) == (EXIT_INTERRUPTED, ["interrupted"]), proc.stderr
+    assert "local: [2/2]" not in proc.stdout and "failed" not in proc.stderr, proc.stdout + proc.stderr
+    ran, never = read_manifest(sweep_dir)
+    assert (ran.status, ran.reason) == ("interrupted", INTERRUPTED_BEFORE_RECORD)
+    assert (never.status, never.reason) == ("interrupted", INTERRUPTED_BEFORE_START)

@@ -468,3 +468,31 @@ def test_ctrl_c_while_waiting_says_the_jobs_stay_queued(slurm_cluster: SlurmClus
     assert launcher.returncode == 130, err
     assert "the jobs stay queued" in err and f"scancel {array}" in err and "Traceback" not in err
     assert sorted(queued) == sorted(str(e.job_id) for e in entries)
+
+
+def test_ctrl_c_while_waiting_stops_the_wait_when_a_jobs_failure_replaced_it(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """The interrupt is noted but its KeyboardInterrupt lost (tests.train.test_main.INTERRUPT_LOST_ON_ITS_WAY);
+    then the first job fails (released from its hold, it runs /bin/false): the launcher stops waiting as
+    for Ctrl-C, instead of recording the failure and waiting on the next job, still held."""
+    from tests.train.test_main import INTERRUPT_LOST_ON_ITS_WAY
+
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-c", INTERRUPT_LOST_ON_ITS_WAY, "-m", *TINY, "training.lr=1e-4,2e-4",
+            "hydra.launcher.wait=true", "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=ctrlc-lost",
+            "hydra.launcher.python=/bin/false", f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=slurm"]  # fmt: skip
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until("the manifest", lambda: (sweep_dir / "manifest.jsonl").exists(), timeout=120)
+        time.sleep(1)  # into the wait
+        launcher.send_signal(signal.SIGINT)
+        first = read_manifest(sweep_dir)[0]
+        subprocess.run(["scontrol", "release", str(first.job_id)], timeout=30, check=True)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        subprocess.run(["scancel", "--name=ctrlc-lost"], timeout=30, check=False)
+    assert (launcher.returncode, err.splitlines()[-1:]) == (130, ["interrupted"]), err
+    assert "the jobs stay queued" in err and "Traceback" not in err, err

@@ -447,6 +447,21 @@ run_interruptibly(lambda: run_and_report(composing))
 """
 
 
+INTERRUPT_LOST_ON_ITS_WAY = """
+import runpy, signal, sys
+from train.preemption import note_interrupt
+
+# The entry point's Ctrl-C handler notes the interrupt and raises KeyboardInterrupt; here the raise is
+# lost, as when a cleanup on the way out raises another error in its place (an echo into a closed
+# stdout). run_interruptibly keeps this handler: SIGINT is not at its default.
+signal.signal(signal.SIGINT, lambda signum, frame: note_interrupt())
+sys.argv = ["train", *sys.argv[1:]]
+runpy.run_module("train", run_name="__main__")
+"""
+"""`python -c INTERRUPT_LOST_ON_ITS_WAY <args>` runs `python -m train <args>` where Ctrl-C is noted
+and raises nothing: what follows a Ctrl-C whose KeyboardInterrupt another error replaced."""
+
+
 @pytest.mark.parametrize("ctrl_c", [True, False], ids=["ctrl-c", "failing"])
 def test_ctrl_c_that_another_error_replaced_on_its_way_out_is_still_interrupted(ctrl_c: bool) -> None:
     # CI, 2026-11-26: Ctrl-C while Hydra's basic sweeper composed 3000 configs ended in OmegaConf's
