@@ -79,3 +79,14 @@ def test_a_failed_slurm_test_reports_what_the_cluster_was_doing(slurm_cluster: S
     assert re.search(rf"^{job}\|RUNNING\|None\|.*\|node\d\|megasweep-stuck$", proc.stdout, re.M), proc.stdout
     assert f"scontrol show job {job}:" in proc.stdout and f"last 30 lines of {tmp_path}/stuck-{job}.out:" in proc.stdout
     assert "\nstill working\n" in proc.stdout and "slurmctld.log:" in proc.stdout
+
+
+def test_one_worker_modules_name_test_files_with_a_module_fixture() -> None:
+    # A file renamed or a fixture made per-test would leave the list stale without a word: its tests
+    # would spread over the workers again, or keep one worker busy for no shared fixture.
+    from tests.conftest import ONE_WORKER_MODULES
+
+    for name in ONE_WORKER_MODULES:
+        path = REPO / name
+        assert path.is_file(), f"ONE_WORKER_MODULES names {name}, which is not a file"
+        assert 'scope="module"' in path.read_text(), f"{name} has no module-scoped fixture to share"
