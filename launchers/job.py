@@ -170,18 +170,19 @@ class TrainCommand:
         )
         print(f"slurm: {slurm_job_id(environ)} runs again (requeue {restarts}{beyond}); it resumes from its "
               "last checkpoint", flush=True)  # fmt: skip
-        result = Path(self.output_dir) / RESULT_FILE
-        if result.exists() and not result.with_name(attempt_result_name(restarts - 1)).exists():
-            kept = self._keep_attempt_record(result, restarts - 1)
+        kept = self._keep_attempt_record(Path(self.output_dir) / RESULT_FILE, restarts - 1)
+        if kept is not None:
             print(f"slurm: kept the record attempt {restarts - 1} left as {kept.name}", flush=True)
 
     @staticmethod
-    def _keep_attempt_record(result: Path, restarts: int) -> Path:
+    def _keep_attempt_record(result: Path, restarts: int) -> Path | None:
         """The stopped attempt's record, moved beside the next one's: `status` must not read its
-        `timeout` as the config's outcome while the job waits to run again."""
+        `timeout` as the config's outcome while the job waits to run again. Where it went; None when
+        there was no record, or that attempt's is kept already (by its own task: it is not replaced)."""
         kept = result.with_name(attempt_result_name(restarts))
-        if result.exists():
-            os.replace(result, kept)
+        if not result.exists() or kept.exists():
+            return None
+        os.replace(result, kept)
         return kept
 
     def _requeue(self, job: str, restarts: int) -> bool:
