@@ -46,6 +46,13 @@ SLURM_PORT_SPAN = 40000
 SLURM_JOB_ID, so array tasks on one node differ too; 20000-59999 stays below Linux's default
 ephemeral range (32768-60999 overlaps, but an ephemeral clash fails loudly at bind, not silently)."""
 
+RENDEZVOUS_FD_ENV = "MEGASWEEP_RENDEZVOUS_FD"
+"""Set by a local spawn in each worker's environment: in rank 0, the descriptor of the socket the
+parent bound to MASTER_PORT, on which rank 0's TCPStore listens; the other ranks connect to that port.
+A port only looked up as free (bound, closed, then passed on) could be taken by another process
+before rank 0 bound it again: two local runs started together on one machine could be handed the
+same port."""
+
 KILL_GRACE_S = 10.0
 """Time the survivors of a failed local spawn get after SIGTERM to write their record, before SIGKILL."""
 
@@ -63,6 +70,9 @@ class LaunchEnv:
     master_port: int
     launcher: str
     """'torchrun' (also our local spawn) or 'slurm'."""
+    rendezvous_fd: int | None = None
+    """A local spawn's bound rendezvous socket (RENDEZVOUS_FD_ENV): rank 0 listens on it; None
+    elsewhere (torchrun and srun: rank 0 binds MASTER_PORT itself)."""
 
 
 def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
@@ -81,6 +91,7 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", "29500")),
             launcher="torchrun",
+            rendezvous_fd=int(env[RENDEZVOUS_FD_ENV]) if env.get(RENDEZVOUS_FD_ENV) else None,
         )
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         port = env.get("MASTER_PORT")
@@ -151,13 +162,27 @@ def init_process_group(launch: LaunchEnv, *, device_type: str, timeout_s: float)
         ("LOCAL_RANK", launch.local_rank),
     ):
         os.environ.setdefault(key, str(value))
-    dist.init_process_group(
-        backend="nccl" if device_type == "cuda" else "gloo",
-        init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-        rank=launch.rank,
-        world_size=launch.world_size,
-        timeout=timedelta(seconds=timeout_s),
+    backend, timeout = "nccl" if device_type == "cuda" else "gloo", timedelta(seconds=timeout_s)
+    if launch.rendezvous_fd is None:
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timeout,
+        )
+        return
+    # A local spawn: rank 0 serves the store on the socket the parent bound, the others connect to it.
+    # Every rank passes its store itself, so all use the same (unprefixed) keys.
+    store = dist.TCPStore(
+        launch.master_addr,
+        launch.master_port,
+        launch.world_size,
+        is_master=launch.rank == 0,
+        timeout=timeout,
+        master_listen_fd=launch.rendezvous_fd if launch.rank == 0 else None,
     )
+    dist.init_process_group(backend=backend, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout)
 
 
 _hold_rendezvous_output = False
@@ -246,10 +271,20 @@ class SpawnResult:
 
 
 def free_port() -> int:
+    """A port free at this moment (for tests that start their own ranks; a local spawn binds its own)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _rendezvous_socket() -> socket.socket:
+    """A socket bound to a free local port, kept bound until rank 0's store listens on it
+    (RENDEZVOUS_FD_ENV); inheritable, so the workers get it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Forked:
@@ -294,7 +329,7 @@ class _Forked:
 _Worker = subprocess.Popen[bytes] | _Forked
 
 
-def _worker_env(base: Mapping[str, str], *, rank: int, world_size: int, port: int) -> dict[str, str]:
+def _worker_env(base: Mapping[str, str], *, rank: int, world_size: int, rendezvous: socket.socket) -> dict[str, str]:
     env = {
         **base,
         "RANK": str(rank),
@@ -302,7 +337,8 @@ def _worker_env(base: Mapping[str, str], *, rank: int, world_size: int, port: in
         "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(rendezvous.getsockname()[1]),
+        RENDEZVOUS_FD_ENV: str(rendezvous.fileno()),
     }
     # As torchrun does: workers sharing a machine each default to one intra-op thread, not one
     # per core each (oversubscribed, they spin against each other); an explicit setting wins.
@@ -328,16 +364,17 @@ def spawn_local(
     parent is SIGKILLed, so no worker outlives its run.
     """
     base = dict(os.environ if env is None else env)
-    port = free_port()
-    procs: list[_Worker] = [
-        subprocess.Popen(
-            list(argv),
-            env=_worker_env(base, rank=rank, world_size=world_size, port=port),
-            cwd=cwd,
-            preexec_fn=_die_with_parent,
-        )
-        for rank in range(world_size)
-    ]
+    with _rendezvous_socket() as rendezvous:
+        procs: list[_Worker] = [
+            subprocess.Popen(
+                list(argv),
+                env=_worker_env(base, rank=rank, world_size=world_size, rendezvous=rendezvous),
+                cwd=cwd,
+                preexec_fn=_die_with_parent,
+                pass_fds=(rendezvous.fileno(),) if rank == 0 else (),
+            )
+            for rank in range(world_size)
+        ]
     return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
 
 
@@ -356,7 +393,7 @@ def fork_local(
     seconds of imports each (8 workers: most of a short run). The parent must not have touched
     CUDA or run a parallel CPU kernel before (it never does: it only plans and imports).
     """
-    port = free_port()
+    rendezvous = _rendezvous_socket()
     base = dict(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -369,8 +406,12 @@ def fork_local(
         for rank in range(world_size):
             pid = os.fork()
             if pid == 0:  # the worker
-                os._exit(_run_forked(worker, _worker_env(base, rank=rank, world_size=world_size, port=port)))
+                env = _worker_env(base, rank=rank, world_size=world_size, rendezvous=rendezvous)
+                if rank != 0:
+                    rendezvous.close()  # rank 0's alone: a peer must not keep the port once rank 0 is gone
+                os._exit(_run_forked(worker, env))
             procs.append(_Forked(pid))
+        rendezvous.close()  # the workers have it: rank 0 listens on it
         return _supervise(procs, poll_s=poll_s, grace_s=grace_s)
     except BaseException:
         # A fork refused (EAGAIN, ENOMEM): the workers started so far would wait in their rendezvous
@@ -378,6 +419,7 @@ def fork_local(
         _end_all(procs, grace_s=grace_s)
         raise
     finally:
+        rendezvous.close()
         # _supervise unblocks them once its handlers are in place; on any other way out a parent left
         # with them blocked would pass that mask on to every process it starts later.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)

@@ -253,6 +253,41 @@ def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback() -> 
     assert "Traceback" in failed.stderr and "codes [1," in failed.stdout, failed.stdout + failed.stderr
 
 
+RENDEZVOUS_HELD = (
+    "import errno, os, socket, sys, time\n"
+    "from train import distributed\n"
+    "launch = distributed.launch_from_env(os.environ)\n"
+    "if launch.rank == 1:\n"
+    "    # Before rank 0 has done anything (it waits), the port is taken: no other process can get it.\n"
+    "    with socket.socket() as s:\n"
+    "        try:\n"
+    "            s.bind(('127.0.0.1', launch.master_port))\n"
+    "            sys.exit(9)\n"
+    "        except OSError as exc:\n"
+    "            assert exc.errno == errno.EADDRINUSE, exc\n"
+    "else:\n"
+    "    time.sleep(1.0)\n"
+    "import torch, torch.distributed as dist\n"
+    "distributed.init_process_group(launch, device_type='cpu', timeout_s=60)\n"
+    "t = torch.ones(1) * (launch.rank + 1)\n"
+    "dist.all_reduce(t)\n"
+    "dist.destroy_process_group()\n"
+    "sys.exit(0 if t.item() == 3 else 8)\n"
+)
+"""A local spawn's two ranks: rank 1 finds MASTER_PORT bound before rank 0 starts, then both meet there."""
+
+
+def test_a_local_spawns_rendezvous_port_is_held_from_before_the_workers_start() -> None:
+    # A port looked up as free and bound again later by rank 0 could be taken meanwhile (by another
+    # spawn's rank 0 under load): the rendezvous then failed. The parent now binds it and rank 0's store
+    # listens on that socket.
+    result = spawn_local([sys.executable, "-c", RENDEZVOUS_HELD], world_size=2, env=worker_env())
+    assert (result.returncode, result.returncodes) == (0, (0, 0)), result
+    script = f"import sys; from train import distributed; sys.exit(distributed.fork_local(lambda: exec({RENDEZVOUS_HELD!r}) or 0, world_size=2).returncode)"
+    forked = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0, forked.stdout + forked.stderr
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 
