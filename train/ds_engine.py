@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,21 +148,21 @@ def load_cpu_op(builder_name: str) -> None:
         builder.load(verbose=False)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
     """DeepSpeed needs a process group even on one process; a launcher's group is used as is. Either
     way deepspeed.comm is set up on it here: zero.Init reads the world size from it before
     deepspeed.initialize would (without it, a world of one)."""
     if not torch.distributed.is_initialized():
-        # One process without a launcher (tests, `python -m train` on a laptop): a world of one.
+        # One process without a launcher (tests, `python -m train` on a laptop): a world of one. Where
+        # torchrun's variables name a larger one, DeepSpeed joins it from them.
         for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if os.environ["WORLD_SIZE"] == "1":
+            # No rendezvous: an in-process store, where a TCP one would bind a port looked up as free,
+            # which another process may hold by then. DeepSpeed keeps a group it finds.
+            torch.distributed.init_process_group(
+                "gloo" if device_type == "cpu" else "nccl", store=torch.distributed.HashStore(), rank=0, world_size=1
+            )
     if device_type == "cpu":
         load_cpu_op("ShareMemCommBuilder")  # deepspeed.comm loads it on a CPU (see load_cpu_op)
     deepspeed.init_distributed(

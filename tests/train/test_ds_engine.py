@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 from conf.schema import Engine, ModelConfig, Offload, ParallelismConfig, Precision, RunConfig, TrainingConfig
+from train.distributed import free_port
 
 pytest.importorskip("deepspeed")
 
@@ -122,17 +122,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     distributed.destroy_process_group()  # collects first
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ds_runs")
     torch.multiprocessing.start_processes(
-        _worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method="spawn"
+        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="spawn"
     )
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
@@ -329,3 +323,25 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert f"megasweep: removing {lock}, left by a process that died" in proc.stderr
     assert not lock.exists()
+
+
+def test_a_lone_deepspeed_process_makes_its_world_of_one_without_a_port() -> None:
+    # A port looked up as free and bound again by DeepSpeed's rendezvous could be taken meanwhile (by
+    # another test's, or another run's); a world of one needs none.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from torch.distributed.distributed_c10d import _get_default_store\n"
+        "from train.ds_engine import _ensure_process_group, import_deepspeed\n"
+        "_ensure_process_group(import_deepspeed('cpu'), 'cpu')\n"
+        "store = _get_default_store()\n"
+        "while isinstance(store, torch.distributed.PrefixStore):\n"
+        "    store = store.underlying_store\n"
+        "print(torch.distributed.get_world_size(), type(store).__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["1", "HashStore"], proc.stdout
