@@ -279,7 +279,7 @@ RENDEZVOUS_HELD = (
 
 def test_a_local_spawns_rendezvous_port_is_held_from_before_the_workers_start() -> None:
     # A port looked up as free and bound again later by rank 0 could be taken meanwhile (by another
-    # spawn's rank 0 under load): the rendezvous then failed. The parent now binds it and rank 0's store
+    # local run's rank 0), and the rendezvous would fail. The parent now binds it and rank 0's store
     # listens on that socket.
     result = spawn_local([sys.executable, "-c", RENDEZVOUS_HELD], world_size=2, env=worker_env())
     assert (result.returncode, result.returncodes) == (0, (0, 0)), result
