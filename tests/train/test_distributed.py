@@ -226,7 +226,7 @@ def test_a_refused_fork_ends_the_workers_started_and_leaves_no_signal_blocked() 
     assert time.monotonic() - start < 30  # not the worker's 60 s
 
 
-def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback() -> None:
+def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback(tmp_path: Path) -> None:
     # SIGTERM reaches every worker at once, but they stop at slightly different moments: one still
     # blocked in a gloo collective (where its Python handler cannot run) fails when a peer that
     # stopped first closes the connection. That failure is an echo of the stop (the parent prints
@@ -237,18 +237,30 @@ def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback() -> 
         "def worker():\n"
         "    told = []\n"
         "    signal.signal(signal.SIGTERM, lambda *_: told.append(1))  # as the trainer's, too late\n"
+        "    open(os.path.join(sys.argv[2], str(os.getpid())), 'w').close()  # its handler is in\n"
         "    while sys.argv[1] == 'stop' and not told: time.sleep(0.01)\n"
         "    raise RuntimeError('Connection closed by peer')\n"
+        "def stop_once_both_listen():\n"
+        "    # the workers' handlers, and the parent's that forwards the signal to them\n"
+        "    while len(os.listdir(sys.argv[2])) < 2 or signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:\n"
+        "        time.sleep(0.01)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "if sys.argv[1] == 'stop':\n"
-        "    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "    threading.Thread(target=stop_once_both_listen, daemon=True).start()\n"
         "result = distributed.fork_local(worker, world_size=2, grace_s=5.0)\n"
         "print('codes', sorted(result.returncodes), 'stopped_by', result.stopped_by)\n"
     )
-    stopped = subprocess.run([sys.executable, "-c", script, "stop"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # SIGTERM once both workers and the parent have their handlers in (a fixed delay, 1 s until
+    # 2026-11-27, would stop a start slower than it before).
+    (tmp_path / "stop").mkdir()
+    (tmp_path / "fail").mkdir()
+    stopped = subprocess.run([sys.executable, "-c", script, "stop", str(tmp_path / "stop")], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert stopped.returncode == 0, stopped.stderr
     assert "Traceback" not in stopped.stderr and "Connection closed" not in stopped.stderr, stopped.stderr
     assert stopped.stdout.split() == ["codes", "[143,", "143]", "stopped_by", str(int(signal.SIGTERM))], stopped.stdout
-    failed = subprocess.run([sys.executable, "-c", script, "fail"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    failed = subprocess.run([sys.executable, "-c", script, "fail", str(tmp_path / "fail")], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert failed.stderr.count("RuntimeError: Connection closed by peer") >= 1, failed.stderr
     assert "Traceback" in failed.stderr, failed.stderr
     # The first failure makes the parent stop the other worker, which may then end as told to: 143 once
