@@ -38,8 +38,9 @@ $(VENV)/.installed-test: $(VENV)/.torch pyproject.toml
 	touch $(VENV)/.installed $@
 
 # DeepSpeed compiles its CPU ops (CPU Adam for offload, the shared-memory collectives) on first use,
-# into ~/.cache/torch_extensions, again for every new venv path. Built here, alone on the cores, not
-# inside a timed Slurm job while the other test worker shares them; a failure only defers the build.
+# into ~/.cache/torch_extensions, again for every new venv path. Built here, before any test (make test
+# runs lint beside it), not inside a timed Slurm job while test workers share the cores; a failure only
+# defers the build.
 # train.ds_engine loads them past a lock file that a killed earlier load left behind.
 $(VENV)/.ds-ops: $(VENV)/.installed-test
 	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
