@@ -266,6 +266,7 @@ def test_a_worker_that_fails_after_it_was_told_to_stop_prints_no_traceback(tmp_p
     # The first failure makes the parent stop the other worker, which may then end as told to: 143 once
     # its handler is in, killed by the signal (-15) when it came before the worker installed one (CI on
     # f6459fc, 2026-11-27: "codes [-15, 1]"), or failing the same way itself (1).
+    assert failed.stdout.startswith("codes ["), failed.stdout + failed.stderr
     codes = ast.literal_eval(failed.stdout.split("codes ", 1)[1].split(" stopped_by", 1)[0])
     assert 1 in codes and set(codes) <= {1, 128 + signal.SIGTERM, -signal.SIGTERM}, failed.stdout
 
