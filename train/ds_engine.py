@@ -152,6 +152,7 @@ def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
     """DeepSpeed needs a process group even on one process; a launcher's group is used as is. Either
     way deepspeed.comm is set up on it here: zero.Init reads the world size from it before
     deepspeed.initialize would (without it, a world of one)."""
+    backend = "gloo" if device_type == "cpu" else "nccl"
     if not torch.distributed.is_initialized():
         # One process without a launcher (tests, `python -m train` on a laptop): a world of one. Where
         # torchrun's variables name a larger one, DeepSpeed joins it from them.
@@ -160,14 +161,10 @@ def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
         if os.environ["WORLD_SIZE"] == "1":
             # No rendezvous: an in-process store, where a TCP one would bind a port looked up as free,
             # which another process may hold by then. DeepSpeed keeps a group it finds.
-            torch.distributed.init_process_group(
-                "gloo" if device_type == "cpu" else "nccl", store=torch.distributed.HashStore(), rank=0, world_size=1
-            )
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     if device_type == "cpu":
         load_cpu_op("ShareMemCommBuilder")  # deepspeed.comm loads it on a CPU (see load_cpu_op)
-    deepspeed.init_distributed(
-        dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
-    )
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 
 def build_under_zero_init(run: RunConfig, *, dp: int, device: torch.device) -> nn.Module:
