@@ -8,9 +8,10 @@ one piece of code for both.
 
 Requeue (time limit, preemption): jobs are submitted with --requeue and --signal=USR1@<lead>.
 A checkpointing trainer (training.save_interval > 0) saves at the next step boundary on USR1
-and exits with EXIT_REQUEUE; the task then requeues its job (`scontrol requeue`) while
+and exits with EXIT_REQUEUE; srun task 0 then requeues its job (`scontrol requeue`) while
 SLURM_RESTART_COUNT < cluster.max_retries, keeping the stopped attempt's record as
-result.attempt<N>.json, and the next attempt resumes from the checkpoint. Past max_retries the
+result.attempt<N>.json, and the next attempt resumes from the checkpoint (the other tasks leave
+with 0 meanwhile, so that srun's --kill-on-bad-exit does not end task 0 first). Past max_retries the
 `timeout` record stands and the job fails, unless the stop was Slurm's own requeue (`scontrol
 requeue`, a preemption): that job runs again whatever max_retries says, so its record goes aside
 as for a requeue of ours, and the task says so instead of saying the job ends. A task that Slurm
@@ -117,7 +118,10 @@ class TrainCommand:
         # waiting launcher would take the stopped attempt's outcome for the job's.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_REQUEUE)
+        # Task 0 requeues for all. Any other task leaves with 0: srun's --kill-on-bad-exit ends the
+        # step when a task exits non-zero, which killed task 0 while it still asked Slurm to requeue
+        # the job (which then ended FAILED). Task 0 leaving non-zero still fails a job it did not requeue.
+        os._exit(EXIT_REQUEUE if lead else 0)
 
     def _next_attempt_comes(self, job: str, restarts: int, lead: bool) -> bool:
         """Whether the job runs again: Slurm requeued it itself, or task 0 requeued it (retries remain)."""

@@ -217,10 +217,14 @@ def _signal_sent_by_hand_requeues_once(sweep_dir: Path) -> None:
     # One array of two configs: one requeue allowed, none allowed. Each checkpoints only when
     # told to stop (save_interval beyond the end). The first attempts take 0.5 s per iteration,
     # so that the signal (sent after iteration 2) finds them running: at full speed this model
-    # does 100 iterations in about a second.
+    # does 100 iterations in about a second. Two ranks each: a task that left with the requeue's
+    # status ended the step (srun --kill-on-bad-exit) while task 0 still asked Slurm to requeue it.
+    # No core license, so that the two 2-CPU jobs run at once (on two emulated nodes; they mostly sleep).
     sweep(
         sweep_dir,
         *QUICK,
+        "parallelism.dp=2",
+        "cluster.core_license=null",
         f"training.train_iters={iters}",
         f"training.save_interval={10 * iters}",
         "cluster.max_retries=1,0",
@@ -260,6 +264,12 @@ def _signal_sent_by_hand_requeues_once(sweep_dir: Path) -> None:
         subprocess.run(["scancel", *jobs], check=False, timeout=30)
         raise
 
+    # Task 1 left the stopped attempt with 0, so srun did not cancel the step under task 0 (whose
+    # wrapper still asked Slurm to requeue, and outlived srun's SIGTERM only for KillWait seconds).
+    said = logs[0].read_text(errors="replace")
+    assert "slurm: requeued" in said, said[-3000:]
+    before = said.split("slurm: requeued", 1)[0]
+    assert "Exited with exit code" not in before and "Terminating StepId" not in before, said[-3000:]
     # The first attempt's record is kept beside; the second resumed where the first stopped.
     first = json.loads((sweep_dir / retried.output_dir / "result.attempt0.json").read_text())
     assert first["status"] == "timeout" and "requeue" in first["message"]
