@@ -134,6 +134,12 @@ def sbatch_options(run: RunConfig, *, array_parallelism: int | None = None) -> S
     )
 
 
+def slurm_mem(gb: int | None) -> str | None:
+    """cluster.mem_per_node_gb as sbatch's --mem value, or None to ask for none. A bare number is
+    megabytes to Slurm, so the unit is written out: `--mem=256` asks for 256 MB, not 256 GB."""
+    return None if gb is None else f"{gb}G"
+
+
 def core_licenses(name: str | None, cpus: int, total: int | None) -> str | None:
     """sbatch's --licenses value for a job running `cpus` CPUs (tasks x cpus_per_task), or None.
 

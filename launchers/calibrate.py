@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from conf.schema import Engine, ModelKind, RunConfig
-from launchers.allocation import Allocation, ArrayKey, core_licenses, sbatch_options
+from launchers.allocation import Allocation, ArrayKey, core_licenses, sbatch_options, slurm_mem
 from launchers.site import check_site, license_totals
+from launchers.submit import submit_released
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
@@ -131,7 +132,7 @@ def _executor_parameters(run: RunConfig, nodes: int, licenses: Mapping[str, int]
     if hw.device_type == "cuda" and not c.gres:
         params["gpus_per_node"] = hw.devices_per_node
     optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint,
-                "gres": c.gres, "mem": c.mem_per_node_gb, "setup": list(c.setup) or None}  # fmt: skip
+                "gres": c.gres, "mem": slurm_mem(c.mem_per_node_gb), "setup": list(c.setup) or None}  # fmt: skip
     params.update({k: v for k, v in optional.items() if v is not None})
     return params
 
@@ -251,7 +252,7 @@ def calibrate(
     for n in nodes:
         executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
         executor.update_parameters(**_executor_parameters(run, n, totals))
-        job = executor.submit(_run_task, spec)
+        job = submit_released(executor, executor.submit, _run_task, spec)
         print(f"calibrate: {n} node(s): job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
         results = job.results()
         timings.append(node_timing(n, max(1, run.hardware.devices_per_node), results))

@@ -68,7 +68,7 @@ from hydra.errors import HydraException
 
 from conf import CONFIG_DIR
 from conf.schema import unknown_override
-from launchers.allocation import ArrayKey, chunk, group_by, job_licenses
+from launchers.allocation import ArrayKey, chunk, group_by, job_licenses, slurm_mem
 from launchers.compose import FastComposer, parse_override
 from launchers.site import check_site, license_totals
 from launchers.submit import (
@@ -236,7 +236,7 @@ def render_script(
         "account": opt.account,
         "qos": opt.qos,
         "constraint": opt.constraint,
-        "mem": None if opt.mem_per_node_gb is None else f"{opt.mem_per_node_gb}G",
+        "mem": slurm_mem(opt.mem_per_node_gb),
     }
     lines += [_sbatch_line(k, v) for k, v in optional.items() if v is not None]
     if opt.exclusive:

@@ -53,6 +53,7 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
     submit_configs,
+    submit_released,
 )
 from train.contract import SUBMITIT_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
 from train.preemption import raise_if_interrupted
@@ -102,7 +103,7 @@ def submit_hydra_jobs(
     for piece in chunk(list(zip(job_overrides, nums, strict=True)), settings.max_array_size):
         executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
         executor.update_parameters(**generic_executor_parameters(settings, array_parallelism))
-        queued.extend(executor.map_array(job, [list(o) for o, _ in piece], [n for _, n in piece]))
+        queued.extend(submit_released(executor, executor.map_array, job, [list(o) for o, _ in piece], [n for _, n in piece]))
     returns = []
     for overrides, slurm_job in zip(job_overrides, queued, strict=True):
         try:

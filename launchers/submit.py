@@ -69,6 +69,7 @@ from launchers.allocation import (
     chunk,
     group_by,
     job_licenses,
+    slurm_mem,
 )
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
@@ -402,7 +403,7 @@ def executor_parameters(
         "account": opt.account,
         "qos": opt.qos,
         "constraint": opt.constraint,
-        "mem": opt.mem_per_node_gb,
+        "mem": slurm_mem(opt.mem_per_node_gb),
         "setup": list(opt.setup) or None,
         "exclusive": True if opt.exclusive else None,
     }
@@ -413,6 +414,33 @@ def executor_parameters(
     elif alloc.gpus_per_node:
         params["gpus_per_node"] = alloc.gpus_per_node
     return params
+
+
+def submit_released(executor: Any, submit: Callable[..., Any], *args: Any) -> Any:
+    """`submit(*args)`, one of `executor`'s submitit calls (a job, or a list of them), queued held and
+    then released with `scontrol release`.
+
+    submitit makes each job's folder, where Slurm opens the job's output file, only once sbatch has
+    returned: a job that an idle cluster starts at once fails before it runs, with no log (slurmd:
+    "Could not open stdout file ... No such file or directory", the task killed by signal 53; seen on
+    the local cluster, whose backfill started an array task a millisecond after sbatch). A hold the
+    user asked for (sbatch_args `hold`) is theirs to release."""
+    extra = dict(executor.parameters.get("additional_parameters") or {})
+    if "hold" in extra:
+        return submit(*args)
+    executor.update_parameters(additional_parameters={**extra, "hold": True})
+    queued = submit(*args)
+    ids = sorted({str(job.job_id).split("_")[0] for job in (queued if isinstance(queued, list) else [queued])})
+    try:
+        released = subprocess.run(["scontrol", "release", *ids], capture_output=True, text=True, timeout=60)
+        said = released.stderr.strip() or released.stdout.strip() or f"exit status {released.returncode}"
+        why = said if released.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = str(exc)
+    if why:
+        print(f"slurm: scontrol release {' '.join(ids)} failed ({why}): the jobs stay held until released "
+              f"with `scontrol release {' '.join(ids)}`", file=sys.stderr, flush=True)  # fmt: skip
+    return queued
 
 
 def submit_configs(
@@ -443,7 +471,8 @@ def submit_configs(
             executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
             executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
             try:
-                queued = executor.submit_array([command_for(s, settings, sweep_dir) for s in piece])
+                commands = [command_for(s, settings, sweep_dir) for s in piece]
+                queued = submit_released(executor, executor.submit_array, commands)
             except (FailedJobError, FailedSubmissionError) as exc:
                 reason = REFUSED_PREFIX + _slurm_message(str(exc))
                 entries.extend(entry_for(s, "refused", reason=reason) for s in piece)

@@ -13,6 +13,7 @@ import pytest
 
 from conf import CONFIG_DIR
 from launchers.calibrate import (
+    _executor_parameters,
     attention_shapes,
     core_share,
     gemm_shapes,
@@ -64,6 +65,14 @@ def test_the_shapes_come_from_the_search_and_tasks_reduce_to_their_median() -> N
     bert = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config([*SMALL, "model.kind=bert", "search.micro_batch_sizes=[1,4]"])
     assert {(b, causal) for b, _, _, _, causal in attention_shapes(bert)} == {(1, False), (4, False)}
     assert layer_model(run) == ("gpt", 32, 2, 32, 256, 1)  # a head per device of a node
+
+
+def test_a_calibration_job_asks_for_the_configs_memory_in_gigabytes() -> None:
+    """sbatch reads a bare --mem as megabytes (the launcher's jobs are checked on the cluster in
+    tests/launchers/test_slurm_launcher.py)."""
+    composer = FastComposer.from_config_dir(CONFIG_DIR, "config")
+    assert _executor_parameters(composer.run_config([*SMALL, "cluster.mem_per_node_gb=64"]), 1, None)["mem"] == "64G"
+    assert "mem" not in _executor_parameters(composer.run_config(list(SMALL)), 1, None)
 
 
 def test_the_core_share_counts_the_threads_of_the_tasks_on_each_host() -> None:

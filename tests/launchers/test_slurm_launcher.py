@@ -118,6 +118,10 @@ def test_homogeneous_sweep_is_one_array_and_exports_swept_env(
         for e in entries
     )
 
+    # Queued held and released once submitit had made each task's folder, where Slurm opens its
+    # output: a task the idle cluster started first failed with no log (launchers.submit.submit_released).
+    submission = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --hold" in submission
     results = wait_for_results(sweep_dir, entries)
     assert [r["status"] for r in results] == ["ok"] * 4
     # Each run exported its own value of the swept variable, inside the array it shares.
@@ -351,6 +355,11 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     assert unknown.returncode == EXIT_REQUEUE
     assert "scontrol requeue 999999999 failed" in unknown.stderr
     assert record.exists() and not (tmp_path / "result.attempt0.json").exists()
+    # Another task with a retry left leaves the requeue to task 0 and exits 0: with the requeue's
+    # status, srun (--kill-on-bad-exit) ended task 0 before it had asked Slurm (tests/launchers/test_faults.py).
+    other = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "1"})
+    assert other.returncode == 0, other.stderr
+    assert record.exists() and "scontrol" not in other.stderr
 
 
 def test_wait_reports_a_failing_job_as_a_failed_sweep(
@@ -417,6 +426,25 @@ def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmCluste
     try:
         assert "2 submitted in 2 array(s)" in proc.stdout
         assert [oversubscribe(a) for a in arrays] == ["NO", "OK"]
+    finally:
+        subprocess.run(["scancel", *arrays], timeout=30, check=False)
+
+
+def test_cluster_mem_per_node_gb_asks_slurm_for_gigabytes(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    """A bare `--mem=2` is 2 MB to Slurm: the launcher passed the number through, so a job asked for a
+    thousandth of the memory its config named (and was killed for it, or placed on a node too small)."""
+    sweep_dir = tmp_path / "sweep"
+    # Held: only what Slurm was asked for is checked. The local nodes declare the host's memory.
+    sweep(sweep_dir, "cluster.mem_per_node_gb=1,2", "+hydra.launcher.sbatch_args.hold=''")
+    arrays = [array_of(e.job_id) for e in read_manifest(sweep_dir)]
+    try:
+        shown = [
+            subprocess.run(["scontrol", "show", "job", a], capture_output=True, text=True, timeout=30, check=True).stdout
+            for a in arrays
+        ]
+        assert [re.search(r"MinMemoryNode=(\S+)", s).group(1) for s in shown] == ["1G", "2G"], shown  # type: ignore[union-attr]
+        # The user's own hold stays theirs: the launcher releases only the holds it adds.
+        assert all("Reason=JobHeldUser" in s for s in shown), shown
     finally:
         subprocess.run(["scancel", *arrays], timeout=30, check=False)
 
