@@ -39,7 +39,7 @@ from train.model import LossSum, build_model, lm_loss_sum, num_layers
 from train.optim import build_optimizer
 from train.pipeline import StageLinks
 from train.planner import flops, rules
-from train.planner.layout import Rank
+from train.planner.layout import Layout, Rank
 from train.planner.memory import estimated_memory, usable_bytes
 from train.planner.sizes import total_params
 
@@ -112,12 +112,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
             mesh = distributed.build_mesh(device.type, pp=rank.layout.pp, dp=rank.layout.dp, tp=rank.layout.tp)
     baseline = memory.process_baseline_bytes(device)  # before the model: what the process itself holds
     progress.params = total_params(run.model, rank.layout.tp)
-    if par.engine == Engine.deepspeed:
-        model = build_deepspeed_model(run, rank=rank, device=device, mesh=mesh)
-    else:
-        model = build_stage(run, rank=rank, device=device, mesh=mesh)
-    if is_auto_micro_batch(par):
-        run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
+    run, model = _sized_model(run, rank=rank, device=device, mesh=mesh, progress=progress)
     source = make_source(run.model, seed=tr.seed, data_path=tr.data_path, data_dtype=tr.data_dtype)
     resolve_peak(run, device, progress)
     probe = memory.MemoryProbe(rank.global_rank, rank.coords.pp, memory.predict_rank(run, rank), baseline)
@@ -155,6 +150,23 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
         first=stage is None or stage.is_first, last=stage is None or stage.is_last,
     )
     return Setup(device, NativeEngine(model, optimizer, scaler, state, run, device), source)
+
+
+def _sized_model(
+    run: RunConfig, *, rank: Rank, device: torch.device, mesh: DeviceMesh | None, progress: Progress
+) -> tuple[RunConfig, nn.Module]:
+    """This rank's model (either engine's build) and the run with micro_batch_size=auto settled
+    (choose_micro_batch): probed on the built model where it is whole, else the planner's size, taken
+    before the build, which reads it (zero.Init's DeepSpeed config)."""
+    if is_auto_micro_batch(run.parallelism) and not builds_whole_model(run, rank.layout):
+        run = choose_micro_batch(run, None, rank=rank, progress=progress, device=device)
+    if run.parallelism.engine == Engine.deepspeed:
+        model = build_deepspeed_model(run, rank=rank, device=device, mesh=mesh)
+    else:
+        model = build_stage(run, rank=rank, device=device, mesh=mesh)
+    if is_auto_micro_batch(run.parallelism):
+        run = choose_micro_batch(run, model, rank=rank, progress=progress, device=device)
+    return run, model
 
 
 def build_stage(run: RunConfig, *, rank: Rank, device: torch.device, mesh: DeviceMesh | None) -> nn.Module:
@@ -342,16 +354,24 @@ def _cpu_name() -> str:
 # micro_batch_size=auto in the job.
 
 
+def builds_whole_model(run: RunConfig, layout: Layout) -> bool:
+    """Whether this rank builds the whole model, which micro_batch_size=auto's probe steps on its own:
+    not with tp or pp > 1 (its share needs its peers for a step), nor under ZeRO-3 without TP
+    (deepspeed.zero.Init partitions each parameter as it is made; only DeepSpeed's engine gathers them)."""
+    zero_init = run.parallelism.engine == Engine.deepspeed and run.parallelism.zero_stage == 3 and layout.tp == 1
+    return layout.model_parallel == 1 and not zero_init
+
+
 def choose_micro_batch(
-    run: RunConfig, model: nn.Module, *, rank: Rank, progress: Progress, device: torch.device
+    run: RunConfig, model: nn.Module | None, *, rank: Rank, progress: Progress, device: torch.device
 ) -> RunConfig:
     """micro_batch_size=auto in the job: the planner's prediction, then a measured probe, agreed by all ranks.
 
     The probe (train.mbs_probe.auto_micro_batch) runs one forward/backward of this rank's freshly
     built model per size, from the prediction down, with no collective: an OOM (CUDA's, or the
-    CPU allocator's) rules a size out. With tp or pp > 1 the rank holds the whole unsplit model at
-    this point, which would make the probe far too pessimistic, so those layouts take the
-    prediction unprobed. Every rank then takes the smallest size any rank found (one MIN
+    CPU allocator's) rules a size out. Where the rank does not build the whole model
+    (builds_whole_model: tp or pp > 1, ZeRO-3's zero.Init; `model` None before such a build) the
+    prediction is taken unprobed. Every rank then takes the smallest size any rank found (one MIN
     all-reduce), the record's `micro_batch` says what was chosen and why, and the returned run
     (also progress.run) carries the size. Raises torch.OutOfMemoryError when no size fits.
     """
@@ -360,10 +380,13 @@ def choose_micro_batch(
     layout = rank.layout
     predicted: int | None
     probed: tuple[ProbeAttempt, ...] = ()
-    if layout.model_parallel > 1:
+    if model is None or not builds_whole_model(run, layout):
         predicted, reason = largest_fitting_micro_batch(run, dp=layout.dp)
         found = predicted
-        how = "the planner's prediction, not probed (the probe needs the whole model on one rank: tp = pp = 1)"
+        how = (
+            "the planner's prediction, not probed (the probe needs the whole model on one rank: tp = pp = 1, "
+            "and no ZeRO-3 partitioning as it is built)"
+        )
     else:
         limit = probe_memory_limit(run, device, dp=layout.dp)
         reserve = probe_reserve_bytes(run, device, dp=layout.dp)

@@ -151,6 +151,19 @@ def test_deepspeed_zero3_without_tp_is_built_under_zero_init_and_matches_native(
     assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
 
 
+def test_deepspeed_zero3_without_tp_takes_an_auto_micro_batch_from_the_planner(
+    tmp_path: Path, native: list[float]
+) -> None:
+    # The dry run accepts it; the job read the unresolved size in zero.Init's DeepSpeed config
+    # ("used before it was resolved"), and a probe step cannot run on zero.Init's partitions.
+    record, stdout = launch(tmp_path, *DS, "parallelism.zero_stage=3", "parallelism.micro_batch_size=auto")
+    assert record["status"] == "ok", record["message"]
+    assert "micro_batch_size=auto -> 4 (the planner's prediction, not probed" in stdout, stdout
+    assert record["micro_batch"]["chosen"] == 4 and record["micro_batch"]["probed"] == []
+    # The same samples per step (8 = 2 ranks x 4), so the same losses as mbs 2 on one process.
+    assert record["losses"] == pytest.approx(native, rel=LOSS_RTOL)
+
+
 def test_lr_schedule_moves_losses_beyond_the_tolerance(tmp_path: Path, native: list[float]) -> None:
     # Guards the comparison above: a DeepSpeed run whose lr stayed at ds_config's peak (set_lr
     # not reaching its ZeRO optimizer) is the native run without warm-up, which ends more than
