@@ -47,9 +47,16 @@ class AutoMicroBatch:
 def valid_micro_batches(
     run: RunConfig, *, dp: int, candidates: Sequence[int] = DEFAULT_CANDIDATES
 ) -> list[int]:
-    """Candidates (ascending) that split the global batch into whole micro-batches on dp replicas."""
-    gbs = run.parallelism.global_batch_size
-    return sorted({c for c in candidates if c >= 1 and gbs % (c * dp) == 0})
+    """Candidates (ascending) that the batch rules accept on dp replicas (train.planner.rules.batch_violations):
+    whole micro-batches for the global batch and each ramp-up batch, in groups of pp when interleaved.
+    When none does, those that split the global batch alone: the size then chosen is one whose
+    violation validate() names (a ramp-up start no size divides), not a bare "no size"."""
+    from train.planner.rules import batch_violations  # rules resolves `auto` through this module
+
+    par = run.parallelism
+    splits = sorted({c for c in candidates if c >= 1 and par.global_batch_size % (c * dp) == 0})
+    ruled = [c for c in splits if not batch_violations(dataclasses.replace(par, micro_batch_size=c), dp)]
+    return ruled or splits
 
 
 def largest_fitting_micro_batch(

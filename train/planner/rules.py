@@ -360,6 +360,10 @@ def _check_vocab(m: ModelConfig, tp: int | None) -> Violation | None:
     if not _is_pos_int(m.vocab_size):
         problems.append(f"model.vocab_size={m.vocab_size!r} must be a positive integer")
         fields["model.vocab_size"] = m.vocab_size
+    elif m.vocab_size < 2:
+        # The synthetic data draws ids below the last one, BERT's [MASK]: one id leaves none to draw.
+        problems.append(f"model.vocab_size={m.vocab_size} must be at least 2 (the last id is reserved as [MASK])")
+        fields["model.vocab_size"] = m.vocab_size
     if not _is_pos_int(m.make_vocab_size_divisible_by):
         problems.append(
             f"model.make_vocab_size_divisible_by={m.make_vocab_size_divisible_by!r} must be a positive "
@@ -759,6 +763,14 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
         f"parallelism.micro_batch_size={par.mbs} and parallelism.dp={dp}: "
         f"{', and '.join(problems)}. {suggestion}",
     )
+
+
+def batch_violations(par: ParallelismConfig, dp: int) -> list[Violation]:
+    """The batch rules at `par`'s micro-batch size on `dp` replicas: whole micro-batches per replica
+    for the global batch and every ramp-up batch, in groups of pp under the interleaved schedule
+    (train.planner.micro_batch keeps `auto` to the sizes that meet them)."""
+    found = (_check_global_batch(par, dp), _check_rampup(par, dp), _check_interleaved_micro_batches(par, dp))
+    return [v for v in found if v is not None]
 
 
 def _check_interleaved_micro_batches(par: ParallelismConfig, dp: int) -> Violation | None:
@@ -1183,7 +1195,7 @@ def advise(run: RunConfig) -> list[Advisory]:
 
 
 def _vocab_ok(m: ModelConfig) -> bool:
-    return _is_pos_int(m.vocab_size) and _is_pos_int(m.make_vocab_size_divisible_by)
+    return _is_pos_int(m.vocab_size) and m.vocab_size >= 2 and _is_pos_int(m.make_vocab_size_divisible_by)
 
 
 def _known_precision(par: ParallelismConfig) -> bool:

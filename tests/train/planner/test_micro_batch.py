@@ -90,6 +90,29 @@ def test_planner_only_considers_sizes_that_split_the_global_batch() -> None:
     assert mbs is None and "divides" in reason
 
 
+@pytest.mark.parametrize(
+    ("overrides", "world", "chosen"),
+    [
+        # Interleaved: 16 / (mbs x dp) micro-batches in groups of pp=2; auto took 16 (one micro-batch).
+        (["parallelism.pp=2", "parallelism.virtual_stages=2", "parallelism.global_batch_size=16"], 2, 8),
+        # Ramp-up from 16 by 16: auto took 64, which no ramp-up batch splits into.
+        (["parallelism.global_batch_size=64", "parallelism.rampup_batch_size=[16,16,1000]"], 1, 16),
+    ],
+)
+def test_auto_takes_a_size_the_batch_rules_accept(overrides: list[str], world: int, chosen: int) -> None:
+    run = _compose("model.num_layers=4", "parallelism.micro_batch_size=auto", *overrides)
+    assert validate(run, world_size=world) == []
+    assert resolve_micro_batch(run, dp=world // run.parallelism.pp)[0].parallelism.mbs == chosen
+
+
+def test_auto_with_a_ramp_no_size_splits_names_the_ramp() -> None:
+    # A start of 0 fits no size: auto falls back to a size of the global batch, so that validate
+    # reports the ramp-up's own rule, not "no micro-batch size".
+    run = _compose("parallelism.global_batch_size=64", "parallelism.micro_batch_size=auto",
+                   "parallelism.rampup_batch_size=[0,16,1000]")  # fmt: skip
+    assert [v.rule for v in validate(run, world_size=1)] == ["rampup_batch_size"]
+
+
 def _auto_run(memory_gib: float) -> RunConfig:
     """TINY, micro_batch_size=auto, gbs 32, on a device with memory_gib usable (no reserve)."""
     return RunConfig(

@@ -105,7 +105,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
                                                                               tr.collective_timeout_s)))):  # fmt: skip
         broken.add("training_values")
     # Rules on fields that positivity does not cover hold or break whatever the sizes are.
-    if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)):
+    if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)) or m.vocab_size == 1:
         broken.add("vocab_padding")
     elif _pos(p.tp):
         multiple = m.make_vocab_size_divisible_by * p.tp
@@ -498,7 +498,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             par = {"pp": 2, "virtual_stages": 2, "global_batch_size": 4, "rampup_batch_size": [2, 1, 8]}
     elif rule == "vocab_padding":
         field = draw(st.sampled_from(["vocab_size", "make_vocab_size_divisible_by"]))
-        model = {field: draw(st.integers(-4, 0))}
+        # A vocabulary of one id leaves the synthetic data none to draw (the last is [MASK]).
+        model = {field: draw(st.integers(-4, 1 if field == "vocab_size" else 0))}
     elif rule == "layers_divisible_by_pp":
         pp = draw(st.integers(2, 8))
         model = {"num_layers": pp * draw(st.integers(0, 3)) + draw(st.integers(1, pp - 1))}
