@@ -353,9 +353,11 @@ def iteration_flops(
     """FLOPs of one optimizer step of `global_batch_size` samples (default: the full batch), in each of
     FLOPS_CONVENTIONS: model (MFU), hardware (HFU, with recompute), megatron_eq3."""
     gbs = par.global_batch_size if global_batch_size is None else global_batch_size
+    # The logits over the vocabulary as padded for this TP degree: the rows the devices multiply, and
+    # the count the dry run and analysis.calc give the same layout.
     return {
-        "model": model_flops_per_iteration(model, global_batch_size=gbs),
-        "hardware": hardware_flops_per_iteration(model, global_batch_size=gbs, recompute=par.recompute),
+        "model": model_flops_per_iteration(model, global_batch_size=gbs, tp=par.tp),
+        "hardware": hardware_flops_per_iteration(model, global_batch_size=gbs, recompute=par.recompute, tp=par.tp),
         # Megatron-DeepSpeed applies its recompute factor 4 to any recompute, selective too.
         "megatron_eq3": megatron_eq3_flops_per_iteration(
             model, global_batch_size=gbs, full_recompute=par.recompute != Recompute.none, tp=par.tp

@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from conf.schema import HardwareConfig, ModelConfig, ModelKind, Precision, Recompute
+from conf.schema import HardwareConfig, ModelConfig, ModelKind, ParallelismConfig, Precision, Recompute
 from train.planner.flops import (
     Gemm,
     ImpossibleUtilization,
     achieved_tflops,
     hardware_flops_per_iteration,
     head_gemms,
+    iteration_flops,
     layer_gemms,
     logits_gemm,
     megatron_eq3_flops_per_iteration,
@@ -405,3 +406,15 @@ def test_achieved_tflops_and_utilization() -> None:
 def test_flops_module_does_not_import_torch() -> None:
     code = "import sys, train.planner.flops; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_the_trainers_count_pads_the_vocabulary_for_its_tp_as_the_plan_does() -> None:
+    # The log line's and the record's TFLOPs (iteration_flops) padded the vocabulary for tp=1 while the
+    # dry run and analysis.calc padded it for the run's TP: at tp=8, 50,257 rows are 51,200, not 50,304.
+    model = ModelConfig(name="gpt2", num_layers=2, hidden_size=256, num_attention_heads=4, seq_length=128,
+                        vocab_size=50257)  # fmt: skip
+    par = ParallelismConfig(tp=8, micro_batch_size=1, global_batch_size=8, recompute=Recompute.full)
+    counted = iteration_flops(model, par)
+    assert counted["model"] == model_flops_per_iteration(model, global_batch_size=8, tp=8)
+    assert counted["hardware"] == hardware_flops_per_iteration(model, global_batch_size=8, recompute=Recompute.full, tp=8)
+    assert counted["model"] > model_flops_per_iteration(model, global_batch_size=8, tp=1)
