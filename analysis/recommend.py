@@ -162,9 +162,13 @@ class Recommendation:
 
     @property
     def decided(self) -> bool:
-        """Whether the margin over the runner-up is larger than the noise. Unknown noise (a run with
-        fewer than two measured iterations, or a table imported without spreads) decides nothing."""
-        return self.margin_pct is None or (self.noise_pct is not None and self.margin_pct > self.noise_pct)
+        """Whether the best is ahead of every other run by more than their combined noise: of the
+        runner-up's margin, and of a slower run whose wider spread reaches the best's time (`close`).
+        Unknown noise (a run with fewer than two measured iterations, or a table imported without
+        spreads) decides nothing."""
+        if self.margin_pct is None:
+            return True
+        return self.noise_pct is not None and self.margin_pct > self.noise_pct and not self.close
 
 
 def _opt_float(v: object) -> float | None:
@@ -404,7 +408,7 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
                 margin_pct=margin,
                 highest_tflops=_candidate(by_tflops.iloc[0], varying),
                 satisfied=_satisfied(best, c, len(group), str(hardware) if several_hardware else ""),
-                unmet=tuple(u for u in (_memory_unmet(best),) if u),
+                unmet=tuple(u for u in (_memory_unmet(best), _device_unmet(best)) if u),
                 per_nodes=per_nodes,
                 candidates=len(runs),
                 excluded=_excluded(group, masks),
@@ -473,6 +477,19 @@ def _memory_unmet(c: Candidate) -> str | None:
     return None
 
 
+def _device_unmet(c: Candidate) -> str | None:
+    """Why c's time is not its hardware config's: it ran on a device the config does not describe
+    (a job placed on other nodes than the sweep meant); None when it did not, or when _memory_unmet
+    already gives that reason."""
+    memory = _memory_unmet(c) or ""
+    if not c.device_mismatch or c.device_mismatch in memory:
+        return None
+    return (
+        f"it ran on a device its hardware config does not describe ({c.device_mismatch}): its seconds per "
+        "iteration are that device's, so it may not be the fastest on the device the config names"
+    )
+
+
 def _figures(c: Candidate) -> str:
     tflops = "" if c.tflops is None else f", {c.tflops:.2f} TFLOPs/device"
     mfu = "" if c.mfu is None else f", MFU {above_peak_text(c.mfu) if c.mfu > 1.0 else f'{100 * c.mfu:.1f}%'}"
@@ -492,6 +509,11 @@ def _noise_text(r: Recommendation) -> str:
     spreads = f"CV {_cv_text(r.best)} and {_cv_text(r.runner_up)}, combined {r.noise_pct:.1f}%"
     if r.decided:
         return f"outside the noise ({spreads})"
+    if r.margin_pct is not None and r.margin_pct > r.noise_pct:
+        # The runner-up is clear of the best, a slower run with a wider spread is not.
+        wide = "; ".join(f"{c.label}: {_figures(c)}, CV {_cv_text(c)}" for c in r.close[:RERUN_TOP])
+        return (f"outside the noise ({spreads}); but slower runs' iterations spread wide enough to reach the "
+                f"best's time ({wide}), so a rerun could put one of them first")  # fmt: skip
     return f"inside the noise: their iterations spread by more ({spreads}), so a rerun could swap them"
 
 

@@ -1040,8 +1040,20 @@ def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None =
                 )
             frames.append(frame)
         table = pd.concat(frames, ignore_index=True)
+    if len(frames) > 1:
+        table = _drop_planned_that_ran(table)
     rest = [c for c in table.columns if c not in CORE_COLUMNS]
     return Sweeps(table=table[list(CORE_COLUMNS) + rest], sweep_dirs=dirs, labels=labels, warnings=tuple(warnings))
+
+
+def _drop_planned_that_ran(table: pd.DataFrame) -> pd.DataFrame:
+    """A dry run's directory analysed beside the sweep that launched its configs: a config the other
+    sweep lists (run, running or skipped) is not "planned, not run"; its rows there are its record."""
+    planned = table["outcome"] == "planned"
+    if not planned.any():
+        return table
+    launched = set(table.loc[~planned, "config_key"])
+    return table[~(planned & table["config_key"].isin(launched))].reset_index(drop=True)
 
 
 def outcome_counts(df: pd.DataFrame) -> dict[str, int]:

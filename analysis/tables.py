@@ -523,6 +523,10 @@ _VARIANT_FIELDS = (
     ("config.parallelism.recompute", "recompute={}"),
     ("config.parallelism.precision", "{}"),
     ("config.parallelism.engine", "{}"),
+    # Layouts of the same degrees (compare.py keeps them apart too): one row of both would take its
+    # efficiency from a sequence-parallel run at one scale and a plain one at the next.
+    ("config.parallelism.sequence_parallel", "sp={}"),
+    ("config.parallelism.virtual_stages", "vpp={}"),
 )
 
 

@@ -248,6 +248,23 @@ def test_a_margin_inside_the_noise_is_no_winner_and_names_what_to_repeat(tmp_pat
     assert compose_run(["training.train_iters=9", "training.train_iters=4"]).training.train_iters == 4
 
 
+def test_a_slower_run_whose_spread_reaches_the_best_leaves_no_clear_winner(tmp_path: Path) -> None:
+    # The runner-up (172.36 s/it) is 6.4% behind with 1.4% of combined noise, but the third (186.65,
+    # 15.2% behind) spread by 25%: sqrt(1^2 + 25^2) = 25.0% reaches the best. The verdict looked at
+    # the runner-up alone and called a winner.
+    data = copy.deepcopy(fixture())
+    for run in data["runs"]:
+        run["sec_cv"] = {"n48_pp12_mbs2": 0.01, "n48_pp6_mbs2": 0.01, "n44_pp11_mbs2": 0.25}.get(run["name"], 0.01)
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    assert rec.margin_pct is not None and rec.noise_pct is not None and rec.margin_pct > rec.noise_pct
+    assert [c.sec_per_iter for c in rec.close] == [186.65] and not rec.decided
+    text = format_recommendations([rec])
+    assert text.startswith("No clear winner for") and "Fastest for" not in text
+    assert "outside the noise (CV 1.0% and 1.0%, combined 1.4%); but slower runs' iterations spread" in text
+    assert "CV 25.0%), so a rerun could put one of them first" in text
+    assert "repeat the top 2 (within the noise of each other)" in text and "parallelism.pp=11" in text
+
+
 def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
     data = _two_layouts()
     for run in data["runs"]:
@@ -423,6 +440,23 @@ def test_a_run_on_a_larger_device_than_its_config_says_is_flagged_with_why(tmp_p
     assert "peak memory 45.20 GiB per device is above the 39.59 GiB of the device its hardware config" in unmet
     assert "hardware=a100_40gb does not describe this device: the device has 79.15 GiB" in unmet
     assert "peak memory" not in _lines(rec, "- constraints satisfied:")[0]
+
+
+def test_a_best_that_ran_on_another_device_is_flagged_not_silently_fastest(tmp_path: Path) -> None:
+    # A sweep of a100_80gb whose faster job landed on an H100 node: it won as "Fastest for ..." with
+    # no word of the device (its memory fits, so the memory check said nothing either).
+    sweep = build_sweep(tmp_path / "s", _two_layouts())
+    record = json.loads((sweep / "runs" / "1" / "result.json").read_text())
+    config = {**record["config"], "hardware": {**record["config"]["hardware"], "device_pattern": "A100"}}
+    _edit_record(sweep / "runs" / "1" / "result.json", device="NVIDIA H100 80GB HBM3", config=config)
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    assert rec.best.sec_per_iter == 172.36 and rec.best.device_mismatch
+    (unmet,) = _lines(rec, "- constraint not met:")
+    assert unmet.startswith("- constraint not met: it ran on a device its hardware config does not describe (")
+    assert "'NVIDIA H100 80GB HBM3'" in unmet and "may not be the fastest on the device the config names" in unmet
+    # The same runs on the device their config names: nothing to flag.
+    (clean,) = recommend(load_sweeps([build_sweep(tmp_path / "t", _two_layouts())], queue=None).table)
+    assert clean.unmet == ()
 
 
 def _noisy(cluster: dict | None) -> dict:

@@ -114,6 +114,22 @@ def test_skipped_row_comes_from_plan_and_manifest_with_reason(sweep: Path) -> No
     assert (skipped["dp"], skipped["tp"], skipped["pp"], skipped["gbs"]) == (48, 8, 1, 2016)
 
 
+def test_a_dry_run_beside_the_sweep_that_ran_it_lists_only_what_never_ran(sweep: Path, tmp_path: Path) -> None:
+    # The dry run's directory (plan.csv alone) and the launched sweep, analysed together: every config
+    # that ran was also listed as "planned, not run" (ten rows twice).
+    dry = tmp_path / "dry"
+    dry.mkdir()
+    shutil.copy(sweep / "plan.csv", dry / "plan.csv")
+    alone = load_sweeps([dry], queue=None).table
+    assert outcome_counts(alone)["planned"] == 10
+    df = load_sweeps([dry, sweep], queue=None).table
+    counts = outcome_counts(df)
+    # The sweep's own pending config was launched too: nothing is left planned.
+    assert "planned" not in counts and counts["pending"] == 1
+    assert len(df[df["sweep"] == df["sweep"].iloc[-1]]) == 11 and len(df) == 11 + 1  # the dry run's skip stays
+    assert summary_line(df).count("planned") == 0
+
+
 def test_plan_csv_without_manifest_gives_skips_and_unrun_configs(sweep: Path) -> None:
     (sweep / "manifest.jsonl").unlink()
     df = load_sweeps([sweep], queue=None).table

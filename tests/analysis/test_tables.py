@@ -485,3 +485,22 @@ def test_scaling_keeps_one_model_at_two_sequence_lengths_or_widths_apart(tmp_pat
         assert len(cell) == 2 and cell["variant"].str.contains(word).all(), cell["variant"].tolist()
         full = cell[cell["variant"].str.contains("seq=2048" if name == "short" else "hidden=14400")]
         assert full["samples_per_s"].tolist() == pytest.approx([2048 / 207.92])
+
+
+def test_scaling_keeps_sequence_parallel_and_interleaved_runs_of_one_layout_apart(tmp_path: Path) -> None:
+    # The same model and degrees run again with sequence parallelism (or two virtual stages), 2x
+    # faster: one row held both, its efficiency the ratio of one variant's run at one scale to the
+    # other's at the next.
+    a = build_sweep(tmp_path / "a")
+    for name, field, value, word in (("sp", "sequence_parallel", True, "sp=True"), ("vpp", "virtual_stages", 2, "vpp=2")):
+        data = copy.deepcopy(fixture())
+        for run in data["runs"]:
+            run["layout"] = {**run["layout"], field: value}
+            run["extra_overrides"] = [f"parallelism.{field}={str(value).lower()}"]
+            if run.get("sec_per_iter"):
+                run["sec_per_iter"] /= 2
+        frame = scaling_frame(load_sweeps([a, build_sweep(tmp_path / name, data)], queue=None).table)
+        cell = frame[frame["variant"].str.startswith("bloom_200b_l80_h14400 (tp=8 pp=10 mbs=2)") & (frame["devices"] == 320)]
+        assert len(cell) == 2 and cell["variant"].str.contains(word).sum() == 1, cell["variant"].tolist()
+        plain = cell[~cell["variant"].str.contains(word)]
+        assert plain["samples_per_s"].tolist() == pytest.approx([2048 / 207.92])

@@ -52,6 +52,7 @@ def run_config(
         tp=layout["tp"], pp=layout["pp"], dp=layout["dp"], micro_batch_size=layout["mbs"],
         global_batch_size=layout["gbs"], zero_stage=layout.get("zero_stage", 1), recompute=Recompute.full,
         engine=Engine(layout.get("engine", "native")), offload=Offload(layout.get("offload", "none")),
+        sequence_parallel=layout.get("sequence_parallel", False), virtual_stages=layout.get("virtual_stages", 1),
     )
     return RunConfig(
         model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware),
