@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -363,10 +364,9 @@ def model_shapes(df: pd.DataFrame) -> pd.Series:
     return known.fillna(known.groupby(df["model"]).transform("first")).fillna("")
 
 
-def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
-    """The fastest layout per (model, hardware, global batch, sequence length) among runs meeting the
-    constraints."""
-    c = constraints or Constraints()
+def _work_groups(df: pd.DataFrame) -> tuple[Any, bool]:
+    """The rows grouped by work (model, hardware, global batch, sequence length, model shape), and
+    whether they ran on several hardware configs (the work then names its hardware)."""
     df = narrow(df, _READ)
     # Rows from plan.csv or the manifest carry no sequence length: they take their model's.
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
@@ -374,15 +374,25 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
         df = df.assign(hardware="")
     df = df.assign(_shape=model_shapes(df))
     groups = df[df["gbs"].notna()].groupby(["model", "hardware", "gbs", "seq_length", "_shape"], dropna=False, sort=True)
-    # Hardware is named where the runs read ran on several: with one, the work says it already.
-    several_hardware = df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
+    return groups, df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
+
+
+def _qualifying(group: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.Series:
+    ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
+    for mask in masks.values():
+        ok &= mask
+    return ok
+
+
+def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[Recommendation]:
+    """The fastest layout per (model, hardware, global batch, sequence length) among runs meeting the
+    constraints (the work without such a run: unqualified)."""
+    c = constraints or Constraints()
+    groups, several_hardware = _work_groups(df)
     recs = []
     for (model, hardware, gbs, seq, _), group in groups:
         masks = _constraint_masks(group, c)
-        ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
-        for mask in masks.values():
-            ok &= mask
-        qualifying = group[ok].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+        qualifying = group[_qualifying(group, masks)].sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
         if qualifying.empty:
             continue
         runs = _pool_layouts(qualifying)
@@ -420,6 +430,32 @@ def recommend(df: pd.DataFrame, constraints: Constraints | None = None) -> list[
             )
         )
     return recs
+
+
+def unqualified(df: pd.DataFrame, constraints: Constraints | None = None) -> list[str]:
+    """'No recommendation for <work>: ...' for each piece of work with configs but no run that
+    qualifies (each failed, is pending or planned, or is outside the constraints), which recommend
+    leaves out: a GBS whose every run ran out of memory vanished without a word."""
+    c = constraints or Constraints()
+    groups, several_hardware = _work_groups(df)
+    out = []
+    for (model, hardware, gbs, seq, _), group in groups:
+        masks = _constraint_masks(group, c)
+        if _qualifying(group, masks).any():
+            continue
+        sizes = group["size_params"].dropna()
+        work = _work_text(str(model), format_size(sizes.iloc[0]) if not sizes.empty else "",
+                          "" if pd.isna(hardware) else str(hardware), int(gbs), None if pd.isna(seq) else int(seq),
+                          several_hardware)  # fmt: skip
+        why = "; ".join(_excluded(group, masks)) or "none finished with a measured iteration"
+        out.append(f"No recommendation for {work}: none of its {len(group)} config(s) qualifies ({why}).")
+    return out
+
+
+def _work_text(model: str, size: str, hardware: str, gbs: int, seq: int | None, name_hardware: bool) -> str:
+    """The work a recommendation is for, in its words: model (size)[ on hardware], GBS[, sequence]."""
+    hw = f" on {hardware or 'unknown hardware'}" if name_hardware else ""
+    return f"{model}{f' ({size})' if size else ''}{hw}, GBS {gbs}{'' if seq is None else f', sequence {seq}'}"
 
 
 def _constraint_masks(group: pd.DataFrame, c: Constraints) -> dict[str, pd.Series]:
@@ -607,9 +643,10 @@ def left_out(df: pd.DataFrame, constraints: Constraints) -> str:
     return f"{len(measured)} run(s) finished with a measured iteration, but none met the limits: {'; '.join(counts)}"
 
 
-def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "") -> str:
+def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "", others: Sequence[str] = ()) -> str:
     """Plain text (also valid markdown) for the console and results.md; `left_out`: why nothing
-    qualified (see left_out) when recs is empty."""
+    qualified (see left_out) when recs is empty; `others`: the work that has no recommendation
+    beside recs' (unqualified), one line each after them."""
     if not recs:
         # "no run finished" was said of runs that finished and were only outside --max-mem-gib, say.
         return f"No recommendation: {left_out}." if left_out else (
@@ -618,10 +655,7 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
     several_hardware = len({r.hardware for r in recs}) > 1
     blocks = []
     for r in recs:
-        seq = "" if r.seq_length is None else f", sequence {r.seq_length}"
-        size = f" ({r.size})" if r.size else ""
-        hw = f" on {r.hardware or 'unknown hardware'}" if several_hardware else ""
-        work = f"{r.model}{size}{hw}, GBS {r.global_batch_size}{seq}"
+        work = _work_text(r.model, r.size, r.hardware, r.global_batch_size, r.seq_length, several_hardware)
         where = f"{_figures(r.best)} [{r.best.sweep}/{r.best.run_dir}]"
         lines = [
             f"Fastest for {work}: {r.best.label}: {where}" if r.decided
@@ -658,7 +692,10 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
             lines.append("- fastest per node count:")
             lines += [f"  - {c.nodes} node(s): {c.label}: {_figures(c)}" for c in r.per_nodes]
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return "\n\n".join([*blocks, *others])
 
 
-__all__ = ["Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend"]
+__all__ = [
+    "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend",
+    "unqualified",
+]  # fmt: skip

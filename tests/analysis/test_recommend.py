@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from analysis.calc import compose_run
-from analysis.recommend import Constraints, Recommendation, format_recommendations, left_out, recommend
+from analysis.recommend import (
+    Constraints,
+    Recommendation,
+    format_recommendations,
+    left_out,
+    recommend,
+    unqualified,
+)
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
 from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, predicted_sweep_data
@@ -200,6 +207,26 @@ def test_runs_on_other_hardware_are_other_work(tmp_path: Path) -> None:
     # One hardware: the work need not name it (the golden results.md).
     (one,) = recommend(load_sweeps([tmp_path / "gpu"], queue=None).table)
     assert " on a100_80gb" not in format_recommendations([one])
+
+
+def test_work_with_no_qualifying_run_is_named_beside_the_recommendation(tmp_path: Path) -> None:
+    # Two global batches; every run of the second ran out of memory: its work vanished from the
+    # recommendation without a line (only GBS 2048's was printed).
+    data = copy.deepcopy(fixture())
+    extra = copy.deepcopy(next(r for r in data["runs"] if r["name"] == "n48_pp6_mbs2"))
+    extra.update(name="gbs4096_oom", status="oom", message="OutOfMemoryError", sec_per_iter=None, tflops=None)
+    extra["layout"] = {**extra["layout"], "gbs": 4096}
+    data["runs"].append(extra)
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    recs, others = recommend(df), unqualified(df)
+    assert [r.global_batch_size for r in recs] == [2048]
+    assert "No recommendation for bloom_200b_l80_h14400 (203B), GBS 4096, sequence 2048: none of its 1 config(s) " \
+           "qualifies (1 did not finish (1 OOM))." in others  # fmt: skip
+    text = format_recommendations(recs, others=others)
+    assert text.startswith("Fastest for bloom_200b_l80_h14400 (203B), GBS 2048") and text.endswith(others[-1])
+    # Outside a constraint, said as such.
+    limited = unqualified(df, Constraints(max_nodes=8))
+    assert any("GBS 2048" in line and "over the 8-node limit" in line for line in limited), limited
 
 
 def test_nothing_qualifies(tmp_path: Path) -> None:
