@@ -310,13 +310,12 @@ def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pat
 
 def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
     """_tables' files but results.csv: results.md, scaling.csv and zero.csv (those with rows)."""
-    from analysis.recommend import Constraints, format_recommendations, left_out, recommend, unqualified
+    from analysis.recommend import Constraints, recommend, recommendation_text
     from analysis.tables import results_markdown, scaling_frame, scaling_markdown, zero_frame, zero_markdown
 
     constraints = Constraints(max_nodes=args.max_nodes, max_mem_gib=args.max_mem_gib, dp_multiple_of=args.dp_multiple)
     recs = recommend(df, constraints)
-    rec_text = format_recommendations(recs, left_out="" if recs else left_out(df, constraints),
-                                      others=unqualified(df, constraints) if recs else ())  # fmt: skip
+    rec_text = recommendation_text(df, recs, constraints)
     planned = int((df["outcome"] == "planned").sum())
     if not recs and planned and df["outcome"].isin(("planned", "skipped")).all():
         skipped = len(df) - planned

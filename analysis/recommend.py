@@ -643,6 +643,15 @@ def left_out(df: pd.DataFrame, constraints: Constraints) -> str:
     return f"{len(measured)} run(s) finished with a measured iteration, but none met the limits: {'; '.join(counts)}"
 
 
+def recommendation_text(df: pd.DataFrame, recs: Sequence[Recommendation], constraints: Constraints | None = None) -> str:
+    """What results.md and the console say of `recs` (recommend(df, constraints)): each work's
+    recommendation and, after them, the work without one; or why nothing qualified."""
+    c = constraints or Constraints()
+    if not recs:
+        return format_recommendations([], left_out=left_out(df, c))
+    return format_recommendations(recs, others=unqualified(df, c))
+
+
 def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "", others: Sequence[str] = ()) -> str:
     """Plain text (also valid markdown) for the console and results.md; `left_out`: why nothing
     qualified (see left_out) when recs is empty; `others`: the work that has no recommendation
@@ -697,5 +706,5 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
 
 __all__ = [
     "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend",
-    "unqualified",
+    "recommendation_text", "unqualified",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.recommend import format_recommendations, recommend
+from analysis.recommend import recommend, recommendation_text
 from analysis.records import load_sweeps
 from analysis.tables import (
     SEED_COLUMNS,
@@ -38,7 +38,7 @@ def _markdown(sweep: Path) -> str:
     return results_markdown(
         df,
         labels=loaded.labels,
-        recommendation=format_recommendations(recommend(df)),
+        recommendation=recommendation_text(df, recommend(df)),
         scaling=scaling_markdown(scaling_frame(df)),
         zero=zero_markdown(zero_frame(df)),
     )

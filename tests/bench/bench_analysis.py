@@ -101,7 +101,7 @@ def write_sweep(root: Path) -> None:
 
 def in_process(root: Path) -> dict[str, float]:
     """Load, tables and recommendation of the sweep at `root`, timed (seconds), imports excluded."""
-    from analysis.recommend import format_recommendations, recommend
+    from analysis.recommend import recommend, recommendation_text
     from analysis.records import load_sweeps
     from analysis.tables import results_markdown, scaling_frame, scaling_markdown
 
@@ -110,7 +110,7 @@ def in_process(root: Path) -> dict[str, float]:
     load_s = time.perf_counter() - tic
     df = loaded.table
     tic = time.perf_counter()
-    rec = format_recommendations(recommend(df))
+    rec = recommendation_text(df, recommend(df))
     md = results_markdown(df, labels=loaded.labels, recommendation=rec, scaling=scaling_markdown(scaling_frame(df)))
     report_s = time.perf_counter() - tic
     return {
