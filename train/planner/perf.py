@@ -12,8 +12,9 @@ a constant fitted to one table:
   plus a launch overhead. Y = X W^T has two backward GEMMs, dX = dY W and dW = dY^T X.
 - attention core: where a calibration timed SDPA at this length and head size, its measured
   forward and backward at this count of sequences x heads (interpolated between the counts timed,
-  extrapolated along the nearest two) for megasweep's stacks, which run SDPA; otherwise the GEMM
-  rule for QK^T and attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
+  extrapolated along the nearest two) for megasweep's stacks, which run SDPA; at another head size,
+  the timed one nearest in kernel head size at the count of the same work (_measured_attention);
+  with no SDPA timed at this length, the GEMM rule for QK^T and attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
   half of a causal score matrix, so that work halves; Megatron's explicit baddbmm path computes
   it whole.
 - pointwise ops (LayerNorm, GeLU, residual adds, softmax, cross-entropy, embedding lookup): the
@@ -280,7 +281,7 @@ def _attention_table(
     }
 
 
-def _between(points: list[tuple[int, float]], rows: int) -> float:
+def _between(points: list[tuple[int, float]], rows: float) -> float:
     """Seconds at `rows` from timed (rows, seconds), ascending: linear between the two timed counts
     around it (a kernel's fixed cost plus a cost per sequence and head), and outside them along the
     nearest two's line, bounded by proportional scaling (a fuller GPU is never less efficient per
@@ -300,18 +301,41 @@ def _between(points: list[tuple[int, float]], rows: int) -> float:
     raise AssertionError("unreachable: rows lies within the timed counts")
 
 
+def _kernel_head(head_dim: int, device_type: str) -> int:
+    """The head size SDPA's kernel computes: on a GPU FlashAttention-2 is compiled for multiples of 32
+    up to 192, then 256, and pads a head up to the next (its flash_api.cpp, `head_size_rounded`); a
+    CPU's kernels loop over the head's own elements."""
+    if device_type != "cuda":
+        return head_dim
+    return -(-head_dim // 32) * 32 if head_dim <= 192 else 256
+
+
 def _measured_attention(
     rows: int, seq: int, head_dim: int, causal: bool, precision: str, mach: _Machine
 ) -> tuple[float, float] | None:
     """(forward, backward) seconds of SDPA over `rows` sequences x heads, from the timings of the
-    same sequence length, head size, causality and precision (_between); None without one. On the
-    H100, gpt_350m's forward took 0.051/0.081/0.124/0.203 ms at 16/32/64/128 rows: far from
-    proportional at the counts that do not fill the GPU."""
+    same sequence length, head size, causality and precision (_between); None without one at this
+    length. On the H100, gpt_350m's forward took 0.051/0.081/0.124/0.203 ms at 16/32/64/128 rows:
+    far from proportional at the counts that do not fill the GPU.
+
+    A calibration times the head size of the model it was run for; another model's (gpt_2.7b's 80
+    against gpt_1.3b's 128) takes the timed head size nearest in kernel head size (_kernel_head), at
+    the count of rows that holds the same kernel work (rows x its kernel head / the timed one's): the
+    score matrix and its softmax are per row, the two products scale with the head. Each model's core
+    priced so from another model's file came within 0.82-1.25x of its own timing on an H100 and two
+    H200s, where the GEMM rule gave 0.28-1.23x (tests/bench/results/gpu/REPORT.md, derived from calls
+    5, 6 and 11; tests/test_gpu_results.py holds it)."""
     timed = mach.attention.get((seq, head_dim, causal, precision))
+    work = float(rows)
     if not timed:
-        return None
-    forward = _between([(count, f) for count, f, _ in timed], rows)
-    return forward, _between([(count, b) for count, _, b in timed], rows)
+        heads = [d for (s, d, c, p) in mach.attention if (s, c, p) == (seq, causal, precision)]
+        if not heads:
+            return None
+        device, own = mach.hw.device_type, _kernel_head(head_dim, mach.hw.device_type)
+        near = min(heads, key=lambda d: (abs(math.log(_kernel_head(d, device) / own)), -d))
+        timed, work = mach.attention[(seq, near, causal, precision)], rows * own / _kernel_head(near, device)
+    forward = _between([(count, f) for count, f, _ in timed], work)
+    return forward, _between([(count, b) for count, _, b in timed], work)
 
 
 def _gemm_classes(

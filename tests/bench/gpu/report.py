@@ -22,6 +22,9 @@ CALLS = ("call1", "call2", "call3", "call4")
 """The H100's trainer runs (call 5 is its second calibration)."""
 H200_CALLS = ("call6", "call7")
 """The H200's: call 6 calibrated it and ran seven layouts at global batch 32, call 7 a memory grid."""
+TIP_CALLS = ("call9", "call10")
+"""An H200 again, a day later and at 55861aa: call 9 ran call 6's seven layouts, call 10 a memory grid of
+gpt_350m and the attention heads, call 11 calibrated gpt_350m and gpt_1.3b."""
 
 
 def records(pattern: str, calls: tuple[str, ...] = CALLS) -> list[tuple[str, Path, dict[str, Any]]]:
@@ -152,8 +155,11 @@ def time_table(calibrated_in: str | None = "call1", calls: tuple[str, ...] = CAL
         seen.add(layout)  # the latest call's measurement of a layout
         model = rec["config"]["model"]["name"]
         tag = rec["config"]["hardware"]["name"].split("_")[0]
-        cal = [f"hardware.calibration={RESULTS / calibrated_in / f'calibration_{tag}_{model}.json'}",
-               "parallelism.precision=bf16"] if calibrated_in else []  # fmt: skip
+        cal: list[str] = []
+        if calibrated_in:
+            path, used = _calibration_file(calibrated_in, tag, model)
+            cal = [f"hardware.calibration={path}", "parallelism.precision=bf16"]
+            layout += f" (calibrated on {used})" if used != model else ""
         run = _run_of(rec, *cal)
         pred = predict_time(run.model, run.parallelism, run.hardware, dp=1)
         err = pred.sec_per_iter / rec["sec_per_iter"] - 1
@@ -165,6 +171,124 @@ def time_table(calibrated_in: str | None = "call1", calls: tuple[str, ...] = CAL
     if errors:
         lines.append(f"\nmean absolute error {100 * statistics.mean(errors):.1f}% over {len(errors)} layouts")
     return lines
+
+
+def _calibration_file(call: str, tag: str, model: str) -> tuple[Path, str]:
+    """The calibration `call` wrote for `model`, or where it calibrated none for that model, the one of
+    its largest calibrated model: the calibration times one model's GEMM shapes, and the time model
+    prices a shape it did not time at its class's achieved fraction, so this is a held-out model."""
+    own = RESULTS / call / f"calibration_{tag}_{model}.json"
+    if own.exists():
+        return own, model
+    files = sorted((RESULTS / call).glob(f"calibration_{tag}_*.json"), key=lambda p: _model_size(p.stem.split("_", 2)[2]))
+    if not files:
+        raise FileNotFoundError(f"{call} holds no calibration for {tag}")
+    return files[-1], files[-1].stem.split("_", 2)[2]
+
+
+def _model_size(name: str) -> float:
+    """gpt_350m -> 0.35, gpt_1.3b -> 1.3 (billions of parameters, from the config's name)."""
+    size = name.rsplit("_", 1)[1]
+    return float(size[:-1]) / (1000 if size.endswith("m") else 1)
+
+
+def repeat_table(before: str = "call6", after: str = "call9") -> list[str]:
+    """The same layouts on two lent machines of one kind, a day and 40 commits apart: sec/it and the
+    allocator's peak, to tell a regression of the trainer from the spread between machines."""
+    runs = {c: {_layout(r): r for _, _, r in records("layouts/*/result.json", (c,)) if r["status"] == "ok"} for c in (before, after)}
+    lines = [f"| layout | {before} sec/it | {after} sec/it | {after} / {before} | {before} peak GiB | {after} peak GiB |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    ratios = []
+    for layout in sorted(runs[before].keys() & runs[after].keys()):
+        a, b = runs[before][layout], runs[after][layout]
+        ratios.append(b["sec_per_iter"] / a["sec_per_iter"])
+        lines.append(f"| {layout} | {a['sec_per_iter']:.3f} | {b['sec_per_iter']:.3f} | {ratios[-1]:.3f} | "
+                     f"{a['max_mem_gib']:.2f} | {b['max_mem_gib']:.2f} |")  # fmt: skip
+    if ratios:
+        lines.append(f"\n{len(ratios)} layouts: {after} / {before} sec/it {min(ratios):.3f}-{max(ratios):.3f} "
+                     f"(median {statistics.median(ratios):.3f})")  # fmt: skip
+    return lines
+
+
+def calibration_repeat_table(before: str = "call6", after: str = "call11") -> list[str]:
+    """Two calibrations of one device kind on two machines: each measured figure of `after` over the same
+    figure of `before` (GEMMs matched by shape and layout, attention by shape)."""
+    lines = ["| model | GEMM seconds (median, min-max) | attention seconds (median, min-max) | memory bandwidth | "
+             "op overhead | point-wise seconds per byte (median) |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for path in sorted((RESULTS / after).glob("calibration_*.json")):
+        old = RESULTS / before / path.name
+        if not old.exists():
+            continue
+        a, b = (json.loads(p.read_text())["nodes"][0] for p in (old, path))
+        gemm = _matched(a["gemms"], b["gemms"], ("m", "n", "k", "batch", "layout", "precision"), ("seconds",))
+        attn = _matched(a["attention"], b["attention"], ("batch", "heads", "seq_length", "head_dim", "causal"), ("forward_s", "backward_s"))
+        point = [y / x for op in a["pointwise"] for x, y in zip(a["pointwise"][op], b["pointwise"][op], strict=True)]
+        lines.append(f"| {path.stem.split('_', 2)[2]} | {_spread(gemm)} ({len(gemm)}) | {_spread(attn)} ({len(attn)}) | "
+                     f"{b['memory_bw_gbs'] / a['memory_bw_gbs']:.3f} | {b['op_overhead_us'] / a['op_overhead_us']:.3f} | "
+                     f"{statistics.median(point):.3f} |")  # fmt: skip
+    return lines
+
+
+def _matched(a: list[dict[str, Any]], b: list[dict[str, Any]], key: tuple[str, ...], values: tuple[str, ...]) -> list[float]:
+    old = {tuple(r[k] for k in key): r for r in a}
+    return [r[v] / old[k][v] for r in b if (k := tuple(r[f] for f in key)) in old for v in values]
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.3f}, {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "none matched"
+
+
+CALIBRATED = (("call5", "h100"), ("call6", "h200"), ("call11", "h200"))
+"""The device calls that calibrated more than one model (tag of their files)."""
+
+
+def attention_transfer_table() -> list[str]:
+    """Each calibrated model's attention core (one layer's SDPA forward and backward, the layout's
+    micro-batch on one GPU) priced from another model's calibration of the same call, against its own
+    file's timing: the head size the other file timed stands in for this one (train.planner.perf,
+    _measured_attention). "GEMM rule" prices it as the time model did before, from the same file
+    without its attention timings (its batched GEMMs' achieved fractions, FlashAttention's causal half)."""
+    import tempfile
+    from dataclasses import replace
+
+    from train.planner.calibration import load_calibration
+
+    lines = ["| call | model (head) | mbs | priced from | own timing ms | from the other file ms | ratio | GEMM rule ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    ratios, gemm_rule = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for call, tag in CALIBRATED:
+            files = {p.stem.split("_", 2)[2]: p for p in sorted((RESULTS / call).glob(f"calibration_{tag}_*.json"), key=lambda p: _model_size(p.stem.split("_", 2)[2]))}
+            for target in files:
+                hw = "h100_sxm" if tag == "h100" else tag
+                for mbs in (1, 4, 16):
+                    own = _attention_per_layer(target, hw, mbs, files[target])
+                    head = _composer().run_config([f"model={target}"]).model
+                    for other, path in files.items():
+                        if other == target:
+                            continue
+                        cal = load_calibration(str(path))
+                        bare = replace(cal, nodes=[replace(n, attention=[]) for n in cal.nodes]).write(Path(tmp) / f"{call}_{other}_bare.json")
+                        priced, rule = (_attention_per_layer(target, hw, mbs, p) for p in (path, bare))
+                        ratios.append(priced / own)
+                        gemm_rule.append(rule / own)
+                        lines.append(f"| {call} | {target} ({head.hidden_size // head.num_attention_heads}) | {mbs} | {other} | "
+                                     f"{1e3 * own:.2f} | {1e3 * priced:.2f} | {ratios[-1]:.2f} | {gemm_rule[-1]:.2f} |")  # fmt: skip
+    lines.append(f"\n{len(ratios)} cores: from another model's timed head size {min(ratios):.2f}-{max(ratios):.2f}x the own "
+                 f"timing (mean |error| {100 * statistics.mean(abs(r - 1) for r in ratios):.0f}%); by the GEMM rule "
+                 f"{min(gemm_rule):.2f}-{max(gemm_rule):.2f}x (mean |error| {100 * statistics.mean(abs(r - 1) for r in gemm_rule):.0f}%)")  # fmt: skip
+    return lines
+
+
+def _attention_per_layer(model: str, hardware: str, mbs: int, calibration: Path) -> float:
+    """Seconds of one layer's attention core (forward and backward) at `mbs` on one device, as the time
+    model prices it with the calibration file `calibration`."""
+    from train.planner.perf import predict_time
+
+    run = _composer().run_config([f"model={model}", f"hardware={hardware}", "hardware.devices_per_node=1",
+                                  "parallelism.precision=bf16", f"parallelism.micro_batch_size={mbs}",
+                                  f"parallelism.global_batch_size={mbs}", f"hardware.calibration={calibration}"])  # fmt: skip
+    return predict_time(run.model, run.parallelism, run.hardware, dp=1).parts["attention"] / run.model.num_layers
 
 
 def _corr(a: list[float], b: list[float]) -> float:
@@ -201,12 +325,12 @@ ALIGNED_NEIGHBOUR = {150: 144, 108: 112}
 """The BLOOM notes' two head sizes whose rows are not 16-byte multiples, each with the nearest one that is."""
 
 
-def heads_table(call: str = "call8") -> list[str]:
+def heads_table(call: str = "call8", name: str = "attention_heads_mbs.json") -> list[str]:
     """The attention core at the BLOOM notes' head sizes (tests.bench.gpu.attention_heads), and what its
     measured cost could change in the time model's BLOOM predictions (tests/train/planner/test_perf.py)."""
     from tests.train.planner.test_perf import BLOOM_SEC_PER_ITER, bloom_time
 
-    data = json.loads((RESULTS / call / "attention_heads_mbs.json").read_text())
+    data = json.loads((RESULTS / call / name).read_text())
     rows = data["rows"]
     lines = [f"{data['device']}, torch {data['torch']}, bf16, seq {data['seq']}, the heads of one rank at TP {data['tp']}; "
              "forward and backward of q k^T and probs v", "",
@@ -273,9 +397,21 @@ def report() -> str:
         ("H200: memory, every run against today's planner", memory_today_table(H200_CALLS)),
         ("H200: GEMM shapes against the tile and wave model", gemm_table("call7")),
         ("H100 (call 8): the attention core at the BLOOM notes' head sizes (issue 12)", heads_table()),
+        ("H200 at 55861aa (calls 9-11): device", [f"`{_device('call9', 'NVIDIA H200')}` (call9/env.log; another machine "
+                                                   "than call 6's, same kind); torch 2.11.0+cu130"]),  # fmt: skip
+        ("H200 at 55861aa: call 6's seven layouts again (call 9), against call 6", repeat_table()),
+        ("H200: call 11's calibration over call 6's, figure by figure", calibration_repeat_table()),
+        ("H200 at 55861aa: time model with call 6's calibration against call 9's runs",
+         time_table("call6", ("call9",), "layouts/*/result.json")),
+        ("H200 at 55861aa: time model with call 11's calibration (another machine, a day later) against call 9's "
+         "runs; gpt_2.7b was not calibrated in call 11", time_table("call11", ("call9",), "layouts/*/result.json")),
+        ("An attention head size no calibration timed, priced from another model's file (calls 5, 6, 11)",
+         attention_transfer_table()),
+        ("H200 at 55861aa: memory, call 10's grid (gpt_350m, gbs 8) against today's planner", memory_today_table(("call10",))),
+        ("H200 (call 10): the attention core at the BLOOM notes' head sizes", heads_table("call10", "attention_heads.json")),
     ]
-    out = ["# GPU runs on an H100 (calls 1-5, 8) and an H200 (calls 6-7): derived from the raw outputs beside this file", "",
-           "Generated by `python -m tests.bench.gpu.report --write` from call1..call8/ (each the archive one device",
+    out = ["# GPU runs on an H100 (calls 1-5, 8) and an H200 (calls 6-7, 9-11): derived from the raw outputs beside this file", "",
+           "Generated by `python -m tests.bench.gpu.report --write` from call1..call11/ (each the archive one device",
            "call of `python -m tests.bench.gpu.issue14` returned, unpacked, or for call5 the calibration files of",
            "`python -m launchers calibrate --here`; their commands are in the .log files and COMMAND.txt).", ""]  # fmt: skip
     for title, lines in sections:

@@ -31,6 +31,7 @@ from train.planner.memory import Stack
 from train.planner.perf import (
     FORWARD_LAYOUT,
     UnknownHardwareFigure,
+    _kernel_head,
     _machine_cached,
     _one_gemm,
     _quantized,
@@ -213,13 +214,28 @@ def test_a_timed_attention_core_is_what_megasweep_stacks_pay(tmp_path: Path) -> 
     # Megatron-DeepSpeed's explicit core (baddbmm, softmax) runs no SDPA: its timed GEMMs (1 ms each).
     megatron = predict_time(MODEL, layout, hw, dp=1, stack=Stack.megatron_deepspeed)
     assert megatron.parts["attention"] == pytest.approx(2 * 2 * 3e-3)
-    # Another sequence length, head size, causality or precision: the GEMMs again.
+    # Another sequence length, causality or precision: the GEMMs again.
     plain = HardwareConfig(peak_measured=True, devices_per_node=2, calibration=str(calibration(tmp_path)))
     longer = replace(MODEL, seq_length=64)
     gemm_rule = predict_time(longer, layout, plain, dp=1).parts["attention"]
     assert predict_time(longer, layout, hw, dp=1).parts["attention"] == pytest.approx(gemm_rule)
     bidirectional = with_attention(tmp_path, AttentionTiming(1, 2, 32, 32, False, "fp32", 5e-3, 7e-3))
     assert predict_time(MODEL, layout, bidirectional, dp=1).parts["attention"] == pytest.approx(2 * 2 * 3e-3)
+
+
+def test_another_head_size_takes_the_nearest_timed_one_at_the_same_kernel_work(tmp_path: Path) -> None:
+    # MODEL's heads are 32 wide; the file timed heads of 40 and 128 (another model's), 2 rows each,
+    # proportional from one count: 2 ms forward and 4 ms backward per row of 40.
+    hw = with_attention(tmp_path, AttentionTiming(1, 2, 32, 40, True, "fp32", 4e-3, 8e-3),
+                        AttentionTiming(1, 2, 32, 128, True, "fp32", 1.0, 1.0))  # fmt: skip
+    layout = ParallelismConfig(micro_batch_size=1, global_batch_size=1, precision=Precision.fp32)
+    # A CPU's kernel loops over the head: MODEL's 2 rows of 32 are the work of 1.6 rows of 40.
+    assert predict_time(MODEL, layout, hw, dp=1).parts["attention"] == pytest.approx(MODEL.num_layers * 1.6 * 6e-3)
+    # FlashAttention-2 pads 40 to 64 and runs 32 as is: 2 rows of 32 are one padded row of 40.
+    cuda = replace(hw, device_type="cuda")
+    assert predict_time(MODEL, layout, cuda, dp=1).parts["attention"] == pytest.approx(MODEL.num_layers * 6e-3)
+    # Past 192 FlashAttention-2 runs its 256 kernel.
+    assert _kernel_head(200, "cuda") == 256 and _kernel_head(200, "cpu") == 200 and _kernel_head(96, "cuda") == 96
 
 
 def test_untimed_attention_counts_lie_on_the_line_through_the_nearest_timed_ones(tmp_path: Path) -> None:
