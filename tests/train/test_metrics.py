@@ -95,6 +95,9 @@ def test_log_line_layout() -> None:
     assert "TFLOPs: n/a" in line and "MFU: n/a" in line
     small = parse_megatron_line(format_log_line(_stats(tflops=0.02806)))
     assert small["TFLOPs"] == "0.0281"  # sub-TFLOP CPU runs keep significant digits
+    # Three of them however small: "0.0004" for 0.000449 read 11% below the MFU printed beside it.
+    tiny = [parse_megatron_line(format_log_line(_stats(tflops=x)))["TFLOPs"] for x in (0.000449, 0.4, 0.0)]
+    assert tiny == ["0.000449", "0.4000", "0.0000"]
     for value in parse_megatron_line(line).values():
         assert re.fullmatch(NUMBER + "%?|n/a", value), value
 
