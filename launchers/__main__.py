@@ -4,7 +4,7 @@
 
 Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
 configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
-EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun; EXIT_USAGE, after one paragraph on stderr,
+EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun or a calibration; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
 rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported);
 EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | head`)."""
@@ -189,6 +189,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # its job, if one was queued, is cancelled (launchers.calibrate)
+        print(f"calibrate: interrupted; {args.out} not written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except RuntimeError as exc:  # submitit: a calibration job failed or did not complete
         print(f"error: a calibration job failed: {str(exc).strip().splitlines()[-1]} (its log is under "
               f"{Path(args.out).parent / SUBMITIT_DIR})", file=sys.stderr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import signal
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,7 @@ from train.planner.flops import Gemm, head_gemms, layer_gemms
 from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
 from train.planner.search import layouts
 from train.planner.sizes import padded_vocab_size
+from train.signals import TERMINAL_STOP_SIGNALS, signals_held
 
 MESSAGE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 """Collective message sizes timed (bytes): latency-bound to bandwidth-bound."""
@@ -252,13 +254,29 @@ def calibrate(
     for n in nodes:
         executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
         executor.update_parameters(**_executor_parameters(run, n, totals))
-        job = submit_released(executor, executor.submit, _run_task, spec)
-        print(f"calibrate: {n} node(s): job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
-        results = job.results()
+        results = _job_results(executor, spec, f"{n} node(s)")
         timings.append(node_timing(n, max(1, run.hardware.devices_per_node), results))
         collectives += [CollectiveTiming(**c) for c in results[0]["collectives"]]
         device = results[0]["device"]
     return _calibration(run, device, timings, collectives)
+
+
+def _job_results(executor: Any, spec: dict[str, Any], what: str) -> list[dict[str, Any]]:
+    """Queue one calibration job and wait for its tasks' results. Its figures serve only this process, so
+    a stop signal (Ctrl-C, kill, the terminal closing) cancels it before taking effect, whether it came
+    while sbatch ran or while waiting."""
+    with signals_held(TERMINAL_STOP_SIGNALS) as held:
+        job = submit_released(executor, executor.submit, _run_task, spec)
+    try:
+        print(f"calibrate: {what}: job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
+        if held:
+            raise KeyboardInterrupt if held[0] == signal.SIGINT else SystemExit(128 + held[0])
+        results: list[dict[str, Any]] = job.results()
+    except (KeyboardInterrupt, SystemExit):
+        job.cancel(check=False)
+        print(f"calibrate: stopped; job {job.job_id} cancelled", file=sys.stderr, flush=True)
+        raise
+    return results
 
 
 def calibrate_here(run: RunConfig, *, min_seconds: float = 0.05, trials: int = 3) -> Calibration:

@@ -33,9 +33,11 @@ log of it exists anywhere: that line, not "no result.json", is the cause to read
 `rerun --failed` resubmits the `failed`, `interrupted` and `refused` configs: a refused sbatch
 is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
-again and is left alone. Exported configs are resubmitted by the launcher (submitit), with the
-settings the export saved in <sweep dir>/.megasweep/launch.json; a local sweep's configs run on
-this machine again (launchers.local.run_here), one after another.
+again and is left alone. Each config goes again the way its own launch (the first, or one appended
+to the sweep) went, with the settings that launch saved in <sweep dir>/.megasweep/launch.json
+(interpreter, config directory, sbatch options): exported and Slurm configs are resubmitted by the
+launcher (submitit); a local sweep's configs run on this machine again (launchers.local.run_here),
+one after another.
 
 `rerun --failed field=value ...` resubmits them changed: each failed config's overrides with
 those fields replaced (or added) is a new config of the same sweep, composed and checked by the
@@ -67,7 +69,7 @@ from launchers.submit import (
     LaunchSettings,
     entry_for,
     launched_sweep_dirs,
-    load_launch_file,
+    load_launches,
     merge_entries,
     plan_configs,
     save_launch_file,
@@ -414,29 +416,45 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     failed = unresolved_failures(sweep_status(sweep_dir))
     if not failed:
         return []
-    settings, specs = load_launch_file(sweep_dir)
-    missing = [s.index for s in failed if s.index not in specs]
+    launches = load_launches(sweep_dir)
+    missing = [s.index for s in failed if not any(s.index in specs for _, specs in launches)]
     if missing:
         raise ValueError(
             f"{sweep_dir}: no launch record for configs {missing} (launched by another launcher?)"
         )
+    # Each config goes again the way it was launched: a sweep appended to may mix interpreters,
+    # config directories, sbatch options, or Slurm and this machine.
+    groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
+    groups = [(settings, mine) for settings, mine in groups if mine]
+    if not overrides:  # before anything is renamed or queued (changed configs are checked as planned)
+        check_site(spec.key for settings, mine in groups if not settings.local for spec in mine)
+    job_ids = {s.index: s.job_id for s in failed}
+    entries: list[ManifestEntry] = []
+    for settings, mine in groups:
+        entries += _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
+    return sorted(entries, key=lambda e: e.index)
+
+
+def _rerun_launch(
+    sweep_dir: Path, specs: Sequence[ConfigSpec], job_ids: Mapping[int, str | None], settings: LaunchSettings,
+    overrides: Sequence[str],
+) -> list[ManifestEntry]:
+    """rerun_failed for the failed configs one launch launched (`job_ids`: each one's last job)."""
     if overrides:
-        return _rerun_changed(sweep_dir, [specs[s.index] for s in failed], settings, overrides)
-    if not settings.local:
-        check_site(specs[s.index].key for s in failed)
+        return _rerun_changed(sweep_dir, specs, settings, overrides)
     # Their jobs write into this directory now, wherever the first ones were given (a moved sweep).
-    save_launch_file(sweep_dir, settings, [specs[s.index] for s in failed])
-    for s in failed:
-        old = sweep_dir / specs[s.index].output_dir / RESULT_FILE
+    save_launch_file(sweep_dir, settings, specs)
+    for spec in specs:
+        old = sweep_dir / spec.output_dir / RESULT_FILE
         if old.exists():
-            old.rename(_aside(old.with_name(previous_result_name(s.job_id))))
+            old.rename(_aside(old.with_name(previous_result_name(job_ids[spec.index]))))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     if settings.local:
-        return _run_here(sweep_dir, [specs[s.index] for s in failed], settings, before)
+        return _run_here(sweep_dir, specs, settings, before)
     submission = submit_configs(
         sweep_dir,
-        [specs[s.index] for s in failed],
+        specs,
         settings,
         on_queued=lambda queued: write_manifest(merge_entries(before, queued), path),
     )

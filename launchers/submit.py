@@ -87,7 +87,7 @@ from train.contract import (
 )
 from train.planner.plan import count_by_rule
 from train.planner.rules import RULES, InfeasibleConfig, validate
-from train.signals import TERMINAL_STOP_SIGNALS, signals_held
+from train.signals import TERMINAL_STOP_SIGNALS, signals_blocked, signals_held
 
 REQUEUE_SIGNAL_LEAD_S = 120
 """How long before the time limit Slurm sends USR1 (seconds): time for a step and a checkpoint."""
@@ -425,6 +425,15 @@ def submit_released(executor: Any, submit: Callable[..., Any], *args: Any) -> An
     "Could not open stdout file ... No such file or directory", the task killed by signal 53; seen on
     the local cluster, whose backfill started an array task a millisecond after sbatch). A hold the
     user asked for (sbatch_args `hold`) is theirs to release."""
+    # A terminal's Ctrl-C reaches sbatch and scontrol too (one process group): blocked here, it waits
+    # until the jobs are queued and released, then reaches this process (train.signals). sbatch takes
+    # well under a second, unless it cannot reach the controller and retries before failing; Ctrl-\
+    # (SIGQUIT) still ends it all at once.
+    with signals_blocked(TERMINAL_STOP_SIGNALS):
+        return _submit_and_release(executor, submit, *args)
+
+
+def _submit_and_release(executor: Any, submit: Callable[..., Any], *args: Any) -> Any:
     extra = dict(executor.parameters.get("additional_parameters") or {})
     if "hold" in extra:
         return submit(*args)
@@ -595,12 +604,26 @@ def merge_entries(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry]) ->
 
 
 def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[ConfigSpec]) -> Path:
-    """Add specs (by index) and the settings to <sweep dir>/.megasweep/launch.json."""
+    """Add specs (by index) to <sweep dir>/.megasweep/launch.json under `settings`.
+
+    Each launch into the directory (the first, every `append`, a rerun) may bring its own settings
+    (interpreter, --config-dir, sbatch options, local or Slurm): the file keeps each distinct one under
+    "launches", and each config the position of its own, so that a rerun submits every config the way
+    it was launched. "settings" is the latest launch's (files written before "launches" had only it)."""
     path = sweep_dir / LAUNCH_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    known: dict[str, Any] = {}
-    if path.exists():
-        known = json.loads(path.read_text()).get("configs", {})
+    raw: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    known: dict[str, Any] = raw.get("configs", {})
+    launches: list[dict[str, Any]] = raw.get("launches") or ([raw["settings"]] if "settings" in raw else [])
+    current = {
+        **dataclasses.asdict(settings),
+        "entry_args": list(settings.entry_args),
+        "srun_args": list(settings.srun_args),
+        "sbatch_args": dict(settings.sbatch_args),
+    }
+    if current not in launches:
+        launches.append(current)
+    launch = launches.index(current)
     for spec in specs:
         known[str(spec.index)] = {
             "overrides": list(spec.overrides),
@@ -613,16 +636,9 @@ def save_launch_file(sweep_dir: Path, settings: LaunchSettings, specs: Sequence[
             # Where the config's job writes (absolute, as its command line says): `status` compares
             # it with where the sweep directory is now, to tell a moved directory from a failed job.
             "sweep_dir": str(sweep_dir.absolute()),
+            "launch": launch,
         }
-    data = {
-        "settings": {
-            **dataclasses.asdict(settings),
-            "entry_args": list(settings.entry_args),
-            "srun_args": list(settings.srun_args),
-            "sbatch_args": dict(settings.sbatch_args),
-        },
-        "configs": known,
-    }
+    data = {"settings": current, "launches": launches, "configs": known}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
@@ -641,10 +657,34 @@ def launched_sweep_dirs(sweep_dir: Path) -> dict[int, Path]:
 
 
 def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigSpec]]:
-    """Settings and specs saved by save_launch_file."""
+    """The latest launch's settings and every config's spec, as save_launch_file saved them."""
+    launches = load_launches(sweep_dir)
+    return launches[-1][0], {i: spec for _, specs in launches for i, spec in specs.items()}
+
+
+def load_launches(sweep_dir: Path) -> list[tuple[LaunchSettings, dict[int, ConfigSpec]]]:
+    """Each launch's settings with the specs of the configs it launched (by index), in the order the
+    launches came; a file written before it kept "launches" has one, its "settings"."""
     data = json.loads((sweep_dir / LAUNCH_FILE).read_text())
-    raw = data["settings"]
-    settings = LaunchSettings(
+    launches: list[tuple[LaunchSettings, dict[int, ConfigSpec]]] = [
+        (_settings(raw), {}) for raw in data.get("launches") or [data["settings"]]
+    ]
+    for index, c in data["configs"].items():
+        options = {**c["options"], "setup": tuple(c["options"]["setup"])}
+        launches[int(c.get("launch", 0))][1][int(index)] = ConfigSpec(
+            index=int(index),
+            overrides=tuple(c["overrides"]),
+            output_dir=c["output_dir"],
+            key=ArrayKey(allocation=Allocation(**c["shape"]), options=SbatchOptions(**options)),
+            env=tuple((k, v) for k, v in c["env"]),
+            max_retries=int(c.get("max_retries", 0)),
+            wandb_group=c.get("wandb_group"),
+        )
+    return launches
+
+
+def _settings(raw: dict[str, Any]) -> LaunchSettings:
+    return LaunchSettings(
         python=raw["python"],
         module=raw["module"],
         cwd=raw["cwd"],
@@ -655,16 +695,3 @@ def load_launch_file(sweep_dir: Path) -> tuple[LaunchSettings, dict[int, ConfigS
         srun_args=tuple(raw.get("srun_args", ())),
         local=bool(raw.get("local", False)),
     )
-    specs = {}
-    for index, c in data["configs"].items():
-        options = {**c["options"], "setup": tuple(c["options"]["setup"])}
-        specs[int(index)] = ConfigSpec(
-            index=int(index),
-            overrides=tuple(c["overrides"]),
-            output_dir=c["output_dir"],
-            key=ArrayKey(allocation=Allocation(**c["shape"]), options=SbatchOptions(**options)),
-            env=tuple((k, v) for k, v in c["env"]),
-            max_retries=int(c.get("max_retries", 0)),
-            wandb_group=c.get("wandb_group"),
-        )
-    return settings, specs

@@ -6,6 +6,11 @@ right after training ended, and the record is what the run leaves behind), and t
 between an sbatch that queued an array and the manifest line that lists it (a launcher stopped in
 between left an array queued that no manifest knew). Inside the block a signal is only noted; the
 caller decides what it means after the block.
+
+A third needs more than a handler: a process started in the block (sbatch, `scontrol release`) is in
+the same process group, so a terminal's Ctrl-C reaches it too, and it dies with the signal mid-way:
+sbatch after queueing a held array but before printing its id, the release before releasing. There
+the signals are blocked instead (signals_blocked), which the child inherits across exec.
 """
 
 from __future__ import annotations
@@ -51,3 +56,20 @@ def signals_to(handler: Callable[[int, object], None], signals: Iterable[signal.
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_blocked(signals: Iterable[signal.Signals]) -> Iterator[None]:
+    """`signals` wait, blocked, until the block ends (then the handler in force takes each one that came,
+    once); the processes started inside inherit them blocked, so a signal sent to the whole process
+    group does not end them either. Main thread only, as with signals_held; elsewhere nothing waits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = set(signals)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+    try:
+        yield
+    finally:
+        # Only the ones this block added: a signal blocked before it stays blocked.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted - set(before))

@@ -4,6 +4,7 @@ calibration file the time model predicts a CPU layout from."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,35 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     bad = subprocess.run([sys.executable, "-m", "launchers", "calibrate", "--nodes", "0", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "node counts are positive" in bad.stderr
+
+
+def test_ctrl_c_cancels_the_calibration_job_and_writes_nothing(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    """Ctrl-C while waiting on a calibration job: it ended in a traceback, and the job, of use only to
+    the process that stopped, ran on to its end."""
+    out = tmp_path / "cal.json"
+    args = [sys.executable, "-m", "launchers", "calibrate", *SMALL, f"cluster.partition={slurm_cluster.partition}",
+            "--min-seconds", "0.5", "--out", str(out)]  # fmt: skip
+    # Its own process group, SIGINT as a terminal delivers it (a background shell would have it ignored).
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while "job" not in line:
+            line = proc.stdout.readline()
+            assert line, "calibrate ended before queueing its job"
+        job = line.split("job ")[1].split(",")[0]
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["scancel", job], timeout=30, check=False)
+    assert proc.returncode == 130, err
+    assert f"calibrate: stopped; job {job} cancelled" in err and "not written" in err and "Traceback" not in err, err
+    assert not out.exists()
+    state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True, timeout=30)
+    assert state.stdout.startswith("CANCELLED"), state.stdout  # "CANCELLED by <uid>"
 
 
 def test_calibrate_here_measures_this_device_without_slurm(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -496,6 +497,43 @@ def test_ctrl_c_while_waiting_says_the_jobs_stay_queued(slurm_cluster: SlurmClus
     assert launcher.returncode == 130, err
     assert "the jobs stay queued" in err and f"scancel {array}" in err and "Traceback" not in err
     assert sorted(queued) == sorted(str(e.job_id) for e in entries)
+
+
+def test_ctrl_c_of_the_terminal_while_sbatch_runs_waits_for_it(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C goes to the launcher's whole process group, sbatch and `scontrol release`
+    included: sbatch died of it, and an array it had queued held (megasweep releases its arrays once
+    submitit has made their folders) stayed held, listed nowhere. Here sbatch is the cluster's own,
+    started two seconds late (as on a busy controller) so that the Ctrl-C lands while it runs."""
+    bin_dir, started = tmp_path / "bin", tmp_path / "sbatch-started"
+    bin_dir.mkdir()
+    slow = bin_dir / "sbatch"
+    # bash, not sh: dash unblocks every signal as it starts, which sbatch itself does not (strace).
+    slow.write_text(f"#!/bin/bash\ntouch {started}\nsleep 2\nexec {shutil.which('sbatch')} \"$@\"\n")
+    slow.chmod(0o755)
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra.launcher.job_name=ctrlc-sbatch",
+            f"hydra.sweep.dir={sweep_dir}", "hydra/launcher=slurm"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        wait_until("sbatch", started.exists, timeout=120)
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+        entries = read_manifest(sweep_dir)
+        array = str(entries[0].job_id).split("_")[0]
+        # Slurm's own view of the array (finished jobs too, for MinJobAge): released, not held.
+        tasks = subprocess.run(["scontrol", "-o", "show", "job", array],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()  # fmt: skip
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        subprocess.run(["scancel", "--name=ctrlc-sbatch"], timeout=30, check=False)
+    assert launcher.returncode == 130, err
+    assert "slurm: stopped (SIGINT) after 1 of 1 arrays" in err and "Traceback" not in err, err
+    assert [e.status for e in entries] == ["submitted", "submitted"], entries
+    # One line while the array waits whole ("ArrayTaskId=0-1"), one per task once they start.
+    assert tasks and all(f"ArrayJobId={array} " in task and "Reason=JobHeld" not in task for task in tasks), tasks
 
 
 def test_ctrl_c_while_waiting_stops_the_wait_when_a_jobs_failure_replaced_it(

@@ -22,6 +22,7 @@ from train.contract import (
     EXIT_FAILED,
     EXIT_USAGE,
     EXPORTED_JOBS_DIR,
+    LAUNCH_FILE,
     LOG_FILE,
     SUBMITIT_DIR,
     ManifestEntry,
@@ -384,6 +385,32 @@ def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_pa
     assert table.returncode == EXIT_FAILED and "1 configs failed" in table.stderr, table.stdout + table.stderr
     again = rerun("training.lr=1e-3")
     assert "rerun: config 2 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
+
+
+def test_a_rerun_goes_the_way_each_config_was_launched_when_a_sweep_was_appended_to(tmp_path: Path) -> None:
+    """launch.json kept one `settings`, the last launch's: a config of the first launch reran with the
+    interpreter (or --config-dir, sbatch options, Slurm or this machine) of the one appended after it."""
+    sweep_dir, calls = tmp_path / "sweep", tmp_path / "calls"
+    # The first launch's interpreter: it fails its first call, then runs Python; it logs every call.
+    first = tmp_path / "first-python"
+    first.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$(wc -l < {calls})" -gt 1 ] || exit 1\nexec {sys.executable} "$@"\n')
+    first.chmod(0o755)
+
+    def launch(*overrides: str) -> None:
+        subprocess.run([sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", *overrides,
+                        f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    launch("training.lr=1e-4", f"hydra.launcher.python={first}")
+    launch("training.lr=2e-4", "hydra.launcher.append=true")  # this interpreter
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "done"]
+    rerun = subprocess.run([sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir)],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rerun.returncode == 0 and "rerun: config 0: ran here" in rerun.stdout, rerun.stdout + rerun.stderr
+    assert len(calls.read_text().splitlines()) == 2  # config 0 ran again through its own launch's interpreter
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["done", "done"]
+    launches = json.loads((sweep_dir / LAUNCH_FILE).read_text())
+    assert [launch["python"] for launch in launches["launches"]] == [str(first), sys.executable]
+    assert {i: c["launch"] for i, c in launches["configs"].items()} == {"0": 0, "1": 1}
 
 
 def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
