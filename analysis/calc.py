@@ -46,8 +46,18 @@ from omegaconf.errors import OmegaConfBaseException
 import conf
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import override_problem
-from conf.schema import HardwareConfig, Precision, Recompute, RunConfig, to_run_config, unknown_override
+from conf.schema import (
+    Engine,
+    HardwareConfig,
+    Offload,
+    Precision,
+    Recompute,
+    RunConfig,
+    to_run_config,
+    unknown_override,
+)
 from train.contract import EXIT_USAGE
+from train.metrics import tflops_text
 from train.planner.flops import (
     ImpossibleUtilization,
     achieved_tflops,
@@ -59,7 +69,7 @@ from train.planner.flops import (
     utilization,
 )
 from train.planner.layout import Layout
-from train.planner.memory import Stack
+from train.planner.memory import Stack, stack_of
 from train.planner.perf import UnknownHardwareFigure, predict_time
 from train.planner.rules import resolve_auto_micro_batch, validate
 from train.planner.sizes import total_params
@@ -126,8 +136,9 @@ class CalcResult:
     predicted_sec_per_iter: float | None = None
     predicted_breakdown: dict[str, float] | None = None
     """Seconds per iteration of each part of train.planner.perf.PARTS (predict=true only)."""
-    predicted_layout: dict[str, int | str] | None = None
-    """The layout predicted: dp, tp, pp, micro_batch_size (auto resolved), zero_stage, recompute (predict=true only)."""
+    predicted_layout: dict[str, int | str | bool] | None = None
+    """The layout predicted: dp, tp, pp, micro_batch_size (auto resolved), virtual_stages, sequence_parallel,
+    zero_stage, recompute, offload and the software stack priced (predict=true only)."""
     sec_per_iter_source: str = "measured"
     """'measured': sec_per_iter was given; 'predicted': predict=true without it, so sec_per_iter and every
     figure computed from it (TFLOPs, PFLOPs, MFU, HFU) are the time model's, not a measurement."""
@@ -159,6 +170,12 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
     stack = own.get("stack")
     if stack is not None and stack not in STACKS:
         raise CalcError(f"stack={stack} is not a modelled software stack: choose one of {', '.join(STACKS)}.")
+    if stack is not None and not predict:
+        # FLOPs and utilisation do not depend on it: only the time model prices a stack.
+        raise CalcError(
+            f"stack={stack} applies to predict=true only (the software whose time the model predicts); "
+            f"add predict=true, or leave stack out."
+        )
     for key, example in (("sec_per_iter", "sec_per_iter=114.11"), ("devices", "devices=384")):
         if key == "sec_per_iter" and predict and key not in own:
             continue
@@ -188,10 +205,26 @@ def _unknown_key(text: str) -> str | None:
     says of it (conf.overrides.override_problem), with the calculator's own keys as candidates too.
     None when `text` is fine."""
     key = text.partition("=")[0].lstrip("+~")
+    if key in OWN_KEYS:  # `+devices=8`: Hydra's prefixes add or remove config keys, not the calculator's
+        return f"{text.partition('=')[0]} takes no prefix: the calculator's own keys are given as {key}=<value> (override '{text}')."
+    if _is_sweep(text):
+        return (
+            f"'{text}' gives several values: analysis.calc counts one configuration, so give one value per key "
+            f"and run it once per value (python -m train -m ... hydra/launcher=plan plans a whole sweep)."
+        )
     if "." not in key and (close := difflib.get_close_matches(key, OWN_KEYS, n=1)) and unknown_override(key, text):
         return f"{key} is not a key of analysis.calc; did you mean {close[0]}? (override '{text}'). {OVERRIDE_HINT}"
     problem = override_problem([text])
     return None if problem is None else f"{problem}. {OVERRIDE_HINT}"
+
+
+def _is_sweep(text: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides([text])[0].is_sweep_override()
+    except Exception:  # unparsable: override_problem says why
+        return False
 
 
 def _parse_seconds(text: str) -> float:
@@ -253,10 +286,11 @@ LAYOUT_RULES = (
     "heads_divisible_by_tp",
     "hidden_divisible_by_tp",
     "ffn_divisible_by_tp",
+    "vocab_padding",
     "world_size",
 )
 """The rules (train.planner.rules) a measured figure's layout must pass to be counted: the model's
-shapes split by tp, and `devices` (the world size) holding whole replicas. Batch, memory and engine
+shapes split by tp (the vocabulary padded for it), and `devices` (the world size) holding whole replicas. Batch, memory and engine
 rules are not the calculator's business: the figure was measured, whatever the planner thinks."""
 
 
@@ -275,19 +309,31 @@ def check_layout(run: RunConfig, devices: int) -> Layout:
     return Layout.of(par, devices)
 
 
-def planned_layout(run: RunConfig, devices: int) -> RunConfig:
+def planned_layout(run: RunConfig, devices: int, stack: str | None = None) -> RunConfig:
     """`run` as the dry run plans it on `devices` devices (micro_batch_size=auto resolved), or CalcError
     naming each rule it breaks: a prediction of a layout that cannot start (a micro-batch larger than
     the batch, a rank out of memory) would be a number for nothing."""
     run = resolve_auto_micro_batch(run, world_size=devices)
-    broken = validate(run, world_size=devices)
+    by = _as_run_by(run, stack)
+    broken = validate(by, world_size=devices)
     if broken:
+        engine = Engine(by.parallelism.engine).value
+        runs_as = f" (stack={stack} is what python -m train runs with parallelism.engine={engine})" if by is not run else ""
         raise CalcError(
-            f"predict=true predicts only a layout the planner accepts, and this one on devices={devices} breaks "
-            "its rules (as the dry run, python -m train -m hydra/launcher=plan, reports): "
+            f"predict=true predicts only a layout the planner accepts, and this one on devices={devices}{runs_as} "
+            "breaks its rules (as the dry run, python -m train -m hydra/launcher=plan, reports): "
             + " ".join(str(v) for v in broken)
         )
     return run
+
+
+def _as_run_by(run: RunConfig, stack: str | None) -> RunConfig:
+    """`run` with the engine of `python -m train` that runs `stack`, so that its rules apply (DeepSpeed's
+    engine runs no pipeline); Megatron-DeepSpeed, which megasweep models but does not run, keeps `run`'s."""
+    engines = {Stack.megasweep.value: Engine.native, Stack.deepspeed.value: Engine.deepspeed}
+    if stack not in engines:
+        return run
+    return replace(run, parallelism=replace(run.parallelism, engine=engines[stack]))
 
 
 def _flops(run: RunConfig, convention: str) -> tuple[float, float, float]:
@@ -437,9 +483,10 @@ def format_text(result: CalcResult) -> str:
             f"FLOPs / iteration    {result.flops_per_iteration:.4e} "
             f"(model {result.model_flops_per_iteration:.4e}, "
             f"hardware {result.hardware_flops_per_iteration:.4e})",
-            f"TFLOPs / device      {result.tflops_per_device:.2f}{tag} "
-            f"(model {result.model_tflops_per_device:.2f}, hardware {result.hardware_tflops_per_device:.2f})",
-            f"aggregate PFLOPs     {result.aggregate_pflops:.2f}{tag} ({result.devices} devices x TFLOPs / 1024)",
+            f"TFLOPs / device      {tflops_text(result.tflops_per_device)}{tag} "
+            f"(model {tflops_text(result.model_tflops_per_device)}, "
+            f"hardware {tflops_text(result.hardware_tflops_per_device)})",
+            f"aggregate PFLOPs     {tflops_text(result.aggregate_pflops)}{tag} ({result.devices} devices x TFLOPs / 1024)",
             f"peak                 {result.peak_note}",
             f"MFU                  {pct(result.mfu)}",
             f"HFU                  {pct(result.hfu)}",
@@ -475,11 +522,14 @@ def predict(run: RunConfig, *, devices: int, stack: str | None = None) -> tuple[
     return prediction.sec_per_iter, dict(prediction.parts)
 
 
-def _layout_of(run: RunConfig, devices: int) -> dict[str, int | str]:
+def _layout_of(run: RunConfig, devices: int, stack: str | None) -> dict[str, int | str | bool]:
+    """Every field the prediction depends on: the same line for two predictions means the same layout."""
     par = run.parallelism
     return {
         "dp": Layout.of(par, devices).dp, "tp": par.tp, "pp": par.pp, "micro_batch_size": par.mbs,
+        "virtual_stages": par.virtual_stages, "sequence_parallel": par.sequence_parallel,
         "zero_stage": par.zero_stage, "recompute": Recompute(par.recompute).value,
+        "offload": Offload(par.offload).value, "stack": stack or stack_of(par).value,
     }  # fmt: skip
 
 
@@ -503,11 +553,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = compose_run(args.overrides)
         check_layout(run, args.devices)
         predicted: tuple[float | None, dict[str, float] | None] = (None, None)
-        layout: dict[str, int | str] | None = None
+        layout: dict[str, int | str | bool] | None = None
         if args.predict:
-            run = planned_layout(run, args.devices)
+            run = planned_layout(run, args.devices, args.stack)
             predicted = predict(run, devices=args.devices, stack=args.stack)
-            layout = _layout_of(run, args.devices)
+            layout = _layout_of(run, args.devices, args.stack)
         measured = math.isfinite(args.sec_per_iter)
         seconds = args.sec_per_iter if measured else predicted[0]
         assert seconds is not None  # parse_args requires sec_per_iter unless predict=true

@@ -56,7 +56,7 @@ def format_log_line(s: IterationStats) -> str:
     Seconds get three decimals instead of Megatron's two: tiny CPU and GPU runs iterate in
     well under a second, and parsers read the numbers as floats either way.
     """
-    tflops = "n/a" if s.tflops is None else _tflops_text(s.tflops)
+    tflops = "n/a" if s.tflops is None else tflops_text(s.tflops)
     mfu = "n/a" if s.mfu is None else f"{100.0 * s.mfu:.2f}%"
     fields = [
         f" iteration {s.iteration:8d}/{s.train_iters:8d}",
@@ -78,10 +78,10 @@ def format_log_line(s: IterationStats) -> str:
     return " |".join(fields) + " |"
 
 
-def _tflops_text(tflops: float) -> str:
-    # Megatron's two decimals, but CPU and tiny runs sit far below 1 TFLOP/s: keep three significant
-    # digits there (at least four decimals). Four decimals alone left 0.00045 one digit, "0.0004", 11%
-    # below the MFU printed beside it from the same figure.
+def tflops_text(tflops: float) -> str:
+    """A throughput as megasweep prints it (TFLOP/s, PFLOP/s): Megatron's two decimals, but CPU and tiny
+    runs sit far below 1, so three significant digits there (at least four decimals). Four decimals
+    alone left 0.00045 one digit, "0.0004", 11% below the MFU printed beside it from the same figure."""
     if tflops >= 1.0:
         return f"{tflops:.2f}"
     decimals = 4 if tflops <= 0 else max(4, 2 - math.floor(math.log10(tflops)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,13 @@ def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str]
         (["sec_per_iter=1", "devics=8"], "devics", "did you mean devices?"),
         (["sec_per_iter=1", "devices=8", "parallelism.tpp=2"], "parallelism.tpp", "did you mean parallelism.tp"),
         (["sec_per_iter=1", "devices=8", "+parallelism.tpp=2"], "parallelism.tpp", "did you mean parallelism.tp"),
+        # `+devices=8` was "devices is not a key of analysis.calc; did you mean devices?"
+        (["sec_per_iter=1", "+devices=8"], "+devices takes no prefix", "devices=<value>"),
+        # A sweep value passed Hydra's advice to add --multirun, which the calculator refuses.
+        (["sec_per_iter=1", "devices=8", "parallelism.tp=1,2"], "'parallelism.tp=1,2' gives several values", "one value per key"),
+        # A vocabulary padding of 0 divided by zero (a traceback); negative sizes counted wrong FLOPs.
+        (["sec_per_iter=1", "devices=8", "model.make_vocab_size_divisible_by=0"], "[vocab_padding]", "positive integer"),
+        (["sec_per_iter=1", "devices=8", "model.vocab_size=-3"], "[vocab_padding]", "model.vocab_size=-3"),
         (["parallelism.tp=3", "sec_per_iter=1", "devices=3"], "num_attention_heads", "divisors"),
         (["parallelism.tp=2", "sec_per_iter=1", "devices=3"], "devices=3", "multiple"),
         (["parallelism.dp=2", "sec_per_iter=1", "devices=4"], "parallelism.dp=2", "devices=2"),
@@ -294,10 +302,46 @@ def test_predict_plans_the_layout_as_the_dry_run_does(capsys: pytest.CaptureFixt
     # auto is resolved as the planner resolves it, and the layout predicted is stated.
     assert main([*PREDICT_GPT, "parallelism.micro_batch_size=auto", "output=json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["predicted_layout"] == {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 8, "zero_stage": 0,
-                                       "recompute": "none"}  # fmt: skip
+    assert out["predicted_layout"] == {"dp": 8, "tp": 1, "pp": 1, "micro_batch_size": 8, "virtual_stages": 1,
+                                       "sequence_parallel": False, "zero_stage": 0, "recompute": "none",
+                                       "offload": "none", "stack": "megasweep"}  # fmt: skip
     assert main([*PREDICT_GPT, "parallelism.micro_batch_size=4"]) == 0
-    assert "predicted layout     dp=8 tp=1 pp=1 micro_batch_size=4 zero_stage=0 recompute=none" in capsys.readouterr().out
+    assert ("predicted layout     dp=8 tp=1 pp=1 micro_batch_size=4 virtual_stages=1 sequence_parallel=False "
+            "zero_stage=0 recompute=none offload=none stack=megasweep") in capsys.readouterr().out  # fmt: skip
+
+
+def test_two_predictions_that_differ_say_how_their_layouts_differ(capsys: pytest.CaptureFixture[str]) -> None:
+    # Sequence parallelism and the stack priced change the prediction; the printed layout was the same line.
+    lines = {}
+    for extra in ([], ["parallelism.sequence_parallel=true"], ["stack=megatron_deepspeed"]):
+        assert main([*PREDICT_GPT, "parallelism.tp=2", *extra]) == 0
+        out = capsys.readouterr().out
+        layout = next(line for line in out.splitlines() if line.startswith("predicted layout"))
+        seconds = next(line for line in out.splitlines() if line.startswith("predicted s/it"))
+        lines[layout] = seconds
+    assert len(lines) == 3 and len(set(lines.values())) == 3, lines
+
+
+def test_the_stack_priced_is_checked_as_the_trainer_would_run_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # stack=deepspeed is the trainer's DeepSpeed engine, which runs no pipeline: predicting pp=2 on it
+    # priced a layout the trainer refuses. Without predict=true the stack changed nothing and said nothing.
+    assert main([*PREDICT_GPT, "parallelism.tp=2", "parallelism.pp=2", "stack=deepspeed"]) == 2
+    err = capsys.readouterr().err
+    assert "[deepspeed_no_pipeline]" in err and "stack=deepspeed is what python -m train runs with parallelism.engine=deepspeed" in err
+    assert main([*PREDICT_GPT, "parallelism.tp=2", "parallelism.pp=2", "stack=megatron_deepspeed"]) == 0  # it pipelines
+    capsys.readouterr()
+    assert main([*BLOOM_ROW, "stack=deepspeed"]) == 2
+    assert "stack=deepspeed applies to predict=true only" in capsys.readouterr().err
+
+
+def test_a_cpu_runs_tflops_keep_their_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    # A tiny CPU run printed "TFLOPs / device 0.00" and "aggregate PFLOPs 0.00" beside a JSON of 1.77e-04.
+    assert main(["sec_per_iter=200", "devices=2"]) == 0
+    text = capsys.readouterr().out
+    assert main(["sec_per_iter=200", "devices=2", "output=json"]) == 0
+    tflops = json.loads(capsys.readouterr().out)["tflops_per_device"]
+    shown = re.search(r"TFLOPs / device +([0-9.]+)", text)
+    assert shown and float(shown.group(1)) == pytest.approx(tflops, rel=0.01) and tflops < 0.01
 
 
 def test_a_predicted_mfu_above_100_percent_is_reported_not_blamed_on_sec_per_iter() -> None:
