@@ -332,12 +332,13 @@ def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pa
     )
     (out / "results.md").write_text(md, encoding="utf-8")
     written = [out / "results.md"]
-    if not scaling.empty:
-        scaling.to_csv(out / "scaling.csv", index=False)
-        written.append(out / "scaling.csv")
-    if not zero.empty:
-        zero.to_csv(out / "zero.csv", index=False)
-        written.append(out / "zero.csv")
+    for name, frame in (("scaling.csv", scaling), ("zero.csv", zero)):
+        if not frame.empty:
+            frame.to_csv(out / name, index=False)
+            written.append(out / name)
+        else:
+            # An earlier analysis's table, of other sweeps, would read as this one's (as plots do).
+            (out / name).unlink(missing_ok=True)
     return written, md, rec_text
 
 
@@ -478,7 +479,7 @@ def compare(argv: Sequence[str]) -> int:
 def _command_hint(args: Sequence[str]) -> str:
     """'; did you mean ...?' when the first argument, read as a sweep directory that does not exist,
     is close to a command (`calibrat` was said to be a missing sweep directory, nothing more)."""
-    if not args or args[0].startswith("-") or Path(args[0]).exists():
+    if not args or args[0].startswith("-") or args[0] in COMMANDS or Path(args[0]).exists():
         return ""
     close = difflib.get_close_matches(args[0], COMMANDS, n=1)
     return f"; did you mean python -m analysis {close[0]}?" if close else ""

@@ -62,6 +62,24 @@ class Comparison:
     only_after_labels: tuple[str, ...] = ()
     pooled: int = 0
     """Matched rows whose figures pool more than one run on a side."""
+    not_run_after_labels: tuple[str, ...] = ()
+    """Configs that ran before and that the after sweep lists but has not run (pending, planned)."""
+    not_run_before_labels: tuple[str, ...] = ()
+    other_work_labels: tuple[str, ...] = ()
+    """Configs of the same overrides that ran other work in the two sweeps (another layout, sequence
+    length or model shape: a changed model file or --config-dir), not compared."""
+
+
+def _not_run_keys(df: pd.DataFrame, key: str) -> pd.Index:
+    return pd.Index(df.loc[df["outcome"].isin(NOT_RUN) & (df[key] != ""), key].unique())
+
+
+def _other_work(b: pd.DataFrame, a: pd.DataFrame) -> pd.Index:
+    """The configs (matched by overrides) whose known layouts differ between the two sides."""
+    if "layout_key" not in b.columns or "layout_key" not in a.columns:
+        return pd.Index([])
+    kb, ka = b["layout_key"].astype(str), a["layout_key"].astype(str)
+    return b.index[((kb != ka) & (kb != "") & (ka != "")).to_numpy()]
 
 
 def _label(side: pd.DataFrame, how: str, *, sequence: bool = False, shape: bool = False) -> pd.Series:
@@ -107,7 +125,8 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape
     if (seq := _sequence(df)) is not None:
         first["seq_length"] = seq.groupby(df[key]).first()
     first["label"] = _label(first, how, sequence=sequence, shape=shape)
-    return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs"]]
+    layout = ["layout_key"] if "layout_key" in first.columns else []
+    return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs", *layout]]
 
 
 def _geomean(ratios: pd.Series) -> float | None:
@@ -165,22 +184,23 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
         common = b.index.intersection(a.index)
         if len(common) or how == order[-1]:
             break
+    other_work = _other_work(b.loc[common], a.loc[common]) if how == "overrides" else pd.Index([])
+    common = common.difference(other_work)
     joined = b.loc[common].add_suffix("_before").join(a.loc[common].add_suffix("_after"))
     sec_ratio = joined["sec_per_iter_after"] / joined["sec_per_iter_before"]
     noise_pct = 100.0 * np.hypot(joined["sec_cv_before"].astype(float), joined["sec_cv_after"].astype(float))
     # The change as the recommendation's margin reads it: the slower time over the faster, less 1.
     change_pct = 100.0 * (np.fmax(sec_ratio, 1.0 / sec_ratio) - 1.0)
     both_ok = (joined["outcome_before"] == "ok") & (joined["outcome_after"] == "ok") & (sec_ratio > 0)
+    # A side that failed without a record has no layout columns: the other side's name the config.
+    either = {c: joined[f"{c}_after"].where(joined[f"{c}_after"].notna(), joined[f"{c}_before"])
+              for c in ("nodes", "dp", "tp", "pp", "mbs", "gbs")}  # fmt: skip
+    label = joined["label_after"].where(joined["label_after"].astype(str) != "", joined["label_before"])
     table = pd.DataFrame(
         {
             "config": joined.index.astype(str),
-            "label": joined["label_after"],
-            "nodes": joined["nodes_after"],
-            "dp": joined["dp_after"],
-            "tp": joined["tp_after"],
-            "pp": joined["pp_after"],
-            "mbs": joined["mbs_after"],
-            "gbs": joined["gbs_after"],
+            "label": label,
+            **{c: pd.to_numeric(v, errors="coerce").astype("Int64") for c, v in either.items()},
             "outcome_before": joined["outcome_before"],
             "outcome_after": joined["outcome_after"],
             "sec_before": joined["sec_per_iter_before"],
@@ -203,6 +223,10 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
     )
     table = table.sort_values(["sec_ratio", "config"], kind="mergesort", na_position="last").reset_index(drop=True)
     only_b, only_a = b.index.difference(a.index), a.index.difference(b.index)
+    # A config the other sweep lists but has not run (pending, planned) is not missing from it.
+    waiting_a = only_b.intersection(_not_run_keys(after, key))
+    waiting_b = only_a.intersection(_not_run_keys(before, key))
+    only_b, only_a = only_b.difference(waiting_a), only_a.difference(waiting_b)
     return Comparison(
         table=table,
         matched_on=how,
@@ -210,6 +234,9 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
         only_after=len(only_a),
         only_before_labels=tuple(b.loc[only_b, "label"]),
         only_after_labels=tuple(a.loc[only_a, "label"]),
+        not_run_after_labels=tuple(b.loc[waiting_a, "label"]),
+        not_run_before_labels=tuple(a.loc[waiting_b, "label"]),
+        other_work_labels=tuple(f"{o}: {b.loc[o, 'label']}" for o in other_work),
         sec_ratio_geomean=_geomean(table["sec_ratio"]),
         tflops_ratio_geomean=_geomean(table["tflops_ratio"]),
         pooled=int(((table["runs_before"] > 1) | (table["runs_after"] > 1)).sum()),
@@ -241,10 +268,18 @@ def format_comparison(c: Comparison, *, before: str, after: str) -> str:
         f"{len(t)} {unit}(s) matched by {c.matched_on}; {c.only_before} {unit}(s) only in {before}, "
         f"{c.only_after} {unit}(s) only in {after}.",
     ]
-    for side, labels in ((before, c.only_before_labels), (after, c.only_after_labels)):
+    groups = (
+        (f"Only in {before}", c.only_before_labels),
+        (f"Only in {after}", c.only_after_labels),
+        (f"Ran in {before}, not run yet in {after} (pending or planned there)", c.not_run_after_labels),
+        (f"Ran in {after}, not run yet in {before} (pending or planned there)", c.not_run_before_labels),
+        ("Not compared: the same overrides ran other work in the two sweeps (another layout, sequence length "
+         "or model shape)", c.other_work_labels),
+    )
+    for what, labels in groups:
         if labels:
             first = f", the first {LISTED}" if len(labels) > LISTED else ""
-            lines.append(f"Only in {side} ({len(labels)} {unit}(s){first}):")
+            lines.append(f"{what} ({len(labels)} {unit}(s){first}):")
             lines += [f"- {label}" for label in labels[:LISTED]]
     if c.pooled:
         lines.append(

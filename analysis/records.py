@@ -1005,7 +1005,11 @@ def load_sweep_dir(
                  "device_mismatch"):
         # An all-missing column reads as float64, which refuses a "" fill: go through object.
         df[name] = df[name].astype(object).where(df[name].notna(), "").astype(str)
-    df["layout_key"] = _join_str(df, _LAYOUT_FIELDS)
+    key = _join_str(df, _LAYOUT_FIELDS)
+    # No degree known (a run killed before its record, with no plan row): no layout to match on, or every
+    # such row of a sweep would be one layout, its runs pooled.
+    unknown = (_join_str(df, ("dp", "tp", "pp")) == "||").to_numpy()
+    df["layout_key"] = key.where(~unknown, "")
     return _apply_queue(df, queue, warnings)
 
 
@@ -1019,6 +1023,13 @@ def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None =
             raise AnalysisError(f"sweep directory {d} does not exist")
         if not d.is_dir():
             raise AnalysisError(f"{d} is not a directory")
+    resolved = [d.resolve() for d in dirs]
+    for i, d in enumerate(resolved):
+        for j, other in enumerate(resolved[:i]):
+            if d == other or other in d.parents or d in other.parents:
+                # Read twice, every run would count twice: false repeats, a noise that is not there.
+                how = "are the same directory" if d == other else "hold the same runs (one is inside the other)"
+                raise AnalysisError(f"sweep directories {dirs[j]} and {dirs[i]} {how}: give each sweep once")
     labels = sweep_labels(dirs)
     warnings: list[str] = []
     frames = []

@@ -6,6 +6,7 @@ import copy
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.compare import compare_sweeps, format_comparison, speed_change
-from analysis.records import load_sweeps
+from analysis.records import NOT_RUN, load_sweeps
 from tests.analysis.golden.build import build_sweep, fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +221,80 @@ def test_layouts_match_when_only_one_side_has_configs_without_a_record(tmp_path:
     after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
     c = compare_sweeps(before, after)
     assert c.matched_on == "layout" and c.only_after == 0 and len(c.table) == len(data["runs"])
+
+
+def test_the_same_overrides_that_ran_other_work_are_not_compared(tmp_path: Path) -> None:
+    # The after sweep has the same overrides, but its model file trains at half the sequence (a changed
+    # conf/model yaml, another --config-dir): matched by overrides, every config read "2.0x faster".
+    data = _after(2.0)
+    data["model"] = {**data["model"], "seq_length": 1024}
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "overrides" and c.sec_ratio_geomean is None, c.table
+    ran = int((~before["outcome"].isin(NOT_RUN)).sum())  # the skipped config too: planned at the other length
+    assert len(c.other_work_labels) == ran and c.table.empty
+    text = format_comparison(c, before="b", after="a")
+    assert f"Not compared: the same overrides ran other work in the two sweeps (another layout, sequence length or model shape) ({ran} config(s)" in text
+
+
+def test_a_config_not_run_yet_on_one_side_is_not_called_missing_from_it(tmp_path: Path) -> None:
+    # Two configs of the after sweep still wait in the queue: "2 config(s) only in before" said they
+    # were not in the after sweep at all.
+    data = _after(1.25)
+    waiting = [r for r in data["runs"] if r.get("status", "ok") == "ok" and not r.get("pending")][:2]
+    for run in waiting:
+        run["pending"] = True
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    c = compare_sweeps(before, after)
+    assert c.only_before == c.only_after == 0 and len(c.not_run_after_labels) == 2
+    assert "Ran in b, not run yet in a (pending or planned there) (2 config(s)):" in format_comparison(c, before="b", after="a")
+
+
+def test_configs_without_a_known_layout_are_not_one_pooled_layout(tmp_path: Path) -> None:
+    # Killed before their records (no result.json, no plan row): their empty layout fields made one
+    # key, "|||...", so layout matching pooled three different configs into one row labelled ",".
+    killed = ("n48_pp12_mbs2", "n48_dp32_tp2_oom", "n48_pp10_mbs4")
+    data = _after(1.25, ["cluster.env.NCCL_ALGO=Tree"])
+    before = load_sweeps([_without_plan(build_sweep(tmp_path / "b", drop=killed))], queue=FAILED).table
+    after = load_sweeps([_without_plan(build_sweep(tmp_path / "a", data, drop=killed))], queue=FAILED).table
+    assert (before["layout_key"] == "").sum() == 3  # ended, no record, no plan row
+    c = compare_sweeps(before, after)
+    assert c.matched_on == "layout" and c.pooled == 0 and (c.table["label"] != ",").all(), c.table
+
+
+def FAILED(job_ids: Sequence[str]) -> dict[str, str]:  # noqa: N802 - a queue lookup, as records takes one
+    """Slurm's word for every job: each run without a record ended FAILED."""
+    return {j: "FAILED" for j in job_ids}
+
+
+def _without_plan(sweep: Path) -> Path:
+    (sweep / "plan.csv").unlink()
+    return sweep
+
+
+def test_the_layout_columns_come_from_whichever_side_ran(tmp_path: Path) -> None:
+    # A config ok before and killed without a record after showed empty DP/TP/PP/MBS/GBS.
+    before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
+    after = load_sweeps([_without_plan(build_sweep(tmp_path / "a", _after(1.25), drop=("n48_pp12_mbs2",)))], queue=FAILED).table
+    c = compare_sweeps(before, after)
+    row = c.table[c.table["config"].str.contains("parallelism.pp=12")].iloc[0]
+    assert row["outcome_after"] == "fail"
+    assert (row["dp"], row["tp"], row["pp"], row["gbs"]) == (4, 8, 12, 2048), row
+
+
+def test_compare_cli_errors_and_integer_counts(sweeps: tuple[Path, Path], tmp_path: Path) -> None:
+    before, after = sweeps
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "analysis", "compare", *args, "--no-queue"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    # Every compare error ended "; did you mean python -m analysis compare?" (its own first argument).
+    missing = cli(str(tmp_path / "nowhere"), str(after))
+    assert missing.returncode == 2 and "did you mean" not in missing.stderr, missing.stderr
+    assert cli(str(before), str(after), "-o", str(tmp_path / "cmp")).returncode == 0
+    rows = pd.read_csv(tmp_path / "cmp" / "compare.csv", dtype=str)
+    # Counts are whole numbers in every CSV file (README), not "8.0".
+    assert rows["dp"].dropna().str.fullmatch(r"\d+").all() and rows["gbs"].dropna().str.fullmatch(r"\d+").all()

@@ -63,6 +63,16 @@ def test_cli_writes_no_zero_table_when_the_sweep_does_not_vary_the_engine(tmp_pa
     assert (out / "scaling.csv").exists() and not (out / "zero.csv").exists()
 
 
+def test_an_earlier_analysiss_zero_table_is_not_left_beside_this_ones(tmp_path: Path) -> None:
+    # The ZeRO sweep analysed into one output directory, then the BLOOM sweep into the same one: its
+    # results.md had no ZeRO section, and the ZeRO sweep's zero.csv stayed beside it as if it were its own.
+    out = tmp_path / "out"
+    assert main([str(zero_sweep_dir(tmp_path / "zero")), "--no-queue", "--no-plots", "-o", str(out)]) == 0
+    assert (out / "zero.csv").exists()
+    assert main([str(build_sweep(tmp_path / "bloom_sweep")), "--no-queue", "--no-plots", "-o", str(out)]) == 0
+    assert ZERO_SECTION not in (out / "results.md").read_text() and not (out / "zero.csv").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end on the local Slurm cluster
 

@@ -641,3 +641,15 @@ def test_a_sec_per_iter_that_is_no_time_is_no_measurement(sweep: Path) -> None:
     (rec,) = recommend(df)
     assert rec.runs == 2 and "3 finished without a measured iteration" in rec.excluded
     assert "inf" not in format_recommendations([rec])
+
+
+def test_a_sweep_given_twice_or_inside_another_is_refused(tmp_path: Path) -> None:
+    # Read twice, its runs counted twice: "24 configs" for 12, "median of 2 runs" of one run.
+    from analysis.records import AnalysisError, load_sweeps
+    from tests.analysis.golden.build import build_sweep
+
+    sweep = build_sweep(tmp_path / "s")
+    (sweep / "inner").mkdir()
+    for dirs in ([sweep, Path(f"{sweep}/")], [sweep, sweep / ".." / "s"], [sweep / "inner", sweep]):
+        with pytest.raises(AnalysisError, match="give each sweep once"):
+            load_sweeps(dirs, queue=None)
