@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from conf import CONFIG_DIR, group_options
-from conf.schema import GROUP_SCHEMAS, unknown_override, wrong_value
+from conf.schema import GROUP_SCHEMAS, takes_list, unknown_override, wrong_value
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
@@ -174,6 +174,9 @@ def _wrong_values(key: str, override: Override, text: str, *, hint: Any = None) 
         values = [override.get_value_element_as_str()]
     elif override.value_type in (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP):
         values = list(override.sweep_string_iterator())
+        if takes_list(key, hint=hint):
+            # `search.nodes=1,2,4` sweeps three values, each refused as no list: the list meant is bracketed.
+            return f"{text} gives {key} several values, but it is one list: write it in brackets, {key}=[{','.join(values)}]"
     else:
         return None  # ranges and intervals are numbers; globs choose group options
     for value in values:

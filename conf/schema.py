@@ -564,6 +564,8 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     kind = kinds[0]
     if value == "null":
         return None if len(args) > 1 else f"{key}=null: the field needs a value (it has no 'unknown')"
+    if typing.get_origin(kind) is list:
+        return _wrong_list(key, value, (typing.get_args(kind) or (str,))[0])
     if kind is bool:
         ok, what = value.lower() in _BOOLEANS, "true or false"
     elif kind is int:
@@ -578,6 +580,25 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     else:
         return None
     return None if ok else f"{key}={value} is not {what}"
+
+
+def takes_list(key: str, *, hint: Any = None) -> bool:
+    """Whether field `key` (or the annotation `hint`) holds a list (`search.nodes: list[int]`)."""
+    hint = _field_hint(key) if hint is None else hint
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    return any(typing.get_origin(a) is list for a in args)
+
+
+def _wrong_list(key: str, value: str, item: Any) -> str | None:
+    """wrong_value for a list field: Hydra takes `search.nodes=4` for a number and fails merging it into
+    the list (exit 1, six lines); and an item of the wrong type only once composed."""
+    text = value.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return f"{key}={value} is not a list: write it in brackets, e.g. {key}=[{value}]"
+    for element in (e.strip().strip("'\"") for e in text[1:-1].split(",")):
+        if element and (problem := wrong_value(key, element, hint=item)) is not None:
+            return f"{key}={value}: its item {element} is not {problem.split(' is not ', 1)[-1]}"
+    return None
 
 
 def _dataclass_in(hint: Any) -> Any:

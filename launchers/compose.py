@@ -993,6 +993,13 @@ class FastValidation:
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
         with usage_exits(made=_created_by_launch(sweep_dir)):
+            searched = [a for a in arguments if parse_override(a).key_or_group.startswith("search.")]
+            if searched and is_megasweep_config(self.config):
+                # Only the layout search reads them: planned or launched without it, they did nothing.
+                raise UsageError(
+                    f"{' '.join(searched)}: search.* options configure the layout search, which this sweep does not "
+                    "run: add hydra/sweeper=layouts to search, or leave them out to sweep the overrides given"
+                )
             if append is None:  # a launcher that writes no manifest (not megasweep's)
                 writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
             else:

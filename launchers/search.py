@@ -93,6 +93,14 @@ class LayoutSweeper(Sweeper):
                 + "; ".join(f"{a.split('=')[0]}: {narrow}" for a, narrow in pinned.items())
                 + "), or plan that one layout with the default sweeper (python -m train -m hydra/launcher=plan ...)"
             )
+        world = OmegaConf.select(self.config, "hydra.launcher.world_size", default=None)
+        if world is not None:
+            # The launcher would plan every layout on that many devices, and refuse the search's own picks.
+            raise UsageError(
+                f"hydra.launcher.world_size={world} fixes the devices, but hydra/sweeper=layouts tries "
+                "search.nodes x hardware.devices_per_node of them: leave hydra.launcher.world_size out and give the "
+                "node counts with search.nodes=[...]"
+            )
         run = sweep_composer(self.hydra_context.config_loader, self.config).run_config(arguments)
         search = run.search
         if problems := search_problems(search):
@@ -106,6 +114,15 @@ class LayoutSweeper(Sweeper):
             writable_dir(sweep_dir, option=HYDRA_OPTIONS.directory)
         else:
             claim_sweep_dir(sweep_dir, append=bool(append))
+        if not append and (sweep_dir / self.csv_name).exists():
+            # A search that launched nothing (search.top_k=0) leaves no manifest or plan.csv to refuse on:
+            # its ranking was replaced without a word.
+            raise UsageError(
+                f"{sweep_dir} already holds a layout search ({self.csv_name}), and a directory holds one sweep. "
+                f"Nothing was written. Search into a new directory ({HYDRA_OPTIONS.directory}=...), or add this "
+                f"search to it with {HYDRA_OPTIONS.append} (its ranking then goes to "
+                f"{appended_name(self.csv_name, free_append_number(sweep_dir, MULTIRUN_FILE, self.csv_name))})"
+            )
         rows = [c.row for c in (*result.ranked, *result.unpredicted)]
         # Added to a sweep, the first search's ranking and Hydra config stay; this one's are kept
         # beside them under one number (search.append<N>.csv, multirun.append<N>.yaml).
@@ -120,12 +137,23 @@ class LayoutSweeper(Sweeper):
         print(format_search(result, search.show))
         print(f"search: all feasible layouts -> {csv_path}", flush=True)
         if not result.ranked:
-            why = (
-                f"{len(result.unpredicted)} feasible layouts, but the time model cannot predict them: "
-                + "; ".join(result.unpredictable)
-                if result.unpredicted
-                else "no layout is feasible: see the rules above"
-            )
+            if result.unpredicted:
+                why = f"{len(result.unpredicted)} feasible layouts, but the time model cannot predict them: " + "; ".join(
+                    result.unpredictable
+                )
+            elif not result.candidates:
+                # Nothing was judged, so no rule is above: the lists themselves left nothing to try.
+                devices = [n * max(1, run.hardware.devices_per_node) for n in dict.fromkeys(search.nodes)]
+                why = (
+                    f"search.nodes={list(search.nodes)} ({', '.join(map(str, devices))} device(s)) with "
+                    f"search.zero_stages={list(search.zero_stages)} leaves no layout to try (a ZeRO stage above 0 "
+                    "needs dp > 1, so one device takes stage 0): add 0 to search.zero_stages, or more nodes"
+                )
+            else:
+                why = (
+                    f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example); "
+                    f"search.nodes={list(search.nodes)}: more nodes give each layout more devices"
+                )
             # What the user gave leaves nothing to run, as an all-infeasible launch: exit 2.
             raise UsageError(f"hydra/sweeper=layouts found nothing to rank: {why}")
         top = result.ranked[: search.top_k]

@@ -63,6 +63,16 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     wait = override_problem(["hydra/launcher=slurm", "hydra.launcher.wait=maybe"])
     assert wait is not None and wait.startswith("hydra.launcher.wait=maybe is not true or false")
     assert override_problem(["hydra/launcher=plan", "hydra.launcher.top=null", "hydra.launcher.table=false"]) is None
+    # A list field given a bare value, or an item of the wrong type, ended in Hydra's six-line merge
+    # error (exit 1); and the natural `search.nodes=1,2,4` was refused as "lists several values" alone.
+    assert override_problem(["search.nodes=4"]) == (
+        "search.nodes=4 is not a list: write it in brackets, e.g. search.nodes=[4] (override 'search.nodes=4')")
+    item = override_problem(["search.recompute=[full,bogus]"])
+    assert item is not None and "its item bogus is not one of none, selective, full" in item
+    assert override_problem(["search.nodes=1,2,4"]) == (
+        "search.nodes=1,2,4 gives search.nodes several values, but it is one list: write it in brackets, "
+        "search.nodes=[1,2,4]")
+    assert override_problem(["search.nodes=[1,2,4]", "search.recompute=[full]", "search.sequence_parallel=[true]"]) is None
     syntax = override_problem(["model=tiny", "training.lr=["])
     assert syntax is not None and syntax.startswith("cannot parse override 'training.lr=[': no viable alternative")
     assert "override_grammar" in syntax and "\n" not in syntax

@@ -37,6 +37,36 @@ def test_search_plans_every_layout_and_hands_the_top_k_to_the_launcher(tmp_path:
         assert float(row["pred_sec_per_iter"]) == float(top["pred_sec_per_iter"])
 
 
+def test_a_search_that_cannot_be_run_as_asked_says_what_to_change(tmp_path: Path) -> None:
+    def search(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, *args, f"hydra.sweep.dir={tmp_path / name}")
+
+    # One device and ZeRO stages above 0 only: nothing is tried, and "see the rules above" named none.
+    empty = search("z", "hardware.devices_per_node=1", "search.zero_stages=[1]")
+    assert empty.returncode == EXIT_USAGE and "leaves no layout to try" in empty.stderr, empty.stderr
+    assert "add 0 to search.zero_stages" in empty.stderr and "rules above" not in empty.stderr
+    # A model no searched layout holds: the rules are above, and more nodes is the way out.
+    big = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "model=gpt3_175b", "hardware=a100_80gb",
+                    "parallelism.global_batch_size=512", "search.nodes=[1]", f"hydra.sweep.dir={tmp_path / 'b'}")  # fmt: skip
+    assert big.returncode == EXIT_USAGE and "more nodes give each layout more devices" in big.stderr, big.stderr
+    # hydra.launcher.world_size fixed the devices the launcher planned on: it refused the search's top 3.
+    world = search("w", "search.nodes=[1,2]", "hydra.launcher.world_size=8")
+    assert world.returncode == EXIT_USAGE and "leave hydra.launcher.world_size out" in world.stderr, world.stderr
+    assert not (tmp_path / "w" / SEARCH_FILE).exists()
+    # A search that launched nothing (top_k=0) was replaced by the next one without a word.
+    assert search("k", "search.nodes=[1]", "search.top_k=0").returncode == 0
+    first = (tmp_path / "k" / SEARCH_FILE).read_bytes()
+    again = search("k", "search.nodes=[2]", "search.top_k=0")
+    assert again.returncode == EXIT_USAGE and "already holds a layout search" in again.stderr, again.stderr
+    assert (tmp_path / "k" / SEARCH_FILE).read_bytes() == first
+    added = search("k", "search.nodes=[2]", "search.top_k=0", "hydra.launcher.append=true")
+    assert added.returncode == 0 and (tmp_path / "k" / appended_name(SEARCH_FILE, 1)).exists()
+    # search.* without the layout search did nothing: the one default config was planned.
+    ignored = run_train("-m", "hydra/launcher=plan", *GPT, "search.nodes=[1,2,4]", f"hydra.sweep.dir={tmp_path / 'i'}")
+    assert ignored.returncode == EXIT_USAGE and "add hydra/sweeper=layouts" in ignored.stderr, ignored.stderr
+    assert not (tmp_path / "i").exists()
+
+
 def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path) -> None:
     swept = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "model=gpt_1.3b,gpt_2.7b",
                       f"hydra.sweep.dir={tmp_path / 'a'}")
