@@ -3,7 +3,8 @@
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
 Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
-configs that no rerun stands for (0 with --ok-if-failed), or when a local sweep's rerun fails again;
+configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again, or when
+sbatch refuses every config a rerun resubmits;
 EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun or a calibration; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
 rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported);
@@ -142,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a manifest or launch record that cannot be read (permissions, an I/O error)
+        print(f"error: {exc.filename or args.sweep_dir}: cannot be read ({exc.strerror or exc})", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:  # a local sweep's rerun: the manifest says which configs were interrupted
         print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -153,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = ran if e.status == "submitted" else f"{e.status}: {e.reason}"
         origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
         print(f"rerun: config {e.index}{origin}: {what}")
+    refused = [e for e in entries if e.status == "refused"]
+    if refused and not any(e.status == "submitted" for e in entries):
+        # As a launch that sbatch refused: nothing runs, and a script must not read it as queued.
+        print(f"rerun: nothing was resubmitted: sbatch refused {len(refused)} config(s) (the reasons are above); "
+              f"python -m launchers rerun --failed {args.sweep_dir} tries again once the cause is fixed", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
     if all(e.status == "skipped" for e in entries):
         # As a launch whose every config is infeasible: bad input, and the failures still stand.
         print(

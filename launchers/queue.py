@@ -42,10 +42,13 @@ __all__ = [
     "read_states",
 ]
 
-RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SUSPENDED", "SIGNALING"})
-"""Allocated: the job's processes exist (or are being set up or torn down)."""
+RUNNING_STATES = frozenset(
+    {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SUSPENDED", "SIGNALING", "STOPPED"}
+)
+"""Allocated: the job's processes exist (or are being set up or torn down); STOPPED ones by SIGSTOP."""
 LIVE_STATES = RUNNING_STATES | frozenset(
-    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "RESV_DEL_HOLD"}
+    # SPECIAL_EXIT: requeued and held after an exit code the site's RequeueExitHold names.
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 )
 """Not ended: a result.json may still come."""
 GONE = "GONE"

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -77,14 +78,17 @@ from launchers.submit import (
 )
 from launchers.sweepdir import next_index
 from train.contract import (
+    ATTEMPT_RECORD_GLOB,
     LOG_FILE,
     MANIFEST_FILE,
+    OOM_REPORT_GLOB,
     PLAN_FILE,
     RESULT_FILE,
     SLURM_LOG_DIR,
     SUBMITIT_DIR,
     LocalRun,
     ManifestEntry,
+    earlier_job_name,
     manifest_path,
     previous_result_name,
     read_local_runs,
@@ -177,6 +181,11 @@ def classify(
         if status == "interrupted":  # Ctrl-C of a local sweep, or SIGINT to the run
             return "interrupted", f"result.json status interrupted: {record.get('message') or 'no message'}"
         detail = f"result.json status {status}: {record.get('message') or 'no message'}"
+        if slurm_state is not None and is_live(slurm_state) and not is_running(slurm_state):
+            # Waiting to run again (requeued after a node failure, by hand, or by a preemption): this
+            # attempt has written nothing yet, so the record, whatever it says, is an earlier attempt's.
+            # Failed, `rerun --failed` would queue a second run into the directory the job writes.
+            return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
         if status == "timeout" and slurm_state is not None and is_live(slurm_state):
             # Requeued (`scontrol requeue`, a preemption, a node failure): the job runs again, and the
             # record is its last attempt's (a stopped attempt records `timeout`). Failed now, `rerun
@@ -216,9 +225,11 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | Non
 
 
 def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
-    """The log that says what happened to a config's run: its own, else its Slurm job's output."""
+    """The log that says what happened to a config's run: its own, else its Slurm job's output. The run's
+    own log gathers every attempt (each opens with `megasweep: <time> (<job>)`, launchers.job): a job of
+    a rerun that died before its trainer wrote there is told by its Slurm output, not the earlier job's."""
     own = sweep_dir / entry.output_dir / LOG_FILE
-    if own.is_file():
+    if own.is_file() and (not entry.job_id or _names_job(own, entry.job_id)):
         return own
     if not entry.job_id:
         return None
@@ -226,6 +237,18 @@ def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
     slurm = [sweep_dir / SLURM_LOG_DIR / f"{entry.job_id}.out"]
     slurm += sorted((sweep_dir / SUBMITIT_DIR / entry.job_id).glob("*_0_log.out"))
     return next((p for p in slurm if p.is_file()), None)
+
+
+def _names_job(log: Path, job_id: str) -> bool:
+    """Whether an attempt of Slurm job `job_id` wrote its header into `log` (a log of a run before the
+    header existed, naming no job, counts as the job's own)."""
+    try:
+        with log.open("rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    headers = re.findall(r"^megasweep: \S+ \(([^)]*)\):", text, flags=re.MULTILINE)
+    return not headers or job_id in headers
 
 
 def sweep_status(
@@ -448,6 +471,10 @@ def _rerun_launch(
         old = sweep_dir / spec.output_dir / RESULT_FILE
         if old.exists():
             old.rename(_aside(old.with_name(previous_result_name(job_ids[spec.index]))))
+        # The earlier job's OOM reports and stopped attempts' records too: the new run would read an old
+        # report as its own OOM (train.trainer), and find its attempt's name taken (launchers.job).
+        for leftover in (*old.parent.glob(OOM_REPORT_GLOB), *old.parent.glob(ATTEMPT_RECORD_GLOB)):
+            leftover.rename(_aside(leftover.with_name(earlier_job_name(leftover.name, job_ids[spec.index]))))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     if settings.local:

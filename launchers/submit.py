@@ -666,6 +666,8 @@ def load_launches(sweep_dir: Path) -> list[tuple[LaunchSettings, dict[int, Confi
     """Each launch's settings with the specs of the configs it launched (by index), in the order the
     launches came; a file written before it kept "launches" has one, its "settings"."""
     data = json.loads((sweep_dir / LAUNCH_FILE).read_text())
+    if not isinstance(data, dict) or "configs" not in data or not (data.get("launches") or "settings" in data):
+        raise ValueError(f"{sweep_dir / LAUNCH_FILE} is not a launch record megasweep wrote (no configs or settings)")
     launches: list[tuple[LaunchSettings, dict[int, ConfigSpec]]] = [
         (_settings(raw), {}) for raw in data.get("launches") or [data["settings"]]
     ]

@@ -129,6 +129,16 @@ def attempt_result_name(attempt: int) -> str:
     return f"result.attempt{attempt}.json"
 
 
+ATTEMPT_RECORD_GLOB = "result.attempt*.json"
+
+
+def earlier_job_name(name: str, job_id: str | None) -> str:
+    """Name an earlier job's OOM report or attempt record `name` is kept under when `rerun --failed`
+    resubmits its config: outside OOM_REPORT_GLOB and ATTEMPT_RECORD_GLOB, so the new run reads none of
+    them as its own."""
+    return f"{job_id or 'previous'}.{name}"
+
+
 def appended_name(name: str, batch: int | str) -> str:
     """Name of sweep file `name` (MULTIRUN_FILE, SEARCH_FILE) as written by the `batch`-th launch (1
     first) that added configs to a sweep (hydra.launcher.append=true), kept beside the first launch's:

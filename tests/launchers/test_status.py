@@ -46,6 +46,15 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     assert classify(SUBMITTED, None, "RUNNING") == ("running", "")
     assert classify(SUBMITTED, None, "PENDING") == ("pending", "PENDING")
     assert classify(SUBMITTED, None, "PENDING (Licenses)") == ("pending", "PENDING (Licenses)")
+    # Requeued after a failure (a node failure, by hand): waiting to run, this attempt wrote nothing, so
+    # any record is an earlier attempt's. Failed, rerun --failed queued a second run into its directory.
+    for record in ({"status": "error", "message": "m"}, {"status": "nan"}, {"status": "oom"}):
+        for slurm in ("PENDING (Priority)", "REQUEUED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
+            state, detail = classify(SUBMITTED, record, slurm)
+            assert state == "pending" and detail.startswith(f"requeued ({slurm}); the last attempt's"), (record, slurm)
+    # Running, the record is this attempt's, written just before its end.
+    assert classify(SUBMITTED, {"status": "error", "message": "m"}, "RUNNING")[0] == "failed"
+    assert classify(SUBMITTED, None, "STOPPED") == ("running", "")  # SIGSTOPped, still Slurm's
     # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
     cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
     assert cancelled[0] == "failed" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
@@ -189,6 +198,11 @@ def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo,
     table = status_table(sweep_dir)
     assert "1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 refused" in table, table
 
+    # Refused again: nothing was resubmitted, which a script must not read as success (it exited 0).
+    again = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == EXIT_FAILED, again.stdout + again.stderr
+    assert "nothing was resubmitted: sbatch refused 1 config(s)" in again.stderr and "Traceback" not in again.stderr
     # The cause goes away (here: the launch record asks for no gres, as if the site had added
     # it); the config was never run, so `rerun --failed` submits it.
     launch = sweep_dir / ".megasweep" / "launch.json"
@@ -551,3 +565,56 @@ def test_jobs_of_a_sweep_moved_while_queued_fail_and_status_says_why(
     assert all(s.detail.startswith(f"sweep directory moved: its job was given {sweep_dir}") for s in statuses)
     assert all(s.detail.endswith("Slurm state FAILED, no result.json") for s in statuses), statuses
     assert not sweep_dir.exists()
+
+
+def test_status_names_the_log_of_the_job_that_failed_not_an_earlier_ones(tmp_path: Path) -> None:
+    # A rerun's job 200_0 died before its trainer wrote to the run's log: status named 0/train.log,
+    # which holds job 100_0's attempt only, not the Slurm output that says why 200_0 failed.
+    from launchers.status import run_log
+
+    entry = ManifestEntry(index=0, overrides=(), output_dir="0", status="submitted", job_id="200_0")
+    (tmp_path / "0").mkdir()
+    own = tmp_path / "0" / LOG_FILE
+    own.write_text("megasweep: 2026-11-27T00:00:00+00:00 (100_0): python -m train\niteration 1\n")
+    slurm = tmp_path / SUBMITIT_DIR / "200_0" / "200_0_0_log.out"
+    slurm.parent.mkdir(parents=True)
+    slurm.write_text("srun: error: exec failed\n")
+    assert run_log(tmp_path, entry) == slurm
+    own.write_text(own.read_text() + "megasweep: 2026-11-27T01:00:00+00:00 (200_0): python -m train\n")
+    assert run_log(tmp_path, entry) == own  # its own attempt is there now
+    own.write_text("iteration 1\n")  # a log from before the header: the run's own
+    assert run_log(tmp_path, entry) == own
+
+
+def test_a_plain_rerun_puts_the_earlier_jobs_oom_reports_and_attempt_records_aside(tmp_path: Path) -> None:
+    # Left in place, the new run read the old OOM report as its own (any failure became `oom`), and its
+    # own stopped attempt found result.attempt0.json taken (launchers.job kept nothing).
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", "hydra.launcher.python=/bin/false",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    run_dir = sweep_dir / "0"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "oom.rank0.json").write_text("{}")
+    (run_dir / "result.attempt0.json").write_text("{}")
+    subprocess.run([sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir)],
+                   cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert not (run_dir / "oom.rank0.json").exists() and not (run_dir / "result.attempt0.json").exists()
+    assert (run_dir / "previous.oom.rank0.json").exists() and (run_dir / "previous.result.attempt0.json").exists()
+
+
+def test_an_unreadable_manifest_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    # Another user's sweep (mode 600): a PermissionError traceback, exit 1 (the code for failed configs).
+    sweep_dir = Path("/tmp") / f"megasweep-unreadable-{os.getpid()}"
+    shutil.rmtree(sweep_dir, ignore_errors=True)
+    sweep_dir.mkdir(mode=0o755)
+    try:
+        (sweep_dir / "manifest.jsonl").write_text("{}\n")
+        (sweep_dir / "manifest.jsonl").chmod(0o600)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        for command in (["status", str(sweep_dir)], ["rerun", str(sweep_dir), "--failed"]):
+            proc = subprocess.run([*nobody, sys.executable, "-m", "launchers", *command],
+                                  cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert proc.returncode == EXIT_USAGE, proc.stderr
+            assert "manifest.jsonl: cannot be read (Permission denied)" in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        shutil.rmtree(sweep_dir, ignore_errors=True)
