@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -210,6 +211,7 @@ def spawn_workers(
             raise
         return 0
 
+    launched = datetime.now(timezone.utc)  # the workers' OOM reports are written after this
     result = fork_local(worker, world_size=world_size)
     if result.stopped_by == signal.SIGINT or result.failed_code == EXIT_INTERRUPTED:
         record_interruption(run, output_dir=output_dir, overrides=overrides)
@@ -242,6 +244,7 @@ def spawn_workers(
             overrides=overrides,
             failed_rank=result.failed_rank,
             failed_code=result.failed_code,
+            since=launched,
         )
         message = f"worker rank {result.failed_rank} exited with {result.failed_code} (record: {output_dir})"
         if multirun:

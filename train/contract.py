@@ -52,6 +52,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
@@ -450,11 +451,16 @@ class OomReport:
         return " ".join(parts)
 
 
-def read_oom_reports(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The OomReports ranks of this run left, lowest rank first."""
+def read_oom_reports(run_dir: str | Path, *, since: datetime | None = None) -> list[dict[str, Any]]:
+    """The OomReports ranks of this run left, lowest rank first: with `since` (the run's start), only
+    those written since, as a directory used again keeps an earlier run's (which made every failure of
+    the next one an `oom`, and a diverged run exit 0). A second of slack covers file systems whose
+    modification times are whole seconds."""
     reports = []
     for path in sorted(Path(run_dir).glob(OOM_REPORT_GLOB)):
         try:
+            if since is not None and path.stat().st_mtime < since.timestamp() - 1.0:
+                continue
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue

@@ -185,7 +185,7 @@ def run_training(
         status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
         if status == "oom":
             write_oom_report(run, rank=rank, progress=progress, output_dir=output_dir, message=message or "")
-        status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank)
+        status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank, since=started)
         progress.warnings += sinks.errors()
         record = build_record(
             progress.run or run, rank=rank, progress=progress, status=status, message=message,
@@ -268,11 +268,12 @@ def write_oom_report(run: RunConfig, *, rank: Rank, progress: Progress, output_d
 
 
 def _oom_elsewhere(
-    progress: Progress, output_dir: Path, status: str, message: str | None, *, rank: int
+    progress: Progress, output_dir: Path, status: str, message: str | None, *, rank: int, since: datetime
 ) -> tuple[str, str | None]:
-    """The status and message of the record when some rank ran out of memory: `oom`, naming the first
-    such rank, even where this rank saw only the consequence (a collective that timed out)."""
-    reports = read_oom_reports(output_dir)
+    """The status and message of the record when some rank of this run (started `since`) ran out of
+    memory: `oom`, naming the first such rank, even where this rank saw only the consequence (a
+    collective that timed out)."""
+    reports = read_oom_reports(output_dir, since=since)
     if not reports or status == "ok":
         return status, message
     first = reports[0]
@@ -379,6 +380,14 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             f"the batch ramp-up never reached global_batch_size={gbs} in {len(progress.iterations)} "
             f"iterations: sec/it, throughput, TFLOPs and MFU are not given (they are figures of the full batch)"
         )
+    elif progress.iterations and not medians.measured_iterations:
+        # A resumed attempt near the end (a requeue, the same command again) warms up again: an `ok` with
+        # every figure null said nothing of why.
+        progress.warnings.append(
+            f"no iteration was measured: this attempt ran {len(progress.iterations)} iteration(s), all within "
+            f"training.warmup_iters={run.training.warmup_iters} (a resumed run warms up again), so sec/it, "
+            "throughput, TFLOPs and MFU are not given"
+        )
     if (above := above_peak_warning(progress)) is not None:
         cal = progress.peak_calibration
         if cal is not None and forget_cached_peak(PeakCalibration.from_dict(cal)):
@@ -424,8 +433,10 @@ def record_worker_failure(
     overrides: Sequence[str],
     failed_rank: int | None,
     failed_code: int | None,
+    since: datetime | None = None,
 ) -> dict[str, Any]:
-    """Make <output_dir>/result.json say `error`, naming the worker that failed first.
+    """Make <output_dir>/result.json say `error`, naming the worker that failed first (`since`: when the
+    workers were started, so that an earlier run's OOM reports in the directory are not this one's).
 
     Called by the parent of a local spawn. Rank 0's own record is kept when rank 0 failed first
     (its status, oom or nan say more); otherwise its record (if any: it may have been SIGKILLed)
@@ -435,13 +446,17 @@ def record_worker_failure(
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
     written = _read_record(path)
     record = written if written is not None else _new_record(run, overrides, status="error")
-    reports = read_oom_reports(output_dir)
+    reports = read_oom_reports(output_dir, since=since)
     if reports:  # a worker ran out of memory: that is the answer, whoever exited first
         record["status"], record["oom"] = "oom", reports[0]
         record["message"] = f"{OomReport(**reports[0]).sentence()}: {reports[0]['message']} ({cause})"
         write_json_atomic(path, record)
         return record
     if failed_rank == 0 and written is not None and record.get("status") not in (None, "ok"):
+        return record
+    if written is not None and record.get("status") == "nan":
+        # The loss is all-reduced: every rank sees it diverge and stops, and whichever exits first,
+        # rank 0's record says why (error or nan at random, as the exits raced).
         return record
     if written is not None and record.get("status") == "error" and str(record.get("message")).startswith(INPUT_ERRORS):
         # The user's input (a data file, a checkpoint directory, a device), refused the same way on

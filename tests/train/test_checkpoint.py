@@ -330,3 +330,15 @@ def test_a_token_width_other_than_auto_is_part_of_what_a_resume_must_keep() -> N
     wider = fingerprint(run(data_path="/data/x.bin", data_dtype=TokenDtype.uint32))
     assert wider == {**plain, "data_dtype": "uint32"}
     assert "data_dtype" not in fingerprint(run(data_dtype=TokenDtype.uint32))  # synthetic tokens
+
+
+def test_a_resumed_attempt_that_measures_nothing_says_why(tmp_path: Path) -> None:
+    # The same run asked for one step more: resumed at step 6, its one iteration is this attempt's warm-up.
+    # The record was `ok` with sec/it, TFLOPs and MFU null and no word of why.
+    first, _ = launch(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second, record = launch(tmp_path, f"training.train_iters={STEPS + 1}")
+    assert second.returncode == 0 and record["resumed_from_step"] == STEPS, second.stderr[-3000:]
+    assert record["iterations_run"] == 1 and record["measured_iterations"] == 0 and record["sec_per_iter"] is None
+    assert any(w.startswith("no iteration was measured: this attempt ran 1 iteration(s), all within "
+                            "training.warmup_iters=1") for w in record["warnings"]), record["warnings"]  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from train.contract import EXIT_TERMINATED
+from train.contract import EXIT_TERMINATED, RESULT_FILE
 from train.failures import classify
 from train.preemption import HANG_ENV, hang_hook
 from train.trainer import TrainingTimeout
@@ -196,6 +196,42 @@ def test_nan_loss_is_nan(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert record["status"] == "nan" and record["iterations_run"] < 6
+
+
+@pytest.mark.slow
+def test_an_earlier_runs_oom_report_in_the_directory_is_not_this_runs(tmp_path: Path) -> None:
+    # The directory held an OOM report of an earlier run (a reused hydra.run.dir; a rerun of the config):
+    # the diverged run below was recorded `oom`, quoting it, and exited 0.
+    from train.contract import OomReport, oom_report_name
+
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = out / oom_report_name(0)
+    old = OomReport(rank=0, stage=0, role="only", iteration=0, allocated=None, peak=2.0**31, reserved=None,
+                    predicted=None, capacity=2.0**31, message="an earlier run's OOM")  # fmt: skip
+    stale.write_text(json.dumps(old.to_dict()))
+    an_hour_ago = time.time() - 3600
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *SMALL, "training.lr=1e30", "training.train_iters=6",
+         "parallelism.optimizer=torch", f"hydra.run.dir={out}"],
+        cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    record = json.loads((out / RESULT_FILE).read_text())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert record["status"] == "nan" and "earlier run" not in str(record["message"]), record["message"]
+
+
+@pytest.mark.slow
+def test_a_diverged_run_of_two_workers_is_nan_whichever_exits_first(tmp_path: Path) -> None:
+    # Rank 1 stops on the NaN while rank 0 writes the record; when rank 1 exited first, the parent
+    # rewrote the record as `error` (3 of 5 runs): rank 0's `nan` is kept now.
+    for attempt in range(3):
+        proc, record, _ = run_cli(
+            tmp_path / str(attempt), "parallelism.dp=2", "parallelism.micro_batch_size=2",
+            "parallelism.global_batch_size=4", "training.lr=1e30", "training.train_iters=6", "parallelism.optimizer=torch",
+        )  # fmt: skip
+        assert proc.returncode == 1 and record["status"] == "nan", (attempt, record["status"], record["message"])
 
 
 @pytest.mark.slow
