@@ -139,7 +139,10 @@ def deepspeed_profile_record(figures: dict[str, Any], run: RunConfig, *, layout:
     means DeepSpeed counted work Megatron's GEMM count leaves out (element-wise ops, bias adds);
     below 1, GEMMs it does not see (README: why they disagree).
     """
-    model_flops = flops.model_flops_per_iteration(run.model, global_batch_size=run.parallelism.global_batch_size)
+    # The vocabulary padded for this run's TP, as the record's flops_per_iteration pads it.
+    model_flops = flops.model_flops_per_iteration(
+        run.model, global_batch_size=run.parallelism.global_batch_size, tp=layout.tp
+    )
     comparable = 3 * figures["forward_flops"] * layout.dp * layout.tp
     return {
         **figures,

@@ -12,6 +12,7 @@ did not reach the optimizer moves the losses by far more (see the lr check below
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -194,3 +195,19 @@ def test_deepspeed_flops_profile_is_recorded_beside_megasweeps_flops(tmp_path: P
     assert ratio == pytest.approx(3 * profile["forward_flops"] * 1 / record["flops_per_iteration"]["model"])
     assert 1.0 <= ratio <= 1.05, ratio
     assert record["iterations_run"] == 3 and len(record["losses"]) == 3
+
+
+def test_the_profiles_model_flops_pad_the_vocabulary_for_the_runs_tp() -> None:
+    # The record's flops_per_iteration pads the vocabulary for tp; the profile's model FLOPs padded it
+    # for tp=1, so its ratio_to_model_flops disagreed with the record's figure under TP.
+    from train.engine import deepspeed_profile_record
+    from train.planner import flops
+    from train.planner.layout import Layout
+
+    run = compose_run("parallelism.tp=2", "parallelism.dp=1", "parallelism.global_batch_size=8")
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=50257, make_vocab_size_divisible_by=128))
+    profile = deepspeed_profile_record({"forward_flops": 1.0e12, "forward_macs": 4.0e11}, run,
+                                       layout=Layout.of(run.parallelism, 2))  # fmt: skip
+    padded = flops.model_flops_per_iteration(run.model, global_batch_size=8, tp=2)
+    assert padded != flops.model_flops_per_iteration(run.model, global_batch_size=8, tp=1)
+    assert profile["model_flops_per_iteration"] == padded
