@@ -195,10 +195,11 @@ def classify(
             if is_running(slurm_state):  # a requeued attempt, or this one between its record and its end
                 return "running", f"still running; its {detail}"
             return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
-        if status == "timeout" and slurm_state is not None and base_state(slurm_state) == "CANCELLED":
-            # scancel sends the SIGTERM a time limit sends, so the record cannot tell them apart:
-            # Slurm's state can, and a cancelled run needs no longer time limit.
-            return "failed", f"cancelled (Slurm state CANCELLED), not a time limit; {detail}"
+        if status == "timeout" and slurm_state is not None and base_state(slurm_state) in ("CANCELLED", "PREEMPTED"):
+            # scancel and a preemption send the SIGTERM a time limit sends, so the record cannot tell them
+            # apart: Slurm's state can, and such a run needs no longer time limit.
+            why = base_state(slurm_state).lower()
+            return "failed", f"{why} (Slurm state {base_state(slurm_state)}), not a time limit; {detail}"
         return "failed", detail
     if slurm_state is None:
         if entry.status == "exported" and entry.job_id is None:

@@ -55,6 +55,9 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     # Running, the record is this attempt's, written just before its end.
     assert classify(SUBMITTED, {"status": "error", "message": "m"}, "RUNNING")[0] == "failed"
     assert classify(SUBMITTED, None, "STOPPED") == ("running", "")  # SIGSTOPped, still Slurm's
+    # Preempted without a requeue: the stopped run recorded `timeout`, which read as a time limit.
+    preempted = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "PREEMPTED")
+    assert preempted[0] == "failed" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
     # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
     cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
     assert cancelled[0] == "failed" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
