@@ -219,11 +219,11 @@ def _unknown_key(text: str) -> str | None:
 
 
 def _is_sweep(text: str) -> bool:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from launchers.compose import parse_override
 
     try:
-        return OverridesParser.create().parse_overrides([text])[0].is_sweep_override()
-    except Exception:  # unparsable: override_problem says why
+        return parse_override(text).is_sweep_override()
+    except HydraException:  # unparsable (OverrideParseException): override_problem says why
         return False
 
 

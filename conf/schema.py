@@ -557,7 +557,7 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     would reject it after Hydra composed, with a message that names the type's Python class.
     `hint`: the field's annotation where `key` is not RunConfig's (a Hydra plugin's field)."""
     hint = _field_hint(key) if hint is None else hint
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    args = _union_members(hint)
     kinds = [a for a in args if a is not type(None)]
     if len(kinds) != 1 or "${" in value:
         return None
@@ -585,7 +585,7 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
 def takes_list(key: str, *, hint: Any = None) -> bool:
     """Whether field `key` (or the annotation `hint`) holds a list (`search.nodes: list[int]`)."""
     hint = _field_hint(key) if hint is None else hint
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    args = _union_members(hint)
     return any(typing.get_origin(a) is list for a in args)
 
 
@@ -601,9 +601,14 @@ def _wrong_list(key: str, value: str, item: Any) -> str | None:
     return None
 
 
+def _union_members(hint: Any) -> tuple[Any, ...]:
+    """The members of a union annotation (`int | None`, Optional[int]); the annotation alone otherwise."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
 def _dataclass_in(hint: Any) -> Any:
     """The dataclass an annotation names, also inside `X | None`; the annotation itself otherwise."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        found = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
-        return found[0] if found else hint
-    return hint
+    found = [a for a in _union_members(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    return found[0] if found else hint

@@ -186,15 +186,12 @@ def classify(
             # attempt has written nothing yet, so the record, whatever it says, is an earlier attempt's.
             # Failed, `rerun --failed` would queue a second run into the directory the job writes.
             return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
-        if status == "timeout" and slurm_state is not None and is_live(slurm_state):
-            # Requeued (`scontrol requeue`, a preemption, a node failure): the job runs again, and the
-            # record is its last attempt's (a stopped attempt records `timeout`). Failed now, `rerun
-            # --failed` would queue a second run of the config into the directory the requeued attempt
-            # writes. Any other record of a live job is this attempt's, written just before its end
+        if status == "timeout" and slurm_state is not None and is_running(slurm_state):
+            # Running after a requeue (a stopped attempt records `timeout`), or this attempt between its
+            # record and its end: failed now, `rerun --failed` would queue a second run into the directory
+            # it writes. Any other record of a running job is this attempt's, written just before its end
             # (read as running, a config that failed showed running until Slurm saw the job end).
-            if is_running(slurm_state):  # a requeued attempt, or this one between its record and its end
-                return "running", f"still running; its {detail}"
-            return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
+            return "running", f"still running; its {detail}"
         if status == "timeout" and slurm_state is not None and base_state(slurm_state) in ("CANCELLED", "PREEMPTED"):
             # scancel and a preemption send the SIGTERM a time limit sends, so the record cannot tell them
             # apart: Slurm's state can, and such a run needs no longer time limit.
