@@ -263,7 +263,7 @@ def sweep_status(
     elsewhere = _launched_elsewhere(sweep_dir)
     rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
     refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
-    local = {i: run for run in read_local_runs(sweep_dir) for i in run.queued}
+    local = _local_launchers(sweep_dir)
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
@@ -327,6 +327,20 @@ def _alive(run: LocalRun) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _local_launchers(sweep_dir: Path) -> dict[int, LocalRun]:
+    """The LocalRun that speaks for each config index its files list. A SIGKILLed launcher leaves its
+    file, so a config rerun since is listed by the dead one's and by the rerun's: a live launcher wins
+    (one on another host taken at its word, as in local_run_state), then the latest started (None:
+    oldest), not whichever file name sorts last."""
+    here = socket.gethostname()
+
+    def rank(run: LocalRun) -> tuple[bool, int]:
+        started = str(run.started)
+        return run.host != here or _alive(run), int(started) if started.isdigit() else -1
+
+    return {i: run for run in sorted(read_local_runs(sweep_dir), key=rank) for i in run.queued}
 
 
 def _launched_elsewhere(sweep_dir: Path) -> dict[int, tuple[str, str]]:

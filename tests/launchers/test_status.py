@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,9 @@ from train.contract import (
     LAUNCH_FILE,
     LOG_FILE,
     SUBMITIT_DIR,
+    LocalRun,
     ManifestEntry,
+    local_run_path,
     read_manifest,
     write_manifest,
 )
@@ -133,6 +136,27 @@ def test_status_of_exported_configs_uses_the_job_ids_their_tasks_recorded(tmp_pa
     (jobs / "2").write_text("8_2\n")
     states = sweep_status(tmp_path, slurm_states={"8_1": "RUNNING", "8_2": "TIMEOUT"})
     assert [(s.state, s.job_id) for s in states] == [("pending", None), ("running", "8_1"), ("failed", "8_2")]
+
+
+def test_a_live_local_launcher_outranks_the_file_a_killed_one_left(tmp_path: Path) -> None:
+    # A SIGKILLed local launcher leaves its LocalRun file; `rerun --failed` runs the config again under a
+    # new launcher with its own. Status read the file that sorts last, the dead one's: "failed (killed?)".
+    from launchers.status import process_start
+
+    entry = ManifestEntry(index=0, overrides=("a=1",), output_dir="0", status="submitted")  # no job id: local
+    write_manifest([entry], tmp_path / "manifest.jsonl")
+    host = socket.gethostname()
+    live = LocalRun(host, os.getpid(), process_start(os.getpid()), queued=(0,), running=0)
+    dead = LocalRun(host, 99999999, "1", queued=(0,), running=0)  # above any pid_max
+    for run in (live, dead):
+        path = local_run_path(tmp_path, run.host, run.pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(run)))
+    assert local_run_path(tmp_path, host, dead.pid).name > local_run_path(tmp_path, host, live.pid).name
+    [status] = sweep_status(tmp_path, slurm_states={})
+    assert status.state == "running" and status.detail.endswith(f"local launcher, pid {os.getpid()}"), status
+    local_run_path(tmp_path, host, live.pid).unlink()
+    assert [s.state for s in sweep_status(tmp_path, slurm_states={})] == ["failed"]  # the dead one alone
 
 
 def status_table(sweep_dir: Path) -> str:
