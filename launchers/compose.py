@@ -80,6 +80,7 @@ from launchers.sweepdir import (
     UsageError,
     claim_sweep_dir,
     missing_dirs,
+    sweep_lock,
     writable_dir,
 )
 from train.contract import EXIT_USAGE, MULTIRUN_FILE, ManifestEntry
@@ -1060,6 +1061,13 @@ class SweepLauncher(Launcher):
         if self._first_index is None:
             self._first_index = claim_sweep_dir(sweep_dir, append=self.append)
         return self._first_index
+
+    @contextlib.contextmanager
+    def claimed(self, sweep_dir: Path) -> Iterator[int]:
+        """first_index(sweep_dir), with the sweep directory locked (launchers.sweepdir.sweep_lock)
+        until the block has written this batch's configs into the manifest."""
+        with sweep_lock(sweep_dir):
+            yield self.first_index(sweep_dir)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config

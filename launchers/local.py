@@ -59,6 +59,7 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
 )
+from launchers.sweepdir import check_indices_free, sweep_lock
 from train.contract import (
     RESULT_FILE,
     LocalRun,
@@ -156,11 +157,12 @@ class _LocalMarks:
 def _mark(sweep_dir: Path, reasons: dict[int, str], status: str) -> None:
     """The manifest entries of `reasons`' configs given `status`, each with its reason."""
     path = manifest_path(sweep_dir)
-    write_manifest(
-        [dataclasses.replace(e, status=status, reason=reasons[e.index]) if e.index in reasons else e
-         for e in read_manifest(path)],
-        path,
-    )  # fmt: skip
+    with sweep_lock(sweep_dir):  # configs added to the sweep meanwhile stay listed
+        write_manifest(
+            [dataclasses.replace(e, status=status, reason=reasons[e.index]) if e.index in reasons else e
+             for e in read_manifest(path)],
+            path,
+        )  # fmt: skip
 
 
 class LocalLauncher(SweepLauncher):
@@ -190,7 +192,6 @@ class LocalLauncher(SweepLauncher):
             refuse_empty_sweep(job_overrides)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        first = self.first_index(sweep_dir)
         settings = LaunchSettings(
             python=self.python or sys.executable,
             module=self.module,
@@ -200,28 +201,31 @@ class LocalLauncher(SweepLauncher):
             entry_args=entry_args_for(self.config),
             local=True,
         )
-        specs, skipped = plan_configs(
-            composer, job_overrides, first + initial_job_idx, subdir=subdir_namer(self.config, composer)
-        )
-        queued = [
-            ManifestEntry(
-                index=s.index,
-                overrides=s.overrides,
-                output_dir=s.output_dir,
-                status="submitted",
-                shape=s.key.allocation.as_dict(),
-            )
-            for s in specs
-        ]
-        entries = sorted([*skipped, *queued], key=lambda e: e.index)
-        # Written before the first run, so that `status` follows the sweep while it runs.
         path = manifest_path(sweep_dir)
-        # Earlier batches of this sweep, or the sweep it is appended to.
-        old = read_manifest(path) if path.exists() else []
-        merged = merge_entries(old, entries)
-        check_output_dirs(merged)
-        save_launch_file(sweep_dir, settings, specs)
-        write_manifest(merged, path)
+        # Locked from the claim of the batch's indices until the manifest lists them (sweep_lock).
+        with self.claimed(sweep_dir) as first:
+            specs, skipped = plan_configs(
+                composer, job_overrides, first + initial_job_idx, subdir=subdir_namer(self.config, composer)
+            )
+            queued = [
+                ManifestEntry(
+                    index=s.index,
+                    overrides=s.overrides,
+                    output_dir=s.output_dir,
+                    status="submitted",
+                    shape=s.key.allocation.as_dict(),
+                )
+                for s in specs
+            ]
+            entries = sorted([*skipped, *queued], key=lambda e: e.index)
+            # Earlier batches of this sweep, or the sweep it is appended to.
+            old = read_manifest(path) if path.exists() else []
+            check_indices_free(old, entries, sweep_dir)
+            merged = merge_entries(old, entries)
+            check_output_dirs(merged)
+            save_launch_file(sweep_dir, settings, specs)
+            # Written before the first run, so that `status` follows the sweep while it runs.
+            write_manifest(merged, path)
         print(
             f"local: {len(entries)} configs: {len(specs)} to run, {len(skipped)} infeasible -> {path}",
             flush=True,

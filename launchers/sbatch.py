@@ -83,7 +83,14 @@ from launchers.submit import (
     save_launch_file,
     signal_lead_s,
 )
-from launchers.sweepdir import SweepDirError, SweepOptions, first_index, removed_if_refused, writable_dir
+from launchers.sweepdir import (
+    SweepDirError,
+    SweepOptions,
+    first_index,
+    removed_if_refused,
+    sweep_lock,
+    writable_dir,
+)
 from train.contract import (
     EXPORTED_JOBS_DIR,
     LOG_FILE,
@@ -327,60 +334,63 @@ def export_sweep(
 
     _check_keys(overrides)
     composer = FastComposer.from_config_dir(config_dir, config_name)
-    first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
-    old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
-    specs, skipped_entries = plan_configs(
-        composer, expand_sweep(overrides), first, array_parallelism=array_parallelism
-    )
-    skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
-    # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what
-    # it could never run is refused now, not when the scripts are submitted by hand.
-    check_site(s.key for s in specs)
-    size = max_array_size or read_max_array_size()
-    totals = license_totals() if any(s.key.options.core_license for s in specs) else None
-    pieces = [
-        (key, piece)
-        for key, members in group_by((s.key, s) for s in specs).items()
-        for piece in chunk(members, size)
-    ]
-    stems = [name if len(pieces) == 1 else f"{name}-{number}" for number in range(1, len(pieces) + 1)]
-    if append:
-        _check_new_scripts(out_dir, stems, name)
-    else:
-        _check_other_sweeps_scripts(out_dir, stems, name, sweep_dir)
-    common: dict[str, Any] = dict(
-        name=name, sweep_dir=sweep_dir, cwd=cwd, python=python or sys.executable, module=module,
-        entry_args=entry_args, sbatch_args=dict(sbatch_args or {}), srun_args=srun_args, command=command,
-        licenses=totals,
-    )  # fmt: skip
-    # Every file's text is made before any directory is: a row refused (a tab in an override) must
-    # not leave the scripts before it behind.
-    texts = [_render(out_dir / stem, key, piece, **common) for stem, (key, piece) in zip(stems, pieces, strict=True)]
-    # Both directories are proved writable before any file is written, and those this export made
-    # go again when it is refused: nothing is half-exported, and no empty directory is left.
-    with removed_if_refused(out_dir, sweep_dir):
-        writable_dir(out_dir, option="--out-dir")
-        writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
-    # Slurm opens --output itself and does not create its directory.
-    (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
-    scripts, exported = _write_scripts(pieces, texts)
-    skipped_file = _write_skipped(out_dir / f"{name}.skipped.tsv", skipped) if skipped else None
-    entries = sorted([*exported, *skipped_entries], key=lambda e: e.index)
-    for e in entries:
-        # A job id an earlier export's task recorded would pass for this config's.
-        (sweep_dir / EXPORTED_JOBS_DIR / str(e.index)).unlink(missing_ok=True)
-    settings = LaunchSettings(
-        python=python or sys.executable,
-        module=module,
-        cwd=str(cwd),
-        job_name=name,
-        max_array_size=size,
-        entry_args=tuple(entry_args),
-        sbatch_args=dict(sbatch_args or {}),
-        srun_args=tuple(srun_args),
-    )
-    save_launch_file(sweep_dir, settings, specs)
-    manifest = write_manifest(merge_entries(old, entries), manifest_path(sweep_dir))
+    # Locked from the claim of the indices until the manifest lists them: an export added to the sweep
+    # at the same time takes the indices after these (launchers.sweepdir.sweep_lock).
+    with sweep_lock(sweep_dir):
+        first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
+        old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
+        specs, skipped_entries = plan_configs(
+            composer, expand_sweep(overrides), first, array_parallelism=array_parallelism
+        )
+        skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
+        # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what
+        # it could never run is refused now, not when the scripts are submitted by hand.
+        check_site(s.key for s in specs)
+        size = max_array_size or read_max_array_size()
+        totals = license_totals() if any(s.key.options.core_license for s in specs) else None
+        pieces = [
+            (key, piece)
+            for key, members in group_by((s.key, s) for s in specs).items()
+            for piece in chunk(members, size)
+        ]
+        stems = [name if len(pieces) == 1 else f"{name}-{number}" for number in range(1, len(pieces) + 1)]
+        if append:
+            _check_new_scripts(out_dir, stems, name)
+        else:
+            _check_other_sweeps_scripts(out_dir, stems, name, sweep_dir)
+        common: dict[str, Any] = dict(
+            name=name, sweep_dir=sweep_dir, cwd=cwd, python=python or sys.executable, module=module,
+            entry_args=entry_args, sbatch_args=dict(sbatch_args or {}), srun_args=srun_args, command=command,
+            licenses=totals,
+        )  # fmt: skip
+        # Every file's text is made before any directory is: a row refused (a tab in an override) must
+        # not leave the scripts before it behind.
+        texts = [_render(out_dir / stem, key, piece, **common) for stem, (key, piece) in zip(stems, pieces, strict=True)]
+        # Both directories are proved writable before any file is written, and those this export made
+        # go again when it is refused: nothing is half-exported, and no empty directory is left.
+        with removed_if_refused(out_dir, sweep_dir):
+            writable_dir(out_dir, option="--out-dir")
+            writable_dir(sweep_dir, option=CLI_OPTIONS.directory)
+        # Slurm opens --output itself and does not create its directory.
+        (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
+        scripts, exported = _write_scripts(pieces, texts)
+        skipped_file = _write_skipped(out_dir / f"{name}.skipped.tsv", skipped) if skipped else None
+        entries = sorted([*exported, *skipped_entries], key=lambda e: e.index)
+        for e in entries:
+            # A job id an earlier export's task recorded would pass for this config's.
+            (sweep_dir / EXPORTED_JOBS_DIR / str(e.index)).unlink(missing_ok=True)
+        settings = LaunchSettings(
+            python=python or sys.executable,
+            module=module,
+            cwd=str(cwd),
+            job_name=name,
+            max_array_size=size,
+            entry_args=tuple(entry_args),
+            sbatch_args=dict(sbatch_args or {}),
+            srun_args=tuple(srun_args),
+        )
+        save_launch_file(sweep_dir, settings, specs)
+        manifest = write_manifest(merge_entries(old, entries), manifest_path(sweep_dir))
     return Export(
         scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir, manifest=manifest
     )

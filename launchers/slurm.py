@@ -55,6 +55,7 @@ from launchers.submit import (
     submit_configs,
     submit_released,
 )
+from launchers.sweepdir import check_indices_free
 from train.contract import SUBMITIT_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
 from train.preemption import raise_if_interrupted
 
@@ -202,34 +203,9 @@ class SlurmLauncher(SweepLauncher):
             )
         if self._first_index is None:  # a sweep's first batch; a later one is never empty
             refuse_empty_sweep(job_overrides)
-        composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        first = self.first_index(sweep_dir)
-        settings = self.settings()
-
-        specs, skipped = plan_configs(
-            composer,
-            job_overrides,
-            first + initial_job_idx,
-            array_parallelism=self.array_parallelism,
-            subdir=subdir_namer(self.config, composer),
-        )
         path = manifest_path(sweep_dir)
-        # Earlier batches of this sweep, or the sweep it is appended to.
-        old = read_manifest(path) if path.exists() else []
-        check_output_dirs(merge_entries(old, [*skipped, *(entry_for(s, "submitted") for s in specs)]))
-        check_site(s.key for s in specs)
-        save_launch_file(sweep_dir, settings, specs)
-        known = merge_entries(old, skipped)
-        submission = submit_configs(
-            sweep_dir,
-            specs,
-            settings,
-            on_queued=lambda queued: write_manifest(merge_entries(known, queued), path),
-        )
-        entries = sorted([*skipped, *submission.entries], key=lambda e: e.index)
-        # Also when nothing was submitted (every config infeasible): the manifest says so.
-        write_manifest(merge_entries(old, entries), path)
+        entries, submission = self._submit(job_overrides, initial_job_idx, sweep_dir)
         self._report(entries, submission, path)
         try:
             returns = self._returns(entries, submission, sweep_dir)
@@ -246,6 +222,42 @@ class SlurmLauncher(SweepLauncher):
         if failure is not None:
             raise failure
         return returns
+
+    def _submit(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> tuple[list[ManifestEntry], Submission]:
+        """Plan and submit a batch, the sweep directory locked from the claim of its indices until the
+        manifest lists them (launchers.sweepdir.sweep_lock); (its entries, the submission)."""
+        assert self.config is not None and self.hydra_context is not None
+        composer = sweep_composer(self.hydra_context.config_loader, self.config)
+        settings = self.settings()
+        path = manifest_path(sweep_dir)
+        with self.claimed(sweep_dir) as first:
+            specs, skipped = plan_configs(
+                composer,
+                job_overrides,
+                first + initial_job_idx,
+                array_parallelism=self.array_parallelism,
+                subdir=subdir_namer(self.config, composer),
+            )
+            # Earlier batches of this sweep, or the sweep it is appended to.
+            old = read_manifest(path) if path.exists() else []
+            planned = [*skipped, *(entry_for(s, "submitted") for s in specs)]
+            check_indices_free(old, planned, sweep_dir)
+            check_output_dirs(merge_entries(old, planned))
+            check_site(s.key for s in specs)
+            save_launch_file(sweep_dir, settings, specs)
+            known = merge_entries(old, skipped)
+            submission = submit_configs(
+                sweep_dir,
+                specs,
+                settings,
+                on_queued=lambda queued: write_manifest(merge_entries(known, queued), path),
+            )
+            entries = sorted([*skipped, *submission.entries], key=lambda e: e.index)
+            # Also when nothing was submitted (every config infeasible): the manifest says so.
+            write_manifest(merge_entries(old, entries), path)
+        return entries, submission
 
     def _report(self, entries: Sequence[ManifestEntry], submission: Submission, path: Path) -> None:
         submitted = sum(1 for e in entries if e.status == "submitted")

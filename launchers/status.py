@@ -54,10 +54,11 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ from launchers.submit import (
     save_launch_file,
     submit_configs,
 )
-from launchers.sweepdir import next_index
+from launchers.sweepdir import next_index, sweep_lock
 from train.contract import (
     ATTEMPT_RECORD_GLOB,
     LOG_FILE,
@@ -448,33 +449,43 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     `refused`, an infeasible changed one `skipped`).
     """
     sweep_dir = Path(sweep_dir).resolve()
-    failed = unresolved_failures(sweep_status(sweep_dir))
-    if not failed:
-        return []
-    launches = load_launches(sweep_dir)
-    missing = [s.index for s in failed if not any(s.index in specs for _, specs in launches)]
-    if missing:
-        raise ValueError(
-            f"{sweep_dir}: no launch record for configs {missing} (launched by another launcher?)"
-        )
-    # Each config goes again the way it was launched: a sweep appended to may mix interpreters,
-    # config directories, sbatch options, or Slurm and this machine.
-    groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
-    groups = [(settings, mine) for settings, mine in groups if mine]
-    if not overrides:  # before anything is renamed or queued (changed configs are checked as planned)
-        check_site(spec.key for settings, mine in groups if not settings.local for spec in mine)
-    job_ids = {s.index: s.job_id for s in failed}
     entries: list[ManifestEntry] = []
-    for settings, mine in groups:
-        entries += _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
+    here: list[Callable[[], object]] = []
+    # Locked until the manifest lists the resubmitted configs: a second rerun at the same time then
+    # finds them pending instead of queueing them twice, and a launch added meanwhile keeps its indices.
+    with sweep_lock(sweep_dir):
+        failed = unresolved_failures(sweep_status(sweep_dir))
+        if not failed:
+            return []
+        launches = load_launches(sweep_dir)
+        missing = [s.index for s in failed if not any(s.index in specs for _, specs in launches)]
+        if missing:
+            raise ValueError(
+                f"{sweep_dir}: no launch record for configs {missing} (launched by another launcher?)"
+            )
+        # Each config goes again the way it was launched: a sweep appended to may mix interpreters,
+        # config directories, sbatch options, or Slurm and this machine.
+        groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
+        groups = [(settings, mine) for settings, mine in groups if mine]
+        if not overrides:  # before anything is renamed or queued (changed configs are checked as planned)
+            check_site(spec.key for settings, mine in groups if not settings.local for spec in mine)
+        job_ids = {s.index: s.job_id for s in failed}
+        for settings, mine in groups:
+            listed, run = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
+            entries += listed
+            here += [run] if run is not None else []
+    # What runs on this machine runs once the lock is let go (for hours, maybe), the Slurm jobs queued.
+    for run in here:
+        run()
     return sorted(entries, key=lambda e: e.index)
 
 
 def _rerun_launch(
     sweep_dir: Path, specs: Sequence[ConfigSpec], job_ids: Mapping[int, str | None], settings: LaunchSettings,
     overrides: Sequence[str],
-) -> list[ManifestEntry]:
-    """rerun_failed for the failed configs one launch launched (`job_ids`: each one's last job)."""
+) -> tuple[list[ManifestEntry], Callable[[], object] | None]:
+    """rerun_failed for the failed configs one launch launched (`job_ids`: each one's last job): their
+    new manifest entries, and for a local launch what runs them here (see _run_here)."""
     if overrides:
         return _rerun_changed(sweep_dir, specs, settings, overrides)
     # Their jobs write into this directory now, wherever the first ones were given (a moved sweep).
@@ -498,7 +509,7 @@ def _rerun_launch(
         on_queued=lambda queued: write_manifest(merge_entries(before, queued), path),
     )
     write_manifest(merge_entries(before, submission.entries), path)
-    return submission.entries
+    return submission.entries, None
 
 
 def _aside(path: Path) -> Path:
@@ -519,7 +530,7 @@ def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, 
 
 def _rerun_changed(
     sweep_dir: Path, failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str]
-) -> list[ManifestEntry]:
+) -> tuple[list[ManifestEntry], Callable[[], object] | None]:
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     first = next_index(before)
@@ -535,20 +546,21 @@ def _rerun_changed(
     known = merge_entries(before, traced(skipped))
     save_launch_file(sweep_dir, settings, specs)
     if settings.local:
-        ran = _run_here(sweep_dir, specs, settings, known, rerun_of=origin)
-        return sorted([*traced(skipped), *ran], key=lambda e: e.index)
+        listed, run = _run_here(sweep_dir, specs, settings, known, rerun_of=origin)
+        return sorted([*traced(skipped), *listed], key=lambda e: e.index), run
     submission = submit_configs(
         sweep_dir, specs, settings, on_queued=lambda queued: write_manifest(merge_entries(known, traced(queued)), path)
     )
     write_manifest(merge_entries(known, traced(submission.entries)), path)
-    return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index)
+    return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index), None
 
 
 def _run_here(
     sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, before: Sequence[ManifestEntry],
     *, rerun_of: Mapping[int, int] | None = None,
-) -> list[ManifestEntry]:
-    """A local sweep's rerun: the configs' entries `submitted` again (no job id), then each run here."""
+) -> tuple[list[ManifestEntry], Callable[[], object]]:
+    """A local sweep's rerun: the configs' entries `submitted` again (no job id), and what runs each
+    here (called by rerun_failed once the sweep's lock is let go)."""
     from launchers.local import run_here
 
     entries = [
@@ -556,8 +568,7 @@ def _run_here(
     ]
     path = manifest_path(sweep_dir)
     write_manifest(merge_entries(before, entries), path)
-    run_here(specs, settings, sweep_dir)
-    return entries
+    return entries, functools.partial(run_here, specs, settings, sweep_dir)
 
 
 def _composer(settings: LaunchSettings) -> FastComposer:

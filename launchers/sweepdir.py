@@ -13,6 +13,11 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
   --append). Added configs then take the indices after the last one listed: an index (and the
   default output directory named after it) is never given to a second config, so no old
   result.json sits where a new config writes. A dry run's configs have no index to take after.
+- `sweep_lock`: whoever gives configs indices in a sweep (a launch, an export, a rerun) holds the
+  directory's lock from reading its manifest until it has written the configs there, so that two
+  launches added to one sweep at once never take the same indices, and no rewrite of the manifest
+  (a rerun, a local launcher marking its configs) drops what another wrote meanwhile. The second
+  waits, saying for whom.
 - `EarlierConfig`: Hydra's sweepers save each launch's config as multirun.yaml, over the one there,
   before the launcher runs. Added to a sweep, the earlier launch's config (the one its configs, skipped
   ones included, are composed from again by the analysis) stays multirun.yaml, and the added launch's
@@ -29,6 +34,12 @@ Torch-free.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import os
+import shlex
+import socket
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +48,7 @@ from hydra.errors import CompactHydraException
 
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
+    LOCK_FILE,
     MANIFEST_FILE,
     MULTIRUN_FILE,
     PLAN_FILE,
@@ -56,12 +68,14 @@ __all__ = [
     "SweepDirError",
     "UsageError",
     "SweepOptions",
+    "check_indices_free",
     "claim_sweep_dir",
     "free_append_number",
     "first_index",
     "missing_dirs",
     "next_index",
     "removed_if_refused",
+    "sweep_lock",
     "writable_dir",
 ]
 
@@ -126,6 +140,110 @@ def removed_if_refused(*paths: Path) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 made.rmdir()
         raise
+
+
+_HELD: dict[Path, int] = {}
+"""The sweep directories whose lock this process holds, with how many blocks hold it (sweep_lock)."""
+
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+"""flock's errors where the file system has no locks (NFS without a lock manager, Lustre mounted
+without `flock`)."""
+
+
+@contextlib.contextmanager
+def sweep_lock(sweep_dir: str | Path) -> Iterator[None]:
+    """The sweep directory's lock (LOCK_FILE, flock) held through the block; the module docstring
+    says who takes it. Waits while another process holds it, saying who that is on stderr. A process
+    may take it again inside its own block (a rerun's local launch marks configs).
+
+    Where it cannot be had, the block runs without it: a directory that cannot be written (the
+    launch that follows refuses it in its own words), a file system without locks (one warning).
+    When the block raises, the lock file and the directories made for it go again (empty ones only),
+    so that a refused launch leaves nothing behind. A process that waited for a lock file removed
+    meanwhile locks the new one: it checks that the file it holds is still the directory's."""
+    key = Path(sweep_dir).resolve()  # one directory, however it was spelled: a second flock would wait for ever
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    path = key / LOCK_FILE
+    made = missing_dirs(path.parent)
+    fd = _locked(path)
+    if fd is None:
+        yield
+        return
+    _HELD[key] = 1
+    try:
+        # Who holds it, for a process that waits.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()} pid {os.getpid()}: {shlex.join(sys.argv)}\n".encode(), 0)
+        yield
+    except BaseException:
+        if made:
+            path.unlink(missing_ok=True)  # before the unlock: a process waiting for it then takes a new one
+            for d in made:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
+    finally:
+        del _HELD[key]
+        os.close(fd)  # the lock goes with the last descriptor of the file
+
+
+_warned_no_locks = False
+
+
+def _locked(path: Path) -> int | None:
+    """A descriptor of `path` holding its flock, or None where there is none to have (see sweep_lock)."""
+    global _warned_no_locks
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+                print(f"{path.parent.parent}: waiting for another launch into this sweep to list its configs "
+                      f"({holder}) ...", file=sys.stderr, flush=True)  # fmt: skip
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in _NO_LOCKS:
+                raise
+            if not _warned_no_locks:
+                _warned_no_locks = True
+                print(f"warning: {path.parent.parent}: this file system has no locks ({exc.strerror}); two "
+                      "launches into this sweep at once could take the same indices", file=sys.stderr)  # fmt: skip
+            return None
+        except BaseException:  # Ctrl-C while waiting
+            os.close(fd)
+            raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # removed while this process waited (a refused launch's): lock the one there now
+
+
+def check_indices_free(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry], sweep_dir: Path) -> None:
+    """SweepDirError when an index of `new` is listed in `old` already: another launch took it between
+    two batches of this one (a sweeper's batches are claimed once, at the first)."""
+    taken = sorted({e.index for e in old} & {e.index for e in new})
+    if taken:
+        raise SweepDirError(
+            f"{sweep_dir}: configs {', '.join(map(str, taken[:10]))}{', ...' if len(taken) > 10 else ''} of this "
+            f"launch were given to another launch's configs meanwhile ({MANIFEST_FILE}). These were not "
+            "launched; launch them again with hydra.launcher.append=true: they get the next free indices."
+        )
 
 
 def next_index(entries: Sequence[ManifestEntry]) -> int:

@@ -71,7 +71,10 @@ MULTIRUN_FILE = "multirun.yaml"
 added later: see appended_name)."""
 STATE_DIR = ".megasweep"
 """The launchers' own state in a sweep directory (LAUNCH_FILE, EXPORTED_JOBS_DIR, EARLIER_MULTIRUN_FILE,
-LOCAL_RUNS_DIR)."""
+LOCAL_RUNS_DIR, LOCK_FILE)."""
+LOCK_FILE = f"{STATE_DIR}/lock"
+"""Locked (flock) by whoever gives configs indices in the sweep or rewrites its manifest, until the
+manifest says so (launchers.sweepdir.sweep_lock); it holds the holder's host, pid and command."""
 LAUNCH_FILE = f"{STATE_DIR}/launch.json"
 EXPORTED_JOBS_DIR = f"{STATE_DIR}/jobs"
 """Where an exported script's array tasks record their job ids (one file per config index)."""

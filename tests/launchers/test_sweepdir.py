@@ -3,6 +3,7 @@ added configs get new indices, and an unwritable directory is one paragraph, not
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,13 +16,21 @@ from omegaconf import OmegaConf
 
 from analysis.records import load_sweeps
 from launchers.status import sweep_status
-from launchers.sweepdir import SweepDirError, claim_sweep_dir, first_index, removed_if_refused
+from launchers.sweepdir import (
+    SweepDirError,
+    check_indices_free,
+    claim_sweep_dir,
+    first_index,
+    removed_if_refused,
+    sweep_lock,
+)
 from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
 from tests.train.test_main import AS_FROM_A_TERMINAL
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    LOCK_FILE,
     MULTIRUN_FILE,
     ManifestEntry,
     appended_name,
@@ -287,3 +296,129 @@ def test_directories_a_refused_command_made_go_again(tmp_path: Path) -> None:
     with removed_if_refused(tmp_path / "g"):
         (tmp_path / "g").mkdir()
     assert (tmp_path / "g").is_dir()
+
+
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from launchers.sweepdir import sweep_lock
+from train.contract import ManifestEntry, read_manifest, write_manifest
+
+sweep = Path(sys.argv[1])
+with sweep_lock(sweep):
+    print("held", flush=True)
+    sys.stdin.readline()
+    if sys.argv[2:] != ["add"]:
+        sys.exit()
+    # What a launch holding the lock does: lists its configs at the next free index, then lets go.
+    entries = read_manifest(sweep)
+    index = max(e.index for e in entries) + 1
+    write_manifest([*entries, ManifestEntry(index=index, overrides=("training.lr=0.9",), output_dir=str(index),
+                                            status="skipped", reason="held")], sweep / "manifest.jsonl")
+"""
+
+
+def hold_lock(sweep_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """A process holding the sweep's lock (HOLD_LOCK) until let_go."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(sweep_dir), *args], cwd=REPO, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def let_go(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=60) == 0
+
+
+def command_text(proc: subprocess.Popen[str]) -> str:
+    return " ".join(map(str, proc.args)) if isinstance(proc.args, list) else str(proc.args)
+
+
+def waiting_for(
+    holder: subprocess.Popen[str], tmp_path: Path, *commands: list[str]
+) -> list[tuple[subprocess.Popen[str], Path]]:
+    """Each command started, once each has said it waits for `holder`: (its process, its stderr file)."""
+    started = []
+    for n, command in enumerate(commands):
+        err = tmp_path / f"waiting{n}.err"
+        with err.open("w") as f:
+            started.append((subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=f, text=True), err))
+    deadline = time.monotonic() + 60
+    for proc, err in started:
+        while "waiting for another launch" not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"{command_text(proc)} did not wait for the lock: {err.read_text()}"
+        assert f"pid {holder.pid}" in err.read_text(), err.read_text()
+    return started
+
+
+def test_an_export_added_while_another_launch_holds_the_sweep_waits_and_takes_the_next_indices(tmp_path: Path) -> None:
+    # A real second process holds the sweep's lock (as a launch does from claiming its indices until
+    # the manifest lists them); the export added meanwhile must wait, say for whom, and then number
+    # its configs after the ones the holder listed, instead of taking the same index.
+    sweep_dir, scripts = tmp_path / "sweep", tmp_path / "scripts"
+    export = [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(scripts), "--sweep-dir", str(sweep_dir)]
+    first = subprocess.run([*export, "--name", "a", "training.lr=0.1,0.2"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    holder = hold_lock(sweep_dir, "add")
+    try:
+        [(added, err)] = waiting_for(holder, tmp_path, [*export, "--append", "--name", "b", "training.lr=0.3"])
+        let_go(holder)
+        assert added.wait(timeout=120) == 0, err.read_text()
+    finally:
+        holder.kill()
+    entries = read_manifest(sweep_dir)
+    assert [(e.index, e.overrides, e.status) for e in entries] == [
+        (0, ("training.lr=0.1",), "exported"), (1, ("training.lr=0.2",), "exported"),
+        (2, ("training.lr=0.9",), "skipped"), (3, ("training.lr=0.3",), "exported"),
+    ]  # fmt: skip
+    assert (scripts / "b.tasks.tsv").read_text().split("\t")[:3] == ["0", "3", "3"]
+
+
+def test_the_lock_is_taken_again_inside_its_block_and_a_refused_block_leaves_no_directory(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "new" / "sweep"
+    with pytest.raises(SweepDirError), sweep_lock(sweep_dir):
+        assert (sweep_dir / LOCK_FILE).is_file()
+        with sweep_lock(sweep_dir / ".." / "sweep"):  # the same directory, spelled otherwise: no wait
+            pass
+        raise SweepDirError("refused")
+    assert not (tmp_path / "new").exists()
+    with sweep_lock(sweep_dir):
+        pass
+    # Held by a launch that went on: the lock file stays, naming its last holder.
+    assert f"pid {os.getpid()}" in (sweep_dir / LOCK_FILE).read_text()
+
+
+def test_indices_another_launch_took_between_two_batches_are_refused(tmp_path: Path) -> None:
+    def entry(i: int) -> ManifestEntry:
+        return ManifestEntry(index=i, overrides=(), output_dir=str(i), status="skipped")
+
+    check_indices_free([entry(0), entry(1)], [entry(2), entry(3)], tmp_path)
+    with pytest.raises(SweepDirError, match=r"configs 3 of this launch were given to another launch's configs"):
+        check_indices_free([entry(0), entry(3)], [entry(2), entry(3)], tmp_path)
+
+
+def test_two_reruns_at_once_resubmit_a_failed_config_one_after_the_other(tmp_path: Path) -> None:
+    # Both wait for a held lock, then run one after the other: each numbers its changed config after
+    # what the other listed (both are refused by the rules, tp=3 of 2 heads, so nothing trains).
+    sweep_dir = tmp_path / "sweep"
+    failed = train_multirun("training.data_path=/nonexistent.bin", "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}")
+    assert failed.returncode != 0 and [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"]
+    holder = hold_lock(sweep_dir)
+    try:
+        rerun = [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "parallelism.tp=3"]
+        reruns = waiting_for(holder, tmp_path, rerun, rerun)
+        let_go(holder)
+        for proc, err in reruns:
+            proc.wait(timeout=120)
+            assert "Traceback" not in err.read_text(), err.read_text()
+    finally:
+        holder.kill()
+    entries = read_manifest(sweep_dir)
+    assert [(e.index, e.rerun_of, e.status) for e in entries] == [
+        (0, None, "submitted"), (1, 0, "skipped"), (2, 0, "skipped")
+    ]  # fmt: skip
