@@ -25,7 +25,7 @@ import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -966,15 +966,22 @@ def _check_precision(par: ParallelismConfig, hw: HardwareConfig) -> Violation | 
 
 
 def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> list[str]:
-    """The mildest single change of each memory knob that makes the estimate fit, dp kept.
+    """The mildest single change of each memory knob that makes the estimate fit, dp kept, and that
+    breaks no rule the layout keeps.
 
     Knobs: larger tp (within a node), larger pp, higher ZeRO stage, more recompute, smaller micro-batch.
     """
 
     estimate = estimated_variants(m, par, dp, hw)
+    broken = _knob_rules_broken(m, par, hw, dp)
 
     def fits(**change: Any) -> bool:
         return not predicts_oom(estimate(**change), hw)
+
+    def keeps_rules(key: str, value: object) -> bool:
+        # A fix the user takes must not be refused by another rule (interleaving, SP, batch, nodes).
+        changed = replace(par, **{key: value})
+        return _knob_rules_broken(m, changed, hw, dp) <= broken
 
     def first(key: str, candidates: Sequence[object]) -> None:
         # Each knob's last candidate is its most memory-saving one: when even that does not fit,
@@ -982,7 +989,7 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
         if not candidates or not fits(**{key: candidates[-1]}):
             return
         for value in candidates:
-            if fits(**{key: value}):
+            if keeps_rules(key, value) and fits(**{key: value}):
                 shown = value.value if isinstance(value, Enum) else value
                 fixes.append(f"parallelism.{key}={shown}")
                 return
@@ -999,6 +1006,20 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     # Divisors of the current micro-batch keep global_batch_size divisible.
     first("micro_batch_size", [d for d in reversed(divisors(par.mbs)) if d < par.mbs])
     return fixes
+
+
+def _knob_rules_broken(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> set[str]:
+    """The rules a memory fix's single change can break, of those its candidates do not keep already
+    (valid_tp, valid_pp and the engine's ZeRO stages do): each broken one's name."""
+    checks = (
+        _check_seq_tp(m, par),
+        _check_layers_virtual_stages(m, par),
+        _check_interleaved_micro_batches(par, dp),
+        _check_global_batch(par, dp),
+        _check_rampup(par, dp),
+        _check_whole_nodes(Layout(dp, par.tp, par.pp), hw),
+    )
+    return {v.rule for v in checks if v is not None}
 
 
 def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> Violation | None:

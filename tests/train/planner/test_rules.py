@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import pickle
 import re
@@ -888,6 +889,28 @@ def test_memory_violation_reports_gib_and_fixes_that_fit() -> None:
         changed = dataclasses.replace(run, parallelism=dataclasses.replace(keep_dp, **{key: fixed}))
         # ... and is one the (native) engine can run: no ZeRO-2/3 advice.
         assert not {x.rule for x in validate(changed)} & {"memory", "native_zero_stage"}, (key, value)
+
+
+def test_memory_fixes_break_no_rule_the_layout_keeps() -> None:
+    # Interleaved stages, sequence parallelism and odd sequence lengths: a fix such as pp=40 for
+    # virtual_stages=2 (40 layers in 80 chunks) was advised, and refused once taken.
+    base = compose_run("model=gpt_13b", "hardware=a100_40gb", "parallelism.global_batch_size=96", "parallelism.dp=2")
+    advised = 0
+    for tp, pp, v, sp, mbs, seq in itertools.product((1, 2), (1, 2, 4), (1, 2), (False, True), (4, 8), (2048, 1002)):
+        par = dataclasses.replace(base.parallelism, tp=tp, pp=pp, virtual_stages=v, sequence_parallel=sp and tp > 1,
+                                  micro_batch_size=mbs)  # fmt: skip
+        run = dataclasses.replace(base, parallelism=par, model=dataclasses.replace(base.model, seq_length=seq))
+        violations = validate(run)
+        memory = [x for x in violations if x.rule == "memory"]
+        if not memory or "alone would fit" not in memory[0].message:
+            continue
+        kept = {x.rule for x in violations}
+        for key, value in re.findall(r"parallelism\.(\w+)=(\w+)", memory[0].message.split("alone would fit")[1]):
+            advised += 1
+            fixed = dataclasses.replace(par, **{key: type(getattr(par, key))(value)})
+            broken = {x.rule for x in validate(dataclasses.replace(run, parallelism=fixed))}
+            assert "memory" not in broken and broken <= kept, (tp, pp, v, sp, mbs, seq, key, value, broken - kept)
+    assert advised > 50
 
 
 def test_gpt3_on_one_gpu_has_no_single_fix() -> None:
