@@ -978,7 +978,7 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
     def fits(**change: Any) -> bool:
         return not predicts_oom(estimate(**change), hw)
 
-    def keeps_rules(key: str, value: object) -> bool:
+    def keeps_rules(key: str, value: Any) -> bool:
         # A fix the user takes must not be refused by another rule (interleaving, SP, batch, nodes).
         changed = replace(par, **{key: value})
         return _knob_rules_broken(m, changed, hw, dp) <= broken
