@@ -236,6 +236,14 @@ class PlanLauncher(SweepLauncher):
                 f"hydra.launcher.top={top}: the plan table shows a whole number of feasible rows, 0 or more; "
                 f"null shows them all"
             )
+        world = self.world_size
+        if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+            # Once, as an option: the rules would refuse every config for it, as if the configs were wrong.
+            raise UsageError(
+                f"hydra.launcher.world_size={world}: the devices each config is planned for are a whole number "
+                "of at least 1; leave it out (null) to plan each config for dp x tp x pp devices. Nothing was "
+                "planned or written."
+            )
         if not is_megasweep_config(self.config):
             raise HydraException("hydra/launcher=plan plans megasweep configs (conf/config.yaml) only")
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -198,7 +198,7 @@ def test_console_output_stays_bounded_for_a_large_plan(tmp_path: Path) -> None:
     assert len(proc.stdout) < 40_000
 
 
-def test_top_null_prints_every_feasible_row_and_a_negative_top_is_refused(tmp_path: Path) -> None:
+def test_top_null_prints_every_feasible_row_and_a_negative_top_or_world_size_is_refused_once(tmp_path: Path) -> None:
     args = ("-m", "model=tiny", "parallelism.pp=1,2,3,4", "hydra/launcher=plan")
     proc = run_train(*args, "hydra.launcher.top=null", f"hydra.sweep.dir={tmp_path / 'all'}")
     assert proc.returncode == 0, proc.stderr
@@ -211,6 +211,11 @@ def test_top_null_prints_every_feasible_row_and_a_negative_top_is_refused(tmp_pa
         "error: hydra.launcher.top=-1: the plan table shows a whole number of feasible rows, 0 or more; null shows them all"
     ]
     assert not (tmp_path / "neg").exists()
+    # A world size of 0 is the option's mistake, said once, not every config's "positive" violation.
+    proc = run_train(*args, "hydra.launcher.world_size=0", f"hydra.sweep.dir={tmp_path / 'zero'}")
+    assert proc.returncode == EXIT_USAGE and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("error: hydra.launcher.world_size=0: ") and "leave it out" in proc.stderr
+    assert not (tmp_path / "zero").exists()
 
 
 @pytest.mark.usefixtures("hydra_restore_singletons")
