@@ -5,7 +5,8 @@
 Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
 configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again, or when
 sbatch refuses every config a rerun resubmits;
-EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun or a calibration; EXIT_USAGE, after one paragraph on stderr,
+EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock) or a
+calibration; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
 rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported);
 EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | head`)."""
@@ -255,6 +256,10 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except (HydraException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # waiting for the sweep's lock, say: nothing was written (the lock is why)
+        print("sbatch: interrupted before the export finished (the sweep's manifest lists none of its configs)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(format_export(export))
     if not export.scripts:
         # As hydra/launcher=slurm ends a launch whose every config is infeasible: bad input, so that

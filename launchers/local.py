@@ -72,7 +72,7 @@ from train.contract import (
 )
 from train.preemption import raise_if_interrupted
 
-__all__ = ["INTERRUPTED_BEFORE_RECORD", "INTERRUPTED_BEFORE_START", "LocalLauncher", "run_here"]
+__all__ = ["INTERRUPTED_BEFORE_RECORD", "INTERRUPTED_BEFORE_START", "LocalLauncher", "LocalMarks", "run_here"]
 
 INTERRUPTED_BEFORE_START = "the local sweep was interrupted (Ctrl-C) before this config started"
 """The reason of an `interrupted` manifest entry."""
@@ -82,18 +82,23 @@ INTERRUPTED_BEFORE_RECORD = (
 """The reason of the running config's `interrupted` entry when it was stopped before its record."""
 
 
-def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: Path) -> dict[int, tuple[JobStatus, Any]]:
-    """Run each config as a subprocess on this machine, in order: (status, value) by index.
+def run_here(
+    runs: Sequence[tuple[ConfigSpec, LaunchSettings]], sweep_dir: Path, *, marks: LocalMarks | None = None
+) -> dict[int, tuple[JobStatus, Any]]:
+    """Run each config as a subprocess on this machine, in order, the way its settings say (a rerun
+    may mix launches): (status, value) by index.
 
     A failed config does not stop the others. On Ctrl-C the configs not yet started are marked
     `interrupted` in the manifest, and the interrupt goes on (the running one, which got the same
-    SIGINT, records itself).
+    SIGINT, records itself). `marks`: the LocalRun file of these configs, when the caller wrote it
+    already (a rerun, while it held the sweep's lock); written here otherwise.
     """
     outcomes: dict[int, tuple[JobStatus, Any]] = {}
     started: set[int] = set()
-    marks = _LocalMarks(sweep_dir, [s.index for s in specs])
+    specs = [spec for spec, _ in runs]
+    marks = marks or LocalMarks(sweep_dir, [s.index for s in specs])
     try:
-        for n, spec in enumerate(specs, start=1):
+        for n, (spec, settings) in enumerate(runs, start=1):
             started.add(spec.index)
             print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
             try:
@@ -126,7 +131,7 @@ def run_here(specs: Sequence[ConfigSpec], settings: LaunchSettings, sweep_dir: P
     return outcomes
 
 
-class _LocalMarks:
+class LocalMarks:
     """This launch and the configs it has yet to end, in its LocalRun file (train.contract): all queued
     at the start, one running from start(), each dropped by end(), the file removed by clear(). A local
     sweep's manifest names no Slurm job to ask, so `status` would call the running config pending, and
@@ -236,7 +241,7 @@ class LocalLauncher(SweepLauncher):
         if failure is not None:
             raise failure
 
-        outcomes = run_here(specs, settings, sweep_dir)
+        outcomes = run_here([(spec, settings) for spec in specs], sweep_dir)
         failed = [i for i, (status, _) in sorted(outcomes.items()) if status == JobStatus.FAILED]
         if failed:
             # One paragraph, as Hydra prints a CompactHydraException, instead of the traceback Hydra's

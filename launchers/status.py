@@ -54,11 +54,10 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -448,9 +447,11 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     manifest entries of the resubmitted configs (a config Slurm refuses again comes back
     `refused`, an infeasible changed one `skipped`).
     """
+    from launchers.local import LocalMarks, run_here
+
     sweep_dir = Path(sweep_dir).resolve()
     entries: list[ManifestEntry] = []
-    here: list[Callable[[], object]] = []
+    here: list[tuple[ConfigSpec, LaunchSettings]] = []
     # Locked until the manifest lists the resubmitted configs: a second rerun at the same time then
     # finds them pending instead of queueing them twice, and a launch added meanwhile keeps its indices.
     with sweep_lock(sweep_dir):
@@ -471,21 +472,25 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
             check_site(spec.key for settings, mine in groups if not settings.local for spec in mine)
         job_ids = {s.index: s.job_id for s in failed}
         for settings, mine in groups:
-            listed, run = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
+            listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
             entries += listed
-            here += [run] if run is not None else []
-    # What runs on this machine runs once the lock is let go (for hours, maybe), the Slurm jobs queued.
-    for run in here:
-        run()
+            here += local
+        # Marked as this live process's before the lock is let go: a rerun meanwhile finds them queued
+        # here (launchers.status.local_run_state), not failed by the launcher that was killed.
+        marks = LocalMarks(sweep_dir, [spec.index for spec, _ in here]) if here else None
+    # What runs on this machine runs once the lock is let go (for hours, maybe), the Slurm jobs queued;
+    # in one run_here, so that a Ctrl-C marks every config it did not start interrupted.
+    if here:
+        run_here(here, sweep_dir, marks=marks)
     return sorted(entries, key=lambda e: e.index)
 
 
 def _rerun_launch(
     sweep_dir: Path, specs: Sequence[ConfigSpec], job_ids: Mapping[int, str | None], settings: LaunchSettings,
     overrides: Sequence[str],
-) -> tuple[list[ManifestEntry], Callable[[], object] | None]:
+) -> tuple[list[ManifestEntry], list[tuple[ConfigSpec, LaunchSettings]]]:
     """rerun_failed for the failed configs one launch launched (`job_ids`: each one's last job): their
-    new manifest entries, and for a local launch what runs them here (see _run_here)."""
+    new manifest entries, and for a local launch the configs that rerun_failed then runs here."""
     if overrides:
         return _rerun_changed(sweep_dir, specs, settings, overrides)
     # Their jobs write into this directory now, wherever the first ones were given (a moved sweep).
@@ -509,7 +514,7 @@ def _rerun_launch(
         on_queued=lambda queued: write_manifest(merge_entries(before, queued), path),
     )
     write_manifest(merge_entries(before, submission.entries), path)
-    return submission.entries, None
+    return submission.entries, []
 
 
 def _aside(path: Path) -> Path:
@@ -530,7 +535,7 @@ def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, 
 
 def _rerun_changed(
     sweep_dir: Path, failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str]
-) -> tuple[list[ManifestEntry], Callable[[], object] | None]:
+) -> tuple[list[ManifestEntry], list[tuple[ConfigSpec, LaunchSettings]]]:
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     first = next_index(before)
@@ -546,29 +551,27 @@ def _rerun_changed(
     known = merge_entries(before, traced(skipped))
     save_launch_file(sweep_dir, settings, specs)
     if settings.local:
-        listed, run = _run_here(sweep_dir, specs, settings, known, rerun_of=origin)
-        return sorted([*traced(skipped), *listed], key=lambda e: e.index), run
+        listed, local = _run_here(sweep_dir, specs, settings, known, rerun_of=origin)
+        return sorted([*traced(skipped), *listed], key=lambda e: e.index), local
     submission = submit_configs(
         sweep_dir, specs, settings, on_queued=lambda queued: write_manifest(merge_entries(known, traced(queued)), path)
     )
     write_manifest(merge_entries(known, traced(submission.entries)), path)
-    return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index), None
+    return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index), []
 
 
 def _run_here(
     sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, before: Sequence[ManifestEntry],
     *, rerun_of: Mapping[int, int] | None = None,
-) -> tuple[list[ManifestEntry], Callable[[], object]]:
-    """A local sweep's rerun: the configs' entries `submitted` again (no job id), and what runs each
-    here (called by rerun_failed once the sweep's lock is let go)."""
-    from launchers.local import run_here
-
+) -> tuple[list[ManifestEntry], list[tuple[ConfigSpec, LaunchSettings]]]:
+    """A local sweep's rerun: the configs' entries `submitted` again (no job id), and the configs with
+    their settings, which rerun_failed runs here once the sweep's lock is let go."""
     entries = [
         dataclasses.replace(entry_for(s, "submitted"), rerun_of=(rerun_of or {}).get(s.index)) for s in specs
     ]
     path = manifest_path(sweep_dir)
     write_manifest(merge_entries(before, entries), path)
-    return entries, functools.partial(run_here, specs, settings, sweep_dir)
+    return entries, [(spec, settings) for spec in specs]
 
 
 def _composer(settings: LaunchSettings) -> FastComposer:

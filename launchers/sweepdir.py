@@ -158,6 +158,8 @@ def sweep_lock(sweep_dir: str | Path) -> Iterator[None]:
 
     Where it cannot be had, the block runs without it: a directory that cannot be written (the
     launch that follows refuses it in its own words), a file system without locks (one warning).
+    NFS mounted `nolock` and Lustre mounted `localflock` lock within one machine only, silently:
+    launches from two login nodes at once then do not wait for each other.
     When the block raises, the lock file and the directories made for it go again (empty ones only),
     so that a refused launch leaves nothing behind. A process that waited for a lock file removed
     meanwhile locks the new one: it checks that the file it holds is still the directory's."""
@@ -170,16 +172,16 @@ def sweep_lock(sweep_dir: str | Path) -> Iterator[None]:
             _HELD[key] -= 1
         return
     path = key / LOCK_FILE
-    made = missing_dirs(path.parent)
-    fd = _locked(path)
-    if fd is None:
+    locked = _locked(path)
+    if locked is None:
         yield
         return
+    fd, made = locked
     _HELD[key] = 1
     try:
-        # Who holds it, for a process that waits.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{socket.gethostname()} pid {os.getpid()}: {shlex.join(sys.argv)}\n".encode(), 0)
+        # Who holds it, for a process that waits (a long command line cut short).
+        holder = f"{socket.gethostname()} pid {os.getpid()}: {shlex.join(sys.argv)}"
+        os.pwrite(fd, (holder[:300] + ("..." if len(holder) > 300 else "") + "\n").encode(), 0)
         yield
     except BaseException:
         if made:
@@ -190,29 +192,37 @@ def sweep_lock(sweep_dir: str | Path) -> Iterator[None]:
         raise
     finally:
         del _HELD[key]
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # a process that waits next names no holder that has let go
         os.close(fd)  # the lock goes with the last descriptor of the file
 
 
 _warned_no_locks = False
 
 
-def _locked(path: Path) -> int | None:
-    """A descriptor of `path` holding its flock, or None where there is none to have (see sweep_lock)."""
+def _locked(path: Path) -> tuple[int, list[Path]] | None:
+    """A descriptor of `path` holding its flock and the directories made for it, or None where there
+    is none to have (see sweep_lock)."""
     global _warned_no_locks
-    while True:
+    waited = False
+    for _ in range(100):
+        made = missing_dirs(path.parent)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except FileNotFoundError:
+            continue  # a refused holder removed the directories between the two calls: make them again
         except OSError:
-            return None
+            return None  # not writable: the launch refuses the directory in its own words
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-                print(f"{path.parent.parent}: waiting for another launch into this sweep to list its configs "
-                      f"({holder}) ...", file=sys.stderr, flush=True)  # fmt: skip
+                holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another process"
+                print(f"{path.parent.parent}: waiting for another launch, export or rerun into this sweep to "
+                      f"list its configs ({holder}); Ctrl-C stops waiting", file=sys.stderr, flush=True)  # fmt: skip
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                waited = True
         except OSError as exc:
             os.close(fd)
             if exc.errno not in _NO_LOCKS:
@@ -230,8 +240,11 @@ def _locked(path: Path) -> int | None:
         except FileNotFoundError:
             same = False
         if same:
-            return fd
+            if waited:
+                print(f"{path.parent.parent}: its lock is free; going on", file=sys.stderr, flush=True)
+            return fd, made
         os.close(fd)  # removed while this process waited (a refused launch's): lock the one there now
+    return None
 
 
 def check_indices_free(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry], sweep_dir: Path) -> None:

@@ -369,6 +369,7 @@ def test_an_export_added_while_another_launch_holds_the_sweep_waits_and_takes_th
         [(added, err)] = waiting_for(holder, tmp_path, [*export, "--append", "--name", "b", "training.lr=0.3"])
         let_go(holder)
         assert added.wait(timeout=120) == 0, err.read_text()
+        assert "its lock is free; going on" in err.read_text()
     finally:
         holder.kill()
     entries = read_manifest(sweep_dir)
@@ -388,9 +389,9 @@ def test_the_lock_is_taken_again_inside_its_block_and_a_refused_block_leaves_no_
         raise SweepDirError("refused")
     assert not (tmp_path / "new").exists()
     with sweep_lock(sweep_dir):
-        pass
-    # Held by a launch that went on: the lock file stays, naming its last holder.
-    assert f"pid {os.getpid()}" in (sweep_dir / LOCK_FILE).read_text()
+        # Its holder is named for a process that waits, and no longer once it has let go.
+        assert f"pid {os.getpid()}" in (sweep_dir / LOCK_FILE).read_text()
+    assert (sweep_dir / LOCK_FILE).read_text() == ""
 
 
 def test_indices_another_launch_took_between_two_batches_are_refused(tmp_path: Path) -> None:
@@ -422,3 +423,19 @@ def test_two_reruns_at_once_resubmit_a_failed_config_one_after_the_other(tmp_pat
     assert [(e.index, e.rerun_of, e.status) for e in entries] == [
         (0, None, "submitted"), (1, 0, "skipped"), (2, 0, "skipped")
     ]  # fmt: skip
+
+
+def test_ctrl_c_of_an_export_waiting_for_the_lock_ends_it_without_a_traceback(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    holder = hold_lock(sweep_dir)
+    try:
+        export = [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(tmp_path / "scripts"), "--sweep-dir",
+                  str(sweep_dir), "--name", "a", "training.lr=0.1"]  # fmt: skip
+        [(proc, err)] = waiting_for(holder, tmp_path, export)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == EXIT_INTERRUPTED, err.read_text()
+        assert "interrupted before the export finished" in err.read_text() and "Traceback" not in err.read_text()
+        let_go(holder)
+    finally:
+        holder.kill()
+    assert not (sweep_dir / "manifest.jsonl").exists() and not (tmp_path / "scripts").exists()
