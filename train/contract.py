@@ -268,7 +268,8 @@ class RunRecord:
     iterations_run: int
     warmup_iters: int
     measured_iterations: int
-    """Iterations the medians cover: after the warm-up, and at the full global batch."""
+    """Iterations the medians cover: after the warm-up, at the full global batch, and not profiled
+    (training.profile_steps, deepspeed_flops_profile) unless all of them were."""
     skipped_iterations: int
     final_loss: float | None
     """The run's last loss, the last of `losses`: this attempt's last iteration's, or the loss its checkpoint

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,20 +145,23 @@ def summarize(
     devices: int,
     flops_per_iteration: Mapping[str, float],
     full_batch_size: int | None = None,
+    profiled: Collection[int] = (),
 ) -> Medians:
     """Medians of the iterations after warm-up, and the throughputs derived from them.
 
     With `full_batch_size`, only iterations that ran that global batch count (a batch ramp-up's
     smaller steps are not the configuration being measured; flops_per_iteration is the full
-    batch's). Throughputs come from the median time per iteration (not the median of
-    per-iteration throughputs) so that every figure of the record describes the same
-    representative step.
+    batch's). The `profiled` iterations (their numbers) are left out while any other remains: a
+    profiler's tracing slows the step it watches. Throughputs come from the median time per
+    iteration (not the median of per-iteration throughputs) so that every figure of the record
+    describes the same representative step.
     """
     kept = [
         it
         for it in iterations[max(warmup, 0) :]
         if full_batch_size is None or it.global_batch_size == full_batch_size
     ]
+    kept = [it for it in kept if it.iteration not in profiled] or kept
     sec = median_after_warmup([it.elapsed_s for it in kept], 0)
     if sec is None or sec <= 0 or not kept:
         return Medians(len(kept), None, None, None, None, None, None)

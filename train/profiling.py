@@ -3,8 +3,8 @@
 `training.profile_steps=[3,4]` profiles those iterations (the span from the first to the last
 named one) on every rank and writes one Chrome trace per rank:
 <run dir>/profile/trace_rank<R>_iters<A>-<B>.json (open it in chrome://tracing or Perfetto).
-Profiling slows the profiled iterations down: they count in the record's medians like any other,
-so profile iterations inside the warm-up (or accept the bias) when timing matters.
+Profiling slows the profiled iterations down: the record's medians leave them out while any other
+measured iteration remains (train.metrics.summarize), and count them when none does.
 """
 
 from __future__ import annotations

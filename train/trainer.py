@@ -357,6 +357,17 @@ def build_record(
     return result
 
 
+def profiled_iterations(progress: Progress) -> set[int]:
+    """The iterations a profiler watched (training.profile_steps' span, DeepSpeed's flops profile)."""
+    profiled: set[int] = set()
+    if progress.profile is not None:
+        first, last = progress.profile["iterations"]
+        profiled.update(range(first, last + 1))
+    if progress.deepspeed_flops_profile is not None:
+        profiled.add(progress.deepspeed_flops_profile["iteration"])
+    return profiled
+
+
 def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, Any]:
     """The record's measured figures: FLOPs, medians over the measured iterations (after the
     warm-up, at the full batch), MFU/HFU, and every rank's peak memory."""
@@ -373,6 +384,7 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
         devices=layout.world_size,
         flops_per_iteration=fpi,
         full_batch_size=gbs,
+        profiled=profiled_iterations(progress),
     )
     full_reached = any(it.global_batch_size == gbs for it in progress.iterations) or not progress.iterations
     if not full_reached:

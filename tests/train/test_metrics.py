@@ -130,6 +130,15 @@ def test_summarize_derives_throughput_from_median_time() -> None:
     assert empty.sec_per_iter is None and empty.measured_iterations == 0
 
 
+def test_summarize_leaves_profiled_iterations_out_while_others_remain() -> None:
+    its = [_stats(iteration=i, elapsed_s=t, global_batch_size=8) for i, t in enumerate((9.0, 1.0, 8.0, 2.0), 1)]
+    m = summarize(its, warmup=1, seq_length=256, devices=1, flops_per_iteration={}, profiled={3})
+    assert (m.measured_iterations, m.sec_per_iter) == (2, 1.5)
+    # Every measured iteration profiled: they are all there is to report.
+    m = summarize(its, warmup=1, seq_length=256, devices=1, flops_per_iteration={}, profiled={2, 3, 4})
+    assert (m.measured_iterations, m.sec_per_iter) == (3, 2.0)
+
+
 def test_spread_needs_two_values_for_a_cv() -> None:
     assert spread([]) is None
     one = spread([3.0])

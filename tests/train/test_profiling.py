@@ -36,6 +36,14 @@ def test_trace_of_chosen_iterations(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert any(str(n).startswith("aten::") for n in names)
 
 
+def test_a_profiled_iteration_is_left_out_of_the_medians_while_another_was_measured(tmp_path: Path) -> None:
+    # Iterations 2 and 3 are measured (warm-up 1); 3 runs under the profiler, which slows it down.
+    record = run_training(compose_run("training.profile_steps=[3]"), output_dir=tmp_path, overrides=[])
+    assert record["status"] == "ok" and record["profile"]["iterations"] == [3, 3]
+    assert record["measured_iterations"] == 1
+    assert record["sec_per_iter"] == record["iteration_times_s"][1]
+
+
 def test_no_profile_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
     record = run_training(compose_run(), output_dir=tmp_path, overrides=[])
