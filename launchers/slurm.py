@@ -38,6 +38,7 @@ from launchers.compose import (
 )
 from launchers.site import check_site
 from launchers.submit import (
+    LaunchFailed,
     LaunchSettings,
     Submission,
     check_array_options,
@@ -56,7 +57,15 @@ from launchers.submit import (
     submit_released,
 )
 from launchers.sweepdir import check_indices_free
-from train.contract import SUBMITIT_DIR, ManifestEntry, manifest_path, read_manifest, write_manifest
+from train.contract import (
+    RESULT_FILE,
+    SUBMITIT_DIR,
+    ManifestEntry,
+    manifest_path,
+    read_manifest,
+    read_record,
+    write_manifest,
+)
 from train.preemption import raise_if_interrupted
 
 __all__ = ["GENERIC_TIME_LIMIT_MIN", "SlurmLauncher", "generic_executor_parameters", "submit_hydra_jobs"]
@@ -64,6 +73,24 @@ __all__ = ["GENERIC_TIME_LIMIT_MIN", "SlurmLauncher", "generic_executor_paramete
 
 GENERIC_TIME_LIMIT_MIN = 60
 """Slurm time limit of a generic job unless sbatch_args sets `time` (submitit's own default is 5)."""
+
+
+def failed_jobs_text(failed: Sequence[tuple[ManifestEntry, JobReturn]], sweep_dir: Path, total: int) -> str:
+    """The paragraph a waiting launch ends with when some of its jobs failed: each failure's reason."""
+    reasons = []
+    for e, r in failed[:5]:
+        record = read_record(sweep_dir / e.output_dir / RESULT_FILE)
+        why = record.get("message") if record else None
+        if not why:  # no record (killed, or the job never started): the job's own error, last line
+            lines = str(r.return_value).strip().splitlines()
+            why = lines[-1] if lines else type(r.return_value).__name__
+        reasons.append(f"config {e.index}: {why}")
+    more = f"; {len(failed) - 5} more" if len(failed) > 5 else ""
+    return (
+        f"{len(failed)} of {total} configs failed: {'; '.join(reasons)}{more}. python -m launchers status "
+        f"{sweep_dir} names each one's log; python -m launchers rerun {sweep_dir} --failed runs them again "
+        "(followed by field=value overrides to change them)."
+    )
 
 
 def generic_executor_parameters(settings: LaunchSettings, array_parallelism: int | None) -> dict[str, Any]:
@@ -221,6 +248,11 @@ class SlurmLauncher(SweepLauncher):
         failure = launch_failure(entries, sweep_dir)
         if failure is not None:
             raise failure
+        failed = [(e, r) for e, r in zip(entries, returns, strict=True) if r.status == JobStatus.FAILED]
+        if failed:
+            # One paragraph with each failure's own words (the run's record, else the job's error),
+            # where Hydra's sweeper would print the first one's chained traceback, cause left out.
+            raise LaunchFailed(failed_jobs_text(failed, sweep_dir, len(entries)))
         return returns
 
     def _submit(

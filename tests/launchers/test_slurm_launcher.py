@@ -368,11 +368,13 @@ def test_wait_reports_a_failing_job_as_a_failed_sweep(
 ) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, "training.data_path=/nonexistent.bin", "hydra.launcher.wait=true", check=False)
-    assert proc.returncode != 0
-    assert "exited with status" in proc.stderr
     (entry,) = read_manifest(sweep_dir)
     record = result(sweep_dir, entry)
     assert record is not None and record["status"] == "error" and "nonexistent" in record["message"]
+    # One paragraph, the run's own reason in it and what to do, not Hydra's chained traceback.
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"1 of 1 configs failed: config 0: {record['message']}" in proc.stderr
+    assert f"python -m launchers rerun {sweep_dir} --failed" in proc.stderr
 
 
 def test_groups_larger_than_max_array_size_are_split(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
