@@ -44,6 +44,7 @@ from analysis.tables import (
     format_err,
     format_sec,
     format_size,
+    format_tflops,
     narrow,
 )
 from train.neighbours import isolation_note
@@ -527,10 +528,11 @@ def _device_unmet(c: Candidate) -> str | None:
 
 
 def _figures(c: Candidate) -> str:
-    tflops = "" if c.tflops is None else f", {c.tflops:.2f} TFLOPs/device"
+    # The results table's digits: two decimals alone read 0.00 s/it and 0.00 TFLOPs for a small run.
+    tflops = "" if c.tflops is None else f", {format_tflops(c.tflops)} TFLOPs/device"
     mfu = "" if c.mfu is None else f", MFU {above_peak_text(c.mfu) if c.mfu > 1.0 else f'{100 * c.mfu:.1f}%'}"
     pooled = f" (median of {c.runs} runs)" if c.runs > 1 else ""
-    return f"{c.sec_per_iter:.2f} s/it{pooled}{tflops}{mfu}"
+    return f"{format_sec(c.sec_per_iter)} s/it{pooled}{tflops}{mfu}"
 
 
 def _cv_text(c: Candidate) -> str:

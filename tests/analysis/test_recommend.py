@@ -149,6 +149,20 @@ def test_layouts_repeated_across_two_whole_sweeps_are_pooled(tmp_path: Path) -> 
     assert "161.96 s/it (median of 2 runs)" in format_recommendations([rec])
 
 
+def test_a_small_runs_figures_keep_their_digits(tmp_path: Path) -> None:
+    # A CPU-sized sweep: two decimals read "0.00 s/it, 0.00 TFLOPs/device" for the winner and the
+    # runner-up alike; the recommendation takes the results table's digits.
+    data = fixture()
+    for run in data["runs"]:
+        if "sec_per_iter" in run:  # skipped and pending runs have none
+            run["sec_per_iter"], run["tflops"] = run["sec_per_iter"] / 40_000, run["tflops"] / 30_000
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    text = format_recommendations([rec])
+    assert f"{format_sec(161.96 / 40_000)} s/it (median" not in text  # one run each here
+    assert f"{format_sec(161.96 / 40_000)} s/it, " in text and "0.00 s/it" not in text, text
+    assert " 0.00 TFLOPs" not in text and "TFLOPs/device" in text, text
+
+
 def test_one_model_name_with_another_shape_is_other_work(tmp_path: Path) -> None:
     # A second sweep of the same model name at half the width (model.hidden_size=7200, a quarter of
     # the parameters), each run 3x faster: its runs were pooled with the full model's as one layout
