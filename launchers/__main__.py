@@ -128,6 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # An export refuses Hydra's own keys, whatever they say (launchers.sbatch.expand_sweep): a hint at
         # the hydra/launcher that has such a field sent the user to a second refusal.
         overrides = [o for o in overrides if not _hydra_override(o)]
+    if args.command == "rerun" and (hydra := [o for o in overrides if _hydra_override(o)]):
+        # Each config reruns the way its launch ran it (launch.json): a Hydra key would only be recorded
+        # as a config change (+hydra.launcher.x=y ran duplicates under the old settings).
+        print(f"error: {' '.join(hydra)}: rerun --failed takes changes of the configs' fields (field=value, "
+              "e.g. training.lr=1e-4 or parallelism.micro_batch_size=2), not Hydra's or the launcher's options; "
+              "the configs rerun with the launch settings they were launched with", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if (problem := override_problem(overrides, own_options=own_options)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE

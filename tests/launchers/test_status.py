@@ -322,6 +322,15 @@ def test_a_result_of_another_config_in_a_configs_directory_is_not_its_result(tmp
     assert sweep_status(tmp_path, slurm_states={})[0].state == "done"
 
 
+def test_rerun_refuses_hydras_own_keys_as_changes(tmp_path: Path) -> None:
+    # Hydra's words for `hydra.launcher.job_name=x` suggested `+hydra.launcher.job_name=x`, which then
+    # reran the failed configs as new ones, unchanged, under the old job name.
+    for change in ("hydra.launcher.job_name=x", "+hydra.launcher.job_name=x"):
+        proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(tmp_path), "--failed", change],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == EXIT_USAGE and proc.stderr.startswith(f"error: {change}: rerun --failed takes"), proc.stderr
+
+
 def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Config 0 is refused by sbatch (a gres the cluster lacks), config 1 is queued; held: nothing runs.
