@@ -590,8 +590,14 @@ def _repeat_advice(r: Recommendation) -> list[str]:
             "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true` (these two "
             "last: Hydra keeps the last value given for a key, and a run's overrides may set them):"
         ]
-    lines += [f"  - {c.label}: {c.overrides or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
+    lines += [f"  - {c.label}: {_repeatable(c.overrides) or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
     return lines
+
+
+def _repeatable(overrides: str) -> str:
+    """A run's overrides as the repeat command takes them: a layout search's own options (search.*),
+    which its runs record, are refused by a sweep without hydra/sweeper=layouts."""
+    return " ".join(o for o in overrides.split(" ") if not o.lstrip("+~").startswith("search."))
 
 
 def _neighbour_notes(r: Recommendation) -> list[str]:

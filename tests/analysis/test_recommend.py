@@ -306,6 +306,19 @@ def test_a_slower_run_whose_spread_reaches_the_best_leaves_no_clear_winner(tmp_p
     assert "repeat the top 2 (within the noise of each other)" in text and "parallelism.pp=11" in text
 
 
+def test_the_repeat_command_leaves_a_layout_searchs_own_options_out(tmp_path: Path) -> None:
+    # A searched sweep's runs record search.* options, which a sweep without the search refuses.
+    data = copy.deepcopy(fixture())
+    for run in data["runs"]:
+        run["sec_cv"] = {"n48_pp12_mbs2": 0.01, "n48_pp6_mbs2": 0.01, "n44_pp11_mbs2": 0.25}.get(run["name"], 0.01)
+        run["extra_overrides"] = ["search.nodes=[44,48]", "search.top_k=5"]
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    text = format_recommendations([rec])
+    (advice,) = _lines(rec, "- to decide:")
+    listed = text.split(advice, 1)[1]
+    assert "parallelism.pp=11" in listed and "search." not in listed, listed
+
+
 def test_a_margin_outside_the_noise_is_a_winner(tmp_path: Path) -> None:
     data = _two_layouts()
     for run in data["runs"]:
