@@ -63,7 +63,7 @@ from conf.schema import (
     RunConfig,
 )
 from launchers.bulk import bulk_allocation
-from launchers.queue import ended_outcome, is_live, is_running, read_states
+from launchers.queue import base_state, ended_outcome, is_live, is_running, read_states
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
@@ -938,22 +938,42 @@ def _merge_manifest(
 
 
 def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str]) -> pd.DataFrame:
-    """Missing runs' outcomes from Slurm's queue: running, still pending, or ended without a record."""
-    missing = df["outcome"].isin(MISSING) & (df["job_id"].fillna("") != "")
-    if not missing.any():
+    """Missing runs' outcomes from Slurm's queue: running, still pending, or ended without a record;
+    and a `timeout` record's job that Slurm says was cancelled or preempted: scancel and a preemption
+    send the SIGTERM a time limit sends, and such a run needs no longer time limit (as `status` says)."""
+    with_job = df["job_id"].fillna("") != ""
+    missing = df["outcome"].isin(MISSING) & with_job
+    stopped = (df["outcome"] == "timeout") & with_job
+    if not (missing | stopped).any():
         return df
     states: Mapping[str, str] = {}
     if queue is not None:
         try:
-            states = queue(sorted(set(df.loc[missing, "job_id"])))
+            states = queue(sorted(set(df.loc[missing | stopped, "job_id"])))
         except Exception as exc:  # the queue is advice: never lose the analysis over it
             warnings.append(f"Slurm queue not read ({exc}); pending runs' states unknown")
     if not states:
         return df
-    state = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "").where(missing, "")
+    slurm = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "")
+    cancelled = stopped & slurm.map(lambda s: base_state(s) in ("CANCELLED", "PREEMPTED") if s else False)
+    if cancelled.any():
+        df.loc[cancelled, "queue_state"] = slurm[cancelled]
+        df.loc[cancelled, "outcome"] = "fail"
+        df.loc[cancelled, "reason"] = (
+            slurm[cancelled].map(lambda s: f"{base_state(s).lower()} (Slurm state {base_state(s)}), not a time limit; ")
+            + df.loc[cancelled, "reason"].fillna("").astype(str)
+        )
+    # Requeued after it was stopped (preempted, a node failure): the record is the last attempt's, and
+    # the run goes on (running, or pending again), as `status` says.
+    requeued = stopped & slurm.map(lambda s: bool(s) and is_live(s))
+    if requeued.any():
+        df.loc[requeued, "reason"] = "requeued; the last attempt's record: " + df.loc[requeued, "reason"].fillna("").astype(str)
+        missing = missing | requeued
+    state = slurm.where(missing, "")
     df["queue_state"] = state.where(state != "", df["queue_state"])
     ended = missing & (state != "") & ~state.map(is_live)
     df.loc[missing & state.map(is_running), "outcome"] = "running"
+    df.loc[requeued & ~state.map(is_running), "outcome"] = "pending"
     df.loc[ended, "outcome"] = state[ended].map(ended_outcome)
     df.loc[ended, "reason"] = "no result.json; Slurm state " + state[ended]
     return df

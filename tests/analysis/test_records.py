@@ -178,11 +178,29 @@ def test_queue_states_mark_running_and_ended_jobs(sweep: Path) -> None:
         return {"1000_0": "RUNNING", "1000_2": "OUT_OF_MEMORY"}
 
     df = load_sweeps([sweep], queue=queue).table.set_index("run_dir")
-    assert asked == [["1000_0", "1000_10", "1000_2"]]
+    # The missing runs' jobs, and the one whose record says timeout (cancelled or preempted, maybe).
+    assert asked == [["1000_0", "1000_10", "1000_2", "1000_8"]]
     assert df.loc["runs/0", "outcome"] == "running"
     # A job Slurm ended without result.json is a failure of the kind Slurm names, not 'pending' forever.
     assert df.loc["runs/2", "outcome"] == "oom" and "OUT_OF_MEMORY" in df.loc["runs/2", "reason"]
     assert df.loc["runs/10", "outcome"] == "pending" and df.loc["runs/10", "queue_state"] == ""
+
+
+def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(sweep: Path) -> None:
+    # scancel and a preemption send the SIGTERM a time limit sends: the record says `timeout`, Slurm's
+    # state says which (as `status` reads it); a requeued job runs again.
+    data = fixture()
+    for run in data["runs"][:4]:
+        run.update(status="timeout", message="received SIGTERM")
+    build_sweep(sweep, data)
+    states = {"1000_0": "CANCELLED by 0", "1000_1": "TIMEOUT", "1000_2": "RUNNING", "1000_3": "PENDING"}
+    df = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids if i in states}).table.set_index("run_dir")
+    assert (df.loc["runs/0", "outcome"], df.loc["runs/0", "reason"]) == (
+        "fail", "cancelled (Slurm state CANCELLED), not a time limit; received SIGTERM"
+    )
+    assert df.loc["runs/1", "outcome"] == "timeout"
+    assert [df.loc[d, "outcome"] for d in ("runs/2", "runs/3")] == ["running", "pending"]
+    assert df.loc["runs/3", "reason"] == "requeued; the last attempt's record: received SIGTERM"
 
 
 def test_corrupt_record_is_a_warning(sweep: Path) -> None:
