@@ -41,6 +41,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> str:
+    """Why a rerun found nothing to do although configs failed: each stands for a rerun already (one
+    queued meanwhile by another `rerun`, say), whose changes these `overrides` do not make."""
+    from launchers.status import RERUN_STATES, sweep_status
+
+    stood = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES and s.rerun_as is not None]
+    if not stood:
+        return ""
+    shown = ", ".join(f"config {s.index} as config {s.rerun_as}" for s in stood[:5]) + (", ..." if len(stood) > 5 else "")
+    ignored = f"; {' '.join(overrides)} not applied: rerun those configs' failures to change them" if overrides else ""
+    return f" to rerun: each failed one is rerun already ({shown}){ignored}"
+
+
 def _hydra_override(text: str) -> bool:
     """Whether `text` sets one of Hydra's own keys (one Hydra cannot parse is said as such elsewhere)."""
     from hydra.errors import HydraException
@@ -158,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not entries:
-        print("rerun: no failed configs")
+        print(f"rerun: no failed configs{_already_rerun(args.sweep_dir, args.overrides)}")
         return 0
     for e in entries:
         ran = "ran here" if e.job_id is None else f"job {e.job_id}"

@@ -450,6 +450,7 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     from launchers.local import LocalMarks, run_here
 
     sweep_dir = Path(sweep_dir).resolve()
+    read_sweep(sweep_dir)  # not a sweep: said as status says it, before the lock makes its directory
     entries: list[ManifestEntry] = []
     here: list[tuple[ConfigSpec, LaunchSettings]] = []
     # Locked until the manifest lists the resubmitted configs: a second rerun at the same time then

@@ -40,6 +40,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,7 @@ def _locked(path: Path) -> tuple[int, list[Path]] | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another process"
+                holder = _holder(fd)
                 print(f"{path.parent.parent}: waiting for another launch, export or rerun into this sweep to "
                       f"list its configs ({holder}); Ctrl-C stops waiting", file=sys.stderr, flush=True)  # fmt: skip
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -245,6 +246,16 @@ def _locked(path: Path) -> tuple[int, list[Path]] | None:
             return fd, made
         os.close(fd)  # removed while this process waited (a refused launch's): lock the one there now
     return None
+
+
+def _holder(fd: int) -> str:
+    """The line a lock's holder wrote: a holder that has just taken it writes it a moment later."""
+    for _ in range(5):
+        text = os.pread(fd, 400, 0).decode(errors="replace").strip()
+        if text:
+            return text
+        time.sleep(0.05)
+    return "another process"
 
 
 def check_indices_free(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry], sweep_dir: Path) -> None:

@@ -89,6 +89,12 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     fixed = rerun(sweep_dir, "training.data_path=null")
     assert fixed.returncode == 0 and "rerun: config 2 (rerun of config 0): ran here" in fixed.stdout, fixed.stderr
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "done", "done"]
+    # Asked again (another rerun got there first, say), it says which rerun stands for the failure.
+    again = rerun(sweep_dir, "training.lr=1e-3")
+    assert again.returncode == 0 and again.stdout.strip() == (
+        "rerun: no failed configs to rerun: each failed one is rerun already (config 0 as config 2); "
+        "training.lr=1e-3 not applied: rerun those configs' failures to change them"
+    ), again.stdout + again.stderr
 
 
 def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> None:
