@@ -381,7 +381,10 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     rows = [("index", "state", "job", "overrides", "detail")]
     for s in statuses:
         shown = " ".join(o for o in s.overrides if o in varying[s.index]) or "-"
-        detail = s.detail if len(s.detail) <= detail_chars else s.detail[: detail_chars - 3] + "..."
+        detail = s.detail
+        if s.rerun_as is not None:  # first: a long reason cut short hid that the failure is dealt with
+            detail = f"rerun as config {s.rerun_as}: " + detail.removesuffix(f" (rerun as config {s.rerun_as})")
+        detail = detail if len(detail) <= detail_chars else detail[: detail_chars - 3] + "..."
         rows.append((str(s.index), s.state, s.job_id or "-", shown, detail))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
@@ -394,7 +397,11 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
     lines += _moved_lines(statuses)
-    lines += [f"log of failed config {s.index}: {s.log or _no_log(s)}" for s in statuses if s.state == "failed"]
+    lines += [
+        f"log of failed config {s.index}{'' if s.rerun_as is None else f' (rerun as config {s.rerun_as})'}: "
+        f"{s.log or _no_log(s)}"
+        for s in statuses if s.state == "failed"
+    ]  # fmt: skip
     lines.append(
         f"[{bar}] {finished}/{total} finished: "
         # Only a local sweep stopped by Ctrl-C has interrupted configs: other sweeps' line stays as it was.

@@ -365,8 +365,11 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
         # Its rerun stands for the refused config: status no longer fails, and no second rerun.
         table = status_cli(str(sweep_dir))
         assert table.returncode == 0, table.stdout + table.stderr
-        assert "(rerun as config 2)" in table.stdout
-        assert rerun("training.train_iters=7").stdout.strip() == "rerun: no failed configs"
+        assert "rerun as config 2: " in table.stdout
+        assert rerun("training.train_iters=7").stdout.strip() == (
+            "rerun: no failed configs to rerun: each failed one is rerun already (config 0 as config 2); "
+            "training.train_iters=7 not applied: rerun those configs' failures to change them"
+        )
     finally:
         subprocess.run(["scancel", *sorted({e.job_id.split("_")[0] for e in entries if e.job_id})], timeout=30)
 
