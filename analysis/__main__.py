@@ -75,7 +75,7 @@ CONSOLE_ROWS = 20
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # One line, like every other bad input, instead of argparse's usage block.
-        print(f"error: {message}{argparse_hint(message, self)} (see python -m analysis --help)", file=sys.stderr)
+        print(f"error: {message}{argparse_hint(message, self)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 
@@ -94,7 +94,12 @@ def _gib(text: str) -> float:
 
 
 def _analyse_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m analysis", description="Analyse megasweep sweeps.")
+    p = _Parser(
+        prog="python -m analysis",
+        description="Analyse megasweep sweeps. Also: `python -m analysis compare BEFORE AFTER` (two sweeps "
+        "side by side; compare --help) and `python -m analysis calibrate SWEEP...` (fit the time model's "
+        "efficiency factors to measured runs; calibrate --help).",
+    )
     p.add_argument("sweeps", nargs="*", type=Path, help="sweep directories")
     src = p.add_argument_group("W&B as the source (instead of sweep directories)")
     src.add_argument("--wandb", metavar="ENTITY/PROJECT", default=None, help="read the runs of --group from W&B")

@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from analysis.records import AnalysisError, read_records, sweep_labels
 from conf.schema import to_run_config
-from train.contract import EXIT_USAGE, RESULT_FILE
+from train.contract import EXIT_USAGE, RESULT_FILE, unwritable
 from train.planner.perf import UnknownHardwareFigure, predict_time
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -193,6 +193,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories with finished runs")
     parser.add_argument("--json", type=Path, default=None, help="also write the factors and points here")
     args = parser.parse_args(argv)
+    if args.json is not None and (why := unwritable(args.json.parent)) is not None:
+        # Before the fit, which can take a while: not after printing it, with the file never written.
+        print(f"error: --json {args.json}: cannot write there ({why})", file=sys.stderr)
+        return EXIT_USAGE
     try:
         data, skipped = points(args.sweeps)
         # Before the fit: when nothing is left to fit, what was skipped says why.

@@ -599,7 +599,8 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     runs["variant"] = _split_by_gbs(runs)
     runs = runs.sort_values(["variant", "devices", "_ok", "samples_per_s"], ascending=[True, True, False, False],
                             kind="mergesort")
-    cells = runs.drop_duplicates(["variant", "devices"], keep="first").copy()
+    # By scale, not devices: 2 nodes x 1 device and 1 node x 2 devices are two cells (one was dropped).
+    cells = runs.drop_duplicates(["variant", "scale"], keep="first").copy()
     per_device = cells["samples_per_s"] / cells["devices"]
     base = per_device.where(cells["_ok"]).groupby(cells["variant"]).transform("first")
     cells["efficiency"] = per_device.where(cells["_ok"]) / base

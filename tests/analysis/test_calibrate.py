@@ -73,6 +73,15 @@ def test_unreadable_records_are_skipped_with_one_warning_each(
     assert "'wide'" in err
 
 
+def test_an_unwritable_json_path_is_refused_before_the_fit_is_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_sweep(tmp_path / "s")
+    assert main(["calibrate", str(tmp_path / "s"), "--json", "/sys/megasweep-test/fit.json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --json /sys/megasweep-test/fit.json: cannot write there (")
+
+
 def test_a_missing_directory_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err == f"error: sweep directory {tmp_path / 'missing'} does not exist\n"

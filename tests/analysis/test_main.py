@@ -225,16 +225,25 @@ def test_a_dry_runs_directory_is_planned_not_run_and_draws_no_empty_plots(tmp_pa
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--maxnodes", "2"], "unrecognized arguments: --maxnodes; did you mean --max-nodes?"),
-        (["compare", "a", "b", "--outt", "x"], "unrecognized arguments: --outt x; did you mean --out?"),
+        (["--maxnodes", "2"], "unrecognized arguments: --maxnodes; did you mean --max-nodes? (see python -m analysis --help)"),
+        (["compare", "a", "b", "--outt", "x"],
+         "unrecognized arguments: --outt x; did you mean --out? (see python -m analysis compare --help)"),
     ],
 )
 def test_a_misspelt_option_is_one_line_with_the_close_one(args: list[str], words: str) -> None:
-    # argparse's message named the option but not the one meant.
+    # argparse's message named the option but not the one meant; a command's help is its own (the
+    # main help, where it pointed, documents no compare option).
     proc = subprocess.run([sys.executable, "-m", "analysis", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr
-    assert proc.stderr == f"error: {words} (see python -m analysis --help)\n"
+    assert proc.stderr == f"error: {words}\n"
+
+
+def test_the_help_names_the_compare_and_calibrate_commands() -> None:
+    proc = subprocess.run([sys.executable, "-m", "analysis", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "python -m analysis compare" in proc.stdout
+    assert "python -m analysis calibrate" in proc.stdout
 
 
 def test_a_misspelt_command_is_named_beside_the_missing_sweep_directory(tmp_path: Path) -> None:

@@ -449,6 +449,20 @@ def test_scaling_keeps_runs_of_two_global_batches_at_one_scale_apart(tmp_path: P
     assert frame["variant"].nunique() == 1 and "gbs=" not in frame["variant"].iloc[0]
 
 
+def test_scaling_keeps_two_scales_of_one_device_count_apart(tmp_path: Path) -> None:
+    # 8 devices on one node and on two (4 each): one cell per device count kept the faster and
+    # dropped the other, though its docstring promises a row per scale.
+    data = copy.deepcopy(fixture())
+    data["runs"] = [
+        {"name": f"n{nodes}", "nodes": nodes, "params": 345_000_000, "mem_gib": 30.0,
+         "layout": {"dp": 8, "tp": 1, "pp": 1, "mbs": 4, "gbs": 2048}, "sec_per_iter": sec, "tflops": 2.9}
+        for nodes, sec in ((1, 1.0), (2, 1.25))
+    ]  # fmt: skip
+    frame = scaling_frame(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    assert sorted(frame["scale"].tolist()) == ["1*8", "2*4"], frame
+    assert frame.set_index("scale")["samples_per_s"].to_dict() == {"1*8": 2048.0, "2*4": 2048.0 / 1.25}
+
+
 def test_a_recorded_mfu_above_100_percent_is_marked_above_peak(tmp_path: Path) -> None:
     # A record whose mfu is above 1 (not this trainer's: it leaves such an MFU out, with a warning)
     # was published as "320.5%" in results.md and the recommendation, an MFU no run can reach.
