@@ -44,6 +44,7 @@ import gc
 import multiprocessing
 import os
 import pickle
+import shlex
 import signal
 import sys
 import threading
@@ -438,7 +439,8 @@ def analyse(argv: Sequence[str]) -> int:
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         if run_dir:
-            print(f"W&B ({dest.mode}): analysis run in {dest.project}/{dest.group or '-'}, {run_dir}")
+            upload = f"; upload it with: wandb sync {shlex.quote(str(run_dir))}" if dest.mode == "offline" else ""
+            print(f"W&B ({dest.mode}): analysis run in {dest.project}/{dest.group or '-'}, {run_dir}{upload}")
     print(summary_line(df))
     print()
     print(rec_text)

@@ -241,4 +241,9 @@ class WandbLogger:
 
     def finish(self, *, exit_code: int = 0) -> None:
         self._call("finish", lambda run: run.finish(exit_code=exit_code), again=True)
+        if self.run is not None and self.mode == "offline":
+            # quiet=True keeps wandb's own closing lines off the console, its sync hint with them: an
+            # offline run (asked for, or fallen back to) says once where it is and how to upload it.
+            local = Path(self.run.settings.sync_dir)
+            print(f"W&B: offline run in {local}; upload it with: wandb sync {shlex.quote(str(local))}", flush=True)
         self.run = None

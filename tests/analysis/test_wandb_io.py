@@ -215,6 +215,7 @@ def test_analysis_run_logged_offline_and_never_read_as_a_training_run(
     assert "W&B (offline): analysis run in megasweep/wb_sweep" in stdout
     assert (out / "results.md").is_file() and len(pd.read_csv(out / "results.csv")) == 1
     [(log, _)] = find_offline_run_files([out])
+    assert f"upload it with: wandb sync {log.parent}" in stdout, stdout
     run = read_offline_run(log)
     assert run.job_type == ANALYSIS_JOB_TYPE and run.group == SWEEP and run.project == "megasweep"
     assert run.summary["recommendation"].startswith("Fastest for tiny")

@@ -147,3 +147,18 @@ def test_offline_that_fails_too_switches_wandb_off_once(tmp_path: Path, capfd: p
     (line,) = _warning_lines(capfd.readouterr().err)
     assert line.startswith("warning: wandb init failed (offline): ")
     assert line.endswith("W&B logging is off for the rest of this run")
+
+
+def test_an_offline_run_says_where_it_is_and_how_to_upload_it(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # wandb's own closing hint is quiet (quiet=True keeps its lines off Slurm's log): the run says it once.
+    out = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _wandb_env(tmp_path).items():
+            mp.setenv(name, value)
+        mp.setenv("WANDB_MODE", "offline")
+        logger = WandbLogger(compose_run("logger=offline").logger, config={}, output_dir=out)
+        logger.log({"lm_loss": 1.0}, step=1)
+        logger.finish()
+    [line] = [x for x in capfd.readouterr().out.splitlines() if x.startswith("W&B: offline run in ")]
+    local = Path(line.split("wandb sync ", 1)[1])
+    assert local.parent == out / "wandb" and local.name.startswith("offline-run-") and local.is_dir(), line
