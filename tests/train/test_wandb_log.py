@@ -130,12 +130,8 @@ def test_a_failure_mid_run_moves_the_run_to_a_new_offline_run_with_its_history(
     assert run.summary["sec_per_iter"] == 0.25 and "mfu" not in run.summary
 
 
-def test_offline_that_fails_too_switches_wandb_off_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    # The offline run cannot be written: its directory is a file. Offline init fails for real,
-    # and there is nothing left to fall back to.
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "wandb").write_text("not a directory")
+def _one_offline_row(tmp_path: Path, out: Path) -> WandbLogger:
+    """A logger=offline run into `out` (isolated wandb directories) that logs one row and finishes."""
     with pytest.MonkeyPatch.context() as mp:
         for name, value in _wandb_env(tmp_path).items():
             mp.setenv(name, value)
@@ -143,6 +139,16 @@ def test_offline_that_fails_too_switches_wandb_off_once(tmp_path: Path, capfd: p
         logger = WandbLogger(compose_run("logger=offline").logger, config={}, output_dir=out)
         logger.log({"lm_loss": 1.0}, step=1)
         logger.finish()
+    return logger
+
+
+def test_offline_that_fails_too_switches_wandb_off_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # The offline run cannot be written: its directory is a file. Offline init fails for real,
+    # and there is nothing left to fall back to.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "wandb").write_text("not a directory")
+    logger = _one_offline_row(tmp_path, out)
     assert not logger.enabled and logger.offline_dir is None
     (line,) = _warning_lines(capfd.readouterr().err)
     assert line.startswith("warning: wandb init failed (offline): ")
@@ -152,13 +158,7 @@ def test_offline_that_fails_too_switches_wandb_off_once(tmp_path: Path, capfd: p
 def test_an_offline_run_says_where_it_is_and_how_to_upload_it(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # wandb's own closing hint is quiet (quiet=True keeps its lines off Slurm's log): the run says it once.
     out = tmp_path / "run"
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in _wandb_env(tmp_path).items():
-            mp.setenv(name, value)
-        mp.setenv("WANDB_MODE", "offline")
-        logger = WandbLogger(compose_run("logger=offline").logger, config={}, output_dir=out)
-        logger.log({"lm_loss": 1.0}, step=1)
-        logger.finish()
+    _one_offline_row(tmp_path, out)
     [line] = [x for x in capfd.readouterr().out.splitlines() if x.startswith("W&B: offline run in ")]
     local = Path(line.split("wandb sync ", 1)[1])
     assert local.parent == out / "wandb" and local.name.startswith("offline-run-") and local.is_dir(), line
