@@ -274,11 +274,16 @@ _LAYOUT_COUNTS = ("nodes", "devices", "dp", "tp", "pp", "mbs")
 _NO_LAYOUT = "whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)"
 
 
+def _layout_key(runs: pd.DataFrame) -> pd.Series:
+    """What makes runs one layout (their counts and the fields in _DISTINCT), as text, one per run."""
+    cols = [c for c in (*_LAYOUT_COUNTS, *(c for c, _ in _DISTINCT)) if c in runs.columns]
+    return pd.Series(["|".join(t) for t in zip(*(value_texts(runs[c]) for c in cols), strict=True)], index=runs.index)
+
+
 def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per layout of `runs` (one piece of work, sorted fastest first), fastest first, with
     `_runs` the runs pooled into it: see the module for the pooled figures."""
-    cols = [c for c in (*_LAYOUT_COUNTS, *(c for c, _ in _DISTINCT)) if c in runs.columns]
-    key = pd.Series(["|".join(t) for t in zip(*(value_texts(runs[c]) for c in cols), strict=True)], index=runs.index)
+    key = _layout_key(runs)
     counts = key.map(key.value_counts())
     if (counts == 1).all():  # the usual sweep: nothing to pool, and no groupby over thousands of runs
         return runs.assign(_runs=1)
@@ -468,8 +473,11 @@ def _constraint_masks(group: pd.DataFrame, c: Constraints) -> dict[str, pd.Serie
         # A run without its layout is counted once, under _NO_LAYOUT, not also as over the limit.
         masks[f"over the {c.max_nodes}-node limit"] = ~(group["nodes"] > c.max_nodes)
     if c.max_mem_gib is not None:
-        # A run that measured no memory is not above the limit: it is unknown, and said so.
-        masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(group["mem_gib"] > c.max_mem_gib)
+        # A run that measured no memory is not above the limit: it is unknown, and said so. Judged by
+        # its layout's highest peak, as the layout's runs are pooled: a run below the limit kept a
+        # layout whose other run was above it, and the layout stood on its faster run alone.
+        highest = group["mem_gib"].groupby(_layout_key(group).to_numpy()).transform("max")
+        masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(highest > c.max_mem_gib)
         masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
     if c.dp_multiple_of is not None:
         masks[f"with DP not a multiple of {c.dp_multiple_of}"] = ~(group["dp"] % c.dp_multiple_of != 0) | group["dp"].isna()

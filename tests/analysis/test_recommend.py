@@ -416,6 +416,18 @@ def test_a_run_whose_record_gives_no_layout_is_left_out_and_counted(tmp_path: Pa
     assert "2 whose record does not give its layout" in format_recommendations([rec])
 
 
+def test_the_memory_limit_judges_a_layout_by_its_runs_highest_peak(tmp_path: Path) -> None:
+    # The fastest layout ran in two sweeps, peaking at 43 and 52 GiB: --max-mem-gib 50 left out the
+    # second run only, and the layout stood, pooled from its run below the limit.
+    a = build_sweep(tmp_path / "a")
+    data = copy.deepcopy(fixture())
+    next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2")["mem_gib"] = 52.0
+    b = build_sweep(tmp_path / "b", data)
+    (rec,) = recommend(load_sweeps([a, b], queue=None).table, Constraints(max_mem_gib=50.0))
+    assert (rec.best.dp, rec.best.pp, rec.best.sec_per_iter) == (8, 6, 172.36)
+    assert "4 above 50 GiB per device" in rec.excluded, rec.excluded  # its two runs, and DP=4 PP=10 MBS=4's two
+
+
 def test_a_run_without_measured_memory_is_not_called_above_the_memory_limit(tmp_path: Path) -> None:
     # --max-mem-gib 50 with a run that recorded no peak memory: it was excluded as "above 50 GiB
     # per device", a figure nobody measured.
