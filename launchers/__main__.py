@@ -110,8 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "calibrate",
         help="measure this site's GEMMs, memory and links for the time model (two short Slurm jobs)",
         description="Submit a one-node and a two-node job that time what the search's layouts run; write the "
-        "file hardware.calibration names. Example: python -m launchers calibrate cluster=local hardware=cpu "
-        "model=gpt_350m --out calibration/cpu.json",
+        "file hardware.calibration names. Example (the local cluster, whose emulated nodes hold 2 CPUs): "
+        "python -m launchers calibrate cluster=local hardware=cpu hardware.devices_per_node=2 model=gpt_350m "
+        "--out calibration/cpu.json",
     )
     calibrate.add_argument("overrides", nargs="*", help="config overrides, as for `python -m train`")
     calibrate.add_argument("--out", required=True, help="calibration file to write (JSON)")
