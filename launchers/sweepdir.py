@@ -264,8 +264,8 @@ def check_indices_free(old: Sequence[ManifestEntry], new: Sequence[ManifestEntry
     taken = sorted({e.index for e in old} & {e.index for e in new})
     if taken:
         raise SweepDirError(
-            f"{sweep_dir}: configs {', '.join(map(str, taken[:10]))}{', ...' if len(taken) > 10 else ''} of this "
-            f"launch were given to another launch's configs meanwhile ({MANIFEST_FILE}). These were not "
+            f"{sweep_dir}: indices {', '.join(map(str, taken[:10]))}{', ...' if len(taken) > 10 else ''} of this "
+            f"launch's configs were taken by another launch meanwhile ({MANIFEST_FILE}). These configs were not "
             "launched; launch them again with hydra.launcher.append=true: they get the next free indices."
         )
 

@@ -399,7 +399,7 @@ def test_indices_another_launch_took_between_two_batches_are_refused(tmp_path: P
         return ManifestEntry(index=i, overrides=(), output_dir=str(i), status="skipped")
 
     check_indices_free([entry(0), entry(1)], [entry(2), entry(3)], tmp_path)
-    with pytest.raises(SweepDirError, match=r"configs 3 of this launch were given to another launch's configs"):
+    with pytest.raises(SweepDirError, match=r"indices 3 of this launch's configs were taken by another launch meanwhile"):
         check_indices_free([entry(0), entry(3)], [entry(2), entry(3)], tmp_path)
 
 
