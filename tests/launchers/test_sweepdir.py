@@ -429,8 +429,9 @@ def test_ctrl_c_of_an_export_waiting_for_the_lock_ends_it_without_a_traceback(tm
     sweep_dir = tmp_path / "sweep"
     holder = hold_lock(sweep_dir)
     try:
-        export = [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(tmp_path / "scripts"), "--sweep-dir",
-                  str(sweep_dir), "--name", "a", "training.lr=0.1"]  # fmt: skip
+        # With Ctrl-C's default meaning: a test run from a background job inherits SIGINT ignored.
+        export = [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "launchers", "sbatch", "--out-dir",
+                  str(tmp_path / "scripts"), "--sweep-dir", str(sweep_dir), "--name", "a", "training.lr=0.1"]  # fmt: skip
         [(proc, err)] = waiting_for(holder, tmp_path, export)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == EXIT_INTERRUPTED, err.read_text()
