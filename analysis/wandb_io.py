@@ -17,10 +17,11 @@ load_sweeps), so that a sweep whose files are gone can still be analysed. The ru
     fetch_runs          the W&B server, through wandb's public API (a thin wrapper: there is no
                         server on the development machines, so it is not exercised by the tests).
 
-What a W&B run cannot give back, because the trainer does not put it there (yet): the overrides
-(so config_key is empty), the failure message, the model's counted parameters (the analysis then
-falls back to train.planner.sizes), the per-rank peak memory, the Slurm environment (nodes then come from
-the layout, Layout.nodes). wandb is imported inside the functions: the analysis stays usable
+What a W&B run cannot give back, because the trainer does not put it there (yet): the model's
+counted parameters (the analysis then falls back to train.planner.sizes), the per-rank peak memory,
+the Slurm environment (nodes then come from the layout, Layout.nodes). The overrides, the failure
+message and the measured iterations' spread are in the summary (runs logged before they were have
+an empty config_key and no CV). wandb is imported inside the functions: the analysis stays usable
 (and fast to start) without it.
 """
 

@@ -550,10 +550,18 @@ def _new_record(run: RunConfig, overrides: Sequence[str], *, status: str) -> dic
 
 
 def _summary_figures(record: dict[str, Any]) -> dict[str, Any]:
+    # What analysis.wandb_io rebuilds a record from when the sweep's files are gone: the figures, the
+    # overrides that say which config the run was, why it failed, and its iterations' spread.
     keys = (
         "status",
+        "message",
+        "overrides",
         "optimizer",
         "sec_per_iter",
+        "measured_iterations",
+        "sec_per_iter_min",
+        "sec_per_iter_max",
+        "sec_per_iter_cv",
         "samples_per_s",
         "tokens_per_s_per_device",
         "tflops_per_device",

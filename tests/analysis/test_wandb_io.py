@@ -76,6 +76,9 @@ SAME = [
     "mem_capacity_gib",
     "date",
     "layout_key",
+    # In the trainer's W&B summary too: which config the run was, and its iterations' spread.
+    "config_key",
+    "sec_cv",
 ]
 
 
@@ -155,14 +158,17 @@ def test_record_fields_come_from_config_and_summary(trainer_sweep: Path) -> None
     assert record["hardware"] == "cpu" and isinstance(record["config"]["hardware"], dict)
     assert set(record["config"]) == {"model", "parallelism", "hardware", "cluster", "logger", "training", "search"}
     assert record["status"] == "ok" and record["wandb_has_result"] is True
-    # A field the trainer may add later (overrides in config, message in summary) flows through.
+    # Which config the run was and its iterations' spread are in the summary, as in its result.json.
+    on_disk = json.loads((trainer_sweep / "0" / "result.json").read_text())
+    assert record["overrides"] == on_disk["overrides"] and record["sec_per_iter_cv"] == on_disk["sec_per_iter_cv"]
+    # A field the trainer may add later (params in config, env in summary) flows through.
     later = WandbRun(
         run_id="x",
-        config={**run.config, "overrides": ["a=1"]},
-        summary={**run.summary, "message": "m"},
+        config={**run.config, "params": 123},
+        summary={**run.summary, "env": {"A": "1"}},
         state="finished",
     )
-    assert run_to_record(later)["overrides"] == ["a=1"] and run_to_record(later)["message"] == "m"
+    assert run_to_record(later)["params"] == 123 and run_to_record(later)["env"] == {"A": "1"}
 
 
 def test_run_without_result_is_running_or_failed(trainer_sweep: Path) -> None:
