@@ -63,7 +63,7 @@ from conf.schema import (
     RunConfig,
 )
 from launchers.bulk import bulk_allocation
-from launchers.queue import base_state, ended_outcome, is_live, is_running, read_states
+from launchers.queue import ended_outcome, is_live, is_running, not_a_time_limit, read_states
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
@@ -955,14 +955,12 @@ def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str
     if not states:
         return df
     slurm = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "")
-    cancelled = stopped & slurm.map(lambda s: base_state(s) in ("CANCELLED", "PREEMPTED") if s else False)
+    why = slurm.map(lambda s: not_a_time_limit(s) if s else None)
+    cancelled = stopped & why.notna()
     if cancelled.any():
         df.loc[cancelled, "queue_state"] = slurm[cancelled]
         df.loc[cancelled, "outcome"] = "fail"
-        df.loc[cancelled, "reason"] = (
-            slurm[cancelled].map(lambda s: f"{base_state(s).lower()} (Slurm state {base_state(s)}), not a time limit; ")
-            + df.loc[cancelled, "reason"].fillna("").astype(str)
-        )
+        df.loc[cancelled, "reason"] = why[cancelled] + "; " + df.loc[cancelled, "reason"].fillna("").astype(str)
     # Requeued after it was stopped (preempted, a node failure): the record is the last attempt's, and
     # the run goes on (running, or pending again), as `status` says.
     requeued = stopped & slurm.map(lambda s: bool(s) and is_live(s))

@@ -51,6 +51,7 @@ from launchers.submit import (
     check_output_dirs,
     command_for,
     entry_args_for,
+    failed_configs_hint,
     infeasible_summary,
     launch_failure,
     merge_entries,
@@ -248,9 +249,7 @@ class LocalLauncher(SweepLauncher):
             # sweeper prints for a failed JobReturn (each failure's own words are above, and in its log).
             raise LaunchFailed(
                 f"{len(failed)} of {len(specs)} configs failed ({', '.join(map(str, failed[:10]))}"
-                f"{', ...' if len(failed) > 10 else ''}); every other config ran. python -m launchers status "
-                f"{sweep_dir} names each one's log; python -m launchers rerun {sweep_dir} --failed runs them again "
-                "(followed by field=value overrides to change them)."
+                f"{', ...' if len(failed) > 10 else ''}); every other config ran. {failed_configs_hint(sweep_dir)}"
             )
         task_name = str(self.config.hydra.job.name)
         returns = []

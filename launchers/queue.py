@@ -38,6 +38,7 @@ __all__ = [
     "expand_job_ids",
     "is_live",
     "is_running",
+    "not_a_time_limit",
     "parse_states",
     "read_states",
 ]
@@ -86,6 +87,14 @@ def is_live(state: str) -> bool:
 
 def is_running(state: str) -> bool:
     return base_state(state) in RUNNING_STATES
+
+
+def not_a_time_limit(state: str) -> str | None:
+    """Why a job whose record says `timeout` stopped, when Slurm's `state` says its time limit did not stop
+    it: scancel and a preemption send the SIGTERM a time limit sends, so the record cannot tell them
+    apart, and such a run needs no longer time limit. None for any other state."""
+    base = base_state(state)
+    return f"{base.lower()} (Slurm state {base}), not a time limit" if base in ("CANCELLED", "PREEMPTED") else None
 
 
 def ended_outcome(state: str) -> str:

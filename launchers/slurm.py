@@ -45,6 +45,7 @@ from launchers.submit import (
     check_output_dirs,
     entry_args_for,
     entry_for,
+    failed_configs_hint,
     infeasible_summary,
     launch_failure,
     merge_entries,
@@ -86,11 +87,7 @@ def failed_jobs_text(failed: Sequence[tuple[ManifestEntry, JobReturn]], sweep_di
             why = lines[-1] if lines else type(r.return_value).__name__
         reasons.append(f"config {e.index}: {why}")
     more = f"; {len(failed) - 5} more" if len(failed) > 5 else ""
-    return (
-        f"{len(failed)} of {total} configs failed: {'; '.join(reasons)}{more}. python -m launchers status "
-        f"{sweep_dir} names each one's log; python -m launchers rerun {sweep_dir} --failed runs them again "
-        "(followed by field=value overrides to change them)."
-    )
+    return f"{len(failed)} of {total} configs failed: {'; '.join(reasons)}{more}. {failed_configs_hint(sweep_dir)}"
 
 
 def generic_executor_parameters(settings: LaunchSettings, array_parallelism: int | None) -> dict[str, Any]:

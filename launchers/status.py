@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
-from launchers.queue import GONE, base_state, is_live, is_running, read_states
+from launchers.queue import GONE, base_state, is_live, is_running, not_a_time_limit, read_states
 from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
@@ -192,11 +192,8 @@ def classify(
             # it writes. Any other record of a running job is this attempt's, written just before its end
             # (read as running, a config that failed showed running until Slurm saw the job end).
             return "running", f"still running; its {detail}"
-        if status == "timeout" and slurm_state is not None and base_state(slurm_state) in ("CANCELLED", "PREEMPTED"):
-            # scancel and a preemption send the SIGTERM a time limit sends, so the record cannot tell them
-            # apart: Slurm's state can, and such a run needs no longer time limit.
-            why = base_state(slurm_state).lower()
-            return "failed", f"{why} (Slurm state {base_state(slurm_state)}), not a time limit; {detail}"
+        if status == "timeout" and slurm_state is not None and (stopped := not_a_time_limit(slurm_state)):
+            return "failed", f"{stopped}; {detail}"
         return "failed", detail
     if slurm_state is None:
         if entry.status == "exported" and entry.job_id is None:

@@ -551,6 +551,14 @@ def refuse_empty_sweep(job_overrides: Sequence[Sequence[str]]) -> None:
         )
 
 
+def failed_configs_hint(sweep_dir: Path) -> str:
+    """What a launch whose configs failed ends with: where their logs are named, and how to rerun them."""
+    return (
+        f"python -m launchers status {sweep_dir} names each one's log; python -m launchers rerun {sweep_dir} "
+        "--failed runs them again (followed by field=value overrides to change them)."
+    )
+
+
 def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchFailed | None:
     """Why this batch of a launch failed as a whole, or None: some config was refused by sbatch,
     or none was submitted (every one infeasible)."""
