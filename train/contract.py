@@ -123,6 +123,11 @@ def peak_cache_path(host: str, environ: Mapping[str, str] | None = None) -> Path
     return cache_dir(environ) / f"peak-{safe}.json"
 
 
+def cpu_info_cache_path(key: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The file holding py-cpuinfo's answer for the CPU model whose /proc/cpuinfo identity hashes to `key`."""
+    return cache_dir(environ) / f"cpuinfo-{key}.json"
+
+
 def oom_report_name(rank: int) -> str:
     """Name of the OomReport rank `rank` writes when it runs out of memory."""
     return f"oom.rank{rank}.json"

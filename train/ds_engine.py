@@ -24,11 +24,15 @@ costs seconds.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -37,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conf.schema import ModelConfig, Offload, RunConfig
+from train.contract import cpu_info_cache_path, write_json_atomic
 from train.ds_config import deepspeed_config
 from train.engine import StepResult
 from train.init import initialize_module
@@ -99,6 +104,7 @@ def import_deepspeed(device_type: str) -> ModuleType:
     """
     if device_type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    remember_cpu_info()
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -109,6 +115,82 @@ def import_deepspeed(device_type: str) -> ModuleType:
             f"DS_ACCELERATOR={device_type} before deepspeed is first imported"
         )
     return deepspeed
+
+
+CPU_IDENTITY_KEYS = frozenset(
+    {"vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant",
+     "CPU part", "isa", "uarch", "cpu"}
+)  # fmt: skip
+"""/proc/cpuinfo's keys that name a CPU model and its instruction set (x86, Arm, RISC-V, POWER): what
+py-cpuinfo's `arch` and `flags`, the fields DeepSpeed reads, are derived from."""
+
+
+def cpu_identity(cpuinfo_text: str, machine: str) -> str | None:
+    """A short hash of the CPU model and instruction set `cpuinfo_text` (/proc/cpuinfo) describes on a
+    `machine` (platform.machine()); None when it names neither. Clock speeds and core numbering are
+    left out, so every host with the same CPU model shares it."""
+    lines = set()
+    for line in cpuinfo_text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in CPU_IDENTITY_KEYS:
+            lines.add(f"{key.strip()}: {value.strip()}")
+    if not lines:
+        return None
+    return hashlib.sha256("\n".join([machine, *sorted(lines)]).encode()).hexdigest()[:16]
+
+
+def remember_cpu_info() -> None:
+    """Make py-cpuinfo's get_cpu_info answer once per CPU model, from megasweep's cache after the first.
+
+    DeepSpeed asks it when an op is loaded, even one built long ago (the compiler flags -march and
+    -D__AVX512__ are part of the op's build hash), and again when DeepSpeedCPUAdam is made: three
+    times per process that uses ZeRO offload, or any DeepSpeed run on a CPU. Each answer is a new
+    Python process that times the clock with a one-second sleep (py-cpuinfo's CPUID.get_raw_hz), so
+    a rank started 2.3 to 3.4 s later for the same unchanging answer. The answer is kept in the cache
+    directory under the hash of /proc/cpuinfo's model and flag lines (`cpu_identity`), so a host
+    with another CPU never reads it; its clock fields are the first asker's, which DeepSpeed does
+    not read. Without py-cpuinfo or /proc/cpuinfo, py-cpuinfo is asked as before (once per process).
+    """
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    if getattr(cpuinfo.get_cpu_info, "megasweep_cached", False):
+        return
+    ask = cpuinfo.get_cpu_info
+    try:
+        key = cpu_identity(Path("/proc/cpuinfo").read_text(), platform.machine())
+    except OSError:
+        key = None
+    path = cpu_info_cache_path(key) if key else None
+    answer: dict[str, Any] = {}
+
+    def get_cpu_info() -> dict[str, Any]:
+        if not answer:
+            answer.update(_read_cpu_info(path) or {})
+        if not answer:
+            answer.update(ask())
+            # py-cpuinfo answers {} when its process fails: nothing to keep, ask again next time.
+            if answer and path is not None:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_json_atomic(path, answer)
+                except (OSError, TypeError, ValueError):
+                    pass  # an unwritable cache costs the next process the same seconds, nothing else
+        return dict(answer)
+
+    setattr(get_cpu_info, "megasweep_cached", True)  # noqa: B010 (mypy: a function has no such attribute)
+    cpuinfo.get_cpu_info = get_cpu_info
+
+
+def _read_cpu_info(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("arch") and "flags" in data else None
 
 
 def load_cpu_op(builder_name: str) -> None:

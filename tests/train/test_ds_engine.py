@@ -345,3 +345,65 @@ def test_a_lone_deepspeed_process_makes_its_world_of_one_without_a_port() -> Non
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["1", "HashStore"], proc.stdout
+
+
+CPUINFO_X86 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+cpu MHz\t\t: 2450.000
+core id\t\t: 0
+flags\t\t: fpu sse2 avx avx2
+"""
+
+
+def test_the_cpu_identity_names_the_model_and_instruction_set_not_the_clock_or_the_core() -> None:
+    from train.ds_engine import cpu_identity
+
+    key = cpu_identity(CPUINFO_X86, "x86_64")
+    assert key is not None
+    # Another core of the same host, or the same CPU at another clock: the same answer from py-cpuinfo.
+    second = CPUINFO_X86.replace("processor\t: 0", "processor\t: 1").replace("core id\t\t: 0", "core id\t\t: 1")
+    assert cpu_identity(CPUINFO_X86 + "\n" + second.replace("2450.000", "3100.000"), "x86_64") == key
+    # Another instruction set (AVX-512 changes DeepSpeed's -D__AVX512__), model or machine: another key.
+    assert cpu_identity(CPUINFO_X86.replace("avx2", "avx2 avx512f avx512bw"), "x86_64") != key
+    assert cpu_identity(CPUINFO_X86.replace("7B13", "9654"), "x86_64") != key
+    assert cpu_identity(CPUINFO_X86, "aarch64") != key
+    assert cpu_identity("processor\t: 0\ncpu MHz\t\t: 2450.000\n", "x86_64") is None
+
+
+# DeepSpeed's op builder asks py-cpuinfo for the compiler flags that are part of an op's build hash.
+OP_FLAGS = (
+    "import os; os.environ['DS_ACCELERATOR'] = 'cpu'; from deepspeed.ops.op_builder.cpu import CPUAdamBuilder; "
+    "b = CPUAdamBuilder(); print(b.cpu_arch(), b.simd_width())"
+)
+
+
+def test_deepspeed_asks_py_cpuinfo_once_per_cpu_model_and_builds_with_the_same_flags(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MEGASWEEP_CACHE_DIR": str(tmp_path)}
+
+    def flags(prelude: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", f"{prelude}{OP_FLAGS}"], env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    remember = "from train.ds_engine import remember_cpu_info; remember_cpu_info(); "
+    # py-cpuinfo's own answer, then megasweep's first (asked, then kept), then a later process's.
+    asked = flags("")
+    arch, simd = asked.split()
+    assert arch.startswith("-m") and simd.startswith("-D__"), asked
+    assert flags(remember) == asked
+    (kept,) = tmp_path.glob("cpuinfo-*.json")
+    assert {"arch", "flags"} <= json.loads(kept.read_text()).keys()
+    # A later process must not ask py-cpuinfo at all: its answer would now fail the run.
+    refuse = "import cpuinfo.cpuinfo as c; c.get_cpu_info_json = lambda: 1 / 0; "
+    assert flags(refuse + remember) == asked
+    # Without the kept answer it asks again, and fails here (DeepSpeed then says so and reads lscpu):
+    # the process above did read the file.
+    kept.unlink()
+    proc = subprocess.run([sys.executable, "-c", f"{refuse}{remember}{OP_FLAGS}"], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert "attempted to use py-cpuinfo but failed (exception type: <class 'ZeroDivisionError'>" in proc.stdout + proc.stderr
