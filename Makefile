@@ -37,16 +37,17 @@ $(VENV)/.installed-test: $(VENV)/.torch pyproject.toml
 	$(PY) -c "import deepspeed" 2>/dev/null || $(PIP) install -q --no-build-isolation "deepspeed>=0.14"
 	touch $(VENV)/.installed $@
 
-# DeepSpeed compiles its CPU ops (CPU Adam for offload, the shared-memory collectives) on first use,
-# into ~/.cache/torch_extensions, again for every new venv path. Built here, before any test (make test
+# DeepSpeed compiles its CPU Adam (optimizer offload) on first use, into ~/.cache/torch_extensions,
+# again for every new venv path (its shared-memory collectives serve inference only: train.ds_engine
+# skips them). Built here, before any test (make test
 # runs lint beside it), not inside a timed Slurm job while test workers share the cores; a failure only
 # defers the build.
 # train.ds_engine loads them past a lock file that a killed earlier load left behind.
 $(VENV)/.ds-ops: $(VENV)/.installed-test
 	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
 	$(PY) -c "from train.ds_engine import import_deepspeed, load_cpu_op; \
-	import_deepspeed('cpu'); load_cpu_op('ShareMemCommBuilder'); load_cpu_op('CPUAdamBuilder')" >/dev/null || \
-	echo "make: DeepSpeed's CPU ops were not built ahead; the tests that need them build them"
+	import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')" >/dev/null || \
+	echo "make: DeepSpeed's CPU Adam was not built ahead; the tests that need it build it"
 	touch $@
 
 install: $(VENV)/.installed
@@ -83,8 +84,9 @@ PYTEST_ALONE := $(VENV)/bin/pytest -p no:xdist -m alone
 compile: install
 	$(PY) -m compileall -q conf train launchers analysis hydra_plugins tests >/dev/null
 
-# The op build (compilers on both cores, ~85 s) and lint (mypy on one, ~25 s) side by side: 87 s in
-# CI's fresh clone against 113 s one after the other (2026-11-27, same machine). A failing lint still
+# The op build (CPU Adam: compilers on both cores, 55 s alone) and lint (mypy on one, ~25 s) side by side
+# (2026-11-27, when the shm op was built too: 87 s in CI's fresh clone against 113 s one after the other,
+# same machine). A failing lint still
 # stops make test before pytest, as it did then.
 # As root: bring the cluster up, run pytest, and bring it down whatever pytest returns.
 # Not root: plain pytest; the Slurm tests skip themselves and say why.

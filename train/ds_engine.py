@@ -12,9 +12,10 @@ With tensor parallelism DeepSpeed is handed the model-parallel groups as Megatro
 through an `mpu` (ModelParallelUnit): the model is split by train.parallel.apply_tp_plain (plain
 tensors, since ZeRO flattens and partitions parameters and cannot take DTensors), ZeRO partitions
 and reduces over the data-parallel group only, and the gradient norm is summed over TP for the
-sharded parameters (marked tensor_model_parallel) and counted once for the replicated ones. Its first use on a
-machine builds a small shared-memory op with gcc (about 2 minutes on 2 cores, then cached in
-~/.cache/torch_extensions); DeepSpeedCPUAdam, used by optimizer offload, is built likewise.
+sharded parameters (marked tensor_model_parallel) and counted once for the replicated ones.
+DeepSpeedCPUAdam, used by optimizer offload, is built with gcc on its first use on a machine (about a
+minute on 2 cores, then cached in ~/.cache/torch_extensions); the shared-memory op deepspeed.comm would
+build on a CPU serves inference only, and is skipped (`skip_shm_op`).
 
 The module also carries the two places where DeepSpeed's own accounting is compared with
 megasweep's: its flops profiler (`profile_deepspeed_step`) and its ZeRO model-state memory
@@ -194,7 +195,7 @@ def _read_cpu_info(path: Path | None) -> dict[str, Any] | None:
 
 
 def load_cpu_op(builder_name: str) -> None:
-    """Load one of DeepSpeed's JIT-built CPU ops ('ShareMemCommBuilder', 'CPUAdamBuilder') so that
+    """Load one of DeepSpeed's JIT-built CPU ops (its name: 'CPUAdamBuilder', say) so that
     DeepSpeed's own later load of it returns the loaded module.
 
     torch.utils.cpp_extension guards each op's build directory with a plain lock file, taken by
@@ -230,6 +231,23 @@ def load_cpu_op(builder_name: str) -> None:
         builder.load(verbose=False)
 
 
+def skip_shm_op() -> None:
+    """Keep deepspeed.comm from building and loading its shared-memory op on a CPU.
+
+    deepspeed.comm builds that op (with gcc, 38 s on this 2-core machine, 65 CPU-s) the first time a
+    CPU process initialises it, and loads it in every one after, for `inference_all_reduce` alone: a
+    training step's collectives go to torch.distributed (DeepSpeed's TorchBackend.all_reduce), and even
+    inference uses the op only when LOCAL_SIZE names every rank as local, which nothing here sets. Marked
+    incompatible, the op is neither built nor loaded, and deepspeed.comm runs as it does without it.
+    """
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops import __compatible_ops__
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        __compatible_ops__[builder.NAME] = False
+
+
 def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
     """DeepSpeed needs a process group even on one process; a launcher's group is used as is. Either
     way deepspeed.comm is set up on it here: zero.Init reads the world size from it before
@@ -245,7 +263,7 @@ def _ensure_process_group(deepspeed: ModuleType, device_type: str) -> None:
             # which another process may hold by then. DeepSpeed keeps a group it finds.
             torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
     if device_type == "cpu":
-        load_cpu_op("ShareMemCommBuilder")  # deepspeed.comm loads it on a CPU (see load_cpu_op)
+        skip_shm_op()
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 

@@ -3,7 +3,7 @@ profiler's figures; DeepSpeed's ZeRO memory estimators next to train.planner.mem
 
 All DeepSpeed training runs share one pair of gloo worker processes (DeepSpeed's import and
 engine set-up cost seconds each), started once per module by the `runs` fixture. The first run
-on a machine also builds DeepSpeed's shm and cpu_adam ops with gcc (minutes, then cached).
+on a machine also builds DeepSpeed's cpu_adam op with gcc (a minute, then cached).
 """
 
 from __future__ import annotations
@@ -288,7 +288,11 @@ def test_deepspeed_stage2_matches_the_18_byte_convention() -> None:
     assert math.isfinite(ds.host_bytes)
 
 
-LOAD_SHM = "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)"
+# DeepSpeed's own load of its CPU Adam op (DeepSpeedCPUAdam's), py-cpuinfo's answer read from the cache.
+LOAD_ADAM = (
+    "from train.ds_engine import remember_cpu_info; remember_cpu_info(); "
+    "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False); print('loaded')"
+)
 
 
 def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Path) -> None:
@@ -300,27 +304,30 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
 
     from torch.utils.cpp_extension import _get_build_directory
 
-    # The op as built for this venv (make install-test builds it; loaded here in case it is not),
-    # copied with its timestamps into a directory of this test's own, so that no other test's
-    # DeepSpeed process can meet the lock.
-    load = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('ShareMemCommBuilder')"
+    # The op as built for this venv (make ds-ops builds it; loaded here in case it is not), copied
+    # with its timestamps into a directory of this test's own, so that no other test's DeepSpeed
+    # process can meet the lock.
+    load = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')"
     subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, timeout=600)
-    built = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
-    shutil.copytree(built, tmp_path / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
+    built = Path(_get_build_directory("cpu_adam", verbose=False))
+    shutil.copytree(built, tmp_path / "cpu_adam", ignore=shutil.ignore_patterns("lock"))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_ACCELERATOR": "cpu"}
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    # Unlocked, DeepSpeed's own load of the copy takes seconds.
+    loads = subprocess.run([sys.executable, "-c", LOAD_ADAM], env=env, capture_output=True, text=True, timeout=120)
+    assert loads.stdout.strip().endswith("loaded"), loads.stderr
+    lock = tmp_path / "cpu_adam" / "lock"
     lock.touch()  # what a process killed between torch's try_acquire() and release() leaves
 
-    # DeepSpeed's own load waits on it (torch's FileBaton polls until the file goes).
+    # DeepSpeed's own load now waits on it (torch's FileBaton polls until the file goes).
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run([sys.executable, "-c", LOAD_SHM], env=env, capture_output=True, timeout=5)
+        subprocess.run([sys.executable, "-c", LOAD_ADAM], env=env, capture_output=True, timeout=12)
     assert lock.exists()
 
     proc = subprocess.run(
-        [sys.executable, "-c", f"{load}; {LOAD_SHM}"],
+        [sys.executable, "-c", f"{load}; {LOAD_ADAM}"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("loaded"), proc.stderr
     assert f"megasweep: removing {lock}, left by a process that died" in proc.stderr
     assert not lock.exists()
 
@@ -345,6 +352,29 @@ def test_a_lone_deepspeed_process_makes_its_world_of_one_without_a_port() -> Non
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["1", "HashStore"], proc.stdout
+
+
+def test_deepspeed_comm_on_a_cpu_neither_builds_nor_loads_its_inference_only_shm_op(tmp_path: Path) -> None:
+    # An empty extensions directory: the op deepspeed.comm would build there (with gcc, 38 s here) is
+    # not, and a training collective still runs through deepspeed.comm.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from train.ds_engine import _ensure_process_group, import_deepspeed\n"
+        "deepspeed = import_deepspeed('cpu')\n"
+        "_ensure_process_group(deepspeed, 'cpu')\n"
+        "t = torch.ones(3)\n"
+        "deepspeed.comm.all_reduce(t)\n"
+        "print(deepspeed.comm.comm.cdb.shm_comm_op, t.tolist())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "None [1.0, 1.0, 1.0]", proc.stdout
+    assert not any(tmp_path.iterdir()), sorted(p.name for p in tmp_path.iterdir())
 
 
 CPUINFO_X86 = """processor\t: 0
