@@ -83,7 +83,7 @@ from launchers.sweepdir import (
     sweep_lock,
     writable_dir,
 )
-from train.contract import EXIT_USAGE, MULTIRUN_FILE, ManifestEntry
+from train.contract import EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
 
 log = logging.getLogger(__name__)
 
@@ -1052,6 +1052,7 @@ class SweepLauncher(Launcher):
         self.append = append
         self._first_index: int | None = None
         self._earlier: EarlierConfig | None = None
+        self._held: contextlib.ExitStack | None = None
 
     def first_index(self, sweep_dir: Path) -> int:
         """Index of this sweep's first config: 0, or after the configs of the sweep appended to.
@@ -1066,8 +1067,34 @@ class SweepLauncher(Launcher):
     def claimed(self, sweep_dir: Path) -> Iterator[int]:
         """first_index(sweep_dir), with the sweep directory locked (launchers.sweepdir.sweep_lock)
         until the block has written this batch's configs into the manifest."""
-        with sweep_lock(sweep_dir):
-            yield self.first_index(sweep_dir)
+        try:
+            with sweep_lock(sweep_dir):
+                yield self.first_index(sweep_dir)
+        finally:
+            self._let_go()
+
+    def _hold(self, sweep_dir: Path) -> None:
+        """The sweep's lock, from setup to the first batch's claim, for a launch added to a sweep.
+
+        Such a launch reads the sweep's multirun.yaml at setup, and Hydra then writes the launch's
+        own over it before the first batch claims its indices: a second launch added meanwhile would
+        read that one as the sweep's, or have its own kept under the first's number and lost. Only
+        where a launch has locked the sweep before (its LOCK_FILE exists: a Slurm, local or exported
+        sweep), so that a dry-run directory gains no state directory."""
+        self._let_go()
+        if self.append and (sweep_dir / LOCK_FILE).is_file():
+            held = contextlib.ExitStack()
+            held.enter_context(sweep_lock(sweep_dir))
+            self._held = held
+            # A sweep that never launched lets go at exit: registered before the earlier config's exit
+            # handler (setup, below), it runs after it, so that the config is put back under the lock.
+            atexit.register(self._let_go)
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            atexit.unregister(self._let_go)
+            held.close()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -1078,6 +1105,7 @@ class SweepLauncher(Launcher):
             self._earlier = None
         # Another app's launch neither claims nor refuses the directory: its config is the directory's.
         if is_megasweep_config(config):
+            self._hold(Path(str(config.hydra.sweep.dir)))
             self._earlier = EarlierConfig.read(Path(str(config.hydra.sweep.dir)), append=self.append, copy=True)
             if self._earlier.text is not None:
                 atexit.register(self._earlier.keep_if_launched)
@@ -1087,16 +1115,19 @@ class SweepLauncher(Launcher):
         """Around a launch: at the first, the sweep's earlier multirun.yaml is kept (see the class
         docstring) before anything is launched, and put back if the launch is refused."""
         earlier, self._earlier = self._earlier, None
-        if earlier is None:
-            yield
-            return
-        atexit.unregister(earlier.keep_if_launched)
-        earlier.keep()
         try:
-            yield
-        except BaseException:
-            earlier.keep_if_launched()
-            raise
+            if earlier is None:
+                yield
+                return
+            atexit.unregister(earlier.keep_if_launched)
+            earlier.keep()
+            try:
+                yield
+            except BaseException:
+                earlier.keep_if_launched()
+                raise
+        finally:
+            self._let_go()  # a launcher that claims no indices (the plan's) holds it until here
 
 
 # ---------------------------------------------------------------------------------------------

@@ -440,3 +440,38 @@ def test_ctrl_c_of_an_export_waiting_for_the_lock_ends_it_without_a_traceback(tm
     finally:
         holder.kill()
     assert not (sweep_dir / "manifest.jsonl").exists() and not (tmp_path / "scripts").exists()
+
+
+def test_two_launches_added_at_once_each_keep_their_own_hydra_config(tmp_path: Path) -> None:
+    # Each added launch reads the sweep's multirun.yaml when Hydra sets its launcher up, and Hydra then
+    # saves the launch's own over it: two at once used to read and keep each other's (the first to claim
+    # kept the second's config under its number; the second's was lost). Now an added launch waits for
+    # the sweep's lock before it reads, and the file is the sweep's until each has kept its own.
+    sweep_dir = tmp_path / "sweep"
+    local = ("hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}")
+    first = train_multirun(*local, "training.lr=0.001")
+    assert first.returncode == 0, first.stderr
+    sweeps_own = (sweep_dir / MULTIRUN_FILE).read_bytes()
+    add = [sys.executable, "-m", "train", "-m", *TINY, *local, "hydra.launcher.append=true"]
+    holder = hold_lock(sweep_dir)
+    try:
+        started = waiting_for(holder, tmp_path, [*add, "training.lr=0.002"], [*add, "training.lr=0.003"])
+        # Waiting, neither has kept a config yet (each used to keep what multirun.yaml held by then, unlocked).
+        assert (sweep_dir / MULTIRUN_FILE).read_bytes() == sweeps_own
+        assert not list(sweep_dir.glob(appended_name(MULTIRUN_FILE, "*")))
+        let_go(holder)
+        for proc, err in started:
+            assert proc.wait(timeout=120) == 0, err.read_text()
+    finally:
+        holder.kill()
+    assert (sweep_dir / MULTIRUN_FILE).read_bytes() == sweeps_own
+    kept = {
+        o for n in (1, 2) for o in OmegaConf.load(sweep_dir / appended_name(MULTIRUN_FILE, n)).hydra.overrides.task
+        if o.startswith("training.lr=")
+    }
+    assert kept == {"training.lr=0.002", "training.lr=0.003"}
+    entries = read_manifest(sweep_dir)
+    assert sorted(e.overrides[-1] for e in entries if e.overrides[-1].startswith("training.lr=")) == [
+        "training.lr=0.001", "training.lr=0.002", "training.lr=0.003"
+    ]  # fmt: skip
+    assert [e.index for e in entries] == [0, 1, 2]
