@@ -145,12 +145,12 @@ def remember_cpu_info() -> None:
 
     DeepSpeed asks it when an op is loaded, even one built long ago (the compiler flags -march and
     -D__AVX512__ are part of the op's build hash), and again when DeepSpeedCPUAdam is made: three
-    times per process that uses ZeRO offload, or any DeepSpeed run on a CPU. Each answer is a new
+    times per process that uses DeepSpeedCPUAdam (optimizer offload). Each answer is a new
     Python process that times the clock with a one-second sleep (py-cpuinfo's CPUID.get_raw_hz), so
     a rank started 2.3 to 3.4 s later for the same unchanging answer. The answer is kept in the cache
     directory under the hash of /proc/cpuinfo's model and flag lines (`cpu_identity`), so a host
     with another CPU never reads it; its clock fields are the first asker's, which DeepSpeed does
-    not read. Without py-cpuinfo or /proc/cpuinfo, py-cpuinfo is asked as before (once per process).
+    not read. Without /proc/cpuinfo the answer is kept in the process only (asked once per process).
     """
     try:
         import cpuinfo
