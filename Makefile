@@ -39,10 +39,9 @@ $(VENV)/.installed-test: $(VENV)/.torch pyproject.toml
 
 # DeepSpeed compiles its CPU Adam (optimizer offload) on first use, into ~/.cache/torch_extensions,
 # again for every new venv path (its shared-memory collectives serve inference only: train.ds_engine
-# skips them). Built here, before any test (make test
-# runs lint beside it), not inside a timed Slurm job while test workers share the cores; a failure only
-# defers the build.
-# train.ds_engine loads them past a lock file that a killed earlier load left behind.
+# skips them). Built here, before any test (make test runs lint beside it), not inside a timed Slurm
+# job while test workers share the cores; a failure only defers the build.
+# train.ds_engine loads it past a lock file that a killed earlier load left behind.
 $(VENV)/.ds-ops: $(VENV)/.installed-test
 	$(PY) -c "import torch, sys; sys.exit(torch.cuda.is_available())" && \
 	$(PY) -c "from train.ds_engine import import_deepspeed, load_cpu_op; \

@@ -1105,8 +1105,9 @@ class SweepLauncher(Launcher):
             self._earlier = None
         # Another app's launch neither claims nor refuses the directory: its config is the directory's.
         if is_megasweep_config(config):
-            self._hold(Path(str(config.hydra.sweep.dir)))
-            self._earlier = EarlierConfig.read(Path(str(config.hydra.sweep.dir)), append=self.append, copy=True)
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+            self._hold(sweep_dir)
+            self._earlier = EarlierConfig.read(sweep_dir, append=self.append, copy=True)
             if self._earlier.text is not None:
                 atexit.register(self._earlier.keep_if_launched)
 

@@ -332,6 +332,12 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
     assert not lock.exists()
 
 
+def environment_of_a_lone_process() -> dict[str, str]:
+    """This process's environment without the variables a launcher sets (a world of one, no rendezvous)."""
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    return {k: v for k, v in os.environ.items() if k not in launcher_vars}
+
+
 def test_a_lone_deepspeed_process_makes_its_world_of_one_without_a_port() -> None:
     # A port looked up as free and bound again by DeepSpeed's rendezvous could be taken meanwhile (by
     # another test's, or another run's); a world of one needs none.
@@ -348,7 +354,7 @@ def test_a_lone_deepspeed_process_makes_its_world_of_one_without_a_port() -> Non
         "    store = store.underlying_store\n"
         "print(torch.distributed.get_world_size(), type(store).__name__)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = environment_of_a_lone_process()
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["1", "HashStore"], proc.stdout
@@ -369,7 +375,7 @@ def test_deepspeed_comm_on_a_cpu_neither_builds_nor_loads_its_inference_only_shm
         "deepspeed.comm.all_reduce(t)\n"
         "print(deepspeed.comm.comm.cdb.shm_comm_op, t.tolist())\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = environment_of_a_lone_process()
     env["TORCH_EXTENSIONS_DIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
