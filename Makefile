@@ -83,10 +83,9 @@ PYTEST_ALONE := $(VENV)/bin/pytest -p no:xdist -m alone
 compile: install
 	$(PY) -m compileall -q conf train launchers analysis hydra_plugins tests >/dev/null
 
-# The op build (CPU Adam: compilers on both cores, 55 s alone) and lint (mypy on one, ~25 s) side by side
-# (2026-11-27, when the shm op was built too: 87 s in CI's fresh clone against 113 s one after the other,
-# same machine). A failing lint still
-# stops make test before pytest, as it did then.
+# The op build (CPU Adam: compilers on both cores, 29 s alone without debug info, 55 s with it) and lint
+# (mypy on one, ~30 s) side by side (2026-11-27, when the shm op was built too: 87 s in CI's fresh clone
+# against 113 s one after the other, same machine). A failing lint still stops make test before pytest.
 # As root: bring the cluster up, run pytest, and bring it down whatever pytest returns.
 # Not root: plain pytest; the Slurm tests skip themselves and say why.
 test: install-test

@@ -13,9 +13,10 @@ through an `mpu` (ModelParallelUnit): the model is split by train.parallel.apply
 tensors, since ZeRO flattens and partitions parameters and cannot take DTensors), ZeRO partitions
 and reduces over the data-parallel group only, and the gradient norm is summed over TP for the
 sharded parameters (marked tensor_model_parallel) and counted once for the replicated ones.
-DeepSpeedCPUAdam, used by optimizer offload, is built with gcc on its first use on a machine (about a
-minute on 2 cores, then cached in ~/.cache/torch_extensions); the shared-memory op deepspeed.comm would
-build on a CPU serves inference only, and is skipped (`skip_shm_op`).
+DeepSpeedCPUAdam, used by optimizer offload, is built with gcc on its first use on a machine (about
+half a minute on 2 cores, without debug info: `build_cpu_ops_without_debug_info`; then cached in
+~/.cache/torch_extensions); the shared-memory op deepspeed.comm would build on a CPU serves inference
+only, and is skipped (`skip_shm_op`).
 
 The module also carries the two places where DeepSpeed's own accounting is compared with
 megasweep's: its flops profiler (`profile_deepspeed_step`) and its ZeRO model-state memory
@@ -115,7 +116,34 @@ def import_deepspeed(device_type: str) -> ModuleType:
             f"DeepSpeed's accelerator is {name!r}, the run needs {device_type!r}: set "
             f"DS_ACCELERATOR={device_type} before deepspeed is first imported"
         )
+    if device_type == "cpu":
+        build_cpu_ops_without_debug_info()
     return deepspeed
+
+
+def build_cpu_ops_without_debug_info() -> None:
+    """Leave `-g` out of the compiler flags DeepSpeed builds its CPU ops with.
+
+    DeepSpeed's CPU op builder passes -g to the ops that take its flags (CPU Adam among them), and
+    the debug information of torch's headers is most of their build: CPU Adam's two sources took 37 + 52 CPU-s with it and 26 + 28 without (gcc, this
+    2-core machine, 2026-11-28), and the larger alone bounds the build's wall time. gcc's -g
+    changes no generated code (what -fcompare-debug checks), and nothing here reads the
+    information. The flags are part of torch's build of an op, so every process that loads it
+    must agree: every megasweep process imports DeepSpeed through import_deepspeed, which calls
+    this; a DeepSpeed process outside megasweep, on the same machine and venv, builds the op again
+    with -g, and megasweep's next load builds it again without.
+    """
+    from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
+
+    if getattr(CPUOpBuilder.cxx_args, "megasweep_without_debug_info", False):
+        return
+    with_debug_info = CPUOpBuilder.cxx_args
+
+    def cxx_args(self: Any) -> list[str]:
+        return [flag for flag in with_debug_info(self) if flag != "-g"]
+
+    cxx_args.megasweep_without_debug_info = True  # type: ignore[attr-defined]
+    CPUOpBuilder.cxx_args = cxx_args
 
 
 CPU_IDENTITY_KEYS = frozenset(
