@@ -128,10 +128,10 @@ def build_cpu_ops_without_debug_info() -> None:
     the debug information of torch's headers is most of their build: CPU Adam's two sources took
     37 + 52 CPU-s with it and 26 + 28 without (gcc, this 2-core machine, 2026-11-28), and the larger
     alone bounds the build's wall time. gcc's -g changes no generated code (what -fcompare-debug
-    checks), and nothing here reads the information. The flags are part of torch's build of an op, so every process that loads it
-    must agree: every megasweep process imports DeepSpeed through import_deepspeed, which calls
-    this; a DeepSpeed process outside megasweep, on the same machine and venv, builds the op again
-    with -g, and megasweep's next load builds it again without.
+    checks), and nothing here reads the information. The flags are part of torch's build of an op,
+    so every process that loads it must agree: every megasweep process imports DeepSpeed through
+    import_deepspeed, which calls this; a DeepSpeed process outside megasweep, on the same machine
+    and venv, builds the op again with -g, and megasweep's next load builds it again without.
     """
     from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
 

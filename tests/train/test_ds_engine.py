@@ -288,6 +288,8 @@ def test_deepspeed_stage2_matches_the_18_byte_convention() -> None:
     assert math.isfinite(ds.host_bytes)
 
 
+# megasweep's load of DeepSpeed's CPU Adam op, as make ds-ops and an optimizer-offload run make it.
+LOAD_CPU_OP = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')"
 # DeepSpeed's own load of its CPU Adam op (DeepSpeedCPUAdam's) in a process that imported DeepSpeed as
 # megasweep's do (py-cpuinfo's answer read from the cache, the op's flags without -g).
 LOAD_ADAM = (
@@ -308,8 +310,7 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
     # The op as built for this venv (make ds-ops builds it; loaded here in case it is not), copied
     # with its timestamps into a directory of this test's own, so that no other test's DeepSpeed
     # process can meet the lock.
-    load = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')"
-    subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-c", LOAD_CPU_OP], check=True, capture_output=True, timeout=600)
     built = Path(_get_build_directory("cpu_adam", verbose=False))
     shutil.copytree(built, tmp_path / "cpu_adam", ignore=shutil.ignore_patterns("lock"))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "DS_ACCELERATOR": "cpu"}
@@ -325,7 +326,7 @@ def test_a_lock_left_by_a_killed_loader_does_not_stop_the_next_run(tmp_path: Pat
     assert lock.exists()
 
     proc = subprocess.run(
-        [sys.executable, "-c", f"{load}; {LOAD_ADAM}"],
+        [sys.executable, "-c", f"{LOAD_CPU_OP}; {LOAD_ADAM}"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.strip().endswith("loaded"), proc.stderr
@@ -344,14 +345,16 @@ def test_cpu_ops_are_built_without_debug_info() -> None:
     from train.ds_engine import import_deepspeed
 
     import_deepspeed("cpu")
-    import_deepspeed("cpu")
     from deepspeed.ops.op_builder.cpu import CPUAdamBuilder
+    from deepspeed.ops.op_builder.cpu.builder import CPUOpBuilder
 
+    patched = CPUOpBuilder.cxx_args
+    import_deepspeed("cpu")
+    assert CPUOpBuilder.cxx_args is patched  # not wrapped a second time
     flags = CPUAdamBuilder().cxx_args()
     assert "-g" not in flags and flags.count("-O3") == 1 and "-fopenmp" in flags, flags
     assert CPUAdamBuilder().cpu_arch() in flags
-    load = "from train.ds_engine import import_deepspeed, load_cpu_op; import_deepspeed('cpu'); load_cpu_op('CPUAdamBuilder')"
-    subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-c", LOAD_CPU_OP], check=True, capture_output=True, timeout=600)
     ninja = (Path(_get_build_directory("cpu_adam", verbose=False)) / "build.ninja").read_text(encoding="utf-8")
     cflags = next(line for line in ninja.splitlines() if line.startswith("cflags = ")).split()
     assert "-O3" in cflags and "-g" not in cflags, cflags
