@@ -32,6 +32,8 @@ from train.planner.flops import (
 )
 from train.planner.sizes import padded_vocab_size
 
+from .test_perf import MPT_LAYER_SHAPES
+
 REPO = Path(__file__).resolve().parents[3]
 
 # h=64, s=32, 4 heads of 16, f=4h=256; V=1100 pads to 1152 (multiple of 128) at tp=1 and to
@@ -293,16 +295,9 @@ def test_eq3_reproduces_bloom_logs(
     assert achieved_tflops(flops, sec_per_iter, devices) == pytest.approx(logged, rel=5e-4)
 
 
-# MPT benchmark tables (seed 002); (n_layers, d_model) from MPT's yamls. Columns: SeqLen, # GPUs,
+# MPT benchmark tables (seed 002); (n_layers, d_model) from MPT's yamls (test_perf). Columns: SeqLen, # GPUs,
 # MFU, HFU, Throughput (T/s), Activation Checkpointing, NumParams.
-MPT_SHAPES = {
-    "1b": (24, 2048),
-    "3b": (32, 2560),
-    "7b": (32, 4096),
-    "13b": (40, 5120),
-    "30b": (48, 7168),
-    "70b": (80, 8192),
-}
+MPT_SHAPES = {size: (layers, hidden) for size, (layers, hidden, _) in MPT_LAYER_SHAPES.items()}
 MPT_H100_BF16 = [
     # |  7b | 2048 | 8 | h100_80gb | 46.44 | 46.44 | ... | 85144 | ... | False | False | 6658859008 |
     ("7b", 2048, 8, 46.44, 46.44, 85144, False, 6658859008),
