@@ -233,6 +233,8 @@ class HardwareConfig:
     """Host-device link bandwidth per device, one direction (GB/s; PCIe), used by offload."""
     gemm_efficiency: float = 0.8
     """Share of the dense peak a large, well-shaped GEMM reaches (fraction; train.planner.perf)."""
+    attention_efficiency: float | None = None
+    """Share of the dense peak a fused attention kernel (FlashAttention under SDPA) reaches over its forward and backward (fraction); null: its two products priced as GEMMs."""
     memory_bw_efficiency: float = 0.9
     """Share of memory_bw_gbs a large streaming kernel reaches (fraction)."""
     intra_node_comm_efficiency: float = 0.75

@@ -360,10 +360,10 @@ def test_figures_of_a_predicted_time_are_labelled_predicted(capsys: pytest.Captu
     # "TFLOPs / device 228.72 ... MFU 73.31%" read as measured, though no sec_per_iter was given.
     assert main(list(PREDICT_GPT)) == 0
     lines = {line[:21].strip(): line[21:] for line in capsys.readouterr().out.splitlines()}
-    assert lines["sec / iteration"].startswith("5.2 predicted (no sec_per_iter given")
-    assert lines["TFLOPs / device"].startswith("228.72 predicted (model")
-    assert lines["aggregate PFLOPs"].startswith("1.79 predicted")
-    assert lines["MFU"] == "73.31% predicted" and lines["HFU"] == "73.31% predicted"
+    assert lines["sec / iteration"].startswith("5.495 predicted (no sec_per_iter given")
+    assert lines["TFLOPs / device"].startswith("216.46 predicted (model")
+    assert lines["aggregate PFLOPs"].startswith("1.69 predicted")
+    assert lines["MFU"] == "69.38% predicted" and lines["HFU"] == "69.38% predicted"
     assert main([*PREDICT_GPT, "output=json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["sec_per_iter_source"] == "predicted" and "not a measurement" in out["note"]

@@ -14,7 +14,9 @@ a constant fitted to one table:
   forward and backward at this count of sequences x heads (interpolated between the counts timed,
   extrapolated along the nearest two) for megasweep's stacks, which run SDPA; at another head size,
   the timed one nearest in kernel head size at the count of the same work (_measured_attention);
-  with no SDPA timed at this length, the GEMM rule for QK^T and attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
+  with no calibration, in 16-bit precision, the hardware's `attention_efficiency` of the dense peak
+  (FlashAttention's published rate; its backward 2.5x the forward's FLOPs); otherwise the GEMM rule for QK^T and
+  attention-over-values. Under SDPA on a GPU FlashAttention skips the masked
   half of a causal score matrix, so that work halves; Megatron's explicit baddbmm path computes
   it whole.
 - pointwise ops (LayerNorm, GeLU, residual adds, softmax, cross-entropy, embedding lookup): the
@@ -165,6 +167,9 @@ class _Machine:
     inter: Link | None
     per_node: int
     hw: HardwareConfig
+    attention_flops: float | None = None
+    """Achieved rate of a fused attention kernel (FLOP/s): the datasheet's peak x attention_efficiency;
+    None under a calibration (it times SDPA itself) or where the hardware states no such figure."""
     gemms: dict[tuple[int, int, int, int, str, str], float] = field(default_factory=dict)
     """Measured seconds of GEMM shapes (calibration), by (m, n, k, batch, precision, layout)."""
     pointwise: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -204,6 +209,7 @@ def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
     intra, inter = _sheet_links(hw, per_node)
     return _Machine(
         flops=peak * 1e12 * hw.gemm_efficiency,
+        attention_flops=peak * 1e12 * hw.attention_efficiency if hw.attention_efficiency else None,
         mem_bw=mem * 1e9 * hw.memory_bw_efficiency,
         kernel=hw.kernel_overhead_us * 1e-6,
         intra=intra,
@@ -486,13 +492,21 @@ def _layer(model: ModelConfig, par: ParallelismConfig, mach: _Machine, stack: St
     tokens, heads = b * s, model.num_attention_heads // t
     # megasweep's model runs SDPA; Megatron-DeepSpeed's explicit core (baddbmm, fused softmax) does not.
     sdpa = None
-    if stack != Stack.megatron_deepspeed:
+    sdpa_kernel = stack != Stack.megatron_deepspeed
+    if sdpa_kernel:
         causal = model.kind == ModelKind.gpt
         sdpa = _measured_attention(b * heads, s, h // model.num_attention_heads, causal, precision.value, mach)
+    core = [g for g in gemms if g.name in ATTENTION_CORE]
     if sdpa is not None:
         core_f, core_b = sdpa
+    elif sdpa_kernel and mach.attention_flops and precision != Precision.fp32:
+        # One fused kernel each way, at the rate FlashAttention's authors measured; its backward does
+        # 2.5x the forward's FLOPs (five products against two: it recomputes the scores). FlashAttention
+        # takes 16-bit operands only: in fp32 SDPA runs another kernel, left to the GEMM rule.
+        forward = causal_skip * sum(g.flops for g in core) / mach.attention_flops
+        core_f, core_b = forward + mach.kernel, 2.5 * forward + mach.kernel
     else:
-        core_f, core_b = (causal_skip * x for x in _gemm_seconds([g for g in gemms if g.name in ATTENTION_CORE], mach, precision))
+        core_f, core_b = (causal_skip * x for x in _gemm_seconds(core, mach, precision))
     # The residual stream's tokens on this rank: s/t under sequence parallel.
     local = tokens // t if par.sequence_parallel else tokens
     # The pointwise ops: two LayerNorms, GeLU on the f/t activations, two residual adds; megasweep's

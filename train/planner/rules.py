@@ -525,6 +525,8 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
     for name in _FRACTIONS:
         if not (_number(v := getattr(hw, name)) and 0 < v <= 1):
             bad[f"hardware.{name}"] = v
+    if (v := hw.attention_efficiency) is not None and not (_number(v) and 0 < v <= 1):
+        bad["hardware.attention_efficiency"] = v
     for name in _POSITIVE_IF_SET:
         if (v := getattr(hw, name)) is not None and not (_number(v) and v > 0):
             bad[f"hardware.{name}"] = v
@@ -540,8 +542,8 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
     return _when_any(
         "hardware_figures",
         bad,
-        f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}) are shares "
-        f"of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
+        f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}, and "
+        f"attention_efficiency unless null) are shares of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
         f"including, 1; memory_gib, peaks, SM counts and bandwidths are positive (or null: unknown); reserves, "
         f"overheads and latencies are 0 or more; device_pattern is a Python regular expression (or null). "
         f"See conf/hardware/*.yaml for sourced values.",

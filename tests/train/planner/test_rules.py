@@ -145,7 +145,8 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     costs = (hw.memory_reserve_gib, hw.process_overhead_gib, hw.comm_buffer_gib, hw.comm_buffer_pair_gib,
              hw.comm_latency_us, hw.kernel_overhead_us)  # fmt: skip
     if (not all(0 < x <= 1 for x in shares) or not all(x is None or x > 0 for x in rates)
-            or not all(x >= 0 for x in costs) or not hw.memory_gib > 0 or not 0 <= hw.allocator_fragmentation < 1):
+            or not all(x >= 0 for x in costs) or not hw.memory_gib > 0 or not 0 <= hw.allocator_fragmentation < 1
+            or not (hw.attention_efficiency is None or 0 < hw.attention_efficiency <= 1)):
         broken.add("hardware_figures")
     if hw.device_pattern is not None:
         try:
@@ -524,7 +525,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             {"gemm_efficiency": 2.0}, {"gemm_efficiency": -1.0}, {"memory_bw_efficiency": 0.0},
             {"inter_node_comm_efficiency": 1.5}, {"memory_bw_gbs": 0.0}, {"intra_node_bw_gbs": -300.0},
             {"allocator_fragmentation": 1.0}, {"comm_latency_us": -5.0}, {"kernel_overhead_us": float("nan")},
-            {"device_pattern": "A100("},
+            {"device_pattern": "A100("}, {"attention_efficiency": 0.0}, {"attention_efficiency": 1.2},
         ]))
     elif rule == "cluster_settings":
         cluster = draw(st.sampled_from([
