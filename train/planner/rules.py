@@ -506,6 +506,7 @@ def _check_training_values(tr: TrainingConfig) -> Violation | None:
 
 
 _FRACTIONS = ("gemm_efficiency", "memory_bw_efficiency", "intra_node_comm_efficiency", "inter_node_comm_efficiency")
+_FRACTIONS_IF_SET = ("attention_efficiency",)
 _POSITIVE_IF_SET = ("peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp32", "num_sms", "intra_node_bw_gbs",
                     "inter_node_bw_gbs", "memory_bw_gbs", "host_link_bw_gbs")  # fmt: skip
 _NON_NEGATIVE = ("memory_reserve_gib", "process_overhead_gib", "comm_buffer_gib", "comm_buffer_pair_gib",
@@ -525,8 +526,9 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
     for name in _FRACTIONS:
         if not (_number(v := getattr(hw, name)) and 0 < v <= 1):
             bad[f"hardware.{name}"] = v
-    if (v := hw.attention_efficiency) is not None and not (_number(v) and 0 < v <= 1):
-        bad["hardware.attention_efficiency"] = v
+    for name in _FRACTIONS_IF_SET:
+        if (v := getattr(hw, name)) is not None and not (_number(v) and 0 < v <= 1):
+            bad[f"hardware.{name}"] = v
     for name in _POSITIVE_IF_SET:
         if (v := getattr(hw, name)) is not None and not (_number(v) and v > 0):
             bad[f"hardware.{name}"] = v
@@ -543,9 +545,9 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
         "hardware_figures",
         bad,
         f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}, and "
-        f"attention_efficiency unless null) are shares of a datasheet figure, above 0 and at most 1; allocator_fragmentation is a share from 0 up to, not "
-        f"including, 1; memory_gib, peaks, SM counts and bandwidths are positive (or null: unknown); reserves, "
-        f"overheads and latencies are 0 or more; device_pattern is a Python regular expression (or null). "
+        f"{', '.join(_FRACTIONS_IF_SET)} unless null) are shares of a datasheet figure, above 0 and at most 1; "
+        f"allocator_fragmentation is a share from 0 up to, not including, 1; memory_gib, peaks, SM counts and "
+        f"bandwidths are positive (or null: unknown); reserves, overheads and latencies are 0 or more; device_pattern is a Python regular expression (or null). "
         f"See conf/hardware/*.yaml for sourced values.",
     )
 
