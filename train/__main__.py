@@ -43,6 +43,7 @@ from train.contract import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     RESULT_FILE,
+    read_record,
     unwritable,
 )
 from train.distributed import launch_from_env
@@ -114,7 +115,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise
         # The record says `error` with these words; the console needs them, not a traceback.
-        print(f"error: {bad_input} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
+        print(f"error: {bad_input} ({_record_note(output_dir)})", file=sys.stderr)
         sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
         # Ctrl-C in start-up (W&B's, say) comes before the trainer writes any record: one is written
@@ -246,13 +247,23 @@ def spawn_workers(
             failed_code=result.failed_code,
             since=launched,
         )
-        message = f"worker rank {result.failed_rank} exited with {result.failed_code} (record: {output_dir})"
+        message = f"worker rank {result.failed_rank} exited with {result.failed_code} ({_record_note(output_dir)})"
         if multirun:
             raise RuntimeError(message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(result.returncode)
     record: dict[str, Any] = json.loads((output_dir / RESULT_FILE).read_text())
     return record
+
+
+def _record_note(output_dir: Path) -> str:
+    """Where a failed attempt's record is, for its error line; or that it wrote none, when the run
+    directory's record is a finished run's that the attempt kept (train.trainer._write_unless_kept)."""
+    path = output_dir / RESULT_FILE
+    record = read_record(path)
+    if record is not None and record.get("status") == "ok":
+        return f"nothing recorded: {path} is the finished run's record, kept"
+    return f"record: {path}"
 
 
 def _preload(run: RunConfig) -> None:

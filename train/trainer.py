@@ -32,6 +32,7 @@ from conf.schema import RunConfig, WandbMode, to_plain_dict
 from train import distributed, failures
 from train.calibrate import forget_cached_peak
 from train.contract import (
+    EXIT_FAILED,
     RESULT_FILE,
     OomReport,
     PeakCalibration,
@@ -192,7 +193,7 @@ def run_training(
             overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
         )
         if rank.lead:
-            record = _write_unless_finished(path, record, progress)
+            record = _write_unless_kept(path, record, progress, failure)
         sinks.finish(summary=_summary_figures(record), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
@@ -207,17 +208,26 @@ def run_training(
     return record
 
 
-def _write_unless_finished(path: Path, record: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Write `record` to `path` and return it, unless a resume found the run finished (no iteration ran)
-    and `path` holds the measured record of the attempt that finished it: the same command run again
-    would replace its figures (sec/it, MFU, memory) with an `ok` that measured nothing. That record is
-    kept and returned, and stderr says so. A record without figures (an attempt stopped after its last
+def _write_unless_kept(
+    path: Path, record: dict[str, Any], progress: Progress, failure: BaseException | None
+) -> dict[str, Any]:
+    """Write `record` to `path` and return it, unless `path` holds the measured record of a finished
+    run (`ok`, with sec/it) and this attempt trained no iteration, either because a resume found the
+    run finished (the same command run again) or because the checkpoint directory was refused (another
+    run's: other layout, model or batch, or unreadable). Either record would replace the figures that
+    run measured (sec/it, MFU, memory) with one that measured nothing; the measured one is kept and
+    returned, and stderr says so. A record without figures (an attempt stopped after its last
     checkpoint, say) is replaced as before."""
-    if record["status"] == "ok" and progress.resumed_from_step is not None and not progress.iterations:
+    from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
+
+    finished = record["status"] == "ok" and progress.resumed_from_step is not None
+    refused = isinstance(failure, CheckpointMismatch)
+    if (finished or refused) and not progress.iterations:
         earlier = read_record(path)
         if earlier is not None and earlier.get("status") == "ok" and earlier.get("sec_per_iter") is not None:
-            print(f"warning: the run had finished already: its record, with its measured figures, is kept "
-                  f"({path}); nothing was trained", file=sys.stderr, flush=True)  # fmt: skip
+            why = "the run had finished already" if finished else "this attempt was refused before training"
+            print(f"warning: {why}: the finished run's record, with its measured figures, is kept ({path}); "
+                  "nothing was trained", file=sys.stderr, flush=True)  # fmt: skip
             return earlier
     write_json_atomic(path, record)
     return record
@@ -452,11 +462,17 @@ def record_worker_failure(
 
     Called by the parent of a local spawn. Rank 0's own record is kept when rank 0 failed first
     (its status, oom or nan say more); otherwise its record (if any: it may have been SIGKILLed)
-    is kept for the iterations it saw, with the status and message of the real cause.
+    is kept for the iterations it saw, with the status and message of the real cause. A finished
+    run's measured record from before `since` is kept whole when the workers exited with
+    EXIT_FAILED, as every rank does on refusing the checkpoint directory (rank 0 kept that record
+    and said so: _write_unless_kept).
     """
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
     written = _read_record(path)
+    if since is not None and failed_code == EXIT_FAILED and _measured_before(written, since):
+        assert written is not None
+        return written
     record = written if written is not None else _new_record(run, overrides, status="error")
     reports = read_oom_reports(output_dir, since=since)
     if reports:  # a worker ran out of memory: that is the answer, whoever exited first
@@ -524,6 +540,18 @@ def record_termination(run: RunConfig, *, output_dir: Path, overrides: Sequence[
 
 def _interrupted_message(iterations: int) -> str:
     return f"stopped by SIGINT (Ctrl-C) after {iterations} iterations; every worker was stopped"
+
+
+def _measured_before(record: dict[str, Any] | None, since: datetime) -> bool:
+    """Whether `record` is a finished run's measured one (`ok`, with sec/it) that started before
+    `since`: started_at has whole seconds, so one from the second `since` falls in is not counted."""
+    if record is None or record.get("status") != "ok" or record.get("sec_per_iter") is None:
+        return False
+    try:
+        started = datetime.fromisoformat(str(record.get("started_at")))
+    except ValueError:
+        return False
+    return started < since.replace(microsecond=0)
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:

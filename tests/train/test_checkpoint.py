@@ -175,6 +175,12 @@ def test_unreadable_newest_checkpoint_falls_back_then_is_one_line(
                for w in record["warnings"]), record["warnings"]  # fmt: skip
     for step in (4, 6):
         _truncate_shards(ckpt / f"step_{step}")
+    # The run had finished: its measured record stays (nothing trained); without it, the record says why.
+    measured = (tmp_path / "run" / RESULT_FILE).read_bytes()
+    proc, record = launch(tmp_path / "run")
+    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured and record["status"] == "ok"
+    (tmp_path / "run" / RESULT_FILE).unlink()
     proc, record = launch(tmp_path / "run")
     assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -305,9 +311,18 @@ def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path
     warning = f"resumed from step {STEPS}"
     assert f"warning: {warning}" in again.stderr and f"training.train_iters={STEPS}: no iteration ran" in again.stderr
     # The finished run's record stays, figures and all: an `ok` that measured nothing replaced it.
-    assert "the run had finished already: its record, with its measured figures, is kept" in again.stderr
+    assert "the run had finished already: the finished run's record, with its measured figures, is kept" in again.stderr
     assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured and record == finished
     assert finished["sec_per_iter"] is not None
+    # Another run in the same directory is refused its checkpoint: an input error, and nothing trained,
+    # so the finished run's record stays too; the error line says no record was written.
+    other, record = launch(tmp_path / "run", "training.seed=7")
+    assert other.returncode == EXIT_FAILED and "Traceback" not in other.stderr, other.stderr[-2000:]
+    assert "warning: this attempt was refused before training: the finished run's record" in other.stderr
+    last = other.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: checkpoint ") and "other seed" in last, last
+    assert last.endswith(f"(nothing recorded: {tmp_path / 'run' / RESULT_FILE} is the finished run's record, kept)")
+    assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured
     # Without that record (removed; or one without figures), the resume's own record says what happened,
     # with the loss the checkpoint recorded: the run's last loss is known.
     (tmp_path / "run" / RESULT_FILE).unlink()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -614,6 +614,28 @@ def test_a_bad_input_is_the_records_cause_whichever_worker_exits_first(tmp_path:
     trainer.write_json_atomic(out / "result.json", {**written, "message": "RuntimeError: gloo: connection reset"})
     trainer.record_worker_failure(run, output_dir=out, overrides=[], failed_rank=1, failed_code=17)
     assert read_record(out)["message"].startswith("worker rank 1 exited with code 17")
+
+
+def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_training(tmp_path: Path) -> None:
+    """Every rank of a local spawn refuses another run's checkpoint directory and exits EXIT_FAILED;
+    rank 0 kept the finished run's record (train.trainer._write_unless_kept). The parent keeps it
+    too, rather than replacing its figures with 'worker rank 1 exited with code 1'."""
+    run = compose_run("parallelism.dp=2")
+    finished = run_training(compose_run("training.train_iters=3", "training.warmup_iters=1"), output_dir=tmp_path, overrides=[])
+    assert finished["status"] == "ok" and finished["sec_per_iter"] is not None
+    measured = (tmp_path / "result.json").read_bytes()
+    later = datetime.now(timezone.utc) + timedelta(seconds=2)  # the refused spawn's launch, seconds after
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1, since=later)
+    assert (tmp_path / "result.json").read_bytes() == measured
+    # A failure other than every rank's refusal (a code other than EXIT_FAILED), or a record this
+    # spawn's rank 0 wrote (started in the launch's second or after), is the failure's record as before.
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=17, since=later)
+    assert read_record(tmp_path)["message"].startswith("worker rank 1 exited with code 17")
+    (tmp_path / "result.json").write_bytes(measured)
+    started = datetime.fromisoformat(finished["started_at"])
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1,
+                                  since=started + timedelta(microseconds=900_000))  # fmt: skip
+    assert read_record(tmp_path)["status"] == "error"
 
 
 def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_and_record(
