@@ -43,7 +43,7 @@ starts, its config reads `pending`, which is all this side can know about a job 
 hand.
 
 A sweep directory holds one sweep (launchers.sweepdir): exporting into one whose manifest lists
-a sweep is refused unless --append, which adds the configs under new indices (after the last
+a sweep (not only infeasible configs) is refused unless --append, which adds the configs under new indices (after the last
 one) and needs a --name whose scripts do not exist yet (pending tasks of the earlier scripts
 read their task tables when they start). Without --append, a --name whose script in --out-dir belongs
 to another sweep (whose manifest still lists configs exported to it) is refused for the same reason. The script and sweep directories are proved writable
@@ -374,7 +374,11 @@ def export_sweep(
         # Slurm opens --output itself and does not create its directory.
         (sweep_dir / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
         scripts, exported = _write_scripts(pieces, texts)
-        skipped_file = _write_skipped(out_dir / f"{name}.skipped.tsv", skipped) if skipped else None
+        skipped_file = out_dir / f"{name}.skipped.tsv"
+        if skipped:
+            _write_skipped(skipped_file, skipped)
+        else:  # an earlier export under this name (all of it skipped, say) listed others
+            skipped_file.unlink(missing_ok=True)
         entries = sorted([*exported, *skipped_entries], key=lambda e: e.index)
         for e in entries:
             # A job id an earlier export's task recorded would pass for this config's.
@@ -392,7 +396,8 @@ def export_sweep(
         save_launch_file(sweep_dir, settings, specs)
         manifest = write_manifest(merge_entries(old, entries), manifest_path(sweep_dir))
     return Export(
-        scripts=scripts, skipped=skipped, skipped_file=skipped_file, sweep_dir=sweep_dir, manifest=manifest
+        scripts=scripts, skipped=skipped, skipped_file=skipped_file if skipped else None, sweep_dir=sweep_dir,
+        manifest=manifest,
     )
 
 

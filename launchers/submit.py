@@ -574,7 +574,8 @@ def launch_failure(entries: Sequence[ManifestEntry], sweep_dir: Path) -> LaunchF
     if not any(e.status == "submitted" for e in entries):
         return NothingSubmitted(
             f"Nothing was submitted: all {len(entries)} configs are infeasible; the rules' reasons are "
-            f"in {manifest_path(sweep_dir)} (hydra/launcher=plan prints them as a table)."
+            f"in {manifest_path(sweep_dir)} (hydra/launcher=plan prints them as a table). It lists nothing "
+            "that ran, so a launch into the same directory replaces it."
         )
     return None
 

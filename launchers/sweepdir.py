@@ -10,7 +10,8 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
   checks) are removed again, so that a refusal leaves nothing behind.
 - `claim_sweep_dir`: a directory whose manifest.jsonl lists a sweep, or whose plan.csv holds a
   dry run, is refused, unless the user asks to add to that sweep (hydra.launcher.append=true,
-  --append). Added configs then take the indices after the last one listed: an index (and the
+  --append). A manifest of configs that were all infeasible (`skipped`) lists none that ran, and
+  the next launch replaces it. Added configs then take the indices after the last one listed: an index (and the
   default output directory named after it) is never given to a second config, so no old
   result.json sits where a new config writes. A dry run's configs have no index to take after.
 - `sweep_lock`: whoever gives configs indices in a sweep (a launch, an export, a rerun) holds the
@@ -286,6 +287,12 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
 
     0 for a new directory or a dry run's. A directory that holds a sweep or a dry run is refused
     unless `append`, and then its next free index is returned (see the module docstring).
+
+    A manifest every config of which was `skipped` (a launch or export whose configs were all
+    infeasible) holds no sweep: nothing ran or was given to Slurm, so no result can be taken for
+    another's. It is removed, and the launch takes the directory from index 0, as it would an empty
+    one: the retry with the configs fixed goes where the user pointed the first try (a retry refused
+    later on loses no more than the reasons of the try before it, which it repeats or replaces).
     """
     sweep_dir = Path(sweep_dir)
     path = manifest_path(sweep_dir)
@@ -309,6 +316,9 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
     first = next_index(entries)
     if append:
         return first
+    if all(e.status == "skipped" for e in entries):
+        path.unlink()
+        return 0
     raise SweepDirError(
         f"{sweep_dir} already holds a sweep ({len(entries)} configs in {MANIFEST_FILE}), and "
         "a directory holds one sweep, so that status and the analysis never take its results for "

@@ -285,13 +285,18 @@ def test_sweep_expands_in_hydra_order_and_refuses_hydra_settings() -> None:
         expand_sweep(["a=1,2", "hydra.verbose=true"])
 
 
-def refused_export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m launchers sbatch <TINY> <args>` into tmp_path's scripts/ and sweep/; it must exit EXIT_USAGE."""
-    proc = subprocess.run(
+def export_into(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m launchers sbatch <TINY> <args>` into tmp_path's scripts/ and sweep/."""
+    return subprocess.run(
         [sys.executable, "-m", "launchers", "sbatch", f"--out-dir={tmp_path / 'scripts'}",
          f"--sweep-dir={tmp_path / 'sweep'}", *TINY, *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def refused_export(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """export_into, which must exit EXIT_USAGE."""
+    proc = export_into(tmp_path, *args)
     assert proc.returncode == EXIT_USAGE, proc.stderr
     return proc
 
@@ -365,12 +370,18 @@ def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(opt
 
 
 def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:
-    proc = refused_export(tmp_path, "parallelism.tp=3,5")
+    proc = refused_export(tmp_path, "--name=x", "parallelism.tp=3,5")
     assert "2 configs: 0 in 0 script(s), 2 infeasible" in proc.stdout
     assert "Nothing was exported: all 2 configs are infeasible" in proc.stderr
     # The manifest keeps the rules' reasons, as hydra/launcher=slurm's does.
     assert [e.status for e in read_manifest(tmp_path / "sweep")] == ["skipped", "skipped"]
     assert not list((tmp_path / "scripts").glob("*.sbatch"))
+    # It lists nothing that ran, so it claims no sweep: the export with the configs fixed goes into the
+    # same directory (not "already holds a sweep"), and the stale list of skipped configs goes.
+    fixed = export_into(tmp_path, "--name=x", "parallelism.tp=1,2")
+    assert fixed.returncode == 0, fixed.stderr
+    assert [(e.index, e.status) for e in read_manifest(tmp_path / "sweep")] == [(0, "exported"), (1, "exported")]
+    assert not (tmp_path / "scripts" / "x.skipped.tsv").exists()
 
 
 def test_a_row_refused_leaves_no_script_of_an_earlier_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,11 +56,18 @@ def train_multirun(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_claim_refuses_a_sweep_and_appends_after_its_last_index(tmp_path: Path) -> None:
     assert claim_sweep_dir(tmp_path / "new", append=False) == 0
-    entries = [ManifestEntry(index=i, overrides=(), output_dir=str(i), status="skipped") for i in (0, 4)]
+    entries = [ManifestEntry(index=i, overrides=(), output_dir=str(i), status=s) for i, s in ((0, "skipped"), (4, "submitted"))]
     write_manifest(entries, tmp_path / "new" / "manifest.jsonl")
     with pytest.raises(SweepDirError, match="already holds a sweep .* hydra.launcher.append=true: .* from 5 on"):
         claim_sweep_dir(tmp_path / "new", append=False)
     assert first_index(tmp_path / "new", append=True) == 5
+    assert read_manifest(tmp_path / "new") == entries
+    # A manifest of infeasible configs only lists nothing that ran: added to, its indices stay taken;
+    # launched into, it is the launch's to replace, from index 0.
+    write_manifest(entries[:1], tmp_path / "new" / "manifest.jsonl")
+    assert first_index(tmp_path / "new", append=True) == 1 and read_manifest(tmp_path / "new") == entries[:1]
+    assert claim_sweep_dir(tmp_path / "new", append=False) == 0
+    assert not (tmp_path / "new" / "manifest.jsonl").exists()
     with pytest.raises(SweepDirError, match="cannot write there"):
         claim_sweep_dir(UNWRITABLE, append=True)
 
@@ -163,7 +170,7 @@ def test_an_export_into_a_sweep_needs_append_and_a_new_name(tmp_path: Path) -> N
 )
 def test_every_launcher_refuses_a_sweep_directory(launcher: str, sweeper: str, tmp_path: Path) -> None:
     # With Hydra's basic sweeper the launcher's own check is the one that answers.
-    write_manifest([ManifestEntry(index=0, overrides=(), output_dir="0", status="skipped")], tmp_path / "manifest.jsonl")
+    write_manifest([ManifestEntry(index=0, overrides=(), output_dir="0", status="submitted")], tmp_path / "manifest.jsonl")
     proc = train_multirun(
         "training.lr=1e-4", f"hydra/launcher={launcher}", f"hydra/sweeper={sweeper}", f"hydra.sweep.dir={tmp_path}"
     )
@@ -171,6 +178,18 @@ def test_every_launcher_refuses_a_sweep_directory(launcher: str, sweeper: str, t
     assert proc.returncode == EXIT_USAGE and "already holds a sweep (1 configs" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert [e.index for e in read_manifest(tmp_path)] == [0]
+
+
+def test_a_launch_whose_every_config_was_infeasible_leaves_the_directory_to_the_next(tmp_path: Path) -> None:
+    # Before, its manifest of `skipped` configs claimed the directory, and the launch with the configs
+    # fixed was refused: "already holds a sweep". Both launches are refused by the rules here, so Slurm
+    # is never asked: the second one's manifest is its own, from index 0.
+    first = train_multirun("parallelism.tp=3,5", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}")
+    assert first.returncode == EXIT_USAGE and "Nothing was submitted: all 2 configs are infeasible" in first.stderr
+    assert "a launch into the same directory replaces it" in first.stderr, first.stderr
+    second = train_multirun("parallelism.tp=7", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}")
+    assert second.returncode == EXIT_USAGE and "already holds" not in second.stderr, second.stderr
+    assert [(e.index, e.overrides[-1], e.status) for e in read_manifest(tmp_path)] == [(0, "parallelism.tp=7", "skipped")]
 
 
 def test_a_dry_run_directory_is_a_sweep_too(tmp_path: Path) -> None:
