@@ -86,7 +86,7 @@ from train.contract import (
     normalize_dir,
 )
 from train.planner.plan import count_by_rule
-from train.planner.rules import RULES, InfeasibleConfig, validate
+from train.planner.rules import RULES, InfeasibleConfig, rule_problem, validate
 from train.signals import TERMINAL_STOP_SIGNALS, signals_blocked, signals_held
 
 REQUEUE_SIGNAL_LEAD_S = 120
@@ -518,8 +518,8 @@ _RULE = re.compile(r"\[([a-z0-9_]+)\]")
 
 def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
     """Console lines for the skipped configs of a launch: per rule broken, how many configs and the
-    first one's overrides and reasons (counted as the dry run counts them, train.planner.plan.
-    count_by_rule), so that the fix can be read without opening the manifest."""
+    first one's overrides and its problem with that rule (counted as the dry run counts them,
+    train.planner.plan.count_by_rule), so that the fix can be read without opening the manifest."""
     broken = (
         (e, [r for r in _RULE.findall(e.reason or "") if r in RULES] or ["other"])
         for e in entries
@@ -527,7 +527,7 @@ def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
     )
     return [
         f"infeasible [{rule}]: {n} config(s), e.g. config {first.index} "
-        f"({' '.join(first.overrides) or 'no overrides'}): {first.reason}"
+        f"({' '.join(first.overrides) or 'no overrides'}): {rule_problem(first.reason or '', rule) or first.reason}"
         for rule, n, first in count_by_rule(broken)
     ]
 

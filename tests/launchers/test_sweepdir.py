@@ -187,6 +187,10 @@ def test_a_launch_whose_every_config_was_infeasible_leaves_the_directory_to_the_
     first = train_multirun("parallelism.tp=3,5", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}")
     assert first.returncode == EXIT_USAGE and "Nothing was submitted: all 2 configs are infeasible" in first.stderr
     assert "a launch into the same directory replaces it" in first.stderr, first.stderr
+    # tp=3 breaks three rules: each rule's line shows its own problem, not the example's three again.
+    lines = [x for x in first.stderr.splitlines() if x.startswith("slurm: infeasible [")]
+    assert {x.split("]")[0] for x in lines} >= {"slurm: infeasible [heads_divisible_by_tp", "slurm: infeasible [ffn_divisible_by_tp"}
+    assert all("problems: (1)" not in x and x.count("does not divide") == 1 for x in lines), lines
     second = train_multirun("parallelism.tp=7", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}")
     assert second.returncode == EXIT_USAGE and "already holds" not in second.stderr, second.stderr
     assert [(e.index, e.overrides[-1], e.status) for e in read_manifest(tmp_path)] == [(0, "parallelism.tp=7", "skipped")]

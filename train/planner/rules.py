@@ -157,6 +157,22 @@ class InfeasibleConfig(ValueError):
         return (type(self), (self.violations,))
 
 
+def rule_problem(paragraph: str, rule: str) -> str | None:
+    """The words of `rule`'s violation in an InfeasibleConfig paragraph (as a manifest or plan.csv
+    keeps it), without the rule's name; None when the paragraph does not name that rule. A summary by
+    rule shows its example's problem with that rule, not the example's other ones too."""
+    start = paragraph.find(f"[{rule}] ")
+    if start < 0:
+        return None
+    start += len(rule) + 3
+    after = _NEXT_PROBLEM.search(paragraph, start)
+    return paragraph[start : after.start() if after else len(paragraph)].strip()
+
+
+_NEXT_PROBLEM = re.compile(r" \(\d+\) \[[a-z0-9_]+\] ")
+"""Where the next violation of a paragraph of several starts: ' (k) [rule] ' (InfeasibleConfig)."""
+
+
 # --------------------------------------------------------------------------------------
 # Small arithmetic helpers
 

@@ -37,6 +37,7 @@ from train.planner.rules import (
     advise,
     device_mismatch,
     divisors,
+    rule_problem,
     validate,
 )
 
@@ -945,6 +946,11 @@ def test_infeasible_config_is_one_paragraph_with_every_violation() -> None:
         assert v.message in text
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == text and copy.violations == violations
+    # Each violation's words come back out of the paragraph, by rule (a summary by rule shows only
+    # its own problem), and out of a one-violation paragraph too.
+    assert [rule_problem(text, v.rule) for v in violations] == [v.message for v in violations]
+    assert rule_problem(str(InfeasibleConfig(violations[-1:])), violations[-1].rule) == violations[-1].message
+    assert rule_problem(text, "no_such_rule") is None
 
 
 def test_resolve_dp() -> None:
