@@ -84,6 +84,10 @@ from launchers.sweepdir import (
     writable_dir,
 )
 from train.contract import EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
+from train.distributed import launch_from_env
+from train.planner.layout import Layout, LayoutError
+from train.planner.plan import count_by_rule
+from train.planner.rules import Violation, validate
 
 log = logging.getLogger(__name__)
 
@@ -1016,9 +1020,16 @@ class FastValidation:
         tic = time.perf_counter()
         total = len(batch)
         every = self.progress_every
+        # A launcher that writes no manifest (Hydra's basic one) has nowhere to list an infeasible
+        # config as skipped: each job would fail in turn, and the sweep end in a traceback after the
+        # feasible ones ran. The rules judge every config here instead, before any of them runs.
+        judged = OmegaConf.select(self.config, "hydra.launcher.append", default=None) is None
+        infeasible: list[tuple[int, Sequence[str], list[Violation]]] = []
         with bulk_allocation():
             for done, overrides in enumerate(batch, start=1):
-                composer.run_config(overrides)
+                run = composer.run_config(overrides)
+                if judged and (violations := validate(run, world_size=_local_world(run))):
+                    infeasible.append((done - 1, overrides, violations))
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
                     stats = composer.stats()
@@ -1028,6 +1039,37 @@ class FastValidation:
                     )
                     sys.stderr.flush()
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
+        if infeasible:
+            raise UsageError(_refusal(infeasible, total))
+
+
+def _local_world(run: RunConfig) -> int | None:
+    """The world a job started by a launcher without its own allocation trains on: torchrun's or
+    srun's (the sweep itself started under one), else the dp x tp x pp workers it forks, as
+    `python -m train` judges it (None for degrees the rules refuse anyway)."""
+    launch = launch_from_env(os.environ)
+    if launch is not None:
+        return launch.world_size
+    try:
+        return Layout.of(run.parallelism).world_size
+    except LayoutError:
+        return None
+
+
+def _refusal(infeasible: Sequence[tuple[int, Sequence[str], list[Violation]]], total: int) -> str:
+    """One paragraph for a sweep refused by the rules before any job ran: per rule broken, how many
+    configs and one of them with its problem (counted as the dry run counts them)."""
+    by_rule = count_by_rule(((i, o, v), [x.rule for x in v]) for i, o, v in infeasible)
+    said = " ".join(
+        f"[{rule}] {n} config(s), e.g. config {i} ({' '.join(o) or 'no overrides'}): "
+        f"{next(x.message for x in v if x.rule == rule).rstrip('.')}."
+        for rule, n, (i, o, v) in by_rule
+    )
+    return (
+        f"{len(infeasible)} of {total} configs are infeasible, and this launcher lists none as skipped, so "
+        f"nothing was run. {said} Leave them out of the sweep (hydra/launcher=plan shows every one), or "
+        "launch with hydra/launcher=local or slurm, which run the others and list these as skipped."
+    )
 
 
 class SweepLauncher(Launcher):

@@ -284,3 +284,22 @@ def test_a_refused_launch_leaves_no_directory_above_its_sweep_directory(tmp_path
                               text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
         assert proc.returncode == EXIT_USAGE and "hydra.launcher.top=-1" in proc.stderr, proc.stderr
         assert list(tmp_path.iterdir()) == []
+
+
+def test_hydras_basic_launcher_runs_no_config_of_a_sweep_that_has_an_infeasible_one(tmp_path: Path) -> None:
+    # It has no manifest to list an infeasible config as skipped: before, the feasible configs ran, then
+    # the sweep ended in the infeasible one's traceback and exit status 1. The rules judge each config
+    # before any runs: one paragraph by rule, exit 2, nothing left in the directory.
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "-m", "model=tiny", "parallelism.tp=3,1,5", "training.train_iters=3",
+         "logger.wandb_mode=disabled", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: 2 of 3 configs are infeasible, and this launcher lists none as skipped, so "
+                           "nothing was run. [heads_divisible_by_tp] 2 config(s), e.g. config 0 "
+                           "(model=tiny parallelism.tp=3 "), line  # fmt: skip
+    assert "hydra/launcher=local or slurm" in line and "Launching" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "sweep").exists()
