@@ -505,11 +505,13 @@ def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: 
     ("override", "words"),
     [("training.lr=-1", "training.lr=-1.0: training.lr is the peak learning rate, a finite number above 0"),
      ("training.weight_decay=-0.1", "training.weight_decay=-0.1: training.weight_decay is AdamW's decoupled decay"),
-     ("training.save_interval=-2", "training.save_interval=-2: training.save_interval counts iterations")],
+     ("training.save_interval=-2", "training.save_interval=-2: training.save_interval counts iterations"),
+     ("training.profile_steps=[0]", "training.profile_steps=[0]: training.profile_steps names iterations to trace, "
+                                    "each from 1 (the first) to training.train_iters=")],
 )  # fmt: skip
 def test_a_training_value_out_of_range_is_refused_before_training(override: str, words: str, tmp_path: Path) -> None:
-    # training.lr=-1 was torch.optim's ValueError, a traceback after the model was built (exit 1);
-    # a negative weight decay or save interval ran silently.
+    # training.lr=-1 was torch.optim's ValueError, a traceback after the model was built (exit 1), as
+    # was training.profile_steps=[0]; a negative weight decay or save interval ran silently.
     proc = subprocess.run(
         [sys.executable, "-m", "train", override, f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
         cwd=REPO, capture_output=True, text=True, timeout=120,

@@ -516,6 +516,15 @@ def _check_training_values(tr: TrainingConfig) -> Violation | None:
     if not (_number(tr.collective_timeout_s) and tr.collective_timeout_s > 0):
         bad["training.collective_timeout_s"] = tr.collective_timeout_s
         rules.append("training.collective_timeout_s is a time in seconds above 0 (e.g. 300)")
+    # Found here, not by the profiler after the model is built (a traceback from every rank for 0),
+    # and not silently never traced (an iteration past the run's end).
+    last = tr.train_iters if _is_pos_int(tr.train_iters) else None
+    if any(not _is_pos_int(s) or (last is not None and s > last) for s in tr.profile_steps):
+        bad["training.profile_steps"] = list(tr.profile_steps)
+        rules.append(
+            "training.profile_steps names iterations to trace, each from 1 (the first) to training.train_iters"
+            f"{f'={last}' if last is not None else ''} (e.g. [3,4]), or [] for none"
+        )
     if not bad:
         return None
     return Violation("training_values", bad, f"{_listed(bad)}: {'; '.join(rules)}.")

@@ -106,6 +106,9 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
             or not tr.collective_timeout_s > 0 or not all(map(math.isfinite, (tr.lr, tr.weight_decay, tr.grad_clip,
                                                                               tr.collective_timeout_s)))):  # fmt: skip
         broken.add("training_values")
+    # A traced iteration is one the run takes: from 1 to train_iters.
+    if any(not _pos(s) or (_pos(tr.train_iters) and s > tr.train_iters) for s in tr.profile_steps):
+        broken.add("training_values")
     # Rules on fields that positivity does not cover hold or break whatever the sizes are.
     if not (_pos(m.vocab_size) and _pos(m.make_vocab_size_divisible_by)) or m.vocab_size == 1:
         broken.add("vocab_padding")
@@ -519,7 +522,8 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         training = draw(st.sampled_from([
             {"lr": -1.0}, {"lr": 0.0}, {"lr": float("nan")}, {"weight_decay": -0.1}, {"grad_clip": -1.0},
             {"grad_clip": float("inf")}, {"save_interval": -1}, {"collective_timeout_s": 0.0},
-            {"lr": -3e-4, "weight_decay": -0.01},
+            {"lr": -3e-4, "weight_decay": -0.01}, {"profile_steps": [0]}, {"profile_steps": [2, -1]},
+            {"train_iters": 10, "profile_steps": [9, 11]},
         ]))
     elif rule == "hardware_figures":
         hw = draw(st.sampled_from([
