@@ -483,7 +483,11 @@ class FastComposer:
         *,
         repository: Any = None,
         config_name: str | None = None,
+        config_loader: ConfigLoader | None = None,
     ) -> None:
+        self.config_loader = config_loader
+        """The loader the configs come from, where one is at hand: it lists a group's options for a
+        sweep's glob() (None: a sweep of such overrides cannot be expanded here)."""
         self._compose_groups = compose_groups
         self._repository = repository
         self._config_name = config_name
@@ -552,7 +556,13 @@ class FastComposer:
                 config_name=config_name, overrides=prefix + groups, run_mode=RunMode.RUN, from_shell=False
             )
 
-        return cls(compose_groups, _group_checker(loader, set()), repository=loader.repository, config_name=config_name)
+        return cls(
+            compose_groups,
+            _group_checker(loader, set()),
+            repository=loader.repository,
+            config_name=config_name,
+            config_loader=loader,
+        )
 
     def stats(self) -> ComposeStats:
         """Counts of the work done so far."""

@@ -36,6 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
+from launchers.submit import refuse_empty_sweep
 from launchers.sweepdir import UsageError
 from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
 from train.planner.plan import (
@@ -251,6 +252,8 @@ class PlanLauncher(SweepLauncher):
         if self._first_index is None and self.append and csv_file.is_file():
             # Adding to a sweep: its earlier plan rows stay in the file.
             self.rows = read_plan_csv(csv_file)
+        if self._first_index is None:  # a sweep's first batch; a later one is never empty
+            refuse_empty_sweep(job_overrides)
         self.first_index(sweep_dir)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         rows, plan_seconds = plan_sweep(

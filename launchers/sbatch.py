@@ -64,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_loader import ConfigLoader
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from conf import CONFIG_DIR
@@ -78,6 +80,7 @@ from launchers.submit import (
     merge_entries,
     plan_configs,
     read_max_array_size,
+    refuse_empty_sweep,
     run_dir_override,
     run_env,
     save_launch_file,
@@ -152,11 +155,12 @@ class Export:
     """<sweep dir>/manifest.jsonl: the exported and the skipped configs."""
 
 
-def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+def expand_sweep(overrides: Sequence[str], config_loader: ConfigLoader | None = None) -> list[list[str]]:
     """The jobs of a sweep, in the order Hydra's basic sweeper (and so hydra/launcher=slurm) gives them.
 
     Hydra's own overrides (`hydra.*`, `hydra/...`) are refused: a script has no Hydra sweep
-    to apply them to (use --sweep-dir for where results go).
+    to apply them to (use --sweep-dir for where results go). `config_loader` lists a group's
+    options for glob(), as Hydra's sweeper gives its parser its own.
     """
     parsed = [parse_override(text) for text in overrides]
     for override in parsed:
@@ -164,6 +168,9 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
             raise HydraException(
                 f"'{override.input_line}': Hydra's own settings have no effect on an exported script"
             )
+    if config_loader is not None and any(o.is_sweep_override() for o in parsed):
+        # parse_override's parser (cached, shared) has no loader, and glob() needs one.
+        parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides))
     (jobs,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
     return jobs
 
@@ -334,13 +341,15 @@ def export_sweep(
 
     _check_keys(overrides)
     composer = FastComposer.from_config_dir(config_dir, config_name)
+    jobs = expand_sweep(overrides, composer.config_loader)
+    refuse_empty_sweep(jobs)
     # Locked from the claim of the indices until the manifest lists them: an export added to the sweep
     # at the same time takes the indices after these (launchers.sweepdir.sweep_lock).
     with sweep_lock(sweep_dir):
         first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
         old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
         specs, skipped_entries = plan_configs(
-            composer, expand_sweep(overrides), first, array_parallelism=array_parallelism
+            composer, jobs, first, array_parallelism=array_parallelism
         )
         skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
         # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what

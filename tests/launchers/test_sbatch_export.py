@@ -384,6 +384,20 @@ def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(
     assert not (tmp_path / "scripts" / "x.skipped.tsv").exists()
 
 
+def test_a_glob_sweeps_a_groups_options_and_a_sweep_of_no_configs_is_refused(tmp_path: Path) -> None:
+    # glob() needs the config loader to list a group's options: the export said "ConfigLoader is
+    # not set". A sweep of no configs (a glob that matches nothing) wrote a manifest of none and said
+    # "all 0 configs are infeasible".
+    globbed = export_into(tmp_path, "--name=g", "model=glob(tin*)", "training.lr=1e-4,2e-4")
+    assert globbed.returncode == 0, globbed.stderr
+    assert [e.overrides[-2:] for e in read_manifest(tmp_path / "sweep")] == [
+        ("model=tiny", "training.lr=0.0001"), ("model=tiny", "training.lr=0.0002")
+    ]  # fmt: skip (Hydra's sweeper writes the values so too)
+    shutil.rmtree(tmp_path / "sweep")
+    empty = refused_export(tmp_path, "--name=e", "model=glob(no_such_model*)")
+    assert empty.stderr.startswith("error: The sweep has no configs") and not (tmp_path / "sweep").exists()
+
+
 def test_a_row_refused_leaves_no_script_of_an_earlier_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The second script's task table refuses a row (a tab in an override): the first script's files
     # were written before it, and the directories made for them, all left behind.

@@ -452,10 +452,11 @@ def test_cluster_mem_per_node_gb_asks_slurm_for_gigabytes(slurm_cluster: SlurmCl
         subprocess.run(["scancel", *arrays], timeout=30, check=False)
 
 
-@pytest.mark.parametrize("launcher", ["slurm", "local"])
+@pytest.mark.parametrize("launcher", ["slurm", "local", "plan"])
 def test_a_sweep_of_no_configs_is_refused_and_writes_nothing(launcher: str, tmp_path: Path) -> None:
     """`training.train_iters=range(5,5)` sweeps nothing: the launch said "all 0 configs are infeasible"
-    and left a manifest of no configs, which then refused every later launch into the directory."""
+    and left a manifest of no configs, which then refused every later launch into the directory (the
+    dry run exited 0, planning "inf configs/s", and the analysis found no plan.csv)."""
     sweep_dir = tmp_path / "sweep"
     proc = sweep(sweep_dir, "training.train_iters=range(5,5)", f"hydra/launcher={launcher}", check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
