@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -77,8 +78,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # e.g. `+model.foo=1`: Hydra adds the key, the typed schema rejects it here.
         if multirun:
             raise
-        print(f"error: {bad_override}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        _refuse(str(bad_override), hydra_cfg)
     launch = launch_from_env(os.environ)
     world_size = launch.world_size if launch is not None else _spawned_world(run)
     violations = validate(run, world_size=world_size)
@@ -88,15 +88,13 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
             # In a sweep the launcher records this as a `skipped` row; the sweep goes on.
             raise infeasible
         # A single run: one clear paragraph and a usage-error exit status, not a traceback.
-        print(f"error: {infeasible}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        _refuse(str(infeasible), hydra_cfg)
     forks = world_size is not None and world_size > 1 and launch is None
     if (cannot := cannot_run_here(run, probe_cuda=not forks)) is not None:
         if multirun:
             raise ValueError(cannot)
         # Before any worker starts: one line, as a rule's, instead of a traceback from every rank.
-        print(f"error: {cannot}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        _refuse(cannot, hydra_cfg)
     if launch is None or launch.rank == 0:
         for note in advise(run):
             print(f"warning: {note}", file=sys.stderr)
@@ -137,6 +135,25 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # SIGTERM without a checkpoint: the record says `timeout`; the signal's status, not a traceback.
         print(f"timeout: {stopped} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
         sys.exit(EXIT_TERMINATED)
+
+
+def _refuse(message: str, hydra_cfg: Any) -> NoReturn:
+    """End a single run refused before it started: its paragraph on stderr, EXIT_USAGE, and no run
+    directory left behind when Hydra's own .hydra/ is all it holds (Hydra makes it, and saves the
+    config there, before the task runs): a refusal leaves nothing, as a sweep's does."""
+    print(f"error: {message}", file=sys.stderr)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    subdir = str(hydra_cfg.output_subdir or "")
+    try:
+        held = [p for p in run_dir.rglob("*") if not p.is_dir()]
+        if subdir and held and all(p.relative_to(run_dir).parts[0] == subdir for p in held):
+            shutil.rmtree(run_dir)
+            # outputs/<date>/ and outputs/, when this run was their only one (OSError: they hold others).
+            run_dir.parent.rmdir()
+            run_dir.parent.parent.rmdir()
+    except OSError:
+        pass
+    sys.exit(EXIT_USAGE)
 
 
 def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:

@@ -499,6 +499,7 @@ def test_what_this_machine_cannot_start_is_one_line_before_any_worker(override: 
     )  # fmt: skip
     assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {words}"), proc.stderr
+    assert not (tmp_path / "run").exists()  # nor Hydra's .hydra/ of a run that never started
 
 
 @pytest.mark.parametrize(
@@ -518,7 +519,22 @@ def test_a_training_value_out_of_range_is_refused_before_training(override: str,
     )  # fmt: skip
     assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: infeasible config: [training_values] " + words)
-    assert not (tmp_path / "run" / RESULT_FILE).exists()  # nothing ran
+    assert not (tmp_path / "run").exists()  # nothing ran, and Hydra's .hydra/ went with the run directory
+
+
+def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:
+    # Hydra makes outputs/<date>/<time>/.hydra before the task runs: a refused run left it, and the
+    # directories above it, behind; a directory that holds more than that (a finished run's) stays.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", *TINY_RUN], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and proc.stderr.startswith("error: infeasible config"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / RESULT_FILE).write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", "hydra.run.dir=done", *TINY_RUN],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and (tmp_path / "done" / RESULT_FILE).read_text() == "{}"
 
 
 @pytest.mark.parametrize(
