@@ -133,11 +133,35 @@ def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: in
             f"... {len(feasible) - len(shown):,} more feasible config(s), slower or unpredicted, in {csv_name} "
             f"(hydra.launcher.top=N shows N, null all)"
         )
+    lines += _unpredicted_lines(feasible)
     if summary.infeasible:
         lines.append(summary.rules_line())
         for c in summary.by_rule:
             lines.append(f"  [{c.rule or 'other'}] e.g. {c.example.overrides or '(no overrides)'}: {c.message}")
     return "\n".join(lines)
+
+
+SHOWN_NOTES = 3
+"""Distinct reasons for feasible rows without a prediction shown on the console; the rest are in plan.csv."""
+
+
+def _unpredicted_lines(feasible: Sequence[PlanRow]) -> list[str]:
+    """Why the time model predicted nothing for some feasible rows (their pred columns are '-'): each
+    distinct reason once, with how many rows it holds for and one of them."""
+    by_note: dict[str, list[PlanRow]] = {}
+    for row in feasible:
+        if row.pred_note:
+            by_note.setdefault(row.pred_note, []).append(row)
+    if not by_note:
+        return []
+    count = sum(len(rows) for rows in by_note.values())
+    lines = [f"not predicted: {count:,} feasible config(s) (pred_note in plan.csv says why for each)"]
+    ranked = sorted(by_note.items(), key=lambda item: -len(item[1]))
+    for note, rows in ranked[:SHOWN_NOTES]:
+        lines.append(f"  {len(rows):,} config(s), e.g. {rows[0].overrides or '(no overrides)'}: {note}")
+    if len(ranked) > SHOWN_NOTES:
+        lines.append(f"  ... and {len(ranked) - SHOWN_NOTES} other reason(s)")
+    return lines
 
 
 def plan_sweep(

@@ -927,6 +927,8 @@ class PlanRow:
     """Free label, e.g. the Hydra overrides that produced the config."""
     warnings: list[str] = field(default_factory=list)
     """'[advisory] message' of a layout that runs with a caveat (train.planner.rules.advise)."""
+    pred_note: str = ""
+    """Why a feasible row has no prediction: the figure or file the time model lacks (empty: predicted)."""
 
 
 PLAN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRow))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import re
 import subprocess
 import sys
@@ -75,6 +76,11 @@ def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
     assert line.startswith(f"infeasible: {sum(r['feasible'] == 'False' for r in rows)} configs: ")
     assert "[heads_divisible_by_tp] 2" in line  # the two tp=3 configs
     assert "plan: 6 configs:" in proc.stdout
+    # A CPU's peak is measured at run time: no row is predicted, and the console says why, once.
+    feasible = [r for r in rows if r["feasible"] == "True"]
+    assert all(r["pred_note"].startswith("hardware 'cpu' measures its peak at run time") for r in feasible)
+    assert f"\nnot predicted: {len(feasible)} feasible config(s)" in proc.stdout
+    assert proc.stdout.count("measures its peak at run time") == 1
     # Nothing ran: no job directories, no results.
     assert not list(sweep_dir.rglob("result.json"))
     assert sorted(p.name for p in sweep_dir.iterdir()) == ["multirun.yaml", "plan.csv"]
@@ -342,3 +348,16 @@ def test_a_mixed_sweep_plans_as_each_config_composed_by_hydra_and_planned_alone(
     )
     report = format_plan_report(expected, summary, top=None, csv_name="plan.csv")
     assert proc.stdout.split("\nplan: ")[0] == report
+
+
+def test_a_calibration_file_the_time_model_cannot_read_is_each_rows_note(tmp_path: Path) -> None:
+    # The rows were feasible with '-' for every prediction, and nothing said why.
+    from tests.train.planner.test_rules import compose_run
+    from train.planner.plan import plan_run
+
+    bad = tmp_path / "cal.json"
+    bad.write_text("[1, 2]")
+    row = plan_run(compose_run("hardware=a100_80gb", f"hardware.calibration={bad}"), world_size=2)
+    assert row.feasible and math.isnan(row.pred_sec_per_iter)
+    assert row.pred_note == f"hardware.calibration={str(bad)!r} holds a JSON list, not a calibration file's object"
+    assert plan_run(compose_run("hardware=a100_80gb"), world_size=2).pred_note == ""  # the datasheet's figures

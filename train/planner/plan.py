@@ -95,14 +95,17 @@ def time_prediction(model: ModelConfig, par: ParallelismConfig, hw: HardwareConf
 
 def _predicted(
     model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int, model_flops: float, devices: int
-) -> tuple[float, float, float]:
-    """(seconds per iteration, model TFLOP/s per device, MFU) the time model predicts; NaN when unknown."""
+) -> tuple[float, float, float, str]:
+    """(seconds per iteration, model TFLOP/s per device, MFU, why none) the time model predicts; NaN
+    and the reason when it cannot."""
     prediction = time_prediction(model, par, hw, dp)
-    if isinstance(prediction, str) or not devices:
-        return NAN, NAN, NAN
+    if isinstance(prediction, str):
+        return NAN, NAN, NAN, prediction
+    if not devices:
+        return NAN, NAN, NAN, "no device to run on"
     tflops = model_flops / (prediction.sec_per_iter * devices) / 1e12
     peak = peak_tflops(hw, Precision(par.precision))
-    return prediction.sec_per_iter, tflops, tflops / peak if peak else NAN
+    return prediction.sec_per_iter, tflops, tflops / peak if peak else NAN, ""
 
 
 def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
@@ -149,7 +152,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
     flops = (NAN, NAN)
     if sane and "hidden_divisible_by_heads" not in rules:
         flops = _flops(m, par.global_batch_size, Recompute(par.recompute), par.tp)
-    predicted = (NAN, NAN, NAN)
+    predicted = (NAN, NAN, NAN, "")
     if not violations:
         predicted = _predicted(m, par, hw, dp, flops[0], devices)
     return PlanRow(
@@ -182,6 +185,7 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         pred_tflops=predicted[1],
         pred_mfu=predicted[2],
         overrides=overrides,
+        pred_note=predicted[3],
     )
 
 
