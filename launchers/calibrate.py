@@ -29,7 +29,7 @@ from typing import Any
 from conf.schema import Engine, ModelKind, RunConfig
 from launchers.allocation import Allocation, ArrayKey, core_licenses, sbatch_options, slurm_mem
 from launchers.site import check_site, license_totals
-from launchers.submit import submit_released
+from launchers.submit import setup_lines, submit_released
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
@@ -134,7 +134,7 @@ def _executor_parameters(run: RunConfig, nodes: int, licenses: Mapping[str, int]
     if hw.device_type == "cuda" and not c.gres:
         params["gpus_per_node"] = hw.devices_per_node
     optional = {"partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint,
-                "gres": c.gres, "mem": slurm_mem(c.mem_per_node_gb), "setup": list(c.setup) or None}  # fmt: skip
+                "gres": c.gres, "mem": slurm_mem(c.mem_per_node_gb), "setup": setup_lines(c.setup) or None}  # fmt: skip
     params.update({k: v for k, v in optional.items() if v is not None})
     return params
 

@@ -83,8 +83,10 @@ def failed_jobs_text(failed: Sequence[tuple[ManifestEntry, JobReturn]], sweep_di
         record = read_record(sweep_dir / e.output_dir / RESULT_FILE)
         why = record.get("message") if record else None
         if not why:  # no record (killed, or the job never started): the job's own error, last line
-            lines = str(r.return_value).strip().splitlines()
-            why = lines[-1] if lines else type(r.return_value).__name__
+            # _return_value: the property raises a failed job's exception instead of returning it.
+            error = r._return_value
+            lines = str(error).strip().splitlines()
+            why = lines[-1] if lines else type(error).__name__
         reasons.append(f"config {e.index}: {why}")
     more = f"; {len(failed) - 5} more" if len(failed) > 5 else ""
     return f"{len(failed)} of {total} configs failed: {'; '.join(reasons)}{more}. {failed_configs_hint(sweep_dir)}"

@@ -368,6 +368,18 @@ def run_env(spec: ConfigSpec, sweep_dir: Path) -> tuple[tuple[str, str], ...]:
     return env
 
 
+def setup_lines(setup: Sequence[str], *, errexit: bool = True) -> list[str]:
+    """cluster.setup as lines of a job script that stop the job at the first line that fails, naming
+    it on stderr (the Slurm log): a `module load` that fails would otherwise go on to train under the
+    wrong toolchain, or fail later for a reason that hides this one. `errexit`: turn `set -e` on for
+    the setup and off after it, as submitit's script runs without it (an exported script has it on
+    throughout already)."""
+    if not setup:
+        return []
+    trap = "trap 'echo \"error: cluster.setup line failed (exit $?): $BASH_COMMAND\" >&2' ERR"
+    return [*(["set -e"] if errexit else []), trap, *setup, "trap - ERR", *(["set +e"] if errexit else [])]
+
+
 def executor_parameters(
     key: ArrayKey, settings: LaunchSettings, *, licenses: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
@@ -404,7 +416,7 @@ def executor_parameters(
         "qos": opt.qos,
         "constraint": opt.constraint,
         "mem": slurm_mem(opt.mem_per_node_gb),
-        "setup": list(opt.setup) or None,
+        "setup": setup_lines(opt.setup) or None,
         "exclusive": True if opt.exclusive else None,
     }
     params.update({k: v for k, v in optional.items() if v is not None})

@@ -377,6 +377,23 @@ def test_wait_reports_a_failing_job_as_a_failed_sweep(
     assert f"python -m launchers rerun {sweep_dir} --failed" in proc.stderr
 
 
+def test_a_failing_cluster_setup_line_stops_the_job_and_its_log_names_it(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # submitit's script runs without `set -e`: a `module load` that failed went on to train anyway.
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "cluster.setup=['echo set up','ls /megasweep-none','echo went on']",
+                 "hydra.launcher.wait=true", check=False)  # fmt: skip
+    (entry,) = read_manifest(sweep_dir)
+    # The wait's paragraph names the line too (it was a traceback from Hydra's JobReturn for a job
+    # that wrote no record).
+    failed = "error: cluster.setup line failed (exit 2): ls /megasweep-none"
+    assert proc.returncode == 1 and f"1 of 1 configs failed: config 0: {failed}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and result(sweep_dir, entry) is None  # training never started
+    logs = "".join(p.read_text() for p in sweep_dir.rglob("*") if p.suffix in (".out", ".err"))
+    assert "set up" in logs and failed in logs and "went on" not in logs, logs[-3000:]
+
+
 def test_groups_larger_than_max_array_size_are_split(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Held so that nothing runs: only the split is checked, then the jobs are cancelled.
