@@ -283,49 +283,56 @@ def claim_sweep_dir(sweep_dir: str | Path, *, append: bool, options: SweepOption
 
 
 def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS) -> int:
-    """The index of the first config launched into `sweep_dir`; nothing is created or written.
+    """The index of the first config launched into `sweep_dir`; nothing is created.
 
     0 for a new directory or a dry run's. A directory that holds a sweep or a dry run is refused
-    unless `append`, and then its next free index is returned (see the module docstring).
+    unless `append`, and then its next free index is returned (see the module docstring). `append`
+    into a directory that holds neither (nor a layout search's ranking) is refused too: there is
+    nothing to add to, and a mistyped directory would start a sweep of its own without a word.
 
     A manifest every config of which was `skipped` (a launch or export whose configs were all
     infeasible) holds no sweep: nothing ran or was given to Slurm, so no result can be taken for
-    another's. It is removed, and the launch takes the directory from index 0, as it would an empty
-    one: the retry with the configs fixed goes where the user pointed the first try (a retry refused
+    another's. Launched into without `append`, it is removed, and the directory judged as if it had
+    none: the retry with the configs fixed goes where the user pointed the first try (a retry refused
     later on loses no more than the reasons of the try before it, which it repeats or replaces).
     """
     sweep_dir = Path(sweep_dir)
     path = manifest_path(sweep_dir)
-    if not path.exists():
-        if (sweep_dir / PLAN_FILE).is_file() and not append:
-            # Launched there, the dry run's rows would vanish from the analysis of the directory
-            # (it reports the launched sweep's manifest) and its results.md would be replaced.
+    if path.exists():
+        try:
+            entries = read_manifest(path)
+        except (OSError, ManifestError) as exc:
             raise SweepDirError(
-                f"{sweep_dir} already holds a dry run ({PLAN_FILE}), and a directory holds one sweep. "
-                f"Nothing was launched or written. Launch into a new directory ({options.directory}=...), "
-                f"or into this one with {options.append}: {PLAN_FILE} then stays beside the configs added."
+                f"{sweep_dir} holds a {MANIFEST_FILE} that cannot be read ({exc}), so it cannot be added to. "
+                f"Launch into a new directory ({options.directory}=...)."
+            ) from None
+        first = next_index(entries)
+        if append:
+            return first
+        if not all(e.status == "skipped" for e in entries):
+            raise SweepDirError(
+                f"{sweep_dir} already holds a sweep ({len(entries)} configs in {MANIFEST_FILE}), and "
+                "a directory holds one sweep, so that status and the analysis never take its results for "
+                f"another's. Nothing was launched or written. Launch into a new directory "
+                f"({options.directory}=...), or add these configs to that sweep with {options.append}: "
+                f"they get new indices, from {first} on."
             )
-        return 0
-    try:
-        entries = read_manifest(path)
-    except (OSError, ManifestError) as exc:
-        raise SweepDirError(
-            f"{sweep_dir} holds a {MANIFEST_FILE} that cannot be read ({exc}), so it cannot be added to. "
-            f"Launch into a new directory ({options.directory}=...)."
-        ) from None
-    first = next_index(entries)
-    if append:
-        return first
-    if all(e.status == "skipped" for e in entries):
         path.unlink()
-        return 0
-    raise SweepDirError(
-        f"{sweep_dir} already holds a sweep ({len(entries)} configs in {MANIFEST_FILE}), and "
-        "a directory holds one sweep, so that status and the analysis never take its results for "
-        f"another's. Nothing was launched or written. Launch into a new directory "
-        f"({options.directory}=...), or add these configs to that sweep with {options.append}: "
-        f"they get new indices, from {first} on."
-    )
+    if (sweep_dir / PLAN_FILE).is_file() and not append:
+        # Launched there, the dry run's rows would vanish from the analysis of the directory
+        # (it reports the launched sweep's manifest) and its results.md would be replaced.
+        raise SweepDirError(
+            f"{sweep_dir} already holds a dry run ({PLAN_FILE}), and a directory holds one sweep. "
+            f"Nothing was launched or written. Launch into a new directory ({options.directory}=...), "
+            f"or into this one with {options.append}: {PLAN_FILE} then stays beside the configs added."
+        )
+    if append and not any((sweep_dir / name).is_file() for name in (PLAN_FILE, SEARCH_FILE)):
+        raise SweepDirError(
+            f"{options.append}: {sweep_dir} holds no sweep to add these configs to (no {MANIFEST_FILE}, "
+            f"{PLAN_FILE} or {SEARCH_FILE}). Nothing was launched or written. Check the directory "
+            f"({options.directory}=...), or leave {options.append.split('=')[0]} out to start a sweep there."
+        )
+    return 0
 
 
 def _launch_files(sweep_dir: Path) -> tuple[tuple[str, bytes | None], ...]:

@@ -68,6 +68,15 @@ def test_claim_refuses_a_sweep_and_appends_after_its_last_index(tmp_path: Path) 
     assert first_index(tmp_path / "new", append=True) == 1 and read_manifest(tmp_path / "new") == entries[:1]
     assert claim_sweep_dir(tmp_path / "new", append=False) == 0
     assert not (tmp_path / "new" / "manifest.jsonl").exists()
+    # Beside a dry run's plan.csv, that manifest gone, the dry run still claims the directory.
+    write_manifest(entries[:1], tmp_path / "new" / "manifest.jsonl")
+    (tmp_path / "new" / "plan.csv").write_text("feasible\n")
+    with pytest.raises(SweepDirError, match="already holds a dry run"):
+        first_index(tmp_path / "new", append=False)
+    # Adding to a directory that holds no sweep (a mistyped one, say) is refused: it started a sweep there.
+    with pytest.raises(SweepDirError, match=r"hydra.launcher.append=true: .*empty holds no sweep to add these configs to"
+                                            r".* leave hydra.launcher.append out to start a sweep there"):  # fmt: skip
+        claim_sweep_dir(tmp_path / "empty", append=True)
     with pytest.raises(SweepDirError, match="cannot write there"):
         claim_sweep_dir(UNWRITABLE, append=True)
 
@@ -147,6 +156,9 @@ def test_an_export_into_a_sweep_needs_append_and_a_new_name(tmp_path: Path) -> N
     assert unwritable.returncode == EXIT_USAGE and "cannot write there" in unwritable.stderr
     assert not list((tmp_path / "scripts").glob("*")), "nothing half-exported"
 
+    missing = export("--append", "--name", "a", "--sweep-dir", str(sweep_dir), "training.lr=1e-4")
+    assert missing.returncode == EXIT_USAGE and "--append: " in missing.stderr and "holds no sweep" in missing.stderr
+    assert not sweep_dir.exists() and not list((tmp_path / "scripts").glob("*")), "nothing written"
     assert export("--name", "a", "--sweep-dir", str(sweep_dir), "training.lr=1e-4,2e-4").returncode == 0
     again = export("--name", "b", "--sweep-dir", str(sweep_dir), "training.lr=3e-4")
     assert again.returncode == EXIT_USAGE and "already holds a sweep" in again.stderr and "--append" in again.stderr
