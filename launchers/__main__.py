@@ -14,6 +14,7 @@ EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | hea
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from train.contract import (
     SUBMITIT_DIR,
     ManifestError,
     exit_on_broken_pipe,
+    unwritable,
 )
 
 
@@ -214,10 +216,20 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"error: --nodes {args.nodes}: node counts are positive and at most 2 (inside a node, and "
               "between two nodes, is what the time model's links need), e.g. --nodes 1 2", file=sys.stderr)
         return EXIT_USAGE
+    if not (math.isfinite(args.min_seconds) and args.min_seconds > 0):
+        print(f"error: --min-seconds {args.min_seconds}: the shortest time each figure is timed for is a number "
+              "of seconds above 0 (default 0.05); nothing was submitted", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    out = Path(args.out)
+    # Found now, not when the jobs have run and their figures have nowhere to go (an OSError naming no option).
+    why = "it is a directory" if out.is_dir() else unwritable(out.parent)
+    if why is not None:
+        print(f"error: --out {out}: cannot write the calibration file there ({why}); name a JSON file in a "
+              "directory you can create and write, e.g. --out calibration/site.json; nothing was submitted",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     try:
-        return calibrate_main(
-            args.overrides, out=Path(args.out), nodes=args.nodes, min_seconds=args.min_seconds, here=args.here
-        )
+        return calibrate_main(args.overrides, out=out, nodes=args.nodes, min_seconds=args.min_seconds, here=args.here)
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

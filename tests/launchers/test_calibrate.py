@@ -161,6 +161,26 @@ def test_ctrl_c_cancels_the_calibration_job_and_writes_nothing(slurm_cluster: Sl
     assert state.stdout.startswith("CANCELLED"), state.stdout  # "CANCELLED by <uid>"
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(["--min-seconds", "-1"], "error: --min-seconds -1.0: the shortest time each figure is timed for is a number of "
+                               "seconds above 0"),
+     (["--min-seconds", "nan"], "error: --min-seconds nan: "),
+     (["--out", "{tmp}"], "error: --out {tmp}: cannot write the calibration file there (it is a directory)"),
+     (["--out", "/sys/megasweep-test/cal.json"], "error: --out /sys/megasweep-test/cal.json: cannot write the "
+                                                  "calibration file there (")],
+)  # fmt: skip
+def test_a_bad_option_is_refused_naming_it_before_any_job(args: list[str], words: str, tmp_path: Path) -> None:
+    # --min-seconds -1 or nan was accepted (each figure then timed once, however short); an --out that
+    # cannot be written failed after the jobs had run, as an OSError naming no option.
+    args = [a.format(tmp=tmp_path) for a in args]
+    full = ["--out", str(tmp_path / "cal.json"), *args] if "--out" not in args else args
+    proc = subprocess.run([sys.executable, "-m", "launchers", "calibrate", "--here", *full], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith(words.format(tmp=tmp_path)), proc.stderr
+    assert proc.stderr.rstrip().endswith("nothing was submitted") and not (tmp_path / "cal.json").exists()
+
+
 def test_calibrate_here_measures_this_device_without_slurm(tmp_path: Path) -> None:
     out = tmp_path / "here.json"
     proc = subprocess.run(
