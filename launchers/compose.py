@@ -1057,7 +1057,10 @@ def _local_world(run: RunConfig) -> int | None:
     """The world a job started by a launcher without its own allocation trains on: torchrun's or
     srun's (the sweep itself started under one), else the dp x tp x pp workers it forks, as
     `python -m train` judges it (None for degrees the rules refuse anyway)."""
-    launch = launch_from_env(os.environ)
+    try:
+        launch = launch_from_env(os.environ)
+    except ValueError:  # each job refuses the variable in its own words
+        launch = None
     if launch is not None:
         return launch.world_size
     try:

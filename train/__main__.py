@@ -47,7 +47,7 @@ from train.contract import (
     read_record,
     unwritable,
 )
-from train.distributed import launch_from_env
+from train.distributed import LaunchEnvError, launch_from_env
 from train.planner.layout import Layout, LayoutError
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted, note_interrupt
@@ -79,7 +79,12 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise
         _refuse(str(bad_override), hydra_cfg)
-    launch = launch_from_env(os.environ)
+    try:
+        launch = launch_from_env(os.environ)
+    except LaunchEnvError as bad_env:
+        if multirun:
+            raise
+        _refuse(str(bad_env), hydra_cfg)
     world_size = launch.world_size if launch is not None else _spawned_world(run)
     violations = validate(run, world_size=world_size)
     if violations:

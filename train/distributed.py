@@ -81,29 +81,54 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
     torchrun's variables win over Slurm's: a torchrun inside an sbatch script sets both.
     """
     if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
+        world = _whole(env, "WORLD_SIZE", least=1)
         if world <= 1:
             return None
+        rank = _whole(env, "RANK", below=("WORLD_SIZE", world))
         return LaunchEnv(
-            rank=int(env["RANK"]),
+            rank=rank,
             world_size=world,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_rank=_whole(env, "LOCAL_RANK", "0"),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29500")),
+            master_port=_whole(env, "MASTER_PORT", "29500", least=1),
             launcher="torchrun",
-            rendezvous_fd=int(env[RENDEZVOUS_FD_ENV]) if env.get(RENDEZVOUS_FD_ENV) else None,
+            rendezvous_fd=_whole(env, RENDEZVOUS_FD_ENV) if env.get(RENDEZVOUS_FD_ENV) else None,
         )
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+    if "SLURM_PROCID" in env and _whole(env, "SLURM_NTASKS", "1", least=1) > 1:
+        world = _whole(env, "SLURM_NTASKS", least=1)
         port = env.get("MASTER_PORT")
         return LaunchEnv(
-            rank=int(env["SLURM_PROCID"]),
-            world_size=int(env["SLURM_NTASKS"]),
-            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            rank=_whole(env, "SLURM_PROCID", below=("SLURM_NTASKS", world)),
+            world_size=world,
+            local_rank=_whole(env, "SLURM_LOCALID", "0"),
             master_addr=env.get("MASTER_ADDR") or slurm_master_addr(env.get("SLURM_JOB_NODELIST", "")),
-            master_port=int(port) if port else slurm_master_port(env.get("SLURM_JOB_ID", "0")),
+            master_port=_whole(env, "MASTER_PORT", least=1) if port else slurm_master_port(env.get("SLURM_JOB_ID", "0")),
             launcher="slurm",
         )
     return None
+
+
+class LaunchEnvError(ValueError):
+    """A launcher's variable (torchrun's, Slurm's) that is not what a launcher sets: one line naming it."""
+
+
+def _whole(
+    env: Mapping[str, str], name: str, default: str | None = None, *, least: int = 0, below: tuple[str, int] | None = None
+) -> int:
+    """Variable `name` of `env` as a whole number of at least `least` (and below the other variable
+    `below` names, with its value); LaunchEnvError naming it otherwise, not int()'s traceback."""
+    text = env.get(name, default)
+    try:
+        value = int(str(text))
+    except ValueError:
+        value = None
+    if value is None or value < least or (below is not None and value >= below[1]):
+        bound = f" and below {below[0]}={below[1]}" if below is not None else ""
+        raise LaunchEnvError(
+            f"{name}={text!r} in the environment: a launcher (torchrun, srun) sets it to a whole number of at "
+            f"least {least}{bound}; unset it to run one process, or start the run with the launcher"
+        )
+    return value
 
 
 def slurm_master_port(job_id: str) -> int:

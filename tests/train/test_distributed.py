@@ -22,6 +22,7 @@ from train import distributed
 from train.distributed import (
     SLURM_PORT_BASE,
     SLURM_PORT_SPAN,
+    LaunchEnvError,
     first_host,
     free_port,
     launch_from_env,
@@ -97,6 +98,22 @@ def test_torchrun_env() -> None:
     assert launch is not None
     assert (launch.rank, launch.world_size, launch.local_rank) == (3, 4, 1)
     assert (launch.master_addr, launch.master_port, launch.launcher) == ("n1", 1234, "torchrun")
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [({"RANK": "0", "WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment: a launcher (torchrun, srun) sets it to "
+                                          "a whole number of at least 1;"),
+     ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK='4' in the environment: a launcher (torchrun, srun) sets it to a whole "
+                                        "number of at least 0 and below WORLD_SIZE=4;"),
+     ({"RANK": "1", "WORLD_SIZE": "4", "MASTER_PORT": "x"}, "MASTER_PORT='x' in the environment"),
+     ({"SLURM_PROCID": "-1", "SLURM_NTASKS": "2"}, "SLURM_PROCID='-1' in the environment")],
+)  # fmt: skip
+def test_a_launchers_variable_that_is_not_a_whole_number_is_named(env: dict[str, str], words: str) -> None:
+    # int()'s "invalid literal for int() with base 10" was a traceback from `python -m train`.
+    with pytest.raises(LaunchEnvError) as refused:
+        launch_from_env(env)
+    assert str(refused.value).startswith(words) and "unset it to run one process" in str(refused.value)
 
 
 def test_srun_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -522,6 +522,15 @@ def test_a_training_value_out_of_range_is_refused_before_training(override: str,
     assert not (tmp_path / "run").exists()  # nothing ran, and Hydra's .hydra/ went with the run directory
 
 
+def test_a_launchers_variable_that_is_not_a_number_is_one_line(tmp_path: Path) -> None:
+    # WORLD_SIZE=abc was int()'s traceback, exit 1.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "abc"}
+    proc = subprocess.run([sys.executable, "-m", "train", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and proc.stderr.startswith("error: WORLD_SIZE='abc' in the environment")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:
     # Hydra makes outputs/<date>/<time>/.hydra before the task runs: a refused run left it, and the
     # directories above it, behind; a directory that holds more than that (a finished run's) stays.
