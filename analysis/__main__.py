@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import argparse_hint
-from train.contract import EXIT_USAGE, exit_on_broken_pipe
+from train.contract import EXIT_USAGE, exit_on_broken_pipe, unwritable
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -402,6 +402,8 @@ def analyse(argv: Sequence[str]) -> int:
     from analysis.tables import missing_markdown, planned_markdown, summary_line
 
     args = _analyse_parser().parse_args(argv)
+    if args.out is not None:
+        _check_out(args.out)
     # Started first, so that matplotlib's start-up and the drawing run beside the loading and the tables.
     plotting = None if args.no_plots else _PlotsAside.start()
     try:
@@ -416,8 +418,7 @@ def analyse(argv: Sequence[str]) -> int:
         for w in sweeps.warnings:
             print(f"warning: {w}", file=sys.stderr)
         df = sweeps.table
-        out = args.out or default_out
-        out.mkdir(parents=True, exist_ok=True)
+        out = args.out or _check_out(default_out, option=False)
         if plotting is not None:
             plotting.draw(df, out)
         written, md, rec_text = _tables(df, sweeps, args, out)
@@ -467,6 +468,8 @@ def compare(argv: Sequence[str]) -> int:
     from launchers.queue import read_states
 
     args = _compare_parser().parse_args(argv)
+    if args.out is not None:
+        _check_out(args.out)
     queue = None if args.no_queue else read_states
     before, after = load_sweeps([args.before], queue=queue), load_sweeps([args.after], queue=queue)
     for w in before.warnings + after.warnings:
@@ -474,13 +477,26 @@ def compare(argv: Sequence[str]) -> int:
     result = compare_sweeps(before.table, after.table, match=args.match)
     labels = sweep_labels([args.before, args.after])
     text = format_comparison(result, before=labels[0], after=labels[1])
-    out = args.out or args.after / "analysis"
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out or _check_out(args.after / "analysis", option=False)
     (out / "compare.md").write_text(text, encoding="utf-8")
     result.table.to_csv(out / "compare.csv", index=False)
     print(text)
     print(f"wrote compare.md, compare.csv to {out}")
     return 0
+
+
+def _check_out(out: Path, *, option: bool = True) -> Path:
+    """`out` created and proved writable before anything is loaded or written there; AnalysisError
+    naming -o (or, for the default, the directory) otherwise, where mkdir's OSError named neither."""
+    from analysis.records import AnalysisError
+
+    why = "it is a file" if out.exists() and not out.is_dir() else unwritable(out)
+    if why is None:
+        return out
+    if option:
+        raise AnalysisError(f"-o {out}: cannot write the analysis there ({why}); name a directory you can create "
+                            "and write")  # fmt: skip
+    raise AnalysisError(f"cannot write the analysis to {out} ({why}); choose a directory you can write with -o DIR")
 
 
 def _command_hint(args: Sequence[str]) -> str:

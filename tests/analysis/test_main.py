@@ -252,3 +252,21 @@ def test_a_misspelt_command_is_named_beside_the_missing_sweep_directory(tmp_path
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert proc.stderr == "error: sweep directory calibrat does not exist; did you mean python -m analysis calibrate?\n"
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file", "sysfs"])
+def test_an_output_directory_that_cannot_be_written_is_named_by_its_option(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # mkdir's OSError said "File exists: <path>" or "Operation not permitted: /sys/x", naming no option,
+    # and only once the sweeps were loaded.
+    sweep = zero_sweep_dir(tmp_path / "zero")
+    (tmp_path / "a_file").write_text("")
+    out = {"file": tmp_path / "a_file", "under_a_file": tmp_path / "a_file" / "sub",
+           "sysfs": Path("/sys/megasweep-test/out")}[where]  # fmt: skip
+    why = {"file": "it is a file", "under_a_file": "Not a directory", "sysfs": ""}[where]
+    for command in ([str(sweep), "--no-plots"], ["compare", str(sweep), str(sweep)]):
+        assert main([*command, "-o", str(out), "--no-queue"]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: -o {out}: cannot write the analysis there ({why}"), err
+    assert not (sweep / "analysis").exists()
