@@ -241,9 +241,10 @@ class WandbLogger:
 
     def finish(self, *, exit_code: int = 0) -> None:
         self._call("finish", lambda run: run.finish(exit_code=exit_code), again=True)
-        if self.run is not None and self.mode == "offline":
+        if self.run is not None and self.mode == "offline" and self.offline_dir is None:
             # quiet=True keeps wandb's own closing lines off the console, its sync hint with them: an
-            # offline run (asked for, or fallen back to) says once where it is and how to upload it.
+            # offline run says once where it is and how to upload it (one fallen back to has said so in
+            # its warning, which the record keeps).
             local = Path(self.run.settings.sync_dir)
             print(f"W&B: offline run in {local}; upload it with: wandb sync {shlex.quote(str(local))}", flush=True)
         self.run = None

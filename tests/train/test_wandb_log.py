@@ -115,10 +115,13 @@ def test_a_failure_mid_run_moves_the_run_to_a_new_offline_run_with_its_history(
     logger.summary({"sec_per_iter": 0.25, "mfu": None})
     logger.finish()
 
-    (line,) = _warning_lines(capfd.readouterr().err)
+    said = capfd.readouterr()
+    (line,) = _warning_lines(said.err)
     assert line.startswith("warning: wandb log failed (offline): "), line
     hint = SYNC_HINT.search(line)
     assert hint is not None and Path(hint.group(1)) == logger.offline_dir != first_dir
+    # The sync command once, in the warning (finish printed it a second time).
+    assert (said.out + said.err).count("wandb sync ") == 1, said
     assert logger.error == line.removeprefix("warning: ")
     # One run on disk for the job: the broken one's directory is gone, the new one has it all.
     assert not first_dir.exists()
