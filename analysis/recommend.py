@@ -487,7 +487,9 @@ def _constraint_masks(group: pd.DataFrame, c: Constraints) -> dict[str, pd.Serie
 def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = "") -> tuple[str, ...]:
     out = ["finished: status ok with measured iterations (no OOM, NaN, timeout or error)"]
     hw = f", hardware {hardware}" if hardware else ""
-    out.append(f"same work as the {configs} config(s) it was compared with: same model{hw}, GBS {best.gbs} and sequence length")
+    # Every config of the work, whatever became of it: the next line says how many qualified and why the rest did not.
+    out.append(f"same work as each of the {configs} config(s) of it in the sweep(s): model{hw}, GBS {best.gbs} and "
+               "sequence length")  # fmt: skip
     if best.mem_gib is not None and _memory_unmet(best) is None:
         cap = f" of {best.mem_capacity_gib:.1f} GiB usable" if best.mem_capacity_gib is not None else ""
         out.append(f"peak memory {best.mem_gib:.1f} GiB per device{cap}")

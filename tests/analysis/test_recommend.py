@@ -217,7 +217,7 @@ def test_runs_on_other_hardware_are_other_work(tmp_path: Path) -> None:
     text = format_recommendations(recs)
     assert "Fastest for bloom_200b_l80_h14400 (203B) on a100_80gb, GBS 2048" in text
     assert "Fastest for bloom_200b_l80_h14400 (203B) on cpu, GBS 2048" in text
-    assert "same model, hardware cpu, GBS 2048" in text
+    assert "of it in the sweep(s): model, hardware cpu, GBS 2048 and sequence length" in text
     # One hardware: the work need not name it (the golden results.md).
     (one,) = recommend(load_sweeps([tmp_path / "gpu"], queue=None).table)
     assert " on a100_80gb" not in format_recommendations([one])
