@@ -193,8 +193,11 @@ _DISTINCT = (
     ("config.parallelism.offload", "offload"),
     ("config.parallelism.precision", "precision"),
     ("config.parallelism.engine", "engine"),
+    ("config.parallelism.optimizer", "optimizer"),
 )
-"""Layout fields beside DP x TP x PP x MBS a label names when the compared runs differ in them."""
+"""Layout fields beside DP x TP x PP x MBS a label names when the compared runs differ in them. With
+those, they make runs one layout to pool: a field outside them (training.lr, the seed, the logger) does
+not change what an iteration computes or how, so its runs are repeats of the layout's speed."""
 
 
 def _varying(runs: pd.DataFrame) -> tuple[tuple[str, str], ...]:

@@ -64,6 +64,17 @@ def test_runs_of_one_dp_tp_pp_mbs_are_told_apart_by_what_differs(tmp_path: Path)
         "DP=4 TP=8 PP=10 MBS=2 ZeRO=1 on 40 node(s) (320 devices)",
     }
     assert "ZeRO=0" in format_recommendations([rec]) and "ZeRO=1" in format_recommendations([rec])
+    # The Adam implementation is the layout's too (apex's fused kernel against torch's foreach): never
+    # pooled as repeats of one layout, as runs that differ only in training.lr are.
+    data = _two_layouts()
+    other = next(r for r in data["runs"] if r["name"] == "n48_pp6_mbs2")
+    other.update(nodes=same["nodes"], layout={**same["layout"], "optimizer": "torch"})
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "o", data)], queue=None).table)
+    assert rec.candidates == 2 and rec.runner_up is not None
+    assert {rec.best.label, rec.runner_up.label} == {
+        "DP=4 TP=8 PP=10 MBS=2 optimizer=auto on 40 node(s) (320 devices)",
+        "DP=4 TP=8 PP=10 MBS=2 optimizer=torch on 40 node(s) (320 devices)",
+    }
     # Runs that differ in DP x TP x PP x MBS only keep the short label.
     (plain,) = recommend(load_sweeps([build_sweep(tmp_path / "t", _two_layouts())], queue=None).table)
     assert plain.best.label == "DP=8 TP=8 PP=6 MBS=2 on 48 node(s) (384 devices)"

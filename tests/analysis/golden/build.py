@@ -19,6 +19,7 @@ from conf.schema import (
     HardwareConfig,
     ModelConfig,
     Offload,
+    OptimizerImpl,
     ParallelismConfig,
     Recompute,
     RunConfig,
@@ -53,6 +54,7 @@ def run_config(
         global_batch_size=layout["gbs"], zero_stage=layout.get("zero_stage", 1), recompute=Recompute.full,
         engine=Engine(layout.get("engine", "native")), offload=Offload(layout.get("offload", "none")),
         sequence_parallel=layout.get("sequence_parallel", False), virtual_stages=layout.get("virtual_stages", 1),
+        optimizer=OptimizerImpl(layout.get("optimizer", "auto")),
     )
     return RunConfig(
         model=ModelConfig(**model), parallelism=par, hardware=HardwareConfig(**hardware),
