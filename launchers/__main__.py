@@ -8,7 +8,8 @@ sbatch refuses every config a rerun resubmits;
 EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock) or a
 calibration; EXIT_USAGE, after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
-rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported);
+rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported), or a rerun
+whose field=value changes found no failure to apply to (each one rerun already);
 EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | head`)."""
 
 from __future__ import annotations
@@ -174,7 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not entries:
-        print(f"rerun: no failed configs{_already_rerun(args.sweep_dir, args.overrides)}")
+        why = _already_rerun(args.sweep_dir, args.overrides)
+        if why and args.overrides:
+            # Changes asked for and made to nothing: a script must not read them as queued.
+            print(f"rerun: no failed configs{why}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"rerun: no failed configs{why}")
         return 0
     for e in entries:
         ran = "ran here" if e.job_id is None else f"job {e.job_id}"

@@ -54,6 +54,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import socket
@@ -219,6 +220,17 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | Non
     return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
+def _unreadable(path: Path) -> str | None:
+    """Why the file at `path` is not a record, when there is a file; None when there is none."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if isinstance(data, dict) and "status" in data else "not a run's record (no status)"
+
+
 def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
     """The log that says what happened to a config's run: its own, else its Slurm job's output. The run's
     own log gathers every attempt (each opens with `megasweep: <time> (<job>)`, launchers.job): a job of
@@ -268,6 +280,11 @@ def sweep_status(
         state, detail = classify(e, record, slurm)
         if state == "pending" and record is None and e.job_id is None and e.index in local:
             state, detail = local_run_state(local[e.index], e.index)
+        unreadable = _unreadable(sweep_dir / e.output_dir / RESULT_FILE) if record is None and not foreign else None
+        if unreadable is not None and state in ("pending", "failed") and not (slurm and is_live(slurm)):
+            # Written whole or not at all (write_json_atomic): a record there that cannot be read was
+            # damaged since, and the run it speaks for has ended; "pending" never would.
+            state, detail = "failed", f"{e.output_dir}/{RESULT_FILE} cannot be read ({unreadable})"
         if foreign and state in ("failed", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.

@@ -12,7 +12,7 @@ from launchers.local import INTERRUPTED_BEFORE_RECORD, INTERRUPTED_BEFORE_START
 from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
 from tests.train.test_main import AS_FROM_A_TERMINAL, INTERRUPT_LOST_ON_ITS_WAY, TINY_RUN, interrupt
-from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, LOG_FILE, read_manifest
+from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, LOG_FILE, read_manifest
 
 
 def rerun(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -90,8 +90,8 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     assert fixed.returncode == 0 and "rerun: config 2 (rerun of config 0): ran here" in fixed.stdout, fixed.stderr
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "done", "done"]
     # Asked again (another rerun got there first, say), it says which rerun stands for the failure.
-    again = rerun(sweep_dir, "training.lr=1e-3")
-    assert again.returncode == 0 and again.stdout.strip() == (
+    again = rerun(sweep_dir, "training.lr=1e-3")  # its change is made to nothing: bad input, on stderr
+    assert again.returncode == EXIT_USAGE and again.stderr.strip() == (
         "rerun: no failed configs to rerun: each failed one is rerun already (config 0 as config 2); "
         "training.lr=1e-3 not applied: rerun those configs' failures to change them"
     ), again.stdout + again.stderr

@@ -124,6 +124,27 @@ def test_status_reads_result_files_without_slurm(tmp_path: Path) -> None:
     assert [(s.index, s.state) for s in states] == [(0, "done"), (1, "failed")]
 
 
+def test_a_damaged_record_of_a_finished_run_is_failed_not_pending_forever(tmp_path: Path) -> None:
+    # A config run here (no job id, its launcher gone) whose result.json no longer parses read `pending`
+    # for ever, as one not started yet; a Slurm job's read "completed without writing result.json".
+    entries = [
+        ManifestEntry(index=0, overrides=("a=1",), output_dir="0", status="submitted"),
+        ManifestEntry(index=1, overrides=("a=2",), output_dir="1", status="submitted", job_id="5_1"),
+        ManifestEntry(index=2, overrides=("a=3",), output_dir="2", status="submitted", job_id="5_2"),
+    ]
+    write_manifest(entries, tmp_path / "manifest.jsonl")
+    for e in entries:
+        (tmp_path / e.output_dir).mkdir()
+        (tmp_path / e.output_dir / "result.json").write_text('{"status": "ok", "sec_per')
+    states = sweep_status(tmp_path, slurm_states={"5_1": "COMPLETED", "5_2": "PENDING"})
+    assert [(s.state, s.detail.split(" (")[0]) for s in states[:2]] == [
+        ("failed", "0/result.json cannot be read"), ("failed", "1/result.json cannot be read")
+    ]  # fmt: skip
+    assert "JSONDecodeError" in states[0].detail
+    # A job waiting to run again (requeued) writes a new one: pending still.
+    assert states[2].state == "pending"
+
+
 def test_status_of_exported_configs_uses_the_job_ids_their_tasks_recorded(tmp_path: Path) -> None:
     entries = [
         ManifestEntry(index=i, overrides=(f"a={i}",), output_dir=str(i), status="exported", reason="exported")
@@ -366,7 +387,8 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
         table = status_cli(str(sweep_dir))
         assert table.returncode == 0, table.stdout + table.stderr
         assert "rerun as config 2: " in table.stdout
-        assert rerun("training.train_iters=7").stdout.strip() == (
+        unapplied = rerun("training.train_iters=7")
+        assert unapplied.returncode == EXIT_USAGE and unapplied.stderr.strip() == (
             "rerun: no failed configs to rerun: each failed one is rerun already (config 0 as config 2); "
             "training.train_iters=7 not applied: rerun those configs' failures to change them"
         )
