@@ -108,7 +108,7 @@ HYDRA_OPTIONS = SweepOptions(directory="hydra.sweep.dir", append="hydra.launcher
 def writable_dir(path: str | Path, *, option: str) -> Path:
     """`path` created if need be and proved writable; SweepDirError naming `option` otherwise."""
     path = Path(path)
-    why = unwritable(path)
+    why = "it is a file, not a directory" if path.exists() and not path.is_dir() else unwritable(path)
     if why is not None:
         raise SweepDirError(
             f"{option}={path}: cannot write there ({why}). Nothing was launched or written. "

@@ -79,6 +79,9 @@ def test_claim_refuses_a_sweep_and_appends_after_its_last_index(tmp_path: Path) 
         claim_sweep_dir(tmp_path / "empty", append=True)
     with pytest.raises(SweepDirError, match="cannot write there"):
         claim_sweep_dir(UNWRITABLE, append=True)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SweepDirError, match=r"a_file: cannot write there \(it is a file, not a directory\)"):
+        claim_sweep_dir(tmp_path / "a_file", append=False)  # mkdir said "File exists"
 
 
 def test_a_launch_into_a_sweep_is_refused_unless_appended(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:

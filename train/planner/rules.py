@@ -548,33 +548,47 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
     planner derives from them (an efficiency of 2 gave a predicted MFU of 144%, one of -1 a
     negative step time ranked first) is only as sane as they are."""
     bad: dict[str, object] = {}
+    broken: dict[str, None] = {}  # the ranges broken, in _HARDWARE_RANGES order: only theirs are said
+
+    def out_of(kind: str, name: str, value: object) -> None:
+        bad[f"hardware.{name}"] = value
+        broken[kind] = None
+
     for name in _FRACTIONS:
         if not (_number(v := getattr(hw, name)) and 0 < v <= 1):
-            bad[f"hardware.{name}"] = v
+            out_of("share", name, v)
     for name in _FRACTIONS_IF_SET:
         if (v := getattr(hw, name)) is not None and not (_number(v) and 0 < v <= 1):
-            bad[f"hardware.{name}"] = v
+            out_of("share", name, v)
+    if not (_number(hw.allocator_fragmentation) and 0 <= hw.allocator_fragmentation < 1):
+        out_of("fragmentation", "allocator_fragmentation", hw.allocator_fragmentation)
+    if not (_number(hw.memory_gib) and hw.memory_gib > 0):
+        out_of("positive", "memory_gib", hw.memory_gib)
     for name in _POSITIVE_IF_SET:
         if (v := getattr(hw, name)) is not None and not (_number(v) and v > 0):
-            bad[f"hardware.{name}"] = v
+            out_of("positive", name, v)
     for name in _NON_NEGATIVE:
         if not (_number(v := getattr(hw, name)) and v >= 0):
-            bad[f"hardware.{name}"] = v
-    if not (_number(hw.memory_gib) and hw.memory_gib > 0):
-        bad["hardware.memory_gib"] = hw.memory_gib
-    if not (_number(hw.allocator_fragmentation) and 0 <= hw.allocator_fragmentation < 1):
-        bad["hardware.allocator_fragmentation"] = hw.allocator_fragmentation
+            out_of("non_negative", name, v)
     if hw.device_pattern is not None and _pattern(hw.device_pattern) is None:
-        bad["hardware.device_pattern"] = hw.device_pattern
+        out_of("pattern", "device_pattern", hw.device_pattern)
+    ranges = "; ".join(_HARDWARE_RANGES[kind] for kind in _HARDWARE_RANGES if kind in broken)
     return _when_any(
         "hardware_figures",
         bad,
-        f"out of range for hardware '{hw.name}'. Efficiencies ({', '.join(_FRACTIONS)}, and "
-        f"{', '.join(_FRACTIONS_IF_SET)} unless null) are shares of a datasheet figure, above 0 and at most 1; "
-        f"allocator_fragmentation is a share from 0 up to, not including, 1; memory_gib, peaks, SM counts and "
-        f"bandwidths are positive (or null: unknown); reserves, overheads and latencies are 0 or more; device_pattern is a Python regular expression (or null). "
-        f"See conf/hardware/*.yaml for sourced values.",
+        f"out of range for hardware '{hw.name}': {ranges}. See conf/hardware/*.yaml for sourced values.",
     )
+
+
+_HARDWARE_RANGES = {
+    "share": f"efficiencies ({', '.join(_FRACTIONS)}, and {', '.join(_FRACTIONS_IF_SET)} unless null) are "
+    "shares of a datasheet figure, above 0 and at most 1",
+    "fragmentation": "allocator_fragmentation is a share from 0 up to, not including, 1",
+    "positive": "memory_gib, peaks, SM counts and bandwidths are positive (or, but for memory_gib, null: unknown)",
+    "non_negative": "reserves, overheads and latencies are 0 or more",
+    "pattern": "device_pattern is a Python regular expression (or null)",
+}
+"""What each range of _check_hardware's figures is, in the words its refusal gives the ones broken."""
 
 
 def _pattern(text: str) -> re.Pattern[str] | None:

@@ -1028,3 +1028,18 @@ def test_a_device_pattern_that_is_no_regular_expression_is_refused() -> None:
     run = RunConfig(hardware=HardwareConfig(device_pattern="A100("))
     (v,) = [v for v in validate(run) if v.rule == "hardware_figures"]
     assert "hardware.device_pattern='A100('" in str(v) and "regular expression" in str(v)
+
+
+def test_a_hardware_figure_out_of_range_is_told_its_own_range_only() -> None:
+    # hardware.memory_gib=-1 was told the range of every figure (efficiencies, fragmentation, reserves...).
+    def message(**hw: object) -> str:
+        (v,) = [v for v in validate(make_run(hw=hw)) if v.rule == "hardware_figures"]
+        return v.message
+
+    memory = message(memory_gib=-1.0)
+    assert memory.startswith("hardware.memory_gib=-1.0: out of range for hardware ")
+    assert "memory_gib, peaks, SM counts and bandwidths are positive" in memory
+    assert "efficiencies" not in memory and "reserves" not in memory and "device_pattern" not in memory
+    both = message(gemm_efficiency=2.0, comm_latency_us=-1.0)
+    assert "are shares of a datasheet figure, above 0 and at most 1; reserves, overheads and latencies are 0" in both
+    assert "allocator_fragmentation is" not in both and "positive" not in both
