@@ -355,7 +355,7 @@ def export_sweep(
         skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
         # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what
         # it could never run is refused now, not when the scripts are submitted by hand.
-        check_site(s.key for s in specs)
+        check_site((s.key for s in specs), sbatch_args)
         size = max_array_size or read_max_array_size()
         totals = license_totals() if any(s.key.options.core_license for s in specs) else None
         pieces = [

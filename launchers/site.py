@@ -20,12 +20,14 @@ Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import getpass
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from launchers.allocation import ArrayKey, SbatchOptions
 from launchers.sweepdir import UsageError
@@ -121,10 +123,13 @@ def site_choices(option: str) -> list[str] | None:
     return None if lines is None else _names(lines)
 
 
-def check_site_options(options: Iterable[SbatchOptions]) -> None:
-    """Raise SiteOptionError for the first partition, account, QoS or license the cluster does not offer."""
+def check_site_options(options: Iterable[SbatchOptions], *, fields: Mapping[str, str] | None = None) -> None:
+    """Raise SiteOptionError for the first partition, account, QoS or license the cluster does not offer;
+    `fields` names an option set elsewhere than in the cluster config (name -> how the user set it)."""
     options = list(options)
     for name, option in _OPTIONS.items():
+        if fields and name in fields:
+            option = dataclasses.replace(option, field=fields[name])
         wanted = sorted({v for o in options if (v := getattr(o, name)) is not None})
         if not wanted:
             continue
@@ -241,8 +246,23 @@ def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
         )
 
 
-def check_site(keys: Iterable[ArrayKey]) -> None:
-    """check_site_options, then check_site_shapes, for the jobs of `keys`."""
-    keys = list(keys)
-    check_site_options(k.options for k in keys)
+def _asked(options: SbatchOptions, given: Mapping[str, str]) -> SbatchOptions:
+    """`options` with the partition, account and QoS a launcher's own sbatch options put over them."""
+    return dataclasses.replace(
+        options,
+        partition=given.get("partition", options.partition),
+        account=given.get("account", options.account),
+        qos=given.get("qos", options.qos),
+    )
+
+
+def check_site(
+    keys: Iterable[ArrayKey], sbatch_args: Mapping[str, Any] | None = None, *, option: str = "--sbatch-arg {name}"
+) -> None:
+    """check_site_options, then check_site_shapes, for the jobs of `keys`; a partition, account or QoS
+    among `sbatch_args` (the launcher's own sbatch options, each named by `option`) is what the jobs ask for,
+    over the cluster config's, and is checked as such (it went to sbatch unchecked)."""
+    given = {name: str(v) for name in ("partition", "account", "qos") if (v := (sbatch_args or {}).get(name))}
+    keys = [dataclasses.replace(k, options=_asked(k.options, given)) for k in keys] if given else list(keys)
+    check_site_options((k.options for k in keys), fields={name: option.format(name=name) for name in given})
     check_site_shapes(keys)

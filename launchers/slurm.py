@@ -276,7 +276,7 @@ class SlurmLauncher(SweepLauncher):
             planned = [*skipped, *(entry_for(s, "submitted") for s in specs)]
             check_indices_free(old, planned, sweep_dir)
             check_output_dirs(merge_entries(old, planned))
-            check_site(s.key for s in specs)
+            check_site((s.key for s in specs), settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
             save_launch_file(sweep_dir, settings, specs)
             known = merge_entries(old, skipped)
             submission = submit_configs(

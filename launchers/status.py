@@ -220,6 +220,10 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | Non
     return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
+_SBATCH_ARG = "the launch's sbatch option {name} (.megasweep/launch.json)"
+"""How a rerun names a sbatch option its launch gave (hydra.launcher.sbatch_args, --sbatch-arg)."""
+
+
 def _unreadable(path: Path) -> str | None:
     """Why the file at `path` is not a record, when there is a file; None when there is none."""
     try:
@@ -491,7 +495,9 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
         groups = [(settings, mine) for settings, mine in groups if mine]
         if not overrides:  # before anything is renamed or queued (changed configs are checked as planned)
-            check_site(spec.key for settings, mine in groups if not settings.local for spec in mine)
+            for settings, mine in groups:
+                if not settings.local:  # each launch's own sbatch options, as it submits them again
+                    check_site((spec.key for spec in mine), settings.sbatch_args, option=_SBATCH_ARG)
         job_ids = {s.index: s.job_id for s in failed}
         for settings, mine in groups:
             listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
@@ -565,7 +571,7 @@ def _rerun_changed(
     specs, skipped = plan_configs(composer, [changed_overrides(s.overrides, changes) for s in failed], first)
     origin = {first + i: s.index for i, s in enumerate(failed)}
     if not settings.local:
-        check_site(s.key for s in specs)
+        check_site((s.key for s in specs), settings.sbatch_args, option=_SBATCH_ARG)
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
         return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]

@@ -3,13 +3,15 @@ queues nothing, or has configs refused, fails."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from launchers.site import SiteOptionError, check_site_shapes, partition_nodes, site_choices
-from tests.launchers.test_slurm_launcher import sweep
+from tests.launchers.test_slurm_launcher import REPO, sweep
 from tests.launchers.test_sweepdir import train_multirun
 from train.contract import EXIT_USAGE
 
@@ -46,6 +48,28 @@ def test_an_unknown_partition_account_qos_or_license_submits_nothing(
     assert not (sweep_dir / "manifest.jsonl").exists() and not (sweep_dir / ".megasweep").exists()
     # The directory this launch made is gone again, with the multirun.yaml Hydra wrote into it first.
     assert not sweep_dir.exists()
+
+
+def test_a_partition_or_account_given_as_an_sbatch_option_is_checked_too(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # The launcher's own sbatch options win over the cluster config's and went to sbatch unchecked: a
+    # misspelt one was sbatch's error for every array of the sweep.
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "+hydra.launcher.sbatch_args.partition=debugg", "+hydra.launcher.sbatch_args.hold=''",
+                 check=False)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"error: hydra.launcher.sbatch_args.partition='debugg' is not a partition of this cluster; partitions: "
+            f"{slurm_cluster.partition} (did you mean '{slurm_cluster.partition}'?)") in proc.stderr  # fmt: skip
+    assert not sweep_dir.exists()
+    exported = subprocess.run(
+        [sys.executable, "-m", "launchers", "sbatch", "--sbatch-arg", "account=nosuch", "--out-dir",
+         str(tmp_path / "scripts"), "--sweep-dir", str(sweep_dir), "training.lr=1e-4"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert exported.returncode == EXIT_USAGE and exported.stderr.startswith(
+        "error: --sbatch-arg account='nosuch' is not an account you may charge on this cluster"), exported.stderr
+    assert not (tmp_path / "scripts").exists() and not sweep_dir.exists()
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "local"])
