@@ -147,15 +147,23 @@ def _refuse(message: str, hydra_cfg: Any) -> NoReturn:
     directory left behind when Hydra's own .hydra/ is all it holds (Hydra makes it, and saves the
     config there, before the task runs): a refusal leaves nothing, as a sweep's does."""
     print(f"error: {message}", file=sys.stderr)
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     subdir = str(hydra_cfg.output_subdir or "")
     try:
+        run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
+        # Never the directory the user works in, nor one above it (hydra.run.dir=., hydra.job.chdir=true).
+        kept = {Path(hydra_cfg.runtime.cwd).resolve(), Path.cwd().resolve()}
+
+        def theirs(d: Path) -> bool:
+            return any(d == k or d in k.parents for k in kept)
+
         held = [p for p in run_dir.rglob("*") if not p.is_dir()]
-        if subdir and held and all(p.relative_to(run_dir).parts[0] == subdir for p in held):
+        if subdir and held and not theirs(run_dir) and all(p.relative_to(run_dir).parts[0] == subdir for p in held):
             shutil.rmtree(run_dir)
             # outputs/<date>/ and outputs/, when this run was their only one (OSError: they hold others).
-            run_dir.parent.rmdir()
-            run_dir.parent.parent.rmdir()
+            for above in (run_dir.parent, run_dir.parent.parent):
+                if theirs(above):
+                    break
+                above.rmdir()
     except OSError:
         pass
     sys.exit(EXIT_USAGE)

@@ -544,6 +544,14 @@ def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", "hydra.run.dir=done", *TINY_RUN],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE and (tmp_path / "done" / RESULT_FILE).read_text() == "{}"
+    # Never the directory the user works in, nor the one above it, even when they hold nothing else.
+    (tmp_path / "done" / RESULT_FILE).unlink()
+    proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", "hydra.run.dir=.", *TINY_RUN],
+                          cwd=tmp_path / "done", env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and (tmp_path / "done").is_dir()
+    proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", "hydra.run.dir=x/y", *TINY_RUN],
+                          cwd=tmp_path / "done", env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and sorted(p.name for p in (tmp_path / "done").iterdir()) == [".hydra"]
 
 
 @pytest.mark.parametrize(
