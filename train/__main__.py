@@ -232,9 +232,10 @@ def spawn_workers(
             return EXIT_TERMINATED  # rank 0's record says `timeout`; the parent says it once
         except (DataFileError, CheckpointMismatch, DeviceUnavailable) as bad_input:
             # The user's input, the same on every rank: one line (rank 0's), not a traceback from each.
+            # EXIT_USAGE tells the parent so (an uncaught exception exits 1): record_worker_failure.
             if os.environ.get("RANK", "0") == "0":
                 print(f"error: {bad_input}", file=sys.stderr, flush=True)
-            return EXIT_FAILED
+            return EXIT_USAGE
         except BaseException:
             # After Ctrl-C a rank may fail in a collective its peers left: a consequence, said once.
             if interrupted():
@@ -281,7 +282,8 @@ def spawn_workers(
         if multirun:
             raise RuntimeError(message)
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(result.returncode)
+        # Refused input exits as a single process refusing it does: its record (or the one kept) says why.
+        sys.exit(EXIT_FAILED if result.failed_code == EXIT_USAGE else result.returncode)
     record: dict[str, Any] = json.loads((output_dir / RESULT_FILE).read_text())
     return record
 

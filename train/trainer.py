@@ -32,7 +32,7 @@ from conf.schema import RunConfig, WandbMode, to_plain_dict
 from train import distributed, failures
 from train.calibrate import forget_cached_peak
 from train.contract import (
-    EXIT_FAILED,
+    EXIT_USAGE,
     RESULT_FILE,
     OomReport,
     PeakCalibration,
@@ -192,9 +192,10 @@ def run_training(
             progress.run or run, rank=rank, progress=progress, status=status, message=message,
             overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
         )
+        own = record  # W&B's run is this attempt's: its own figures, not those of a record kept
         if rank.lead:
             record = _write_unless_kept(path, record, progress, failure)
-        sinks.finish(summary=_summary_figures(record), ok=status == "ok")
+        sinks.finish(summary=_summary_figures(own), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
     if failure is not None:
@@ -463,14 +464,14 @@ def record_worker_failure(
     Called by the parent of a local spawn. Rank 0's own record is kept when rank 0 failed first
     (its status, oom or nan say more); otherwise its record (if any: it may have been SIGKILLed)
     is kept for the iterations it saw, with the status and message of the real cause. A finished
-    run's measured record from before `since` is kept whole when the workers exited with
-    EXIT_FAILED, as every rank does on refusing the checkpoint directory (rank 0 kept that record
-    and said so: _write_unless_kept).
+    run's measured record from before `since` is kept whole when a worker refused its input
+    (EXIT_USAGE, as every rank does on refusing the checkpoint directory: rank 0 kept that record
+    and said so, _write_unless_kept); any other failure (an uncaught exception exits 1) replaces it.
     """
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
     written = _read_record(path)
-    if since is not None and failed_code == EXIT_FAILED and _measured_before(written, since):
+    if since is not None and failed_code == EXIT_USAGE and _measured_before(written, since):
         assert written is not None
         return written
     record = written if written is not None else _new_record(run, overrides, status="error")
@@ -549,9 +550,9 @@ def _measured_before(record: dict[str, Any] | None, since: datetime) -> bool:
         return False
     try:
         started = datetime.fromisoformat(str(record.get("started_at")))
-    except ValueError:
+        return started < since.replace(microsecond=0)
+    except (ValueError, TypeError):  # not a time, or one without its zone (written by hand)
         return False
-    return started < since.replace(microsecond=0)
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:

@@ -606,7 +606,7 @@ def test_a_bad_input_is_the_records_cause_whichever_worker_exits_first(tmp_path:
         run_training(compose_run(missing), output_dir=out, overrides=[])
     run = compose_run("parallelism.dp=2", missing)
     written = read_record(out)
-    trainer.record_worker_failure(run, output_dir=out, overrides=[], failed_rank=1, failed_code=1)
+    trainer.record_worker_failure(run, output_dir=out, overrides=[], failed_rank=1, failed_code=2)
     record = read_record(out)
     assert record["status"] == "error" and record["message"] == written["message"]
     assert record["message"].startswith("DataFileError: training.data_path=")
@@ -617,7 +617,7 @@ def test_a_bad_input_is_the_records_cause_whichever_worker_exits_first(tmp_path:
 
 
 def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_training(tmp_path: Path) -> None:
-    """Every rank of a local spawn refuses another run's checkpoint directory and exits EXIT_FAILED;
+    """Every rank of a local spawn refuses another run's checkpoint directory and exits EXIT_USAGE;
     rank 0 kept the finished run's record (train.trainer._write_unless_kept). The parent keeps it
     too, rather than replacing its figures with 'worker rank 1 exited with code 1'."""
     run = compose_run("parallelism.dp=2")
@@ -625,15 +625,15 @@ def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_t
     assert finished["status"] == "ok" and finished["sec_per_iter"] is not None
     measured = (tmp_path / "result.json").read_bytes()
     later = datetime.now(timezone.utc) + timedelta(seconds=2)  # the refused spawn's launch, seconds after
-    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1, since=later)
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2, since=later)
     assert (tmp_path / "result.json").read_bytes() == measured
-    # A failure other than every rank's refusal (a code other than EXIT_FAILED), or a record this
-    # spawn's rank 0 wrote (started in the launch's second or after), is the failure's record as before.
-    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=17, since=later)
-    assert read_record(tmp_path)["message"].startswith("worker rank 1 exited with code 17")
+    # A failure other than a refused input (an uncaught exception exits 1, a signal or a hook 17), or a
+    # record this spawn's rank 0 wrote (started in the launch's second or after), is the failure's record.
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1, since=later)
+    assert read_record(tmp_path)["message"].startswith("worker rank 1 exited with code 1;")
     (tmp_path / "result.json").write_bytes(measured)
     started = datetime.fromisoformat(finished["started_at"])
-    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1,
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2,
                                   since=started + timedelta(microseconds=900_000))  # fmt: skip
     assert read_record(tmp_path)["status"] == "error"
 
