@@ -1115,7 +1115,7 @@ class SweepLauncher(Launcher):
         Claimed at the first batch only: a sweeper's later batches find this sweep's own manifest.
         """
         if self._first_index is None:
-            self._first_index = claim_sweep_dir(sweep_dir, append=self.append)
+            self._first_index = claim_sweep_dir(sweep_dir, append=self.append, replace_skipped=True)
         return self._first_index
 
     @contextlib.contextmanager

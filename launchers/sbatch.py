@@ -347,7 +347,7 @@ def export_sweep(
     # Locked from the claim of the indices until the manifest lists them: an export added to the sweep
     # at the same time takes the indices after these (launchers.sweepdir.sweep_lock).
     with sweep_lock(sweep_dir):
-        first = first_index(sweep_dir, append=append, options=CLI_OPTIONS)
+        first = first_index(sweep_dir, append=append, options=CLI_OPTIONS, replace_skipped=True)
         old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
         specs, skipped_entries = plan_configs(
             composer, jobs, first, array_parallelism=array_parallelism

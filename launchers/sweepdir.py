@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.errors import CompactHydraException
 
@@ -276,13 +277,18 @@ def next_index(entries: Sequence[ManifestEntry]) -> int:
     return max((e.index for e in entries), default=-1) + 1
 
 
-def claim_sweep_dir(sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS) -> int:
+def claim_sweep_dir(
+    sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS, replace_skipped: bool = False
+) -> int:
     """Check that configs may be written into `sweep_dir` (created if need be); return the index of
     the first one: see first_index."""
-    return first_index(writable_dir(sweep_dir, option=options.directory), append=append, options=options)
+    directory = writable_dir(sweep_dir, option=options.directory)
+    return first_index(directory, append=append, options=options, replace_skipped=replace_skipped)
 
 
-def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS) -> int:
+def first_index(
+    sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS, replace_skipped: bool = False
+) -> int:
     """The index of the first config launched into `sweep_dir`; nothing is created.
 
     0 for a new directory or a dry run's. A directory that holds a sweep or a dry run is refused
@@ -292,32 +298,21 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
 
     A manifest every config of which was `skipped` (a launch or export whose configs were all
     infeasible) holds no sweep: nothing ran or was given to Slurm, so no result can be taken for
-    another's. Launched into without `append`, it is removed, and the directory judged as if it had
-    none: the retry with the configs fixed goes where the user pointed the first try (a retry refused
-    later on loses no more than the reasons of the try before it, which it repeats or replaces).
+    another's. Launched into without `append`, it is judged as if it were not there; the launch about
+    to write its own (`replace_skipped`: the claim it makes with the sweep's lock, just before it
+    writes) removes it, under the lock, once every other refusal here has passed. A check made earlier
+    (a sweeper's, before Hydra writes multirun.yaml) leaves it: that launch may yet be refused.
     """
     sweep_dir = Path(sweep_dir)
     path = manifest_path(sweep_dir)
+    replaceable = False
     if path.exists():
-        try:
-            entries = read_manifest(path)
-        except (OSError, ManifestError) as exc:
-            raise SweepDirError(
-                f"{sweep_dir} holds a {MANIFEST_FILE} that cannot be read ({exc}), so it cannot be added to. "
-                f"Launch into a new directory ({options.directory}=...)."
-            ) from None
-        first = next_index(entries)
+        entries = _entries(path, sweep_dir, options)
         if append:
-            return first
-        if not all(e.status == "skipped" for e in entries):
-            raise SweepDirError(
-                f"{sweep_dir} already holds a sweep ({len(entries)} configs in {MANIFEST_FILE}), and "
-                "a directory holds one sweep, so that status and the analysis never take its results for "
-                f"another's. Nothing was launched or written. Launch into a new directory "
-                f"({options.directory}=...), or add these configs to that sweep with {options.append}: "
-                f"they get new indices, from {first} on."
-            )
-        path.unlink()
+            return next_index(entries)
+        replaceable = all(e.status == "skipped" for e in entries)
+        if not replaceable:
+            _refuse_sweep(sweep_dir, entries, options)
     if (sweep_dir / PLAN_FILE).is_file() and not append:
         # Launched there, the dry run's rows would vanish from the analysis of the directory
         # (it reports the launched sweep's manifest) and its results.md would be replaced.
@@ -332,7 +327,33 @@ def first_index(sweep_dir: str | Path, *, append: bool, options: SweepOptions = 
             f"{PLAN_FILE} or {SEARCH_FILE}). Nothing was launched or written. Check the directory "
             f"({options.directory}=...), or leave {options.append.split('=')[0]} out to start a sweep there."
         )
+    if replaceable and replace_skipped:
+        with sweep_lock(sweep_dir):  # held already by the claim; another launch may have listed configs since
+            entries = _entries(path, sweep_dir, options) if path.exists() else []
+            if not all(e.status == "skipped" for e in entries):
+                _refuse_sweep(sweep_dir, entries, options)
+            path.unlink(missing_ok=True)
     return 0
+
+
+def _entries(path: Path, sweep_dir: Path, options: SweepOptions) -> list[ManifestEntry]:
+    try:
+        return read_manifest(path)
+    except (OSError, ManifestError) as exc:
+        raise SweepDirError(
+            f"{sweep_dir} holds a {MANIFEST_FILE} that cannot be read ({exc}), so it cannot be added to. "
+            f"Launch into a new directory ({options.directory}=...)."
+        ) from None
+
+
+def _refuse_sweep(sweep_dir: Path, entries: Sequence[ManifestEntry], options: SweepOptions) -> NoReturn:
+    raise SweepDirError(
+        f"{sweep_dir} already holds a sweep ({len(entries)} configs in {MANIFEST_FILE}), and "
+        "a directory holds one sweep, so that status and the analysis never take its results for "
+        f"another's. Nothing was launched or written. Launch into a new directory "
+        f"({options.directory}=...), or add these configs to that sweep with {options.append}: "
+        f"they get new indices, from {next_index(entries)} on."
+    )
 
 
 def _launch_files(sweep_dir: Path) -> tuple[tuple[str, bytes | None], ...]:

@@ -66,13 +66,17 @@ def test_claim_refuses_a_sweep_and_appends_after_its_last_index(tmp_path: Path) 
     # launched into, it is the launch's to replace, from index 0.
     write_manifest(entries[:1], tmp_path / "new" / "manifest.jsonl")
     assert first_index(tmp_path / "new", append=True) == 1 and read_manifest(tmp_path / "new") == entries[:1]
-    assert claim_sweep_dir(tmp_path / "new", append=False) == 0
+    # A sweeper's check before Hydra writes there leaves it (that launch may yet be refused); the
+    # launcher's own claim, about to write its manifest, removes it.
+    assert claim_sweep_dir(tmp_path / "new", append=False) == 0 and (tmp_path / "new" / "manifest.jsonl").exists()
+    assert claim_sweep_dir(tmp_path / "new", append=False, replace_skipped=True) == 0
     assert not (tmp_path / "new" / "manifest.jsonl").exists()
-    # Beside a dry run's plan.csv, that manifest gone, the dry run still claims the directory.
+    # Beside a dry run's plan.csv the dry run still claims the directory, and the manifest is left as it was.
     write_manifest(entries[:1], tmp_path / "new" / "manifest.jsonl")
     (tmp_path / "new" / "plan.csv").write_text("feasible\n")
     with pytest.raises(SweepDirError, match="already holds a dry run"):
-        first_index(tmp_path / "new", append=False)
+        first_index(tmp_path / "new", append=False, replace_skipped=True)
+    assert read_manifest(tmp_path / "new") == entries[:1]
     # Adding to a directory that holds no sweep (a mistyped one, say) is refused: it started a sweep there.
     with pytest.raises(SweepDirError, match=r"hydra.launcher.append=true: .*empty holds no sweep to add these configs to"
                                             r".* leave hydra.launcher.append out to start a sweep there"):  # fmt: skip
