@@ -282,7 +282,7 @@ class ClusterConfig:
     max_retries: int = 2
     """Requeues allowed after preemption or time limit, per task."""
     setup: list[str] = field(default_factory=list)
-    """Shell lines run before the job's command (module loads, venv activation)."""
+    """Shell lines run before the job's command (module loads, venv activation); one that exits non-zero stops the job."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables exported into each job (sweepable, e.g. NCCL settings)."""
 

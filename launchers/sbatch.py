@@ -275,7 +275,7 @@ def render_script(
     lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
     lines += ["", "set -euo pipefail"]
     if opt.setup:
-        lines += ["", "# cluster.setup", *setup_lines(opt.setup, errexit=False)]
+        lines += ["", "# cluster.setup", *setup_lines(opt.setup)]
     if shared_env:
         lines += ["", "# Environment of every config in this array (cluster.env, W&B group of the sweep)"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in shared_env.items()]

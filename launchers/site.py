@@ -130,7 +130,8 @@ def check_site_options(options: Iterable[SbatchOptions], *, fields: Mapping[str,
     for name, option in _OPTIONS.items():
         if fields and name in fields:
             option = dataclasses.replace(option, field=fields[name])
-        wanted = sorted({v for o in options if (v := getattr(o, name)) is not None})
+        # sbatch takes a list of partitions (--partition=a,b: the first that can start the job).
+        wanted = sorted({part for o in options if (v := getattr(o, name)) is not None for part in _given_names(name, v)})
         if not wanted:
             continue
         choices = site_choices(name)
@@ -146,6 +147,11 @@ def check_site_options(options: Iterable[SbatchOptions], *, fields: Mapping[str,
                 f"{', '.join(choices) or 'none'}{hint}. "
                 "Nothing was submitted."
             )
+
+
+def _given_names(option: str, value: str) -> list[str]:
+    """The names an option's value gives: each of a partition list's, else the value itself."""
+    return [p.strip() for p in value.split(",") if p.strip()] if option == "partition" else [value]
 
 
 @dataclass(frozen=True)

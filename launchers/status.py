@@ -220,8 +220,9 @@ def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | Non
     return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
 
 
-_SBATCH_ARG = "the launch's sbatch option {name} (.megasweep/launch.json)"
-"""How a rerun names a sbatch option its launch gave (hydra.launcher.sbatch_args, --sbatch-arg)."""
+_SBATCH_ARG = "sbatch_args.{name}"
+"""How a rerun names a sbatch option its launch gave (hydra.launcher.sbatch_args, --sbatch-arg), as
+.megasweep/launch.json keeps it."""
 
 
 def _unreadable(path: Path) -> str | None:

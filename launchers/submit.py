@@ -47,6 +47,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -368,16 +369,21 @@ def run_env(spec: ConfigSpec, sweep_dir: Path) -> tuple[tuple[str, str], ...]:
     return env
 
 
-def setup_lines(setup: Sequence[str], *, errexit: bool = True) -> list[str]:
-    """cluster.setup as lines of a job script that stop the job at the first line that fails, naming
-    it on stderr (the Slurm log): a `module load` that fails would otherwise go on to train under the
-    wrong toolchain, or fail later for a reason that hides this one. `errexit`: turn `set -e` on for
-    the setup and off after it, as submitit's script runs without it (an exported script has it on
-    throughout already)."""
-    if not setup:
-        return []
-    trap = "trap 'echo \"error: cluster.setup line failed (exit $?): $BASH_COMMAND\" >&2' ERR"
-    return [*(["set -e"] if errexit else []), trap, *setup, "trap - ERR", *(["set +e"] if errexit else [])]
+def setup_lines(setup: Sequence[str]) -> list[str]:
+    """cluster.setup as lines of a job script, each of which stops the job when it exits non-zero,
+    naming itself on stderr (the Slurm log): a `module load` or `source` that failed would otherwise
+    go on to train under the wrong toolchain, or fail later for a reason that hides this one. Each
+    line is judged by its own exit status, as written; what a sourced file runs inside is not (`set
+    -e` would stop on any command a site's profile lets fail). Blank and comment lines pass as they are."""
+    out = []
+    for line in setup:
+        if not line.strip() or line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        said = '"error: cluster.setup line failed (exit $?): "' + shlex.quote(line)
+        # Braces, not a subshell: a line that sets variables or sources a file does so for the job.
+        out.append(f"{{ {line}\n}} || {{ echo {said} >&2; exit 1; }}")
+    return out
 
 
 def executor_parameters(

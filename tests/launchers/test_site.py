@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from launchers.site import SiteOptionError, check_site_shapes, partition_nodes, site_choices
+from launchers.allocation import SbatchOptions
+from launchers.site import (
+    SiteOptionError,
+    check_site_options,
+    check_site_shapes,
+    partition_nodes,
+    site_choices,
+)
 from tests.launchers.test_slurm_launcher import REPO, sweep
 from tests.launchers.test_sweepdir import train_multirun
 from train.contract import EXIT_USAGE
@@ -48,6 +55,17 @@ def test_an_unknown_partition_account_qos_or_license_submits_nothing(
     assert not (sweep_dir / "manifest.jsonl").exists() and not (sweep_dir / ".megasweep").exists()
     # The directory this launch made is gone again, with the multirun.yaml Hydra wrote into it first.
     assert not sweep_dir.exists()
+
+
+def test_each_partition_of_a_list_is_checked(slurm_cluster: SlurmClusterInfo) -> None:
+    # sbatch takes --partition=a,b; the list was judged as one name and refused.
+    def options(partition: str) -> SbatchOptions:
+        return SbatchOptions(partition=partition, account=None, qos=None, gres=None, constraint=None, cpus_per_task=1,
+                             mem_per_node_gb=None, array_parallelism=1, setup=())  # fmt: skip
+
+    check_site_options([options(f"{slurm_cluster.partition},{slurm_cluster.partition}")])
+    with pytest.raises(SiteOptionError, match=r"cluster.partition='nosuch' is not a partition of this cluster"):
+        check_site_options([options(f"{slurm_cluster.partition},nosuch")])
 
 
 def test_a_partition_or_account_given_as_an_sbatch_option_is_checked_too(
