@@ -226,12 +226,13 @@ _SBATCH_ARG = "sbatch_args.{name}"
 
 
 def _unreadable(path: Path) -> str | None:
-    """Why the file at `path` is not a record, when there is a file; None when there is none."""
+    """Why the file at `path` is not a record, when its content says so; None when there is none, or
+    it cannot be opened (another user's, a file system gone: nothing is known of the run then)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except OSError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None if isinstance(data, dict) and "status" in data else "not a run's record (no status)"
 
@@ -285,8 +286,9 @@ def sweep_status(
         state, detail = classify(e, record, slurm)
         if state == "pending" and record is None and e.job_id is None and e.index in local:
             state, detail = local_run_state(local[e.index], e.index)
+        started = e.job_id is not None or e.status == "submitted"  # an exported task may not have begun
         unreadable = _unreadable(sweep_dir / e.output_dir / RESULT_FILE) if record is None and not foreign else None
-        if unreadable is not None and state in ("pending", "failed") and not (slurm and is_live(slurm)):
+        if unreadable and started and state in ("pending", "failed") and not (slurm and is_live(slurm)):
             # Written whole or not at all (write_json_atomic): a record there that cannot be read was
             # damaged since, and the run it speaks for has ended; "pending" never would.
             state, detail = "failed", f"{e.output_dir}/{RESULT_FILE} cannot be read ({unreadable})"

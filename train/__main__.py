@@ -99,7 +99,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise ValueError(cannot)
         # Before any worker starts: one line, as a rule's, instead of a traceback from every rank.
-        _refuse(cannot, hydra_cfg)
+        _refuse(cannot, hydra_cfg, lone=launch is None)
     if launch is None or launch.rank == 0:
         for note in advise(run):
             print(f"warning: {note}", file=sys.stderr)
@@ -142,31 +142,40 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         sys.exit(EXIT_TERMINATED)
 
 
-def _refuse(message: str, hydra_cfg: Any) -> NoReturn:
+def _refuse(message: str, hydra_cfg: Any, *, lone: bool = True) -> NoReturn:
     """End a single run refused before it started: its paragraph on stderr, EXIT_USAGE, and no run
     directory left behind when Hydra's own .hydra/ is all it holds (Hydra makes it, and saves the
-    config there, before the task runs): a refusal leaves nothing, as a sweep's does."""
+    config there, before the task runs): a refusal leaves nothing, as a sweep's does. `lone` false
+    where ranks a launcher started may judge differently (what this machine can run): one refusing
+    must not remove the directory another is starting into. Every rank refuses the rest alike."""
     print(f"error: {message}", file=sys.stderr)
+    if lone:
+        _forget_run_dir(hydra_cfg)
+    sys.exit(EXIT_USAGE)
+
+
+def _forget_run_dir(hydra_cfg: Any) -> None:
     subdir = str(hydra_cfg.output_subdir or "")
     try:
         run_dir = Path(hydra_cfg.runtime.output_dir).resolve()
+        cwd = Path(hydra_cfg.runtime.cwd).resolve()
         # Never the directory the user works in, nor one above it (hydra.run.dir=., hydra.job.chdir=true).
-        kept = {Path(hydra_cfg.runtime.cwd).resolve(), Path.cwd().resolve()}
-
-        def theirs(d: Path) -> bool:
-            return any(d == k or d in k.parents for k in kept)
-
-        held = [p for p in run_dir.rglob("*") if not p.is_dir()]
-        if subdir and held and not theirs(run_dir) and all(p.relative_to(run_dir).parts[0] == subdir for p in held):
-            shutil.rmtree(run_dir)
-            # outputs/<date>/ and outputs/, when this run was their only one (OSError: they hold others).
-            for above in (run_dir.parent, run_dir.parent.parent):
-                if theirs(above):
-                    break
-                above.rmdir()
+        kept = {cwd, Path.cwd().resolve()}
+        if not subdir or any(run_dir == k or run_dir in k.parents for k in kept):
+            return
+        # Stops at the first file of the user's: a directory that holds more stays as it is.
+        if any(p.relative_to(run_dir).parts[0] != subdir for p in run_dir.rglob("*") if not p.is_dir()):
+            return
+        shutil.rmtree(run_dir)
+        # Hydra's default outputs/<date>/<time>: <date>/ and outputs/ too, when this run was their only one
+        # (OSError: they hold others). Directories above a hydra.run.dir of the user's own are theirs.
+        outputs = cwd / "outputs"
+        for above in (run_dir.parent, run_dir.parent.parent):
+            if above != outputs and outputs not in above.parents:
+                break
+            above.rmdir()
     except OSError:
         pass
-    sys.exit(EXIT_USAGE)
 
 
 def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:

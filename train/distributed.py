@@ -90,7 +90,7 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
             world_size=world,
             local_rank=_whole(env, "LOCAL_RANK", "0"),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_whole(env, "MASTER_PORT", "29500", least=1),
+            master_port=_whole(env, "MASTER_PORT", "29500", least=1, below=("", 65536)),
             launcher="torchrun",
             rendezvous_fd=_whole(env, RENDEZVOUS_FD_ENV) if env.get(RENDEZVOUS_FD_ENV) else None,
         )
@@ -102,7 +102,9 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
             world_size=world,
             local_rank=_whole(env, "SLURM_LOCALID", "0"),
             master_addr=env.get("MASTER_ADDR") or slurm_master_addr(env.get("SLURM_JOB_NODELIST", "")),
-            master_port=_whole(env, "MASTER_PORT", least=1) if port else slurm_master_port(env.get("SLURM_JOB_ID", "0")),
+            master_port=_whole(env, "MASTER_PORT", least=1, below=("", 65536))
+            if port
+            else slurm_master_port(env.get("SLURM_JOB_ID", "0")),
             launcher="slurm",
         )
     return None
@@ -123,7 +125,7 @@ def _whole(
     except ValueError:
         value = None
     if value is None or value < least or (below is not None and value >= below[1]):
-        bound = f" and below {below[0]}={below[1]}" if below is not None else ""
+        bound = "" if below is None else f" and below {below[0]}={below[1]}" if below[0] else f" and below {below[1]}"
         raise LaunchEnvError(
             f"{name}={text!r} in the environment: a launcher (torchrun, srun) sets it to a whole number of at "
             f"least {least}{bound}; unset it to run one process, or start the run with the launcher"

@@ -551,7 +551,10 @@ def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_USAGE and (tmp_path / "done").is_dir()
     proc = subprocess.run([sys.executable, "-m", "train", "parallelism.tp=3", "hydra.run.dir=x/y", *TINY_RUN],
                           cwd=tmp_path / "done", env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == EXIT_USAGE and sorted(p.name for p in (tmp_path / "done").iterdir()) == [".hydra"]
+    # Its run directory goes; the one above it, which Hydra made, stays (empty): only the default
+    # outputs/<date>/ is known to be Hydra's, a directory above a run directory of the user's may be theirs.
+    assert proc.returncode == EXIT_USAGE and sorted(p.name for p in (tmp_path / "done").iterdir()) == [".hydra", "x"]
+    assert list((tmp_path / "done" / "x").iterdir()) == []
 
 
 @pytest.mark.parametrize(
