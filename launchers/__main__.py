@@ -44,17 +44,24 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> str:
+def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> tuple[str, bool]:
     """Why a rerun found nothing to do although configs failed: each stands for a rerun already (one
-    queued meanwhile by another `rerun`, say), whose changes these `overrides` do not make."""
-    from launchers.status import RERUN_STATES, sweep_status
+    queued meanwhile by another `rerun`, say); and whether those reruns made these `overrides`' changes
+    (the same command again, a script's retry) rather than others, which these then do not make."""
+    from launchers.status import RERUN_STATES, changed_overrides, read_sweep, sweep_status
 
     stood = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES and s.rerun_as is not None]
     if not stood:
-        return ""
+        return "", False
     shown = ", ".join(f"config {s.index} as config {s.rerun_as}" for s in stood[:5]) + (", ..." if len(stood) > 5 else "")
+    listed = {e.index: tuple(e.overrides) for e in read_sweep(sweep_dir)}
+    made = bool(overrides) and all(
+        s.rerun_as is not None and listed.get(s.rerun_as) == changed_overrides(s.overrides, overrides) for s in stood
+    )
+    if made:
+        return f" to rerun: each failed one is rerun already with {' '.join(overrides)} ({shown})", True
     ignored = f"; {' '.join(overrides)} not applied: rerun those configs' failures to change them" if overrides else ""
-    return f" to rerun: each failed one is rerun already ({shown}){ignored}"
+    return f" to rerun: each failed one is rerun already ({shown}){ignored}", False
 
 
 def _hydra_override(text: str) -> bool:
@@ -175,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not entries:
-        why = _already_rerun(args.sweep_dir, args.overrides)
-        if why and args.overrides:
+        why, made = _already_rerun(args.sweep_dir, args.overrides)
+        if why and args.overrides and not made:
             # Changes asked for and made to nothing: a script must not read them as queued.
             print(f"rerun: no failed configs{why}", file=sys.stderr)
             return EXIT_USAGE

@@ -95,6 +95,12 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
         "rerun: no failed configs to rerun: each failed one is rerun already (config 0 as config 2); "
         "training.lr=1e-3 not applied: rerun those configs' failures to change them"
     ), again.stdout + again.stderr
+    # The same command again (a script's retry): its changes are the rerun's already, so it exits 0.
+    same = rerun(sweep_dir, "training.data_path=null")
+    assert same.returncode == 0 and same.stdout.strip() == (
+        "rerun: no failed configs to rerun: each failed one is rerun already with training.data_path=null "
+        "(config 0 as config 2)"
+    ), same.stdout + same.stderr
 
 
 def test_ctrl_c_of_a_local_sweep_leaves_the_run_interrupted(tmp_path: Path) -> None:
