@@ -303,3 +303,12 @@ def test_hydras_basic_launcher_runs_no_config_of_a_sweep_that_has_an_infeasible_
                            "(model=tiny parallelism.tp=3 "), line  # fmt: skip
     assert "hydra/launcher=local or slurm" in line and "Launching" not in proc.stdout + proc.stderr
     assert not (tmp_path / "sweep").exists()
+    # In batches of one: the infeasible third config is found before the first batch runs, by its index.
+    batched = subprocess.run(
+        [sys.executable, "-m", "train", "-m", "model=tiny", "parallelism.tp=1,2,3", "training.train_iters=3",
+         "logger.wandb_mode=disabled", "hydra.sweeper.max_batch_size=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert batched.returncode == EXIT_USAGE and "Launching" not in batched.stdout + batched.stderr, batched.stderr
+    assert "error: 1 of 3 configs are infeasible" in batched.stderr and "e.g. config 2 (" in batched.stderr
+    assert not (tmp_path / "sweep").exists()
