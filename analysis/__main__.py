@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import argparse_hint
-from train.contract import EXIT_USAGE, exit_on_broken_pipe, unwritable
+from train.contract import EXIT_USAGE, exit_on_broken_pipe, unwritable_below
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -419,6 +419,7 @@ def analyse(argv: Sequence[str]) -> int:
             print(f"warning: {w}", file=sys.stderr)
         df = sweeps.table
         out = args.out or _check_out(default_out, option=False)
+        out.mkdir(parents=True, exist_ok=True)
         if plotting is not None:
             plotting.draw(df, out)
         written, md, rec_text = _tables(df, sweeps, args, out)
@@ -478,6 +479,7 @@ def compare(argv: Sequence[str]) -> int:
     labels = sweep_labels([args.before, args.after])
     text = format_comparison(result, before=labels[0], after=labels[1])
     out = args.out or _check_out(args.after / "analysis", option=False)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(text, encoding="utf-8")
     result.table.to_csv(out / "compare.csv", index=False)
     print(text)
@@ -486,11 +488,12 @@ def compare(argv: Sequence[str]) -> int:
 
 
 def _check_out(out: Path, *, option: bool = True) -> Path:
-    """`out` created and proved writable before anything is loaded or written there; AnalysisError
+    """`out`, proved writable before anything is loaded or written there, and made only then (a
+    refusal after this check, a sweep that does not load, leaves no empty directory); AnalysisError
     naming -o (or, for the default, the directory) otherwise, where mkdir's OSError named neither."""
     from analysis.records import AnalysisError
 
-    why = "it is a file" if out.exists() and not out.is_dir() else unwritable(out)
+    why = unwritable_below(out)
     if why is None:
         return out
     if option:

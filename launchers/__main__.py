@@ -32,7 +32,7 @@ from train.contract import (
     SUBMITIT_DIR,
     ManifestError,
     exit_on_broken_pipe,
-    unwritable,
+    unwritable_below,
 )
 
 
@@ -235,7 +235,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out = Path(args.out)
     # Found now, not when the jobs have run and their figures have nowhere to go (an OSError naming no option).
-    why = "it is a directory" if out.is_dir() else unwritable(out.parent)
+    why = "it is a directory" if out.is_dir() else unwritable_below(out.parent)
     if why is not None:
         print(f"error: --out {out}: cannot write the calibration file there ({why}); name a JSON file in a "
               "directory you can create and write, e.g. --out calibration/site.json; nothing was submitted",

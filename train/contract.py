@@ -504,6 +504,16 @@ def unwritable(path: str | Path) -> str | None:
     return None
 
 
+def unwritable_below(path: str | Path) -> str | None:
+    """Why a directory at `path` could not be made and written, found without making it (unwritable
+    makes it): `path` itself when it is there, else the nearest directory above it, is written to."""
+    path = Path(path).absolute()
+    there = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+    if not there.is_dir():
+        return "it is a file" if there == path else f"{there} is a file"
+    return unwritable(there)
+
+
 def read_record(path: str | Path) -> dict[str, Any] | None:
     """A result.json as a dict, or None when it is missing, unreadable or not a record."""
     try:

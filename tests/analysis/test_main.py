@@ -264,9 +264,12 @@ def test_an_output_directory_that_cannot_be_written_is_named_by_its_option(
     (tmp_path / "a_file").write_text("")
     out = {"file": tmp_path / "a_file", "under_a_file": tmp_path / "a_file" / "sub",
            "sysfs": Path("/sys/megasweep-test/out")}[where]  # fmt: skip
-    why = {"file": "it is a file", "under_a_file": "Not a directory", "sysfs": ""}[where]
+    why = {"file": "it is a file", "under_a_file": f"{tmp_path / 'a_file'} is a file", "sysfs": ""}[where]
     for command in ([str(sweep), "--no-plots"], ["compare", str(sweep), str(sweep)]):
         assert main([*command, "-o", str(out), "--no-queue"]) == EXIT_USAGE
         err = capsys.readouterr().err
         assert err.startswith(f"error: -o {out}: cannot write the analysis there ({why}"), err
     assert not (sweep / "analysis").exists()
+    # A writable -o is made only once the sweeps have loaded: a refusal leaves no empty directory.
+    assert main([str(tmp_path / "no_sweep"), "-o", str(tmp_path / "new" / "out"), "--no-queue"]) == EXIT_USAGE
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "new").exists()
