@@ -11,9 +11,9 @@ Every launcher (`hydra/launcher=slurm|local|plan`), `hydra/sweeper=megasweep|lay
 - `claim_sweep_dir`: a directory whose manifest.jsonl lists a sweep, or whose plan.csv holds a
   dry run, is refused, unless the user asks to add to that sweep (hydra.launcher.append=true,
   --append). A manifest of configs that were all infeasible (`skipped`) lists none that ran, and
-  the next launch replaces it. Added configs then take the indices after the last one listed: an index (and the
-  default output directory named after it) is never given to a second config, so no old
-  result.json sits where a new config writes. A dry run's configs have no index to take after.
+  the next launch replaces it. Added configs then take the indices after the last one listed: an
+  index (and the default output directory named after it) is never given to a second config, so no
+  old result.json sits where a new config writes. A dry run's configs have no index to take after.
 - `sweep_lock`: whoever gives configs indices in a sweep (a launch, an export, a rerun) holds the
   directory's lock from reading its manifest until it has written the configs there, so that two
   launches added to one sweep at once never take the same indices, and no rewrite of the manifest
@@ -289,7 +289,8 @@ def claim_sweep_dir(
 def first_index(
     sweep_dir: str | Path, *, append: bool, options: SweepOptions = HYDRA_OPTIONS, replace_skipped: bool = False
 ) -> int:
-    """The index of the first config launched into `sweep_dir`; nothing is created.
+    """The index of the first config launched into `sweep_dir`; nothing is created but the lock
+    `replace_skipped` takes.
 
     0 for a new directory or a dry run's. A directory that holds a sweep or a dry run is refused
     unless `append`, and then its next free index is returned (see the module docstring). `append`
