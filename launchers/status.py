@@ -54,7 +54,6 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import socket
@@ -90,11 +89,11 @@ from train.contract import (
     LocalRun,
     ManifestEntry,
     earlier_job_name,
+    load_record,
     manifest_path,
     previous_result_name,
     read_local_runs,
     read_manifest,
-    read_record,
     record_matches,
     resolve_exported,
     write_manifest,
@@ -212,29 +211,18 @@ def classify(
     return "failed", f"Slurm state {base_state(slurm_state)}, no result.json"
 
 
-def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str]:
-    """The config's record, or None and why a record in its directory is not its own."""
-    record = read_record(sweep_dir / entry.output_dir / RESULT_FILE)
+def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str, str | None]:
+    """The config's record, or None and why a record in its directory is not its own; and why the
+    file there is no record at all, when its content says so (train.contract.load_record)."""
+    record, damaged = load_record(sweep_dir / entry.output_dir / RESULT_FILE)
     if record is None or record_matches(record, entry.overrides):
-        return record, ""
-    return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})"
+        return record, "", damaged
+    return None, f"{entry.output_dir}/{RESULT_FILE} is another config's ({' '.join(record['overrides'])})", None
 
 
 _SBATCH_ARG = "sbatch_args.{name}"
 """How a rerun names a sbatch option its launch gave (hydra.launcher.sbatch_args, --sbatch-arg), as
 .megasweep/launch.json keeps it."""
-
-
-def _unreadable(path: Path) -> str | None:
-    """Why the file at `path` is not a record, when its content says so; None when there is none, or
-    it cannot be opened (another user's, a file system gone: nothing is known of the run then)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError:
-        return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if isinstance(data, dict) and "status" in data else "not a run's record (no status)"
 
 
 def run_log(sweep_dir: Path, entry: ManifestEntry) -> Path | None:
@@ -282,12 +270,11 @@ def sweep_status(
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
-        record, foreign = _record(sweep_dir, e)
+        record, foreign, unreadable = _record(sweep_dir, e)
         state, detail = classify(e, record, slurm)
         if state == "pending" and record is None and e.job_id is None and e.index in local:
             state, detail = local_run_state(local[e.index], e.index)
         started = e.job_id is not None or e.status == "submitted"  # an exported task may not have begun
-        unreadable = _unreadable(sweep_dir / e.output_dir / RESULT_FILE) if record is None and not foreign else None
         if unreadable and started and state in ("pending", "failed") and not (slurm and is_live(slurm)):
             # Written whole or not at all (write_json_atomic): a record there that cannot be read was
             # damaged since, and the run it speaks for has ended; "pending" never would.

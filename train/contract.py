@@ -516,11 +516,21 @@ def unwritable_below(path: str | Path) -> str | None:
 
 def read_record(path: str | Path) -> dict[str, Any] | None:
     """A result.json as a dict, or None when it is missing, unreadable or not a record."""
+    return load_record(path)[0]
+
+
+def load_record(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the result.json at `path` as a dict, None) when it is a record; else (None, why its content is
+    not one: damaged, or no status), or (None, None) when there is none or it cannot be opened."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) and "status" in data else None
+    except OSError:
+        return None, None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if isinstance(data, dict) and "status" in data:
+        return data, None
+    return None, "not a run's record (no status)"
 
 
 def recorded_overrides(overrides: Iterable[str]) -> list[str]:
