@@ -84,8 +84,7 @@ from launchers.sweepdir import (
     writable_dir,
 )
 from train.contract import EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
-from train.distributed import launch_from_env
-from train.planner.layout import Layout, LayoutError
+from train.distributed import launch_from_env, run_world
 from train.planner.plan import count_by_rule
 from train.planner.rules import Violation, validate
 
@@ -1060,19 +1059,13 @@ class FastValidation:
 
 
 def _local_world(run: RunConfig) -> int | None:
-    """The world a job started by a launcher without its own allocation trains on: torchrun's or
-    srun's (the sweep itself started under one), else the dp x tp x pp workers it forks, as
-    `python -m train` judges it (None for degrees the rules refuse anyway)."""
+    """The world a job started by a launcher without its own allocation trains on, as `python -m
+    train` judges it (train.distributed.run_world): the sweep's own launcher's, else the workers it forks."""
     try:
         launch = launch_from_env(os.environ)
     except ValueError:  # each job refuses the variable in its own words
         launch = None
-    if launch is not None:
-        return launch.world_size
-    try:
-        return Layout.of(run.parallelism).world_size
-    except LayoutError:
-        return None
+    return run_world(run.parallelism, launch)
 
 
 def _refusal(infeasible: Sequence[tuple[int, Sequence[str], list[Violation]]], total: int) -> str:

@@ -47,8 +47,7 @@ from train.contract import (
     read_record,
     unwritable,
 )
-from train.distributed import LaunchEnvError, launch_from_env
-from train.planner.layout import Layout, LayoutError
+from train.distributed import LaunchEnvError, launch_from_env, run_world
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted, note_interrupt
 
@@ -85,7 +84,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise
         _refuse(str(bad_env), hydra_cfg)
-    world_size = launch.world_size if launch is not None else _spawned_world(run)
+    world_size = run_world(run.parallelism, launch)
     violations = validate(run, world_size=world_size)
     if violations:
         infeasible = InfeasibleConfig(violations)
@@ -200,15 +199,6 @@ def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
         return (f"training.checkpoint_dir={where}: cannot write there ({why}); name a directory you can "
                 "create and write, or leave it null for <run dir>/checkpoints")  # fmt: skip
     return None
-
-
-def _spawned_world(run: RunConfig) -> int | None:
-    """dp x tp x pp: the workers this process starts (dp null means 1); None for degrees the rules
-    will reject anyway."""
-    try:
-        return Layout.of(run.parallelism).world_size
-    except LayoutError:
-        return None
 
 
 def spawn_workers(

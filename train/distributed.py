@@ -34,10 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from train.contract import EXIT_INTERRUPTED
+from train.planner.layout import Layout, LayoutError
 from train.preemption import install_interrupt_handler, interrupted
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from conf.schema import ParallelismConfig
 
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 40000
@@ -94,8 +97,7 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
             launcher="torchrun",
             rendezvous_fd=_whole(env, RENDEZVOUS_FD_ENV) if env.get(RENDEZVOUS_FD_ENV) else None,
         )
-    if "SLURM_PROCID" in env and _whole(env, "SLURM_NTASKS", "1", least=1) > 1:
-        world = _whole(env, "SLURM_NTASKS", least=1)
+    if "SLURM_PROCID" in env and (world := _whole(env, "SLURM_NTASKS", "1", least=1)) > 1:
         port = env.get("MASTER_PORT")
         return LaunchEnv(
             rank=_whole(env, "SLURM_PROCID", below=("SLURM_NTASKS", world)),
@@ -108,6 +110,17 @@ def launch_from_env(env: Mapping[str, str]) -> LaunchEnv | None:
             launcher="slurm",
         )
     return None
+
+
+def run_world(par: ParallelismConfig, launch: LaunchEnv | None) -> int | None:
+    """The devices a run trains on: its launcher's world (torchrun, srun), else the dp x tp x pp
+    workers `python -m train` forks (dp null means 1); None for degrees the rules refuse anyway."""
+    if launch is not None:
+        return launch.world_size
+    try:
+        return Layout.of(par).world_size
+    except LayoutError:
+        return None
 
 
 class LaunchEnvError(ValueError):
