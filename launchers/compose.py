@@ -1027,26 +1027,23 @@ class FastValidation:
             return
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         tic = time.perf_counter()
-        total = len(batch)
-        every = self.progress_every
         # A launcher that writes no manifest (Hydra's basic one) has nowhere to list an infeasible
         # config as skipped: each job would fail in turn, and the sweep end in a traceback after the
         # feasible ones ran. The rules judge every config of every batch here, at the first batch,
-        # before any of them runs (BasicSweeper.overrides holds the batches; batch_index counts those given).
-        basic = OmegaConf.select(self.config, "hydra.launcher.append", default=None) is None
-        if basic and getattr(self, "batch_index", 1) <= 1:
-            jobs = [job for b in (getattr(self, "overrides", None) or [batch]) for job in b]
-            infeasible = []
-            with bulk_allocation():
-                for i, overrides in enumerate(jobs):
-                    run = composer.run_config(overrides)
-                    if violations := validate(run, world_size=_local_world(run)):
-                        infeasible.append((i, overrides, violations))
-            if infeasible:
-                raise UsageError(_refusal(infeasible, len(jobs)))
+        # before any of them runs (BasicSweeper.overrides holds the batches; batch_index counts those
+        # given), and the later batches, checked then, are not composed again.
+        judged = OmegaConf.select(self.config, "hydra.launcher.append", default=None) is None
+        if judged and getattr(self, "batch_index", 1) > 1:
+            return
+        jobs = [job for b in (getattr(self, "overrides", None) or [batch]) for job in b] if judged else batch
+        total = len(jobs)
+        every = self.progress_every
+        infeasible = []
         with bulk_allocation():
-            for done, overrides in enumerate(batch, start=1):
-                composer.run_config(overrides)
+            for done, overrides in enumerate(jobs, start=1):
+                run = composer.run_config(overrides)
+                if judged and (violations := validate(run, world_size=_local_world(run))):
+                    infeasible.append((done - 1, overrides, violations))
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
                     stats = composer.stats()
@@ -1055,6 +1052,8 @@ class FastValidation:
                         f"{stats.bases} Hydra compositions)\n"
                     )
                     sys.stderr.flush()
+        if infeasible:
+            raise UsageError(_refusal(infeasible, total))
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
 
 
