@@ -934,6 +934,13 @@ def _merge_manifest(
         frame["run_dir"] = frame["m_dir"]
         frame["nodes"] = pd.to_numeric(frame["m_nodes"], errors="coerce").astype(float).fillna(_num(frame, "nodes"))
         parts.append(frame.drop(columns=[c for c in frame.columns if c.startswith("m_")]))
+    if not plan.empty:
+        # A dry run added to the sweep (hydra/launcher=plan, append): its configs the manifest does not
+        # list were planned and never launched, as in a dry run's own directory; one it lists is that
+        # config's row above, with the plan's layout.
+        unlisted = plan[~plan["config_key"].isin(set(man["m_key"]))]
+        if not unlisted.empty:
+            parts.append(unlisted)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 

@@ -222,6 +222,30 @@ def test_a_dry_runs_directory_is_planned_not_run_and_draws_no_empty_plots(tmp_pa
     assert md.count("hardware=a100_80gb model=gpt_350m") == len(feasible)
 
 
+def test_a_dry_run_added_to_a_launched_sweep_lists_its_configs_never_launched(tmp_path: Path) -> None:
+    from tests.launchers.test_plan import run_train
+
+    # A sweep exported for sbatch (its manifest lists two configs), then a dry run added to it: the
+    # analysis showed only the two pending configs, as if the dry run had never been made.
+    sweep = tmp_path / "sweep"
+    exported = subprocess.run(
+        [sys.executable, "-m", "launchers", "sbatch", f"--sweep-dir={sweep}", f"--out-dir={tmp_path / 'scripts'}",
+         "training.lr=1e-4,3e-4"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    # One of the configs planned is the sweep's own (lr 1e-4): its row is the manifest's, not a second one.
+    planned = run_train("-m", "training.lr=1e-4,1e-3", "hydra/launcher=plan", "hydra.launcher.append=true",
+                        "hydra.launcher.table=false", f"hydra.sweep.dir={sweep}")
+    assert planned.returncode == 0, planned.stderr
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--no-queue"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("3 configs: 2 pending, 1 planned, not run\n"), proc.stdout
+    assert "Planned, not run (1 feasible config(s)" in proc.stdout
+    assert "training.lr=0.001" in proc.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
