@@ -135,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sbatch.add_argument(
         "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
     )
+    sbatch.add_argument(
+        "--no-test-only", dest="test_only", action="store_false",
+        help="do not ask this machine's Slurm to judge each script (sbatch --test-only) before writing it",
+    )
     args, extra = parser.parse_known_args(argv)
     # argparse ends a positional list at the first option: in `rerun DIR --failed lr=1` or `sbatch a=1
     # --name x b=2` the overrides after the option come back unparsed. They are overrides all the same.
@@ -298,6 +302,7 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             srun_args=args.srun_arg,
             command=shlex.join(["python", "-m", "launchers", *argv]),
             append=args.append,
+            test_only=args.test_only,
         )
     except (HydraException, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

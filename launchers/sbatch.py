@@ -72,11 +72,12 @@ from conf import CONFIG_DIR
 from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses, slurm_mem
 from launchers.compose import FastComposer, parse_override
-from launchers.site import check_site, license_totals
+from launchers.site import check_sbatch_scripts, check_site, license_totals
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
     check_array_options,
+    job_words,
     merge_entries,
     plan_configs,
     read_max_array_size,
@@ -324,8 +325,10 @@ def export_sweep(
     srun_args: Sequence[str] = (),
     command: str = "python -m launchers sbatch ...",
     append: bool = False,
+    test_only: bool = True,
 ) -> Export:
-    """Write the array scripts, task tables and the skipped list of a sweep; see the module docstring."""
+    """Write the array scripts, task tables and the skipped list of a sweep; see the module docstring.
+    `test_only`: each script is judged by this machine's Slurm (sbatch --test-only) before any is written."""
     if not NAME_PATTERN.fullmatch(name):
         raise ValueError(f"--name {name!r}: use letters, digits, '_', '.', '-' (it names files and the job)")
     check_array_options(
@@ -376,6 +379,13 @@ def export_sweep(
         # Every file's text is made before any directory is: a row refused (a tab in an override) must
         # not leave the scripts before it behind.
         texts = [_render(out_dir / stem, key, piece, **common) for stem, (key, piece) in zip(stems, pieces, strict=True)]
+        if test_only:  # each script as it will be submitted, judged by this machine's Slurm as check_site's are
+            check_sbatch_scripts(
+                ((job_words(piece, key), text[3]) for (key, piece), text in zip(pieces, texts, strict=True)),
+                fix="the cluster.* fields or the sbatch options (--sbatch-arg)",
+                outcome="Nothing was exported or written",
+                again="export again",
+            )
         # Both directories are proved writable before any file is written, and those this export made
         # go again when it is refused: nothing is half-exported, and no empty directory is left.
         with removed_if_refused(out_dir, sweep_dir):

@@ -12,6 +12,12 @@ for more nodes than its partition has of its CPUs and GPUs per node would otherw
 wait forever (squeue reason PartitionConfig or PartitionNodeLimit, sbatch's "CPU count per node
 can not be satisfied" at best), so it is refused first, naming the fields that size it.
 
+Last, each job is given to `sbatch --test-only` as it will be submitted (its whole script, the
+sbatch options the user added included): Slurm judges it as it would the real one, and queues
+nothing. What the checks above do not know (an option sbatch lacks, a gres, feature or memory no
+node has, a job_submit plugin's rule) is then refused before the first array is queued, not
+array by array, with the arrays before it already in the queue.
+
 A tool that is missing or fails (no accounting, the controller down) answers nothing, and the
 option is not checked: sbatch then has the last word, as before.
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import getpass
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,11 +43,13 @@ __all__ = [
     "NodeShape",
     "PartitionInfo",
     "SiteOptionError",
+    "check_sbatch_scripts",
     "check_site",
     "check_site_options",
     "check_site_shapes",
     "license_totals",
     "partition_nodes",
+    "sbatch_refusal",
     "site_choices",
 ]
 
@@ -272,3 +281,43 @@ def check_site(
     keys = [dataclasses.replace(k, options=_asked(k.options, given)) for k in keys] if given else list(keys)
     check_site_options((k.options for k in keys), fields={name: option.format(name=name) for name in given})
     check_site_shapes(keys)
+
+
+_UNANSWERED = re.compile(
+    r"unable to contact|timed out|not responding|temporarily unable|connection refused|try again", re.IGNORECASE
+)
+"""sbatch's words when the controller did not judge the job (down, busy, unreachable): no refusal."""
+
+
+def sbatch_refusal(script: str) -> str | None:
+    """Slurm's words, on one line, when `sbatch --test-only` refuses `script` (a batch script's text;
+    nothing is queued); None when it accepts it, or when it cannot be asked (no sbatch, no answer from
+    the controller: the real sbatch then has the last word)."""
+    if shutil.which("sbatch") is None:
+        return None
+    try:
+        proc = subprocess.run(
+            ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode == 0:
+        return None
+    said = " | ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
+    if _UNANSWERED.search(said):
+        return None
+    return said or f"sbatch --test-only ended with exit status {proc.returncode} and no message"
+
+
+def check_sbatch_scripts(
+    jobs: Iterable[tuple[str, str]], *, fix: str, outcome: str = "Nothing was submitted", again: str = "launch again"
+) -> None:
+    """Raise SiteOptionError naming every job that `sbatch --test-only` refuses; `jobs`: (what the job
+    is, in words; its script), `fix`: which settings make the script, for the user to change; `outcome`
+    and `again`: what the refusal left undone, and what to do once it is fixed."""
+    refused = [f"{what}: {why}" for what, script in jobs if (why := sbatch_refusal(script)) is not None]
+    if refused:
+        raise SiteOptionError(
+            f"Slurm refuses {len(refused)} job(s) (asked with sbatch --test-only, which queues nothing): "
+            f"{'; '.join(refused)}. {outcome}. Change {fix}, then {again}."
+        )

@@ -43,6 +43,7 @@ from launchers.submit import (
     Submission,
     check_array_options,
     check_output_dirs,
+    check_sbatch_accepts,
     entry_args_for,
     entry_for,
     failed_configs_hint,
@@ -159,11 +160,14 @@ class SlurmLauncher(SweepLauncher):
     (null: MaxArraySize from scontrol), sbatch_args (extra sbatch options), srun_args,
     python (null: this interpreter), module (entry module of each run), job_name
     (null: hydra.job.name), append (add the configs to the sweep already in hydra.sweep.dir,
-    with new indices; without it such a directory is refused: launchers.sweepdir).
+    with new indices; without it such a directory is refused: launchers.sweepdir), test_only
+    (false: no sbatch --test-only before submitting).
 
-    The partition, account and QoS are checked with Slurm before anything is queued
-    (launchers.site). The launch fails (non-zero exit, after the manifest is written) when
-    sbatch refused any config or nothing was submitted (launchers.submit.launch_failure).
+    The partition, account and QoS, each job's shape and then each array's whole script (sbatch
+    --test-only) are checked with Slurm before anything is queued (launchers.site): a launch that
+    Slurm would refuse in part is refused whole, exit 2, nothing queued. The launch fails (non-zero
+    exit, after the manifest is written) when sbatch still refused any config as it was queued, or
+    nothing was submitted (launchers.submit.launch_failure).
 
     Configs that are not megasweep's run as generic Hydra jobs (see submit_hydra_jobs), always
     waited for; of the options only array_parallelism, max_array_size, sbatch_args, srun_args,
@@ -181,8 +185,10 @@ class SlurmLauncher(SweepLauncher):
         module: str = "train",
         job_name: str | None = None,
         append: bool = False,
+        test_only: bool = True,
     ) -> None:
         super().__init__(append)
+        self.test_only = test_only
         self.wait = wait
         self.array_parallelism = array_parallelism
         self.max_array_size = max_array_size
@@ -277,6 +283,8 @@ class SlurmLauncher(SweepLauncher):
             check_indices_free(old, planned, sweep_dir)
             check_output_dirs(merge_entries(old, planned))
             check_site((s.key for s in specs), settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
+            if self.test_only:
+                check_sbatch_accepts(sweep_dir, specs, settings, option="hydra.launcher.sbatch_args.{name}")
             save_launch_file(sweep_dir, settings, specs)
             known = merge_entries(old, skipped)
             submission = submit_configs(

@@ -68,6 +68,7 @@ from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
+    check_sbatch_accepts,
     entry_for,
     launched_sweep_dirs,
     load_launches,
@@ -488,6 +489,7 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
             for settings, mine in groups:
                 if not settings.local:  # each launch's own sbatch options, as it submits them again
                     check_site((spec.key for spec in mine), settings.sbatch_args, option=_SBATCH_ARG)
+                    check_sbatch_accepts(sweep_dir, mine, settings, option=_SBATCH_ARG, again="rerun")
         job_ids = {s.index: s.job_id for s in failed}
         for settings, mine in groups:
             listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
@@ -562,6 +564,7 @@ def _rerun_changed(
     origin = {first + i: s.index for i, s in enumerate(failed)}
     if not settings.local:
         check_site((s.key for s in specs), settings.sbatch_args, option=_SBATCH_ARG)
+        check_sbatch_accepts(sweep_dir, specs, settings, option=_SBATCH_ARG, again="rerun")
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
         return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]

@@ -74,7 +74,7 @@ from launchers.allocation import (
 )
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
-from launchers.site import license_totals
+from launchers.site import check_sbatch_scripts, license_totals
 from launchers.sweepdir import UsageError
 from train.contract import (
     LAUNCH_FILE,
@@ -482,21 +482,17 @@ def submit_configs(
     `on_queued(entries so far)` is called after each sbatch (queued or refused): the caller
     writes the manifest there, so that it never lags what Slurm holds by more than one array.
     """
-    import submitit  # not at module level: Hydra's plugin scan imports this module
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     entries: list[ManifestEntry] = []
     jobs: dict[int, Any] = {}
     arrays: list[str] = []
-    groups = group_by((spec.key, spec) for spec in specs)
-    totals = license_totals() if any(key.options.core_license for key in groups) else None
-    pieces = [(key, piece) for key, members in groups.items() for piece in chunk(members, settings.max_array_size)]
+    pieces, totals = _arrays(specs, settings)
     for done, (key, piece) in enumerate(pieces, start=1):
         # An sbatch that has queued an array must not be cut off from the manifest line that lists
         # it: a stop signal waits until both are done (train.signals.signals_held).
         with signals_held(TERMINAL_STOP_SIGNALS) as held:
-            executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
-            executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
+            executor = _executor(sweep_dir, key, settings, totals)
             try:
                 commands = [command_for(s, settings, sweep_dir) for s in piece]
                 queued = submit_released(executor, executor.submit_array, commands)
@@ -528,6 +524,72 @@ def submit_configs(
             signal.raise_signal(held[0])  # its own handler again: the end (or KeyboardInterrupt) it means
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)
+
+
+def _arrays(
+    specs: Sequence[ConfigSpec], settings: LaunchSettings
+) -> tuple[list[tuple[ArrayKey, list[ConfigSpec]]], dict[str, int] | None]:
+    """The arrays submit_configs queues, one per ArrayKey split at max_array_size, and the cluster's
+    license totals when a job asks for cluster.core_license (else None)."""
+    groups = group_by((spec.key, spec) for spec in specs)
+    totals = license_totals() if any(key.options.core_license for key in groups) else None
+    pieces = [(key, piece) for key, members in groups.items() for piece in chunk(members, settings.max_array_size)]
+    return pieces, totals
+
+
+def _executor(sweep_dir: Path, key: ArrayKey, settings: LaunchSettings, totals: Mapping[str, int] | None) -> Any:
+    """The submitit executor that queues the array of `key`."""
+    import submitit  # not at module level: Hydra's plugin scan imports this module
+
+    executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j", python=settings.python)
+    executor.update_parameters(**executor_parameters(key, settings, licenses=totals))
+    return executor
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """Config indices in few words: [0, 1, 2, 5] gives '0-2, 5'."""
+    spans: list[list[int]] = []
+    for i in sorted(indices):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
+
+
+def job_words(piece: Sequence[ConfigSpec], key: ArrayKey) -> str:
+    """One array's configs and shape, in words, for a message."""
+    a = key.allocation
+    return (
+        f"config(s) {index_ranges([s.index for s in piece])} ({a.nodes} node(s) x {a.tasks_per_node} task(s), "
+        f"{a.gpus_per_node} GPU(s)/node, {a.time_limit_min} min)"
+    )
+
+
+def check_sbatch_accepts(
+    sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, *, option: str, again: str = "launch again"
+) -> None:
+    """launchers.site.check_sbatch_scripts for the arrays submit_configs would queue, each array's script
+    as submitit writes it; `option` names how the user gives sbatch options (their name as `{name}`),
+    `again` what to do once the cause is fixed.
+
+    The script comes from submitit's own SlurmExecutor._make_submission_file_text, with the array size
+    its array submission sets (map_count): what sbatch would be given, less the hold submit_released
+    adds. A submitit without it is not checked here (sbatch has the last word, as before)."""
+    jobs = []
+    pieces, totals = _arrays(specs, settings)
+    for key, piece in pieces:
+        executor = _executor(sweep_dir, key, settings, totals)
+        make = getattr(executor, "_make_submission_file_text", None)
+        command = getattr(executor, "_submitit_command_str", None)
+        if make is None or command is None:
+            return
+        if len(piece) > 1:  # submitit queues a single config as a job, not an array
+            executor.parameters["map_count"] = len(piece)
+        jobs.append((job_words(piece, key), make(command, "test-only")))
+    check_sbatch_scripts(
+        jobs, fix=f"the cluster.* fields or the sbatch options ({option.format(name='<name>')})", again=again
+    )
 
 
 _RULE = re.compile(r"\[([a-z0-9_]+)\]")

@@ -37,6 +37,9 @@ class SlurmLauncherConf:
     append: bool = False
     """Add the configs to the sweep already in hydra.sweep.dir, with new indices; false refuses a
     directory that holds a sweep (manifest.jsonl)."""
+    test_only: bool = True
+    """Ask Slurm to judge each array's script (sbatch --test-only) before anything is queued, and refuse
+    the launch when it refuses one; false: sbatch judges each array as it is queued."""
 
 
 ConfigStore.instance().store(

@@ -139,3 +139,43 @@ def test_without_a_partition_the_default_ones_nodes_count(slurm_cluster: SlurmCl
         check_site_shapes([key])
     check_site_shapes([ArrayKey(Allocation(nodes=len(slurm_cluster.nodes), tasks_per_node=1, gpus_per_node=0,
                                            time_limit_min=1), options)])  # fmt: skip
+
+
+def test_a_job_slurm_would_refuse_is_refused_whole_before_anything_is_queued(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # Two arrays: config 0's asks for a gres no node has, config 1's for nothing special. Without the
+    # sbatch --test-only check, config 1's array was queued and config 0 marked refused afterwards.
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1,null", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(
+        "error: Slurm refuses 1 job(s) (asked with sbatch --test-only, which queues nothing): config(s) 0 (1 node(s) "
+        "x 1 task(s), 0 GPU(s)/node, 20 min): sbatch: error: Invalid generic resource (gres) specification. Nothing "
+        "was submitted. Change the cluster.* fields or the sbatch options (hydra.launcher.sbatch_args.<name>), then "
+        "launch again."
+    ), proc.stderr
+    assert not sweep_dir.exists()  # no manifest, no launch record, no multirun.yaml: nothing was queued
+
+    # An sbatch option sbatch lacks refuses every array that carries it, each named once.
+    proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", "+hydra.launcher.sbatch_args.no-such-option=1", check=False)
+    assert proc.returncode == EXIT_USAGE and "config(s) 0-1 (1 node(s)" in proc.stderr, proc.stderr
+    assert "sbatch: unrecognized option '--no-such-option=1'" in proc.stderr and not sweep_dir.exists()
+
+    # The export's scripts are judged as they will be submitted: none is written.
+    def export(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(tmp_path / "scripts"), "--sweep-dir",
+             str(sweep_dir), *args, "cluster.mem_per_node_gb=100000", "training.lr=1e-4"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    exported = export()
+    assert exported.returncode == EXIT_USAGE and "Traceback" not in exported.stderr, exported.stderr
+    assert "allocation failure: Requested node configuration is not available. Nothing was exported or written. " \
+           "Change the cluster.* fields or the sbatch options (--sbatch-arg), then export again." in exported.stderr
+    assert not (tmp_path / "scripts").exists() and not sweep_dir.exists()
+    # Asked not to (scripts for another cluster than this machine's, say), it writes them.
+    unchecked = export("--no-test-only")
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert len(list((tmp_path / "scripts").glob("*.sbatch"))) == 1

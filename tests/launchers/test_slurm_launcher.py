@@ -174,11 +174,13 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
     sweep_dir = tmp_path / "sweep"
-    # A gres the cluster does not have: sbatch itself refuses it (a partition is checked before).
+    # A gres the cluster does not have: sbatch itself refuses it as it is queued, when the launch does
+    # not ask sbatch --test-only first (launchers.site; a partition is checked before either way).
     proc = sweep(
         sweep_dir,
         "cluster.gres=nosuch:1,null",
         "hydra.launcher.wait=true",
+        "hydra.launcher.test_only=false",
         # Not the default (the index): each config's directory is named from its own config.
         "hydra.sweep.subdir=gres_${cluster.gres}",
         check=False,
@@ -527,8 +529,11 @@ def test_ctrl_c_of_the_terminal_while_sbatch_runs_waits_for_it(slurm_cluster: Sl
     bin_dir, started = tmp_path / "bin", tmp_path / "sbatch-started"
     bin_dir.mkdir()
     slow = bin_dir / "sbatch"
-    # bash, not sh: dash unblocks every signal as it starts, which sbatch itself does not (strace).
-    slow.write_text(f"#!/bin/bash\ntouch {started}\nsleep 2\nexec {shutil.which('sbatch')} \"$@\"\n")
+    # bash, not sh: dash unblocks every signal as it starts, which sbatch itself does not (strace). The
+    # launch's sbatch --test-only, before it submits (launchers.site), is let through at once.
+    real = shutil.which("sbatch")
+    slow.write_text(f"#!/bin/bash\n[ \"$1\" = --test-only ] && exec {real} \"$@\"\ntouch {started}\nsleep 2\n"
+                    f"exec {real} \"$@\"\n")  # fmt: skip
     slow.chmod(0o755)
     sweep_dir = tmp_path / "sweep"
     args = [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra.launcher.job_name=ctrlc-sbatch",

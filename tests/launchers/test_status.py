@@ -238,19 +238,26 @@ def test_status_and_rerun_failed_against_slurm(slurm_cluster: SlurmClusterInfo, 
 def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Held, so that nothing runs: only what is queued (and refused) matters here. A gres the
-    # cluster lacks is refused by sbatch itself (a partition is checked before anything is queued).
-    proc = sweep(sweep_dir, "cluster.gres=nosuch:1", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    # cluster lacks is refused by sbatch itself as it is queued, the launch not asking sbatch
+    # --test-only first (a partition is checked before anything is queued).
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1", "+hydra.launcher.sbatch_args.hold=''",
+                 "hydra.launcher.test_only=false", check=False)  # fmt: skip
     assert proc.returncode != 0 and "were refused by sbatch" in proc.stderr
     (first,) = read_manifest(sweep_dir)
     assert first.status == "refused" and first.reason is not None and "generic resource" in first.reason
     table = status_table(sweep_dir)
     assert "1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 refused" in table, table
 
-    # Refused again: nothing was resubmitted, which a script must not read as success (it exited 0).
+    # Refused again, by sbatch --test-only before anything is queued (a rerun always asks it): nothing
+    # was resubmitted, which a script must not read as success (it exited 0), and the manifest is as it was.
     again = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert again.returncode == EXIT_FAILED, again.stdout + again.stderr
-    assert "nothing was resubmitted: sbatch refused 1 config(s)" in again.stderr and "Traceback" not in again.stderr
+    assert again.returncode == EXIT_USAGE, again.stdout + again.stderr
+    assert again.stderr.startswith("error: Slurm refuses 1 job(s) (asked with sbatch --test-only"), again.stderr
+    assert "config(s) 0 (1 node(s)" in again.stderr and "Invalid generic resource" in again.stderr
+    assert again.stderr.rstrip().endswith("Nothing was submitted. Change the cluster.* fields or the sbatch options "
+                                          "(sbatch_args.<name>), then rerun."), again.stderr
+    assert "Traceback" not in again.stderr and read_manifest(sweep_dir) == [first]
     # The cause goes away (here: the launch record asks for no gres, as if the site had added
     # it); the config was never run, so `rerun --failed` submits it.
     launch = sweep_dir / ".megasweep" / "launch.json"
@@ -354,8 +361,10 @@ def test_rerun_refuses_hydras_own_keys_as_changes(tmp_path: Path) -> None:
 
 def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    # Config 0 is refused by sbatch (a gres the cluster lacks), config 1 is queued; held: nothing runs.
-    proc = sweep(sweep_dir, "cluster.gres=nosuch:1,null", "+hydra.launcher.sbatch_args.hold=''", check=False)
+    # Config 0 is refused by sbatch as it is queued (a gres the cluster lacks; no sbatch --test-only
+    # first), config 1 is queued; held: nothing runs.
+    proc = sweep(sweep_dir, "cluster.gres=nosuch:1,null", "+hydra.launcher.sbatch_args.hold=''",
+                 "hydra.launcher.test_only=false", check=False)  # fmt: skip
     assert proc.returncode != 0
     first = read_manifest(sweep_dir)
     assert [e.status for e in first] == ["refused", "submitted"]
