@@ -361,6 +361,8 @@ class SearchConfig:
     """Model chunks per pipeline rank to try where pp > 1 on the native engine (chunks)."""
     top_k: int = 3
     """Fastest predicted layouts handed to the launcher (layouts)."""
+    top_k_per_node_count: bool = False
+    """Hand the launcher the top_k fastest of each node count, not of all: a scaling sweep measured in one go (bool)."""
     show: int = 20
     """Ranked layouts printed, fastest first (rows)."""
 

@@ -1,5 +1,6 @@
 """`hydra/sweeper=layouts`: search every layout of a model on a list of node counts, rank them by the
-time model, and hand the fastest `search.top_k` to the chosen launcher (plan, local or slurm).
+time model, and hand the fastest `search.top_k` to the chosen launcher (plan, local or slurm); with
+`search.top_k_per_node_count=true`, the top_k of each node count (a scaling sweep).
 
     python -m train -m hydra/sweeper=layouts model=gpt_1.3b hardware=a100_80gb \\
         parallelism.global_batch_size=512 search.nodes=[1,2,4] search.top_k=3
@@ -32,7 +33,7 @@ from launchers.sweepdir import (
     writable_dir,
 )
 from train.contract import MULTIRUN_FILE, SEARCH_FILE, appended_name, write_plan_csv
-from train.planner.search import format_search, search_layouts, search_problems
+from train.planner.search import format_search, search_layouts, search_problems, top_layouts
 
 CHOSEN_BY_SEARCH = {
     "parallelism.dp": "search.nodes (every dp x tp x pp of their devices is tried)",
@@ -156,7 +157,7 @@ class LayoutSweeper(Sweeper):
                 )
             # What the user gave leaves nothing to run, as an all-infeasible launch: exit 2.
             raise UsageError(f"hydra/sweeper=layouts found nothing to rank: {why}")
-        top = result.ranked[: search.top_k]
+        top = top_layouts(result, search)
         if not top:
             return []
         jobs = [[*arguments, *c.overrides] for c in top]

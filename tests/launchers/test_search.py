@@ -37,6 +37,31 @@ def test_search_plans_every_layout_and_hands_the_top_k_to_the_launcher(tmp_path:
         assert float(row["pred_sec_per_iter"]) == float(top["pred_sec_per_iter"])
 
 
+def test_a_scaling_search_hands_the_top_k_of_each_node_count_and_says_what_more_nodes_buy(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "search"
+    proc = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.nodes=[1,2,4]",
+                     "search.top_k=2", "search.top_k_per_node_count=true", f"hydra.sweep.dir={sweep_dir}")
+    assert proc.returncode == 0, proc.stderr
+    ranked = sorted(read_rows(sweep_dir / "search.csv"), key=lambda r: int(r["pred_rank"]))
+    # Ranked over every node count, the top ones are all 4-node layouts: the top_k of all would
+    # measure no scaling.
+    assert {r["nodes"] for r in ranked[:6]} == {"4"}
+    best = {n: [r for r in ranked if r["nodes"] == n] for n in ("1", "2", "4")}
+    planned = read_rows(sweep_dir / "plan.csv")
+    assert [r["nodes"] for r in planned] == ["1", "1", "2", "2", "4", "4"]
+    for row, top in zip(planned, [*best["1"][:2], *best["2"][:2], *best["4"][:2]], strict=True):
+        assert row["overrides"].endswith(top["overrides"])
+    # The console says what each node count's fastest layout gives, against one node's.
+    lines = proc.stdout.splitlines()
+    start = lines.index("fastest per node count (speed-up and scaling efficiency against the fewest nodes' fastest):")
+    one, two, four = (best[n][0] for n in ("1", "2", "4"))
+    t1, t2, t4 = (float(r["pred_sec_per_iter"]) for r in (one, two, four))
+    assert lines[start + 1].startswith(f"  1 node(s): rank {one['pred_rank']}, {t1:.4g} s/it, MFU ")
+    assert lines[start + 2].endswith(f", x{t1 / t2:.2f} ({100 * t1 / t2 / 2:.0f}% efficiency)")
+    assert lines[start + 3].startswith(f"  4 node(s): rank 1, {t4:.4g} s/it")
+    assert 1 < t1 / t2 <= 2 and 2 < t1 / t4 <= 4
+
+
 def test_a_search_that_cannot_be_run_as_asked_says_what_to_change(tmp_path: Path) -> None:
     def search(name: str, *args: str) -> subprocess.CompletedProcess[str]:
         return run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, *args, f"hydra.sweep.dir={tmp_path / name}")

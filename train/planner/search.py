@@ -187,6 +187,39 @@ def _unpredicted(candidates: list[Candidate]) -> tuple[list[Candidate], Counter[
     return out, reasons
 
 
+def top_layouts(result: SearchResult, search: SearchConfig) -> list[Candidate]:
+    """The layouts the sweeper launches: the search.top_k fastest, or with search.top_k_per_node_count
+    the top_k fastest of each node count, fewest nodes first. Ranked over every node count, the most
+    nodes nearly always win (the same work on more devices), so without it a search over [1,2,4]
+    measures the 4-node layouts alone."""
+    if not search.top_k_per_node_count:
+        return result.ranked[: search.top_k]
+    by_nodes: dict[int, list[Candidate]] = {}
+    for c in result.ranked:
+        by_nodes.setdefault(c.row.nodes, []).append(c)
+    return [c for nodes in sorted(by_nodes) for c in by_nodes[nodes][: search.top_k]]
+
+
+def scaling_lines(result: SearchResult) -> list[str]:
+    """The fastest layout of each node count, with its speed-up and scaling efficiency against the
+    fewest nodes' fastest: what more nodes buy for the same work. [] for a search of one node count."""
+    fastest: dict[int, Candidate] = {}
+    for c in result.ranked:  # fastest first: the first of each node count is its best
+        fastest.setdefault(c.row.nodes, c)
+    if len(fastest) < 2:
+        return []
+    counts = sorted(fastest)
+    base = fastest[counts[0]].row
+    lines = ["fastest per node count (speed-up and scaling efficiency against the fewest nodes' fastest):"]
+    for nodes in counts:
+        r = fastest[nodes].row
+        mfu = "" if math.isnan(r.pred_mfu) else f", MFU {100 * r.pred_mfu:.1f}%"
+        speedup = base.pred_sec_per_iter / r.pred_sec_per_iter
+        vs = "" if nodes == counts[0] else f", x{speedup:.2f} ({100 * speedup * counts[0] / nodes:.0f}% efficiency)"
+        lines.append(f"  {nodes} node(s): rank {r.pred_rank}, {r.pred_sec_per_iter:.4g} s/it{mfu}{vs}")
+    return lines
+
+
 def _breakdown(candidate: Candidate, top: int = 3) -> str:
     run, row = candidate.run, candidate.row
     parts = predict_time(run.model, run.parallelism, run.hardware, dp=row.dp).parts
@@ -218,6 +251,7 @@ def format_search(result: SearchResult, show: int) -> str:
         f"ranked ({what}), {len(result.unpredicted):,} feasible but unpredicted, "
         f"{result.candidates - len(result.ranked) - len(result.unpredicted):,} rejected",
     ]
+    summary += scaling_lines(result)
     impossible = sum(1 for c in result.ranked if c.row.pred_mfu > 1)
     if impossible:
         # Above 100% no layout runs: the time model's figures (a calibration, a peak) are wrong.
@@ -235,4 +269,7 @@ def format_search(result: SearchResult, show: int) -> str:
     return "\n".join([*text, *summary])
 
 
-__all__ = ["Candidate", "SearchResult", "format_search", "layout_overrides", "layouts", "search_layouts", "search_problems"]
+__all__ = [
+    "Candidate", "SearchResult", "format_search", "layout_overrides", "layouts", "scaling_lines", "search_layouts",
+    "search_problems", "top_layouts",
+]  # fmt: skip

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchConfig
 from train.planner.rules import validate
-from train.planner.search import format_search, layout_overrides, layouts, search_layouts, search_problems
+from train.planner.search import (
+    format_search,
+    layout_overrides,
+    layouts,
+    scaling_lines,
+    search_layouts,
+    search_problems,
+    top_layouts,
+)
 
 from .test_plan import compose_run
 
@@ -71,8 +79,10 @@ def test_ranked_layouts_are_feasible_fastest_first_and_reproducible_from_their_o
         assert c.overrides == layout_overrides(c.run.parallelism) and c.row.overrides == " ".join(c.overrides)
     assert sum(result.rejected.values()) >= result.candidates - len(result.ranked)
     text = format_search(result, show=4)
-    # Header, 4 layouts, the summary, the rules line and one example per rule.
-    assert len(text.splitlines()) == 1 + 4 + 2 + len(result.rejected)
+    # Header, 4 layouts, the summary, the fastest of each node count under a heading, the rules line and
+    # one example per rule.
+    nodes = len({c.row.nodes for c in result.ranked})
+    assert nodes > 1 and len(text.splitlines()) == 1 + 4 + 1 + (1 + nodes) + 1 + len(result.rejected)
     assert "where the time goes" in text and "rejected by rule" in text
 
 
@@ -133,3 +143,17 @@ def test_an_option_that_leaves_nothing_to_try_or_divides_by_zero_is_refused() ->
                    "top_k=-1", "show=-1"):  # fmt: skip
         assert f"search.{option} must be" in problems
     assert "e.g. search.micro_batch_sizes=[1,2,4,8]" in problems
+
+
+def test_the_top_k_is_of_all_node_counts_or_of_each_and_one_node_count_has_no_scaling_line() -> None:
+    search = SearchConfig(nodes=[1, 2], micro_batch_sizes=[4], recompute=[Recompute.none], zero_stages=[0],
+                          sequence_parallel=[False], virtual_stages=[1], top_k=2)  # fmt: skip
+    result = search_layouts(gpt_1_3b(), search)
+    assert top_layouts(result, search) == result.ranked[:2]
+    assert {c.row.nodes for c in result.ranked[:2]} == {2}
+    each = top_layouts(result, dataclasses.replace(search, top_k_per_node_count=True))
+    assert [c.row.nodes for c in each] == [1, 1, 2, 2]
+    assert each[2:] == result.ranked[:2] and each[:2] == [c for c in result.ranked if c.row.nodes == 1][:2]
+    assert scaling_lines(result)[1].startswith("  1 node(s): rank ") and len(scaling_lines(result)) == 3
+    alone = search_layouts(gpt_1_3b(), dataclasses.replace(search, nodes=[2]))
+    assert scaling_lines(alone) == [] and "fastest per node count" not in format_search(alone, 3)
