@@ -946,6 +946,11 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
         if done.code == EXIT_USAGE:  # a launcher's own usage_exits has said why
             _forget_sweep_dir(made)
         raise
+    except KeyboardInterrupt:
+        # Stopped before anything was written (Ctrl-C while Slurm is asked about the site, say): a new
+        # directory holding Hydra's multirun.yaml alone would pass for a sweep that never was.
+        _forget_sweep_dir(made)
+        raise
 
 
 def _forget_sweep_dir(made: Path | None) -> None:

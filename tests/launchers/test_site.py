@@ -3,8 +3,12 @@ queues nothing, or has configs refused, fails."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +22,7 @@ from launchers.site import (
     partition_nodes,
     site_choices,
 )
-from tests.launchers.test_slurm_launcher import REPO, sweep
+from tests.launchers.test_slurm_launcher import REPO, TINY, sweep
 from tests.launchers.test_sweepdir import train_multirun
 from train.contract import EXIT_USAGE
 
@@ -179,3 +183,33 @@ def test_a_job_slurm_would_refuse_is_refused_whole_before_anything_is_queued(
     unchecked = export("--no-test-only")
     assert unchecked.returncode == 0, unchecked.stderr
     assert len(list((tmp_path / "scripts").glob("*.sbatch"))) == 1
+
+
+def test_ctrl_c_while_slurm_judges_the_arrays_leaves_nothing(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # sbatch --test-only made slow (a busy controller): the Ctrl-C lands while it runs. The launch ends
+    # as interrupted, and the new sweep directory, which held Hydra's multirun.yaml alone, goes again.
+    bin_dir, started = tmp_path / "bin", tmp_path / "test-only-started"
+    bin_dir.mkdir()
+    real = shutil.which("sbatch")
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\n[ \"$1\" = --test-only ] && touch {started} && sleep 30\n"
+                                    f"exec {real} \"$@\"\n")  # fmt: skip
+    (bin_dir / "sbatch").chmod(0o755)
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra/launcher=slurm",
+            "hydra.launcher.job_name=ctrlc-test-only", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), launcher.communicate(timeout=60)
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        subprocess.run(["scancel", "--name=ctrlc-test-only"], timeout=30, check=False)
+    assert launcher.returncode == 130 and "Traceback" not in err, err
+    assert not sweep_dir.exists()
