@@ -28,8 +28,8 @@ from typing import Any
 
 from conf.schema import Engine, ModelKind, RunConfig
 from launchers.allocation import Allocation, ArrayKey, core_licenses, sbatch_options, slurm_mem
-from launchers.site import check_site, license_totals
-from launchers.submit import setup_lines, submit_released
+from launchers.site import check_sbatch_scripts, check_site, license_totals
+from launchers.submit import setup_lines, submit_released, submitit_script
 from train.contract import SUBMITIT_DIR
 from train.planner.calibration import (
     CALIBRATION_VERSION,
@@ -248,12 +248,20 @@ def calibrate(
         for n in nodes
     )  # fmt: skip
     spec = job_spec(run, min_seconds=min_seconds, trials=trials, tasks_per_node=per_node)
+    totals = license_totals() if run.cluster.core_license else None
+    executors = {}
+    for n in nodes:
+        executors[n] = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
+        executors[n].update_parameters(**_executor_parameters(run, n, totals))
+    # Each job as it will be queued, judged by Slurm first: the two-node job refused after the one-node
+    # job had run for minutes lost those minutes.
+    check_sbatch_scripts(
+        ((f"the {n}-node calibration job", script) for n, ex in executors.items() if (script := submitit_script(ex))),
+        fix="the cluster.* fields", outcome="Nothing was submitted or measured", again="calibrate again",
+    )  # fmt: skip
     # One job after the other: jobs that share a machine's cores would time each other.
     timings, collectives, device = [], [], ""
-    totals = license_totals() if run.cluster.core_license else None
-    for n in nodes:
-        executor = submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j", python=sys.executable)
-        executor.update_parameters(**_executor_parameters(run, n, totals))
+    for n, executor in executors.items():
         results = _job_results(executor, spec, f"{n} node(s)")
         timings.append(node_timing(n, max(1, run.hardware.devices_per_node), results))
         collectives += [CollectiveTiming(**c) for c in results[0]["collectives"]]

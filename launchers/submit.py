@@ -566,6 +566,24 @@ def job_words(piece: Sequence[ConfigSpec], key: ArrayKey) -> str:
     )
 
 
+def submitit_script(executor: Any, *, array: int = 1) -> str | None:
+    """The batch script `executor` (a submitit SlurmExecutor) gives sbatch for a job, or for an array of
+    `array` tasks; None from a submitit without SlurmExecutor._make_submission_file_text, the method its
+    own submission calls (with the array size its array submission sets as map_count)."""
+    make = getattr(executor, "_make_submission_file_text", None)
+    command = getattr(executor, "_submitit_command_str", None)
+    if make is None or command is None:
+        return None
+    parameters = dict(executor.parameters)
+    try:
+        if array > 1:  # submitit queues a single config as a job, not an array
+            executor.parameters["map_count"] = array
+        return str(make(command, "test-only"))
+    finally:
+        executor.parameters.clear()
+        executor.parameters.update(parameters)
+
+
 def check_sbatch_accepts(
     sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, *, option: str, again: str = "launch again"
 ) -> None:
@@ -579,14 +597,10 @@ def check_sbatch_accepts(
     jobs = []
     pieces, totals = _arrays(specs, settings)
     for key, piece in pieces:
-        executor = _executor(sweep_dir, key, settings, totals)
-        make = getattr(executor, "_make_submission_file_text", None)
-        command = getattr(executor, "_submitit_command_str", None)
-        if make is None or command is None:
+        script = submitit_script(_executor(sweep_dir, key, settings, totals), array=len(piece))
+        if script is None:
             return
-        if len(piece) > 1:  # submitit queues a single config as a job, not an array
-            executor.parameters["map_count"] = len(piece)
-        jobs.append((job_words(piece, key), make(command, "test-only")))
+        jobs.append((job_words(piece, key), script))
     check_sbatch_scripts(
         jobs, fix=f"the cluster.* fields or the sbatch options ({option.format(name='<name>')})", again=again
     )
