@@ -85,7 +85,7 @@ from launchers.sweepdir import (
 )
 from train.contract import EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
 from train.distributed import launch_from_env, run_world
-from train.planner.plan import count_by_rule
+from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import Violation, validate
 
 log = logging.getLogger(__name__)
@@ -1077,8 +1077,7 @@ def _refusal(infeasible: Sequence[tuple[int, Sequence[str], list[Violation]]], t
     configs and one of them with its problem (counted as the dry run counts them)."""
     by_rule = count_by_rule(((i, o, v), [x.rule for x in v]) for i, o, v in infeasible)
     said = " ".join(
-        f"[{rule}] {n} config(s), e.g. config {i} ({' '.join(o) or 'no overrides'}): "
-        f"{next(x.message for x in v if x.rule == rule).rstrip('.')}."
+        rule_example(rule, n, i, o, next(x.message for x in v if x.rule == rule).rstrip(".")) + "."
         for rule, n, (i, o, v) in by_rule
     )
     return (

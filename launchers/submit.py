@@ -86,7 +86,7 @@ from train.contract import (
     manifest_path,
     normalize_dir,
 )
-from train.planner.plan import count_by_rule
+from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import RULES, InfeasibleConfig, rule_problem, validate
 from train.signals import TERMINAL_STOP_SIGNALS, signals_blocked, signals_held
 
@@ -620,8 +620,8 @@ def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
         if e.status == "skipped"
     )
     return [
-        f"infeasible [{rule}]: {n} config(s), e.g. config {first.index} "
-        f"({' '.join(first.overrides) or 'no overrides'}): {rule_problem(first.reason or '', rule) or first.reason}"
+        "infeasible "
+        + rule_example(rule, n, first.index, first.overrides, rule_problem(first.reason or "", rule) or first.reason or "")
         for rule, n, first in count_by_rule(broken)
     ]
 

@@ -255,6 +255,12 @@ def count_by_rule(items: Iterable[tuple[T, Iterable[str]]]) -> list[tuple[str, i
     return [(rule, counts[rule], examples[rule]) for rule in ranked]
 
 
+def rule_example(rule: str, configs: int, index: int, overrides: Sequence[str], problem: str) -> str:
+    """One rule's part of a summary of infeasible configs: '[rule] N config(s), e.g. config I (its
+    overrides): its problem with that rule'; the dry run's launchers and Hydra's basic one say it alike."""
+    return f"[{rule}] {configs} config(s), e.g. config {index} ({' '.join(overrides) or 'no overrides'}): {problem}"
+
+
 # --------------------------------------------------------------------------------------
 # Console table
 
