@@ -837,6 +837,12 @@ def _manifest_plan(
     return _plan_rows_frame(rows) if plan.empty else pd.concat([plan, _plan_rows_frame(rows)], ignore_index=True)
 
 
+def _latest_plan_rows(plan: pd.DataFrame) -> pd.DataFrame:
+    """One row per config of plan.csv's: dry runs appended to one directory may plan a config twice;
+    its last planning stands (plan.csv keeps the rows in the order they were planned)."""
+    return plan.drop_duplicates("config_key", keep="last") if not plan.empty else plan
+
+
 def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
     keys = [overrides_key(e.overrides) for e in entries]
     return pd.DataFrame(
@@ -904,7 +910,7 @@ def _merge_manifest(
         results["nodes"] = results["m_nodes"].fillna(results["nodes"])
         parts.append(results.drop(columns=["m_nodes"]))
     done = set(results["run_dir"]) if not results.empty else set()
-    plan_by_key = plan.drop_duplicates("config_key").set_index("config_key") if not plan.empty else None
+    plan_by_key = _latest_plan_rows(plan).set_index("config_key") if not plan.empty else None
 
     def _plan_values(keys: pd.Series) -> pd.DataFrame:
         if plan_by_key is None:
@@ -938,7 +944,7 @@ def _merge_manifest(
         # A dry run added to the sweep (hydra/launcher=plan, append): its configs the manifest does not
         # list were planned and never launched, as in a dry run's own directory; one it lists is that
         # config's row above, with the plan's layout.
-        unlisted = plan[~plan["config_key"].isin(set(man["m_key"]))]
+        unlisted = _latest_plan_rows(plan[~plan["config_key"].isin(set(man["m_key"]))])
         if not unlisted.empty:
             parts.append(unlisted)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -1017,7 +1023,7 @@ def load_sweep_dir(
             # Without a manifest nothing says a feasible planned config was ever launched: without a
             # result it is planned, not run (a dry run's directory holds only these and the skips).
             done = set(results["config_key"]) if not results.empty else set()
-            parts.append(plan[(plan["outcome"] == "skipped") | ~plan["config_key"].isin(done)])
+            parts.append(_latest_plan_rows(plan[(plan["outcome"] == "skipped") | ~plan["config_key"].isin(done)]))
         parts = [p for p in parts if not p.empty]
         df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if df.empty:

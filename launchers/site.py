@@ -16,7 +16,9 @@ Last, each job is given to `sbatch --test-only` as it will be submitted (its who
 sbatch options the user added included): Slurm judges it as it would the real one, and queues
 nothing. What the checks above do not know (an option sbatch lacks, a gres, feature or memory no
 node has, a job_submit plugin's rule) is then refused before the first array is queued, not
-array by array, with the arrays before it already in the queue.
+array by array, with the arrays before it already in the queue. Two answers are not refusals: a job
+the nodes up now cannot start while a node is drained or down (the real sbatch queues it to wait for
+that node), and a controller that does not answer (asked once; one warning says the jobs go unchecked).
 
 A tool that is missing or fails (no accounting, the controller down) answers nothing, and the
 option is not checked: sbatch then has the last word, as before.
@@ -32,6 +34,7 @@ import getpass
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,7 @@ from launchers.sweepdir import UsageError
 __all__ = [
     "NodeShape",
     "PartitionInfo",
+    "SbatchVerdict",
     "SiteOptionError",
     "check_sbatch_scripts",
     "check_site",
@@ -49,7 +53,7 @@ __all__ = [
     "check_site_shapes",
     "license_totals",
     "partition_nodes",
-    "sbatch_refusal",
+    "sbatch_test_only",
     "site_choices",
 ]
 
@@ -287,26 +291,56 @@ _UNANSWERED = re.compile(
     r"unable to contact|timed out|not responding|temporarily unable|connection refused|try again", re.IGNORECASE
 )
 """sbatch's words when the controller did not judge the job (down, busy, unreachable): no refusal."""
+_NOT_NOW = re.compile(r"not available", re.IGNORECASE)
+"""sbatch --test-only's words for a job the nodes or partition up now cannot start ("Requested node
+configuration is not available", "... partition configuration not available now"). It judges against
+the nodes up now: with every node up no node can ever hold the job (memory more than any has: the real
+sbatch queues it to wait for ever), but a drained or down node makes it refuse a job the real sbatch
+queues to wait for that node, so then it is no refusal (_nodes_all_up)."""
+_UP_STATES = frozenset({"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "plnd", "planned"})
+"""sinfo's short and long names of the states of a node that is up and schedulable."""
 
 
-def sbatch_refusal(script: str) -> str | None:
-    """Slurm's words, on one line, when `sbatch --test-only` refuses `script` (a batch script's text;
-    nothing is queued); None when it accepts it, or when it cannot be asked (no sbatch, no answer from
-    the controller: the real sbatch then has the last word)."""
+def _nodes_all_up() -> bool:
+    """Whether every node of the cluster is up and schedulable (sinfo; False when sinfo cannot say)."""
+    lines = _lines(["sinfo", "-h", "-N", "-o", "%t"])
+    if not lines:
+        return False
+    # A suffix marks a node not responding (*), in maintenance ($), rebooting (@, ^) or powering (#, !, %):
+    # any of them, and the answer is no. Powered down to save energy (~), a node is started for a job.
+    return all(line.strip().removesuffix("~").lower() in _UP_STATES for line in lines)
+
+
+@dataclass(frozen=True)
+class SbatchVerdict:
+    """What `sbatch --test-only` said of one script."""
+
+    refusal: str | None = None
+    """Slurm's words, on one line, when it refuses the job."""
+    unanswered: str | None = None
+    """Why Slurm did not judge it (no sbatch, no answer from the controller): the real sbatch decides."""
+
+
+def sbatch_test_only(script: str) -> SbatchVerdict:
+    """What `sbatch --test-only` (which queues nothing) says of `script`, a batch script's text."""
     if shutil.which("sbatch") is None:
-        return None
+        return SbatchVerdict(unanswered="no sbatch on this machine")
     try:
         proc = subprocess.run(
             ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=TIMEOUT_S
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except subprocess.TimeoutExpired:
+        return SbatchVerdict(unanswered=f"no answer within {TIMEOUT_S} s")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return SbatchVerdict(unanswered=str(exc))
     if proc.returncode == 0:
-        return None
+        return SbatchVerdict()
     said = " | ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     if _UNANSWERED.search(said):
-        return None
-    return said or f"sbatch --test-only ended with exit status {proc.returncode} and no message"
+        return SbatchVerdict(unanswered=said)
+    if _NOT_NOW.search(said) and not _nodes_all_up():
+        return SbatchVerdict()
+    return SbatchVerdict(refusal=said or f"sbatch --test-only ended with exit status {proc.returncode} and no message")
 
 
 def check_sbatch_scripts(
@@ -314,8 +348,20 @@ def check_sbatch_scripts(
 ) -> None:
     """Raise SiteOptionError naming every job that `sbatch --test-only` refuses; `jobs`: (what the job
     is, in words; its script), `fix`: which settings make the script, for the user to change; `outcome`
-    and `again`: what the refusal left undone, and what to do once it is fixed."""
-    refused = [f"{what}: {why}" for what, script in jobs if (why := sbatch_refusal(script)) is not None]
+    and `again`: what the refusal left undone, and what to do once it is fixed.
+
+    A controller that does not answer is asked once, not once per job (each would wait TIMEOUT_S), and
+    one warning says the jobs go unchecked; a machine without sbatch is not asked, without a word."""
+    refused = []
+    for what, script in jobs:
+        said = sbatch_test_only(script)
+        if said.unanswered is not None:
+            if shutil.which("sbatch") is not None:
+                print(f"warning: Slurm did not judge the jobs before they are queued (sbatch --test-only: "
+                      f"{said.unanswered}); sbatch has the last word as each is queued", file=sys.stderr, flush=True)  # fmt: skip
+            break
+        if said.refusal is not None:
+            refused.append(f"{what}: {said.refusal}")
     if refused:
         raise SiteOptionError(
             f"Slurm refuses {len(refused)} job(s) (asked with sbatch --test-only, which queues nothing): "

@@ -36,7 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.site import check_site
+from launchers.site import SiteOptionError, check_site
 from launchers.submit import (
     LaunchFailed,
     LaunchSettings,
@@ -282,8 +282,19 @@ class SlurmLauncher(SweepLauncher):
             planned = [*skipped, *(entry_for(s, "submitted") for s in specs)]
             check_indices_free(old, planned, sweep_dir)
             check_output_dirs(merge_entries(old, planned))
-            check_site((s.key for s in specs), settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
-            if self.test_only:
+            try:
+                check_site((s.key for s in specs), settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
+            except SiteOptionError as exc:
+                if initial_job_idx:
+                    raise SiteOptionError(
+                        f"{exc} (Of this batch: the sweep's earlier batches, configs {first}-"
+                        f"{first + initial_job_idx - 1}, were queued; {path} lists them.)"
+                    ) from None
+                raise
+            # A sweeper's later batch (hydra.sweeper.max_batch_size) comes after earlier ones were queued:
+            # refused whole, its configs would be listed nowhere. sbatch judges each of its arrays as it
+            # queues them, and a refused one is listed `refused` for rerun --failed.
+            if self.test_only and not initial_job_idx:
                 check_sbatch_accepts(sweep_dir, specs, settings, option="hydra.launcher.sbatch_args.{name}")
             save_launch_file(sweep_dir, settings, specs)
             known = merge_entries(old, skipped)

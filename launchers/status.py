@@ -485,11 +485,18 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         # config directories, sbatch options, or Slurm and this machine.
         groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
         groups = [(settings, mine) for settings, mine in groups if mine]
-        if not overrides:  # before anything is renamed or queued (changed configs are checked as planned)
-            for settings, mine in groups:
-                if not settings.local:  # each launch's own sbatch options, as it submits them again
-                    check_site((spec.key for spec in mine), settings.sbatch_args, option=_SBATCH_ARG)
-                    check_sbatch_accepts(sweep_dir, mine, settings, option=_SBATCH_ARG, again="rerun")
+        # Every launch's configs are judged before any is renamed or queued: a second launch's refused
+        # after the first's were queued made "Nothing was submitted" untrue. Changed ones as they will be
+        # planned, named by the failed config each reruns.
+        for settings, mine in groups:
+            if settings.local:
+                continue
+            judged = mine if not overrides else _changed_specs(mine, settings, overrides, first=0)[0]
+            if overrides:
+                judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in judged]
+            # Each launch's own sbatch options, as it submits them again.
+            check_site((spec.key for spec in judged), settings.sbatch_args, option=_SBATCH_ARG)
+            check_sbatch_accepts(sweep_dir, judged, settings, option=_SBATCH_ARG, again="rerun")
         job_ids = {s.index: s.job_id for s in failed}
         for settings, mine in groups:
             listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
@@ -548,9 +555,20 @@ def _aside(path: Path) -> Path:
 
 
 def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, ...]:
-    """`old` with every field (or group) that `changes` sets replaced by the change, which comes last."""
+    """`old` with every field (or group) that `changes` sets replaced by the change, which comes last,
+    spelled as Hydra's sweepers spell a job's override (key=value from the parsed value: 1e-4 as 0.0001),
+    so that a rerun's new config and the same config in a sweep or a dry run have the same overrides
+    (analysis matches a dry run's rows to the manifest's configs by them)."""
     keys = {parse_override(text).key_or_group for text in changes}
-    return (*(o for o in old if parse_override(o).key_or_group not in keys), *changes)
+    return (*(o for o in old if parse_override(o).key_or_group not in keys), *map(_as_swept, changes))
+
+
+def _as_swept(text: str) -> str:
+    override = parse_override(text)
+    if override.is_sweep_override() or override.is_delete():
+        return text
+    # What hydra's BasicSweeper.split_arguments writes for a single value.
+    return f"{override.get_key_element()}={override.get_value_element_as_str()}"
 
 
 def _rerun_changed(
@@ -559,12 +577,8 @@ def _rerun_changed(
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     first = next_index(before)
-    composer = _composer(settings)
-    specs, skipped = plan_configs(composer, [changed_overrides(s.overrides, changes) for s in failed], first)
+    specs, skipped = _changed_specs(failed, settings, changes, first=first)
     origin = {first + i: s.index for i, s in enumerate(failed)}
-    if not settings.local:
-        check_site((s.key for s in specs), settings.sbatch_args, option=_SBATCH_ARG)
-        check_sbatch_accepts(sweep_dir, specs, settings, option=_SBATCH_ARG, again="rerun")
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
         return [dataclasses.replace(e, rerun_of=origin[e.index]) for e in entries]
@@ -579,6 +593,14 @@ def _rerun_changed(
     )
     write_manifest(merge_entries(known, traced(submission.entries)), path)
     return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index), []
+
+
+def _changed_specs(
+    failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str], *, first: int
+) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
+    """The failed configs with `changes`, planned as new configs from index `first` (the n-th failed
+    config's is first + n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
+    return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], first)
 
 
 def _run_here(

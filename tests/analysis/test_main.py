@@ -235,9 +235,11 @@ def test_a_dry_run_added_to_a_launched_sweep_lists_its_configs_never_launched(tm
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     # One of the configs planned is the sweep's own (lr 1e-4): its row is the manifest's, not a second one.
-    planned = run_train("-m", "training.lr=1e-4,1e-3", "hydra/launcher=plan", "hydra.launcher.append=true",
-                        "hydra.launcher.table=false", f"hydra.sweep.dir={sweep}")
-    assert planned.returncode == 0, planned.stderr
+    # The same dry run added twice plans its configs twice: each is one row.
+    for _ in range(2):
+        planned = run_train("-m", "training.lr=1e-4,1e-3", "hydra/launcher=plan", "hydra.launcher.append=true",
+                            "hydra.launcher.table=false", f"hydra.sweep.dir={sweep}")
+        assert planned.returncode == 0, planned.stderr
     proc = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--no-queue"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

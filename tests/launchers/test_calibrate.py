@@ -164,18 +164,18 @@ def test_ctrl_c_cancels_the_calibration_job_and_writes_nothing(slurm_cluster: Sl
 def test_jobs_slurm_would_refuse_are_refused_before_either_is_queued(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
-    # Memory no node has: the one-node job was queued and run first, and only the two-node job's sbatch
-    # then refused it (exit 1, a submitit log path that did not exist).
+    # A node feature no node has: the one-node job was refused at its sbatch, exit 1, naming a submitit
+    # log that did not exist; one that only the two-node job could not have would be refused minutes later.
     out = tmp_path / "cal.json"
     proc = subprocess.run(
         [sys.executable, "-m", "launchers", "calibrate", *SMALL, f"cluster.partition={slurm_cluster.partition}",
-         "cluster.mem_per_node_gb=100000", "--out", str(out)],
+         "cluster.constraint=nosuch", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(
         "error: Slurm refuses 2 job(s) (asked with sbatch --test-only, which queues nothing): the 1-node calibration "
-        "job: allocation failure: Requested node configuration is not available; the 2-node calibration job: "
+        "job: allocation failure: Invalid feature specification; the 2-node calibration job: "
     ), proc.stderr
     assert proc.stderr.rstrip().endswith("Nothing was submitted or measured. Change the cluster.* fields, then "
                                          "calibrate again.") and "calibrate: 1 node(s): job" not in proc.stdout

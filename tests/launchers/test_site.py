@@ -24,7 +24,7 @@ from launchers.site import (
 )
 from tests.launchers.test_slurm_launcher import REPO, TINY, sweep
 from tests.launchers.test_sweepdir import train_multirun
-from train.contract import EXIT_USAGE
+from train.contract import EXIT_USAGE, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -170,13 +170,13 @@ def test_a_job_slurm_would_refuse_is_refused_whole_before_anything_is_queued(
     def export(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "launchers", "sbatch", "--out-dir", str(tmp_path / "scripts"), "--sweep-dir",
-             str(sweep_dir), *args, "cluster.mem_per_node_gb=100000", "training.lr=1e-4"],
+             str(sweep_dir), *args, "cluster.constraint=nosuch", "training.lr=1e-4"],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
     exported = export()
     assert exported.returncode == EXIT_USAGE and "Traceback" not in exported.stderr, exported.stderr
-    assert "allocation failure: Requested node configuration is not available. Nothing was exported or written. " \
+    assert "allocation failure: Invalid feature specification. Nothing was exported or written. " \
            "Change the cluster.* fields or the sbatch options (--sbatch-arg), then export again." in exported.stderr
     assert not (tmp_path / "scripts").exists() and not sweep_dir.exists()
     # Asked not to (scripts for another cluster than this machine's, say), it writes them.
@@ -213,3 +213,77 @@ def test_ctrl_c_while_slurm_judges_the_arrays_leaves_nothing(slurm_cluster: Slur
         subprocess.run(["scancel", "--name=ctrlc-test-only"], timeout=30, check=False)
     assert launcher.returncode == 130 and "Traceback" not in err, err
     assert not sweep_dir.exists()
+
+
+def test_a_drained_node_refuses_no_job_that_would_wait_for_it(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # sbatch --test-only judges against the nodes up now: with one drained, a job of every node was
+    # refused ("Requested node configuration is not available"), where sbatch queues it to wait.
+    # With every node up the same words mean that no node can ever hold the job: memory more than any has.
+    big = sweep(tmp_path / "big", "cluster.mem_per_node_gb=100000", check=False)
+    assert big.returncode == EXIT_USAGE and "Requested node configuration is not available" in big.stderr, big.stderr
+    last = slurm_cluster.nodes[-1]
+    every = ("hardware.devices_per_node=1", f"parallelism.dp={len(slurm_cluster.nodes)}",
+             f"parallelism.global_batch_size={len(slurm_cluster.nodes)}")  # fmt: skip
+    subprocess.run(["scontrol", "update", f"nodename={last}", "state=drain", "reason=megasweep-test"], check=True, timeout=30)
+    try:
+        proc = sweep(tmp_path / "drained", *every, "+hydra.launcher.sbatch_args.hold=''",
+                     "hydra.launcher.job_name=drained-node", check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("slurm: 1 configs: 1 submitted in 1 array(s) ("), proc.stdout
+    finally:
+        subprocess.run(["scancel", "--name=drained-node"], timeout=30, check=False)
+        subprocess.run(["scontrol", "update", f"nodename={last}", "state=resume"], timeout=30, check=False)
+        # Back up (sinfo shows it not responding for some seconds after the resume) before the next test.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and subprocess.run(
+            ["sinfo", "-h", "-n", last, "-o", "%t"], capture_output=True, text=True, timeout=30
+        ).stdout.strip() not in ("idle", "mix", "alloc"):
+            time.sleep(1)
+
+
+def test_a_controller_that_does_not_judge_is_asked_once_and_the_jobs_go_unchecked(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # The controller busy for sbatch --test-only (fault injected around the cluster's own sbatch): each
+    # of the three arrays waited for its own answer, and the launch said nothing of it.
+    bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f"#!/bin/bash\nif [ \"$1\" = --test-only ]; then echo x >> {asked}; echo 'sbatch: error: Batch job "
+        f"submission failed: Unable to contact slurm controller (connect failure)' >&2; exit 1; fi\n"
+        f"exec {shutil.which('sbatch')} \"$@\"\n"
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "-m", "train", "-m", *TINY, "cluster.time_limit_min=5,10,15", "hydra/launcher=slurm",
+            "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=unjudged", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    try:
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["scancel", "--name=unjudged"], timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("slurm: 3 configs: 3 submitted in 3 array(s) ("), proc.stdout
+    assert asked.read_text().count("x") == 1
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: Slurm did not judge")]
+    assert warnings == [
+        "warning: Slurm did not judge the jobs before they are queued (sbatch --test-only: sbatch: error: Batch job "
+        "submission failed: Unable to contact slurm controller (connect failure)); sbatch has the last word as each "
+        "is queued"
+    ], proc.stderr
+
+
+def test_a_later_batch_of_a_sweep_is_judged_by_sbatch_as_it_is_queued(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # One config a batch: the first batch was queued, then sbatch --test-only refused the second whole,
+    # "Nothing was submitted", and its config was listed nowhere for rerun --failed to find.
+    sweep_dir = tmp_path / "sweep"
+    try:
+        proc = sweep(sweep_dir, "cluster.gres=null,nosuch:1", "hydra.sweeper.max_batch_size=1",
+                     "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=batches", check=False)  # fmt: skip
+    finally:
+        subprocess.run(["scancel", "--name=batches"], timeout=30, check=False)
+    assert proc.returncode not in (0, EXIT_USAGE) and "Nothing was submitted" not in proc.stderr, proc.stderr
+    assert "1 of 1 configs (1) were refused by sbatch" in proc.stderr
+    first, second = read_manifest(sweep_dir / "manifest.jsonl")
+    assert (first.status, second.status) == ("submitted", "refused")
+    assert second.reason is not None and "Invalid generic resource" in second.reason

@@ -405,6 +405,59 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
         subprocess.run(["scancel", *sorted({e.job_id.split("_")[0] for e in entries if e.job_id})], timeout=30)
 
 
+def test_a_changed_rerun_spells_its_changes_as_a_sweep_does() -> None:
+    # A rerun's `training.lr=1e-4` was kept as typed, where a sweep or a dry run of the same config lists
+    # `training.lr=0.0001`: the analysis then showed the dry run's row as a second config, never launched.
+    from launchers.status import changed_overrides
+
+    old = ("training.lr=0.0003", "model=tiny", "cluster.gres=nosuch:1")
+    assert changed_overrides(old, ["training.lr=1e-4", "cluster.gres=null", "~logger.tensorboard"]) == (
+        "model=tiny", "training.lr=0.0001", "cluster.gres=null", "~logger.tensorboard")  # fmt: skip
+    swept = run_train_expand("training.lr=1e-4")
+    assert changed_overrides((), ["training.lr=1e-4"]) == (swept,)
+
+
+def run_train_expand(text: str) -> str:
+    """The override of the one job Hydra's basic sweeper makes of `text` (hydra.BasicSweeper.split_arguments)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    from launchers.compose import parse_override
+
+    ((job,),) = BasicSweeper.split_arguments([parse_override(text)], None)
+    (override,) = job
+    return str(override)
+
+
+def test_a_changed_rerun_of_several_launches_is_judged_whole_before_any_is_queued(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # Two launches of one sweep (the second keeps off every node but the first), both cancelled; rerun
+    # on two nodes each: the first launch's config was queued, then the second's refused, "Nothing was
+    # submitted", and naming a config index never given.
+    sweep_dir = tmp_path / "sweep"
+    others = ",".join(slurm_cluster.nodes[1:])
+    try:
+        sweep(sweep_dir, "training.lr=1e-4", "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=judged")
+        sweep(sweep_dir, "training.lr=2e-4", "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=judged",
+              f"+hydra.launcher.sbatch_args.exclude='{others}'", "hydra.launcher.append=true")  # fmt: skip
+        subprocess.run(["scancel", "--name=judged"], timeout=30, check=True)
+        wait_until("both configs to be failed", lambda: "2 failed" in status_table(sweep_dir), 120)
+        before = read_manifest(sweep_dir)
+        proc = subprocess.run(
+            [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "hardware.devices_per_node=1",
+             "parallelism.dp=2", "parallelism.global_batch_size=2"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        queued = subprocess.run(["squeue", "-h", "-n", "judged"], capture_output=True, text=True, timeout=30).stdout
+    finally:
+        subprocess.run(["scancel", "--name=judged"], timeout=30, check=False)
+    assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: Slurm refuses 1 job(s) (asked with sbatch --test-only, which queues "
+                                  "nothing): config(s) 1 (2 node(s) x 1 task(s)"), proc.stderr  # fmt: skip
+    assert "Nothing was submitted" in proc.stderr and queued.strip() == ""
+    assert read_manifest(sweep_dir) == before
+
+
 def test_each_run_keeps_its_log_and_status_names_the_failed_ones(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
