@@ -302,13 +302,15 @@ _UP_STATES = frozenset({"idle", "mix", "mixed", "alloc", "allocated", "comp", "c
 
 
 def _nodes_all_up() -> bool:
-    """Whether every node of the cluster is up and schedulable (sinfo; False when sinfo cannot say)."""
-    lines = _lines(["sinfo", "-h", "-N", "-o", "%t"])
-    if not lines:
+    """Whether every partition and node of the cluster is up and schedulable (sinfo; False when sinfo
+    cannot say). A partition set down or inactive queues jobs to wait too."""
+    partitions = _lines(["sinfo", "-h", "-o", "%a"])
+    nodes = _lines(["sinfo", "-h", "-N", "-o", "%t"])
+    if not partitions or not nodes or any(state.lower() != "up" for state in partitions):
         return False
     # A suffix marks a node not responding (*), in maintenance ($), rebooting (@, ^) or powering (#, !, %):
     # any of them, and the answer is no. Powered down to save energy (~), a node is started for a job.
-    return all(line.strip().removesuffix("~").lower() in _UP_STATES for line in lines)
+    return all(state.removesuffix("~").lower() in _UP_STATES for state in nodes)
 
 
 @dataclass(frozen=True)

@@ -491,9 +491,10 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
         for settings, mine in groups:
             if settings.local:
                 continue
-            judged = mine if not overrides else _changed_specs(mine, settings, overrides, first=0)[0]
-            if overrides:
-                judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in judged]
+            judged = mine
+            if overrides:  # planned from index 0: the n-th config's spec is index n, named as the one it reruns
+                planned, _ = _changed_specs(mine, settings, overrides, first=0)
+                judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in planned]
             # Each launch's own sbatch options, as it submits them again.
             check_site((spec.key for spec in judged), settings.sbatch_args, option=_SBATCH_ARG)
             check_sbatch_accepts(sweep_dir, judged, settings, option=_SBATCH_ARG, again="rerun")

@@ -230,8 +230,17 @@ def test_a_drained_node_refuses_no_job_that_would_wait_for_it(slurm_cluster: Slu
                      "hydra.launcher.job_name=drained-node", check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("slurm: 1 configs: 1 submitted in 1 array(s) ("), proc.stdout
+        # A partition set down: sbatch queues every job to wait, so nothing "not available" is refused.
+        subprocess.run(["scontrol", "update", f"nodename={last}", "state=resume"], timeout=30, check=True)
+        subprocess.run(["scontrol", "update", f"partitionname={slurm_cluster.partition}", "state=down"], timeout=30,
+                       check=True)  # fmt: skip
+        down = sweep(tmp_path / "down", "cluster.mem_per_node_gb=100000", "+hydra.launcher.sbatch_args.hold=''",
+                     "hydra.launcher.job_name=drained-node", check=False)  # fmt: skip
+        assert down.returncode == 0 and down.stdout.startswith("slurm: 1 configs: 1 submitted"), down.stderr
     finally:
         subprocess.run(["scancel", "--name=drained-node"], timeout=30, check=False)
+        subprocess.run(["scontrol", "update", f"partitionname={slurm_cluster.partition}", "state=up"], timeout=30,
+                       check=False)  # fmt: skip
         subprocess.run(["scontrol", "update", f"nodename={last}", "state=resume"], timeout=30, check=False)
         # Back up (sinfo shows it not responding for some seconds after the resume) before the next test.
         deadline = time.monotonic() + 120
