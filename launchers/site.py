@@ -296,17 +296,35 @@ _NOT_NOW = re.compile(r"not available", re.IGNORECASE)
 configuration is not available", "... partition configuration not available now"). It judges against
 the nodes up now: with every node up no node can ever hold the job (memory more than any has: the real
 sbatch queues it to wait for ever), but a drained or down node makes it refuse a job the real sbatch
-queues to wait for that node, so then it is no refusal (_nodes_all_up)."""
+queues to wait for that node, so then it is no refusal (_all_up)."""
 _UP_STATES = frozenset({"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "plnd", "planned"})
 """sinfo's short and long names of the states of a node that is up and schedulable."""
 
 
-def _nodes_all_up() -> bool:
-    """Whether every partition and node of the cluster is up and schedulable (sinfo; False when sinfo
-    cannot say). A partition set down or inactive queues jobs to wait too."""
-    partitions = _lines(["sinfo", "-h", "-o", "%a"])
-    nodes = _lines(["sinfo", "-h", "-N", "-o", "%t"])
-    if not partitions or not nodes or any(state.lower() != "up" for state in partitions):
+_PARTITION = re.compile(r"^#SBATCH[ \t]+(?:--partition[= ]|-p[ \t]*)['\"]?([^\s'\"]+)", re.MULTILINE)
+"""A batch script's partition directive; sbatch takes the last one given."""
+
+
+def _all_up(script: str) -> bool:
+    """Whether the partitions `script` asks for (its #SBATCH --partition list; none: the cluster's default)
+    and each of their nodes are up and schedulable (sinfo; False when sinfo cannot say). A partition set
+    down or inactive queues jobs to wait too; another partition's state says nothing of this job."""
+    rows = _lines(["sinfo", "-h", "-o", "%P %a"])
+    if not rows:
+        return False
+    states: dict[str, str] = {}
+    default = None
+    for row in rows:
+        name, _, avail = row.partition(" ")
+        if name.endswith("*"):  # sinfo marks the default partition so
+            name = default = name[:-1]
+        states[name] = avail.strip().lower()
+    given = _PARTITION.findall(script)
+    wanted = given[-1].split(",") if given else [default] if default else []
+    if not wanted or any(states.get(name) != "up" for name in wanted):
+        return False
+    nodes = _lines(["sinfo", "-h", "-N", "-p", ",".join(wanted), "-o", "%t"])
+    if not nodes:
         return False
     # A suffix marks a node not responding (*), in maintenance ($), rebooting (@, ^) or powering (#, !, %):
     # any of them, and the answer is no. Powered down to save energy (~), a node is started for a job.
@@ -340,7 +358,7 @@ def sbatch_test_only(script: str) -> SbatchVerdict:
     said = " | ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     if _UNANSWERED.search(said):
         return SbatchVerdict(unanswered=said)
-    if _NOT_NOW.search(said) and not _nodes_all_up():
+    if _NOT_NOW.search(said) and not _all_up(script):
         return SbatchVerdict()
     return SbatchVerdict(refusal=said or f"sbatch --test-only ended with exit status {proc.returncode} and no message")
 

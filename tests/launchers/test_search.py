@@ -53,7 +53,7 @@ def test_a_scaling_search_hands_the_top_k_of_each_node_count_and_says_what_more_
         assert row["overrides"].endswith(top["overrides"])
     # The console says what each node count's fastest layout gives, against one node's.
     lines = proc.stdout.splitlines()
-    start = lines.index("fastest per node count (speed-up and scaling efficiency against the fewest nodes' fastest):")
+    start = lines.index("fastest per node count (speed-up and scaling efficiency against the fastest on 1 node(s)):")
     one, two, four = (best[n][0] for n in ("1", "2", "4"))
     t1, t2, t4 = (float(r["pred_sec_per_iter"]) for r in (one, two, four))
     assert lines[start + 1].startswith(f"  1 node(s): rank {one['pred_rank']}, {t1:.4g} s/it, MFU ")

@@ -221,6 +221,14 @@ def test_a_drained_node_refuses_no_job_that_would_wait_for_it(slurm_cluster: Slu
     # With every node up the same words mean that no node can ever hold the job: memory more than any has.
     big = sweep(tmp_path / "big", "cluster.mem_per_node_gb=100000", check=False)
     assert big.returncode == EXIT_USAGE and "Requested node configuration is not available" in big.stderr, big.stderr
+    # Another partition's state says nothing of this job's (sites keep maintenance partitions inactive).
+    subprocess.run(["scontrol", "create", "partitionname=megasweep-maint", f"nodes={slurm_cluster.nodes[-1]}",
+                    "state=inactive"], check=True, timeout=30)  # fmt: skip
+    try:
+        big = sweep(tmp_path / "big", "cluster.mem_per_node_gb=100000", check=False)
+    finally:
+        subprocess.run(["scontrol", "delete", "partitionname=megasweep-maint"], check=True, timeout=30)
+    assert big.returncode == EXIT_USAGE and "Requested node configuration is not available" in big.stderr, big.stderr
     last = slurm_cluster.nodes[-1]
     every = ("hardware.devices_per_node=1", f"parallelism.dp={len(slurm_cluster.nodes)}",
              f"parallelism.global_batch_size={len(slurm_cluster.nodes)}")  # fmt: skip

@@ -257,7 +257,8 @@ def count_by_rule(items: Iterable[tuple[T, Iterable[str]]]) -> list[tuple[str, i
 
 def rule_example(rule: str, configs: int, index: int, overrides: Sequence[str], problem: str) -> str:
     """One rule's part of a summary of infeasible configs: '[rule] N config(s), e.g. config I (its
-    overrides): its problem with that rule'; the dry run's launchers and Hydra's basic one say it alike."""
+    overrides): its problem with that rule'; the Slurm and local launchers' skipped-config lines and Hydra's
+    basic launcher's refusal say it alike."""
     return f"[{rule}] {configs} config(s), e.g. config {index} ({' '.join(overrides) or 'no overrides'}): {problem}"
 
 

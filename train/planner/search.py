@@ -53,6 +53,8 @@ class SearchResult:
     """Unpredicted layouts per reason the time model gave (a missing figure, an unusable calibration)."""
     examples: dict[str, str] = dataclasses.field(default_factory=dict)
     """Per broken rule, the first rejected candidate's overrides and reason, as the dry run shows them."""
+    nodes: tuple[int, ...] = ()
+    """The node counts searched, fewest first."""
 
 
 def search_problems(search: SearchConfig) -> list[str]:
@@ -170,7 +172,10 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
     feasible = [dataclasses.replace(c, row=r) for c, r in zip(feasible, rows, strict=True)]
     ranked = sorted((c for c in feasible if c.row.pred_rank), key=lambda c: c.row.pred_sec_per_iter)
     unpredicted, unpredictable = _unpredicted([c for c in feasible if not c.row.pred_rank])
-    return SearchResult(ranked, unpredicted, rejected, count, time.perf_counter() - tic, unpredictable, examples)
+    return SearchResult(
+        ranked, unpredicted, rejected, count, time.perf_counter() - tic, unpredictable, examples,
+        tuple(sorted(set(search.nodes))),
+    )  # fmt: skip
 
 
 def _unpredicted(candidates: list[Candidate]) -> tuple[list[Candidate], Counter[str]]:
@@ -201,21 +206,28 @@ def top_layouts(result: SearchResult, search: SearchConfig) -> list[Candidate]:
 
 
 def scaling_lines(result: SearchResult) -> list[str]:
-    """The fastest layout of each node count, with its speed-up and scaling efficiency against the
-    fewest nodes' fastest: what more nodes buy for the same work. [] for a search of one node count."""
+    """The fastest layout of each node count searched, with its speed-up and scaling efficiency against
+    the fastest on the fewest nodes that have one: what more nodes buy for the same work; a node count
+    without a ranked layout says why. [] for a search of one node count."""
     fastest: dict[int, Candidate] = {}
     for c in result.ranked:  # fastest first: the first of each node count is its best
         fastest.setdefault(c.row.nodes, c)
-    if len(fastest) < 2:
+    counts = sorted(set(result.nodes) | set(fastest))
+    if len(counts) < 2 or not fastest:
         return []
-    counts = sorted(fastest)
-    base = fastest[counts[0]].row
-    lines = ["fastest per node count (speed-up and scaling efficiency against the fewest nodes' fastest):"]
+    unpredicted = Counter(c.row.nodes for c in result.unpredicted)
+    first = min(fastest)
+    base = fastest[first].row
+    lines = [f"fastest per node count (speed-up and scaling efficiency against the fastest on {first} node(s)):"]
     for nodes in counts:
+        if nodes not in fastest:
+            why = f"{unpredicted[nodes]:,} feasible, none predicted" if unpredicted[nodes] else "no feasible layout"
+            lines.append(f"  {nodes} node(s): {why}")
+            continue
         r = fastest[nodes].row
         mfu = "" if math.isnan(r.pred_mfu) else f", MFU {100 * r.pred_mfu:.1f}%"
         speedup = base.pred_sec_per_iter / r.pred_sec_per_iter
-        vs = "" if nodes == counts[0] else f", x{speedup:.2f} ({100 * speedup * counts[0] / nodes:.0f}% efficiency)"
+        vs = "" if nodes == first else f", x{speedup:.2f} ({100 * speedup * first / nodes:.0f}% efficiency)"
         lines.append(f"  {nodes} node(s): rank {r.pred_rank}, {r.pred_sec_per_iter:.4g} s/it{mfu}{vs}")
     return lines
 

@@ -157,3 +157,25 @@ def test_the_top_k_is_of_all_node_counts_or_of_each_and_one_node_count_has_no_sc
     assert scaling_lines(result)[1].startswith("  1 node(s): rank ") and len(scaling_lines(result)) == 3
     alone = search_layouts(gpt_1_3b(), dataclasses.replace(search, nodes=[2]))
     assert scaling_lines(alone) == [] and "fastest per node count" not in format_search(alone, 3)
+
+
+def test_a_node_count_without_a_ranked_layout_says_why_and_the_baseline_is_named() -> None:
+    # 175B on one node fits no layout: the scaling lines started at 16 nodes without a word of the one.
+    run = compose_run("model=gpt3_175b", "hardware=a100_80gb", "parallelism.precision=bf16",
+                      "parallelism.global_batch_size=512")  # fmt: skip
+    search = SearchConfig(nodes=[16, 1, 32], micro_batch_sizes=[1], recompute=[Recompute.full], zero_stages=[1],
+                          sequence_parallel=[False], virtual_stages=[1])  # fmt: skip
+    result = search_layouts(run, search)
+    assert result.nodes == (1, 16, 32)
+    lines = scaling_lines(result)
+    assert lines[0] == "fastest per node count (speed-up and scaling efficiency against the fastest on 16 node(s)):"
+    assert lines[1] == "  1 node(s): no feasible layout"
+    assert lines[2].startswith("  16 node(s): rank ") and "efficiency" not in lines[2]
+    assert lines[3].startswith("  32 node(s): rank ") and "% efficiency)" in lines[3]
+    # Feasible but unpredicted (no inter-node bandwidth: two nodes cannot be priced) is said as such.
+    tiny = compose_run("model=tiny", "hardware=cpu", "hardware.peak_measured=false", "hardware.peak_tflops_fp32=1",
+                       "hardware.memory_bw_gbs=10", "hardware.intra_node_bw_gbs=10", "hardware.devices_per_node=2",
+                       "parallelism.global_batch_size=8")  # fmt: skip
+    small = search_layouts(tiny, dataclasses.replace(search, nodes=[1, 2]))
+    assert {c.row.nodes for c in small.ranked} == {1} and {c.row.nodes for c in small.unpredicted} == {2}
+    assert scaling_lines(small)[2] == f"  2 node(s): {len(small.unpredicted):,} feasible, none predicted"
