@@ -54,6 +54,13 @@ class Allocation:
         """Processes in the whole job, i.e. the world size (tasks)."""
         return self.nodes * self.tasks_per_node
 
+    def words(self) -> str:
+        """The shape in a message's words: '2 node(s) x 4 task(s), 4 GPU(s)/node, 60 min'."""
+        return (
+            f"{self.nodes} node(s) x {self.tasks_per_node} task(s), {self.gpus_per_node} GPU(s)/node, "
+            f"{self.time_limit_min} min"
+        )
+
     def as_dict(self) -> dict[str, int]:
         """JSON-ready dict, as stored in the manifest entry's `shape`."""
         return {

@@ -531,11 +531,7 @@ def format_export(export: Export) -> str:
         f"{len(export.skipped)} infeasible; results will go to {export.sweep_dir}"
     ]
     for s in export.scripts:
-        alloc = s.key.allocation
-        lines.append(
-            f"  {s.script}  ({len(s.configs)} tasks; {alloc.nodes} node(s) x {alloc.tasks_per_node} task(s), "
-            f"{alloc.gpus_per_node} GPU(s)/node, {alloc.time_limit_min} min)  submit: sbatch {s.script}"
-        )
+        lines.append(f"  {s.script}  ({len(s.configs)} tasks; {s.key.allocation.words()})  submit: sbatch {s.script}")
     for k in export.skipped[:SHOWN_SKIPPED]:
         lines.append(f"  skipped config {k.index} ({' '.join(k.overrides)}): {k.reason}")
     if len(export.skipped) > SHOWN_SKIPPED:

@@ -175,6 +175,8 @@ class NodeShape:
     """CPUs Slurm schedules on it (CPUTot) (CPUs)."""
     gpus: int
     """GPUs its Gres lists (GPUs)."""
+    up: bool
+    """Whether it is up and schedulable now (its State: not drained, down, failing or not responding)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ class PartitionInfo:
     """Whether sbatch uses it when no partition is given."""
     max_nodes: int | None
     """MaxNodes; None: unlimited."""
+    up: bool
+    """Whether the partition itself is up (State=UP; down, drained or inactive ones queue jobs to wait)."""
 
 
 def _fields(line: str) -> dict[str, str]:
@@ -214,7 +218,7 @@ def partition_nodes() -> dict[str, PartitionInfo] | None:
         f = _fields(line)
         if not f.get("CPUTot", "").isdigit():
             continue
-        shape = NodeShape(cpus=int(f["CPUTot"]), gpus=_gres_gpus(f.get("Gres", "")))
+        shape = NodeShape(cpus=int(f["CPUTot"]), gpus=_gres_gpus(f.get("Gres", "")), up=_schedulable(f.get("State", "")))
         for name in f.get("Partitions", "").split(","):
             if name:
                 members.setdefault(name, []).append(shape)
@@ -228,8 +232,21 @@ def partition_nodes() -> dict[str, PartitionInfo] | None:
             nodes=tuple(members.get(name, [])),
             default=f.get("Default") == "YES",
             max_nodes=int(limit) if limit.isdigit() else None,
+            up=f.get("State") == "UP",
         )
     return out
+
+
+_UP_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING", "PLANNED"})
+"""`scontrol show node` base states of a node that is up (State=<base>[+<flag>...])."""
+_UP_FLAGS = frozenset({"COMPLETING", "POWERED_DOWN", "CLOUD", "PLANNED"})
+"""Flags that leave a node schedulable: a node powered down to save energy is started for a job. Any
+other (DRAIN, NOT_RESPONDING, MAINTENANCE, REBOOT_REQUESTED, POWERING_UP, ...) makes it not up now."""
+
+
+def _schedulable(state: str) -> bool:
+    base, *flags = state.split("+")
+    return base in _UP_STATES and all(flag in _UP_FLAGS for flag in flags)
 
 
 def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
@@ -297,38 +314,21 @@ configuration is not available", "... partition configuration not available now"
 the nodes up now: with every node up no node can ever hold the job (memory more than any has: the real
 sbatch queues it to wait for ever), but a drained or down node makes it refuse a job the real sbatch
 queues to wait for that node, so then it is no refusal (_all_up)."""
-_UP_STATES = frozenset({"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "plnd", "planned"})
-"""sinfo's short and long names of the states of a node that is up and schedulable."""
-
-
 _PARTITION = re.compile(r"^#SBATCH[ \t]+(?:--partition[= ]|-p[ \t]*)['\"]?([^\s'\"]+)", re.MULTILINE)
 """A batch script's partition directive; sbatch takes the last one given."""
 
 
 def _all_up(script: str) -> bool:
     """Whether the partitions `script` asks for (its #SBATCH --partition list; none: the cluster's default)
-    and each of their nodes are up and schedulable (sinfo; False when sinfo cannot say). A partition set
-    down or inactive queues jobs to wait too; another partition's state says nothing of this job."""
-    rows = _lines(["sinfo", "-h", "-o", "%P %a"])
-    if not rows:
+    and each of their nodes are up and schedulable now (partition_nodes; False when Slurm cannot say).
+    Another partition's state says nothing of this job."""
+    partitions = partition_nodes()
+    if not partitions:
         return False
-    states: dict[str, str] = {}
-    default = None
-    for row in rows:
-        name, _, avail = row.partition(" ")
-        if name.endswith("*"):  # sinfo marks the default partition so
-            name = default = name[:-1]
-        states[name] = avail.strip().lower()
     given = _PARTITION.findall(script)
-    wanted = given[-1].split(",") if given else [default] if default else []
-    if not wanted or any(states.get(name) != "up" for name in wanted):
-        return False
-    nodes = _lines(["sinfo", "-h", "-N", "-p", ",".join(wanted), "-o", "%t"])
-    if not nodes:
-        return False
-    # A suffix marks a node not responding (*), in maintenance ($), rebooting (@, ^) or powering (#, !, %):
-    # any of them, and the answer is no. Powered down to save energy (~), a node is started for a job.
-    return all(state.removesuffix("~").lower() in _UP_STATES for state in nodes)
+    wanted = given[-1].split(",") if given else [name for name, p in partitions.items() if p.default]
+    found = [partitions.get(name) for name in wanted]
+    return bool(found) and all(p is not None and p.up and p.nodes and all(n.up for n in p.nodes) for p in found)
 
 
 @dataclass(frozen=True)
@@ -372,13 +372,14 @@ def check_sbatch_scripts(
 
     A controller that does not answer is asked once, not once per job (each would wait TIMEOUT_S), and
     one warning says the jobs go unchecked; a machine without sbatch is not asked, without a word."""
+    if shutil.which("sbatch") is None:
+        return
     refused = []
     for what, script in jobs:
         said = sbatch_test_only(script)
         if said.unanswered is not None:
-            if shutil.which("sbatch") is not None:
-                print(f"warning: Slurm did not judge the jobs before they are queued (sbatch --test-only: "
-                      f"{said.unanswered}); sbatch has the last word as each is queued", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"warning: Slurm did not judge the jobs before they are queued (sbatch --test-only: "
+                  f"{said.unanswered}); sbatch has the last word as each is queued", file=sys.stderr, flush=True)
             break
         if said.refusal is not None:
             refused.append(f"{what}: {said.refusal}")

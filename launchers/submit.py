@@ -559,11 +559,7 @@ def index_ranges(indices: Sequence[int]) -> str:
 
 def job_words(piece: Sequence[ConfigSpec], key: ArrayKey) -> str:
     """One array's configs and shape, in words, for a message."""
-    a = key.allocation
-    return (
-        f"config(s) {index_ranges([s.index for s in piece])} ({a.nodes} node(s) x {a.tasks_per_node} task(s), "
-        f"{a.gpus_per_node} GPU(s)/node, {a.time_limit_min} min)"
-    )
+    return f"config(s) {index_ranges([s.index for s in piece])} ({key.allocation.words()})"
 
 
 def submitit_script(executor: Any, *, array: int = 1) -> str | None:
