@@ -95,6 +95,7 @@ __all__ = [
     "FastComposer",
     "FastValidation",
     "apply_value_overrides",
+    "created_by_launch",
     "is_megasweep_config",
     "parse_override",
     "sweep_composer",
@@ -954,16 +955,17 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
 
 
 def _forget_sweep_dir(made: Path | None) -> None:
-    # Only a tree that holds nothing but Hydra's multirun.yaml: a refusal after a plan.csv or a
-    # manifest was written (every config infeasible) leaves them, and the config they were made of.
+    # Only a tree that holds nothing but Hydra's multirun.yaml, or nothing (a layout search refused
+    # before it saved that): a refusal after a plan.csv or a manifest was written (every config
+    # infeasible) leaves them, and the config they were made of.
     # `made` is the top directory the launch created: the default multirun/<date>/<time> makes the
     # date's too, which was left behind, empty.
     with contextlib.suppress(OSError):
-        if made is not None and [p.name for p in made.rglob("*") if not p.is_dir()] == [MULTIRUN_FILE]:
+        if made is not None and [p.name for p in made.rglob("*") if not p.is_dir()] in ([], [MULTIRUN_FILE]):
             shutil.rmtree(made)
 
 
-def _created_by_launch(sweep_dir: Path) -> Path | None:
+def created_by_launch(sweep_dir: Path) -> Path | None:
     """The top directory of `sweep_dir`'s that does not exist yet (None: it exists): what the launch
     will create, and what a refusal removes again."""
     missing = missing_dirs(sweep_dir)
@@ -1011,7 +1013,7 @@ class FastValidation:
         assert self.config is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         append = OmegaConf.select(self.config, "hydra.launcher.append", default=None)
-        with usage_exits(made=_created_by_launch(sweep_dir)):
+        with usage_exits(made=created_by_launch(sweep_dir)):
             searched = [a for a in arguments if parse_override(a).key_or_group.startswith("search.")]
             if searched and is_megasweep_config(self.config):
                 # Only the layout search reads them: planned or launched without it, they did nothing.

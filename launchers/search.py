@@ -9,7 +9,10 @@ The candidates are judged by train.planner (train.planner.search); every feasibl
 search.csv in the sweep directory (plan.csv's columns, ranked), the `search.show` fastest are printed
 with their time, memory and where the time goes, and the rejected ones are counted by rule. A search
 added to a sweep that has one (hydra.launcher.append=true) writes search.append<N>.csv instead, N
-that of its multirun.append<N>.yaml (launchers.sweepdir.EarlierConfig): the first ranking stays.
+that of its multirun.append<N>.yaml (launchers.sweepdir.EarlierConfig): the first ranking stays. A
+search that ranks nothing, or whose launch is refused before the launcher writes anything (its site
+check, Ctrl-C), leaves the directory as it was: a search.csv left behind held the directory against
+the same search asked again.
 """
 
 from __future__ import annotations
@@ -23,17 +26,25 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.compose import is_megasweep_config, parse_override, sweep_composer, usage_exits
+from conf.schema import RunConfig
+from launchers.compose import (
+    created_by_launch,
+    is_megasweep_config,
+    parse_override,
+    sweep_composer,
+    usage_exits,
+)
 from launchers.sweepdir import (
     HYDRA_OPTIONS,
     EarlierConfig,
     UsageError,
     claim_sweep_dir,
     free_append_number,
+    launch_files,
     writable_dir,
 )
 from train.contract import MULTIRUN_FILE, SEARCH_FILE, appended_name, write_plan_csv
-from train.planner.search import format_search, search_layouts, search_problems, top_layouts
+from train.planner.search import SearchResult, format_search, search_layouts, search_problems, top_layouts
 
 CHOSEN_BY_SEARCH = {
     "parallelism.dp": "search.nodes (every dp x tp x pp of their devices is tried)",
@@ -68,7 +79,10 @@ class LayoutSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        with usage_exits():
+        assert self.config is not None
+        # Refused (a rule, the launcher's site check, Ctrl-C), a search into a new directory takes it
+        # away again: a search.csv left there made the same search, asked again, "already held".
+        with usage_exits(made=created_by_launch(Path(str(self.config.hydra.sweep.dir)))):
             return self._sweep(arguments)
 
     def _sweep(self, arguments: list[str]) -> Any:
@@ -124,6 +138,9 @@ class LayoutSweeper(Sweeper):
                 f"search to it with {HYDRA_OPTIONS.append} (its ranking then goes to "
                 f"{appended_name(self.csv_name, free_append_number(sweep_dir, MULTIRUN_FILE, self.csv_name))})"
             )
+        print(format_search(result, search.show))
+        if not result.ranked:
+            raise UsageError(f"hydra/sweeper=layouts found nothing to rank: {_why_nothing_ranked(result, run)}")
         rows = [c.row for c in (*result.ranked, *result.unpredicted)]
         # Added to a sweep, the first search's ranking and Hydra config stay; this one's are kept
         # beside them under one number (search.append<N>.csv, multirun.append<N>.yaml).
@@ -135,31 +152,41 @@ class LayoutSweeper(Sweeper):
         OmegaConf.save(self.config, sweep_dir / MULTIRUN_FILE)
         earlier.keep(number)
         csv_path = write_plan_csv(rows, csv_path)
-        print(format_search(result, search.show))
         print(f"search: all feasible layouts -> {csv_path}", flush=True)
-        if not result.ranked:
-            if result.unpredicted:
-                why = f"{len(result.unpredicted)} feasible layouts, but the time model cannot predict them: " + "; ".join(
-                    result.unpredictable
-                )
-            elif not result.candidates:
-                # Nothing was judged, so no rule is above: the lists themselves left nothing to try.
-                devices = [n * max(1, run.hardware.devices_per_node) for n in dict.fromkeys(search.nodes)]
-                why = (
-                    f"search.nodes={list(search.nodes)} ({', '.join(map(str, devices))} device(s)) with "
-                    f"search.zero_stages={list(search.zero_stages)} leaves no layout to try (a ZeRO stage above 0 "
-                    "needs dp > 1, so one device takes stage 0): add 0 to search.zero_stages, or more nodes"
-                )
-            else:
-                why = (
-                    f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example); "
-                    f"search.nodes={list(search.nodes)}: more nodes give each layout more devices"
-                )
-            # What the user gave leaves nothing to run, as an all-infeasible launch: exit 2.
-            raise UsageError(f"hydra/sweeper=layouts found nothing to rank: {why}")
         top = top_layouts(result, search)
         if not top:
             return []
         jobs = [[*arguments, *c.overrides] for c in top]
         sys.stdout.flush()
-        return [self.launcher.launch(jobs, initial_job_idx=0)]
+        written = launch_files(sweep_dir)
+        try:
+            return [self.launcher.launch(jobs, initial_job_idx=0)]
+        except BaseException:
+            if launch_files(sweep_dir) == written:
+                # The launcher refused before it wrote a manifest or a plan: the search's ranking and
+                # config go too, as a refused sweep leaves nothing (an added search: the sweep's own stay).
+                csv_path.unlink(missing_ok=True)
+                earlier.keep_if_launched()
+                print(f"search: nothing was launched, so {csv_path.name} was removed again", file=sys.stderr, flush=True)
+            raise
+
+
+def _why_nothing_ranked(result: SearchResult, run: RunConfig) -> str:
+    """Why a search ranked no layout: the time model's reasons, or what left nothing feasible."""
+    search = run.search
+    if result.unpredicted:
+        return f"{len(result.unpredicted)} feasible layouts, but the time model cannot predict them: " + "; ".join(
+            result.unpredictable
+        )
+    if not result.candidates:
+        # Nothing was judged, so no rule is above: the lists themselves left nothing to try.
+        devices = [n * max(1, run.hardware.devices_per_node) for n in dict.fromkeys(search.nodes)]
+        return (
+            f"search.nodes={list(search.nodes)} ({', '.join(map(str, devices))} device(s)) with "
+            f"search.zero_stages={list(search.zero_stages)} leaves no layout to try (a ZeRO stage above 0 "
+            "needs dp > 1, so one device takes stage 0): add 0 to search.zero_stages, or more nodes"
+        )
+    return (
+        f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example); "
+        f"search.nodes={list(search.nodes)}: more nodes give each layout more devices"
+    )

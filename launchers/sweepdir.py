@@ -75,6 +75,7 @@ __all__ = [
     "claim_sweep_dir",
     "free_append_number",
     "first_index",
+    "launch_files",
     "missing_dirs",
     "next_index",
     "removed_if_refused",
@@ -357,7 +358,7 @@ def _refuse_sweep(sweep_dir: Path, entries: Sequence[ManifestEntry], options: Sw
     )
 
 
-def _launch_files(sweep_dir: Path) -> tuple[tuple[str, bytes | None], ...]:
+def launch_files(sweep_dir: Path) -> tuple[tuple[str, bytes | None], ...]:
     """What a launch into `sweep_dir` writes besides Hydra's config (None for a file not there)."""
     names = [MANIFEST_FILE, PLAN_FILE, SEARCH_FILE]
     names += sorted(p.name for p in sweep_dir.glob(appended_name(SEARCH_FILE, "*")))
@@ -428,7 +429,7 @@ class EarlierConfig:
                     write_text_atomic(copy_path, text)
                     earlier.copied = True
         if earlier.text is not None:
-            earlier.launch_files = _launch_files(sweep_dir)
+            earlier.launch_files = launch_files(sweep_dir)
         return earlier
 
     def keep(self, number: int | None = None) -> Path | None:
@@ -453,7 +454,7 @@ class EarlierConfig:
         directory as it was, the earlier config in multirun.yaml."""
         if self.text is None:
             return
-        if _launch_files(self.sweep_dir) != self.launch_files:
+        if launch_files(self.sweep_dir) != self.launch_files:
             self.keep()
             return
         if self.kept is not None:

@@ -112,6 +112,8 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
                     f"hydra.sweep.dir={tmp_path / 'b'}")
     assert cpu.returncode == EXIT_USAGE  # nothing the input allows can be ranked
     assert "found nothing to rank" in cpu.stderr and "measures its peak" in cpu.stderr
+    # Refused, it leaves nothing: a search.csv left there made the same search, asked again, "already held".
+    assert not (tmp_path / "b").exists()
     # The time model's own reason, not a guess at a missing figure.
     missing = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", *GPT, "search.micro_batch_sizes=[4]",
                         f"hardware.calibration={tmp_path / 'cal.json'}", f"hydra.sweep.dir={tmp_path / 'c'}")
@@ -153,6 +155,34 @@ def local_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str
          "search.virtual_stages=[1]", *args, f"hydra.sweep.dir={sweep_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
+
+
+def test_a_search_whose_launch_is_refused_leaves_the_directory_as_it_was(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # The site check refuses the launch after the search wrote its ranking: into a new directory,
+    # the directory goes again; added to a search, that search's ranking and config stay alone.
+    refused = slurm_search(tmp_path / "new" / "run", "cluster.partition=nosuch")
+    assert refused.returncode == EXIT_USAGE, refused.stdout + refused.stderr
+    assert "is not a partition of this cluster" in refused.stderr
+    assert "search.csv was removed again" in refused.stderr
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    assert slurm_search(kept, "search.top_k=0").returncode == 0
+    before = {p.name: p.read_bytes() for p in kept.iterdir()}
+    assert sorted(before) == [MULTIRUN_FILE, SEARCH_FILE]
+    added = slurm_search(kept, "cluster.partition=nosuch", "hydra.launcher.append=true")
+    assert added.returncode == EXIT_USAGE and "search.append1.csv was removed again" in added.stderr, added.stderr
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+    # The same search, asked again where nothing was launched, is not told the directory "already holds" one.
+    again = slurm_search(tmp_path / "new" / "run", "cluster.partition=nosuch")
+    assert again.returncode == EXIT_USAGE and "already holds" not in again.stderr, again.stderr
+
+
+def slurm_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """local_search's search of TINY's layouts, handed to the Slurm launcher (the tests refuse it or
+    launch nothing: no job is queued)."""
+    return local_search(sweep_dir, "search.micro_batch_sizes=[1]", "search.top_k=1", "hydra/launcher=slurm", *args)
 
 
 def test_the_top_layouts_run_on_the_local_launcher(tmp_path: Path) -> None:
