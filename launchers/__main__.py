@@ -96,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--failed", action="store_true", required=True, help="the failed, timed-out and Slurm-refused configs (required)"
     )
     rerun.add_argument("overrides", nargs="*", help="field=value changes: rerun as new configs with them")
+    rerun.add_argument(
+        "--no-test-only", dest="test_only", action="store_false",
+        help="do not ask Slurm to judge the jobs (sbatch --test-only) before queueing them; a launch that did "
+        "not ask (hydra.launcher.test_only=false) is not asked again either",
+    )  # fmt: skip
     sbatch = sub.add_parser(
         "sbatch",
         help="write job array scripts (one per allocation) and their task tables, submit nothing",
@@ -131,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument(
         "--here", action="store_true",
         help="measure this machine's one device in this process, without Slurm (no collectives; --nodes ignored)",
+    )
+    calibrate.add_argument(
+        "--no-test-only", dest="test_only", action="store_false",
+        help="do not ask Slurm to judge the calibration jobs (sbatch --test-only) before queueing them",
     )
     sbatch.add_argument(
         "--append", action="store_true", help="add the configs to the sweep already in --sweep-dir (new indices)"
@@ -175,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
-        entries = rerun_failed(args.sweep_dir, args.overrides)
+        entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only)
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -246,7 +255,8 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     try:
-        return calibrate_main(args.overrides, out=out, nodes=args.nodes, min_seconds=args.min_seconds, here=args.here)
+        return calibrate_main(args.overrides, out=out, nodes=args.nodes, min_seconds=args.min_seconds, here=args.here,
+                              test_only=args.test_only)  # fmt: skip
     except (HydraException, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

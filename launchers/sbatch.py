@@ -383,6 +383,7 @@ def export_sweep(
             check_sbatch_scripts(
                 ((job_words(piece, key), text[3]) for (key, piece), text in zip(pieces, texts, strict=True)),
                 fix="the cluster.* fields or the sbatch options (--sbatch-arg)",
+                skip="--no-test-only",
                 outcome="Nothing was exported or written",
                 again="export again",
             )
@@ -412,6 +413,7 @@ def export_sweep(
             entry_args=tuple(entry_args),
             sbatch_args=dict(sbatch_args or {}),
             srun_args=tuple(srun_args),
+            test_only=test_only,
         )
         save_launch_file(sweep_dir, settings, specs)
         manifest = write_manifest(merge_entries(old, entries), manifest_path(sweep_dir))

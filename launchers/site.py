@@ -364,11 +364,17 @@ def sbatch_test_only(script: str) -> SbatchVerdict:
 
 
 def check_sbatch_scripts(
-    jobs: Iterable[tuple[str, str]], *, fix: str, outcome: str = "Nothing was submitted", again: str = "launch again"
+    jobs: Iterable[tuple[str, str]],
+    *,
+    fix: str,
+    skip: str,
+    outcome: str = "Nothing was submitted",
+    again: str = "launch again",
 ) -> None:
     """Raise SiteOptionError naming every job that `sbatch --test-only` refuses; `jobs`: (what the job
-    is, in words; its script), `fix`: which settings make the script, for the user to change; `outcome`
-    and `again`: what the refusal left undone, and what to do once it is fixed.
+    is, in words; its script), `fix`: which settings make the script, for the user to change; `skip`:
+    the option that leaves the check out; `outcome` and `again`: what the refusal left undone, and what
+    to do once it is fixed.
 
     A controller that does not answer is asked once, not once per job (each would wait TIMEOUT_S), and
     one warning says the jobs go unchecked; a machine without sbatch is not asked, without a word."""
@@ -386,5 +392,6 @@ def check_sbatch_scripts(
     if refused:
         raise SiteOptionError(
             f"Slurm refuses {len(refused)} job(s) (asked with sbatch --test-only, which queues nothing): "
-            f"{'; '.join(refused)}. {outcome}. Change {fix}, then {again}."
+            f"{'; '.join(refused)}. {outcome}. Change {fix}, then {again}. (Where a site's sbatch --test-only "
+            f"refuses jobs that sbatch itself would queue, {skip} leaves this check out.)"
         )

@@ -211,6 +211,7 @@ class SlurmLauncher(SweepLauncher):
             entry_args=entry_args_for(self.config),
             sbatch_args={str(k): str(v) for k, v in self.sbatch_args.items()},
             srun_args=tuple(str(a) for a in self.srun_args),
+            test_only=bool(self.test_only),
         )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -295,7 +296,10 @@ class SlurmLauncher(SweepLauncher):
             # refused whole, its configs would be listed nowhere. sbatch judges each of its arrays as it
             # queues them, and a refused one is listed `refused` for rerun --failed.
             if self.test_only and not initial_job_idx:
-                check_sbatch_accepts(sweep_dir, specs, settings, option="hydra.launcher.sbatch_args.{name}")
+                check_sbatch_accepts(
+                    sweep_dir, specs, settings, option="hydra.launcher.sbatch_args.{name}",
+                    skip="hydra.launcher.test_only=false",
+                )
             save_launch_file(sweep_dir, settings, specs)
             known = merge_entries(old, skipped)
             submission = submit_configs(

@@ -1,7 +1,7 @@
 """Progress of a launched sweep, and resubmission of its failures.
 
     python -m launchers status <sweep dir> [--ok-if-failed]
-    python -m launchers rerun <sweep dir> --failed [field=value ...]
+    python -m launchers rerun <sweep dir> --failed [--no-test-only] [field=value ...]
 
 The state of each config comes from what outlives the submitting process: the manifest
 (what was submitted, exported, refused or skipped, under which job id), each run's result.json
@@ -451,7 +451,7 @@ def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
     return {s.index: set(s.overrides) - common for s in statuses}
 
 
-def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[ManifestEntry]:
+def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_only: bool = True) -> list[ManifestEntry]:
     """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result)
     and the refused ones (sbatch refused them; see the module docstring), except those a rerun
     with changed fields already stands for.
@@ -461,7 +461,8 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
     results are not touched. With `overrides` (field=value), each becomes a new config (see the
     module docstring). The manifest is rewritten after each array is queued. Returns the new
     manifest entries of the resubmitted configs (a config Slurm refuses again comes back
-    `refused`, an infeasible changed one `skipped`).
+    `refused`, an infeasible changed one `skipped`). `test_only`: sbatch --test-only judges each
+    launch's jobs first, for a launch that asked it too (LaunchSettings.test_only).
     """
     from launchers.local import LocalMarks, run_here
 
@@ -497,7 +498,8 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = ()) -> list[M
                 judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in planned]
             # Each launch's own sbatch options, as it submits them again.
             check_site((spec.key for spec in judged), settings.sbatch_args, option=_SBATCH_ARG)
-            check_sbatch_accepts(sweep_dir, judged, settings, option=_SBATCH_ARG, again="rerun")
+            if test_only and settings.test_only:  # as the launch asked: --test-only that misjudges this site was left out
+                check_sbatch_accepts(sweep_dir, judged, settings, option=_SBATCH_ARG, skip="--no-test-only", again="rerun")
         job_ids = {s.index: s.job_id for s in failed}
         for settings, mine in groups:
             listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)

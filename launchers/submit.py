@@ -143,6 +143,9 @@ class LaunchSettings:
     srun_args: tuple[str, ...] = ()
     local: bool = False
     """The configs ran on this machine (hydra/launcher=local), so a rerun runs them here too."""
+    test_only: bool = True
+    """sbatch --test-only judged the jobs before they were queued; a rerun asks it again only if so
+    (a site whose --test-only refuses what sbatch queues was launched without it)."""
 
 
 @dataclass(frozen=True)
@@ -581,11 +584,17 @@ def submitit_script(executor: Any, *, array: int = 1) -> str | None:
 
 
 def check_sbatch_accepts(
-    sweep_dir: Path, specs: Sequence[ConfigSpec], settings: LaunchSettings, *, option: str, again: str = "launch again"
+    sweep_dir: Path,
+    specs: Sequence[ConfigSpec],
+    settings: LaunchSettings,
+    *,
+    option: str,
+    skip: str,
+    again: str = "launch again",
 ) -> None:
     """launchers.site.check_sbatch_scripts for the arrays submit_configs would queue, each array's script
     as submitit writes it; `option` names how the user gives sbatch options (their name as `{name}`),
-    `again` what to do once the cause is fixed.
+    `skip` the option that leaves the check out, `again` what to do once the cause is fixed.
 
     The script comes from submitit's own SlurmExecutor._make_submission_file_text, with the array size
     its array submission sets (map_count): what sbatch would be given, less the hold submit_released
@@ -598,7 +607,7 @@ def check_sbatch_accepts(
             return
         jobs.append((job_words(piece, key), script))
     check_sbatch_scripts(
-        jobs, fix=f"the cluster.* fields or the sbatch options ({option.format(name='<name>')})", again=again
+        jobs, fix=f"the cluster.* fields or the sbatch options ({option.format(name='<name>')})", skip=skip, again=again
     )
 
 
@@ -795,4 +804,5 @@ def _settings(raw: dict[str, Any]) -> LaunchSettings:
         sbatch_args=dict(raw.get("sbatch_args", {})),
         srun_args=tuple(raw.get("srun_args", ())),
         local=bool(raw.get("local", False)),
+        test_only=bool(raw.get("test_only", True)),
     )

@@ -178,8 +178,17 @@ def test_jobs_slurm_would_refuse_are_refused_before_either_is_queued(
         "job: allocation failure: Invalid feature specification; the 2-node calibration job: "
     ), proc.stderr
     assert proc.stderr.rstrip().endswith("Nothing was submitted or measured. Change the cluster.* fields, then "
-                                         "calibrate again.") and "calibrate: 1 node(s): job" not in proc.stdout
-    assert not out.exists()
+                                         "calibrate again. (Where a site's sbatch --test-only refuses jobs that sbatch "
+                                         "itself would queue, --no-test-only leaves this check out.)")
+    assert "calibrate: 1 node(s): job" not in proc.stdout and not out.exists()
+    # Left out, the check asks nothing: sbatch itself refuses the one-node job as it is queued.
+    unchecked = subprocess.run(
+        [sys.executable, "-m", "launchers", "calibrate", *SMALL, f"cluster.partition={slurm_cluster.partition}",
+         "cluster.constraint=nosuch", "--out", str(out), "--no-test-only"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert unchecked.returncode != 0 and "asked with sbatch --test-only" not in unchecked.stderr, unchecked.stderr
+    assert "Invalid feature specification" in unchecked.stderr and not out.exists(), unchecked.stderr
 
 
 @pytest.mark.parametrize(

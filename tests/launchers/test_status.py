@@ -248,16 +248,18 @@ def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo,
     table = status_table(sweep_dir)
     assert "1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 refused" in table, table
 
-    # Refused again, by sbatch --test-only before anything is queued (a rerun always asks it): nothing
-    # was resubmitted, which a script must not read as success (it exited 0), and the manifest is as it was.
+    # Refused again: the launch left sbatch --test-only out (launch.json keeps that), so its rerun does
+    # too, and sbatch refuses the config as it is queued. Nothing was resubmitted, which a script must
+    # not read as success (it exited 0).
+    assert json.loads((sweep_dir / ".megasweep" / "launch.json").read_text())["settings"]["test_only"] is False
     again = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert again.returncode == EXIT_USAGE, again.stdout + again.stderr
-    assert again.stderr.startswith("error: Slurm refuses 1 job(s) (asked with sbatch --test-only"), again.stderr
-    assert "config(s) 0 (1 node(s)" in again.stderr and "Invalid generic resource" in again.stderr
-    assert again.stderr.rstrip().endswith("Nothing was submitted. Change the cluster.* fields or the sbatch options "
-                                          "(sbatch_args.<name>), then rerun."), again.stderr
-    assert "Traceback" not in again.stderr and read_manifest(sweep_dir) == [first]
+    assert again.returncode == EXIT_FAILED, again.stdout + again.stderr
+    assert "asked with sbatch --test-only" not in again.stderr and "Traceback" not in again.stderr
+    assert "config 0: refused: sbatch refused: sbatch: error: Invalid generic resource" in again.stdout + again.stderr
+    assert "nothing was resubmitted: sbatch refused 1 config(s)" in again.stderr, again.stderr
+    (refused,) = read_manifest(sweep_dir)
+    assert refused.status == "refused" and refused.index == 0
     # The cause goes away (here: the launch record asks for no gres, as if the site had added
     # it); the config was never run, so `rerun --failed` submits it.
     launch = sweep_dir / ".megasweep" / "launch.json"
@@ -455,6 +457,8 @@ def test_a_changed_rerun_of_several_launches_is_judged_whole_before_any_is_queue
     assert proc.stderr.startswith("error: Slurm refuses 1 job(s) (asked with sbatch --test-only, which queues "
                                   "nothing): config(s) 1 (2 node(s) x 1 task(s)"), proc.stderr  # fmt: skip
     assert "Nothing was submitted" in proc.stderr and queued.strip() == ""
+    # A site whose --test-only misjudges its own sbatch has a way past the check.
+    assert "--no-test-only leaves this check out" in proc.stderr
     assert read_manifest(sweep_dir) == before
 
 
