@@ -54,6 +54,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 import socket
@@ -68,6 +69,7 @@ from launchers.site import check_site
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
+    SubdirNamer,
     check_sbatch_accepts,
     entry_for,
     launched_sweep_dirs,
@@ -580,7 +582,7 @@ def _rerun_changed(
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     first = next_index(before)
-    specs, skipped = _changed_specs(failed, settings, changes, first=first)
+    specs, skipped = _changed_specs(failed, settings, changes, first=first, free_in=(sweep_dir, before))
     origin = {first + i: s.index for i, s in enumerate(failed)}
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
@@ -599,11 +601,38 @@ def _rerun_changed(
 
 
 def _changed_specs(
-    failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str], *, first: int
+    failed: Sequence[ConfigSpec],
+    settings: LaunchSettings,
+    changes: Sequence[str],
+    *,
+    first: int,
+    free_in: tuple[Path, Sequence[ManifestEntry]] | None = None,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """The failed configs with `changes`, planned as new configs from index `first` (the n-th failed
-    config's is first + n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
-    return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], first)
+    config's is first + n): the feasible ones' specs, and the infeasible ones' `skipped` entries.
+    `free_in`: (the sweep directory, its entries), for output directories none of them uses yet."""
+    subdir = None if free_in is None else _free_output_dir(*free_in)
+    return plan_configs(
+        _composer(settings), [changed_overrides(s.overrides, changes) for s in failed], first, subdir=subdir
+    )
+
+
+def _free_output_dir(sweep_dir: Path, entries: Sequence[ManifestEntry]) -> SubdirNamer:
+    """A new config's output directory: its index, as Hydra's default hydra.sweep.subdir names it, or,
+    where a sweep's own subdir gave that name to another config (subdir=${...micro_batch_size}: "4")
+    or something is there, `rerun<index>` (then .2, .3, ...). The new config's job wrote over that
+    config's result.json, and each then read as the other's."""
+    taken = {e.output_dir for e in entries}
+
+    def name(index: int, overrides: Sequence[str]) -> str:
+        candidates = (f"rerun{index}" + (f".{n}" if n > 1 else "") for n in itertools.count(1))
+        for candidate in itertools.chain([str(index)], candidates):
+            if candidate not in taken and not (sweep_dir / candidate).exists():
+                taken.add(candidate)
+                return candidate
+        raise AssertionError("unreachable: itertools.count is endless")
+
+    return name
 
 
 def _run_here(
