@@ -28,6 +28,7 @@ search that measures only its predicted top K would have missed.
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from analysis.tables import (
     format_tflops,
     narrow,
 )
+from train.contract import split_overrides
 from train.neighbours import isolation_note
 
 RERUN_TOP = 3
@@ -610,7 +612,8 @@ def _repeat_advice(r: Recommendation) -> list[str]:
 def _repeatable(overrides: str) -> str:
     """A run's overrides as the repeat command takes them: a layout search's own options (search.*),
     which its runs record, are refused by a sweep without hydra/sweeper=layouts."""
-    return " ".join(o for o in overrides.split(" ") if not o.lstrip("+~").startswith("search."))
+    # Quoted for the shell where it needs it: a value with a space, a list, an interpolation.
+    return " ".join(shlex.quote(o) for o in split_overrides(overrides) if not o.lstrip("+~").startswith("search."))
 
 
 def _neighbour_notes(r: Recommendation) -> list[str]:

@@ -79,6 +79,7 @@ from train.contract import (
     read_plan_csv,
     recorded_overrides,
     resolve_exported,
+    split_overrides,
 )
 from train.planner.layout import Layout
 from train.planner.memory import estimated_memory
@@ -747,13 +748,14 @@ def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     plan = pd.DataFrame([dataclasses.asdict(r) for r in rows])
+    overrides = plan["overrides"].fillna("").astype(str).map(split_overrides)
     out = pd.DataFrame(
         {
             "source": "plan",
             "outcome": np.where(plan["feasible"], "planned", "skipped"),
             "reason": plan["reasons"].map("; ".join),
-            "config_key": plan["overrides"].fillna("").astype(str).str.split(" ").map(overrides_key),
-            "overrides": plan["overrides"].fillna("").astype(str).str.split(" ").map(lambda o: [x for x in o if x]),
+            "config_key": overrides.map(overrides_key),
+            "overrides": overrides,
             "model": plan["model"],
             "hardware": plan["hardware"],
             "nodes": plan["nodes"].astype(float),

@@ -38,7 +38,7 @@ from launchers.compose import (
 )
 from launchers.submit import refuse_empty_sweep
 from launchers.sweepdir import UsageError
-from train.contract import PLAN_FILE, PlanRow, read_plan_csv, write_plan_csv
+from train.contract import PLAN_FILE, PlanRow, join_overrides, read_plan_csv, write_plan_csv
 from train.planner.plan import (
     RuleCount,
     format_plan_table,
@@ -184,7 +184,7 @@ def plan_sweep(
         for done, overrides in enumerate(job_overrides, start=1):
             run = composer.run_config(overrides)
             tic = time.perf_counter()
-            rows.append(plan_run(run, world_size=world_size, overrides=" ".join(overrides)))
+            rows.append(plan_run(run, world_size=world_size, overrides=join_overrides(overrides)))
             planning += time.perf_counter() - tic
             if progress is not None:
                 progress(done, total)

@@ -892,6 +892,49 @@ REASON_SEPARATOR = "; "
 """Separator of the reasons (and warnings) in one CSV cell; rule messages never contain it."""
 
 
+def join_overrides(overrides: Iterable[str]) -> str:
+    """A config's overrides in one plan.csv cell (PlanRow.overrides): as typed, space-separated."""
+    return " ".join(overrides)
+
+
+_GROUPED = re.compile(r"['\"(\[{]")
+"""A character that may group spaces into one override: a quote or an opening bracket."""
+
+
+def split_overrides(text: str) -> list[str]:
+    """The overrides join_overrides joined. A Hydra value may hold spaces ('my group', [1, 2],
+    ${...}), so spaces inside quotes and brackets do not split: cut at every space, such a value
+    was read as two overrides, and its config as another config."""
+    if not _GROUPED.search(text):
+        return [o for o in text.split(" ") if o]
+    out: list[str] = []
+    current: list[str] = []
+    quote, depth, escaped = "", 0, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif quote:
+            if ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch == " " and depth == 0:
+            if current:
+                out.append("".join(current))
+                current = []
+            continue
+        current.append(ch)
+    if current:
+        out.append("".join(current))
+    return out
+
+
 @dataclass(frozen=True)
 class PlanRow:
     """The plan of one config. Quantities that cannot be computed for an infeasible config are NaN."""
@@ -944,7 +987,7 @@ class PlanRow:
     pred_rank: int = 0
     """1 = predicted fastest among the feasible rows of the same model and global batch (0: unranked)."""
     overrides: str = ""
-    """Free label, e.g. the Hydra overrides that produced the config."""
+    """The Hydra overrides that produced the config (join_overrides; split_overrides reads them back)."""
     warnings: list[str] = field(default_factory=list)
     """'[advisory] message' of a layout that runs with a caveat (train.planner.rules.advise)."""
     pred_note: str = ""

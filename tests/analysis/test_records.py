@@ -28,6 +28,7 @@ from analysis.records import (
     _records_table,
     load_sweeps,
     outcome_counts,
+    overrides_key,
     write_results_csv,
 )
 from analysis.tables import prediction_notes, results_markdown, results_table, summary_line
@@ -51,8 +52,10 @@ from train.contract import (
     MULTIRUN_FILE,
     RESULT_FILE,
     ManifestEntry,
+    join_overrides,
     write_json_atomic,
     write_manifest,
+    write_plan_csv,
 )
 from train.planner.layout import Layout
 from train.planner.plan import plan_run
@@ -128,6 +131,19 @@ def test_a_dry_run_beside_the_sweep_that_ran_it_lists_only_what_never_ran(sweep:
     assert "planned" not in counts and counts["pending"] == 1
     assert len(df[df["sweep"] == df["sweep"].iloc[-1]]) == 11 and len(df) == 11 + 1  # the dry run's skip stays
     assert summary_line(df).count("planned") == 0
+
+
+def test_a_planned_override_whose_value_holds_spaces_is_one_override(tmp_path: Path) -> None:
+    # plan.csv keeps a config's overrides in one cell, space-separated: cut at every space, a quoted
+    # value was two overrides, and a config that ran was counted again as "planned, not run".
+    overrides = ["model=tiny", "logger.wandb_group='my group'", "search.nodes=[1, 2]", "parallelism.tp=1"]
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
+    row = plan_run(composer.run_config(["model=tiny"]), overrides=join_overrides(overrides))
+    (tmp_path / "dry").mkdir()
+    write_plan_csv([row], tmp_path / "dry" / "plan.csv")
+    (planned,) = load_sweeps([tmp_path / "dry"], queue=None).table.itertuples()
+    assert planned.overrides == overrides
+    assert planned.config_key == overrides_key(overrides)
 
 
 def test_plan_csv_without_manifest_gives_skips_and_unrun_configs(sweep: Path) -> None:

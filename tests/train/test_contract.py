@@ -18,9 +18,11 @@ from train.contract import (
     ManifestEntry,
     ManifestError,
     append_manifest,
+    join_overrides,
     read_manifest,
     recorded_job_id,
     resolve_exported,
+    split_overrides,
     write_json_atomic,
     write_manifest,
 )
@@ -199,3 +201,18 @@ def test_a_tool_whose_reader_went_away_exits_141_quietly(tmp_path: Path) -> None
     assert plan.returncode == 0, plan.stderr
     analysis = [sys.executable, "-m", "analysis", str(tmp_path / "plan"), "--no-plots", "-o", str(tmp_path / "out")]
     assert _with_reader_gone(analysis) == (contract.EXIT_BROKEN_PIPE, b"")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=tiny", "parallelism.tp=2"],
+        ["logger.wandb_group='my group'", "+x=\"a b\"", "training.lr=1e-4"],
+        ["search.nodes=[1, 2]", "+d={a: 1, b: [2, 3]}", "name=${now:%H %M}", "f=range(1, 5)"],
+        ["quote='it\\'s mine'", "~model.dropout", "++k=v"],
+        [],
+    ],
+)
+def test_plan_csv_overrides_read_back_as_written(overrides: list[str]) -> None:
+    # A value holding spaces (quoted, a list, an interpolation) was cut apart where it was read.
+    assert split_overrides(join_overrides(overrides)) == overrides

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from conf.schema import Engine, ParallelismConfig, Recompute, RunConfig, SearchConfig
-from train.contract import PlanRow
+from train.contract import PlanRow, join_overrides
 from train.planner.perf import predict_time
 from train.planner.plan import plan_run, rank_predictions, time_prediction
 from train.planner.rules import reason_rule
@@ -158,7 +158,7 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
         count += 1
         candidate = dataclasses.replace(run, parallelism=par)
         overrides = layout_overrides(par)
-        row = plan_run(candidate, world_size=devices, overrides=" ".join(overrides))
+        row = plan_run(candidate, world_size=devices, overrides=join_overrides(overrides))
         if row.feasible:
             feasible.append(Candidate(candidate, row, overrides))
             continue
