@@ -672,8 +672,31 @@ def recommendation_text(df: pd.DataFrame, recs: Sequence[Recommendation], constr
     recommendation and, after them, the work without one; or why nothing qualified."""
     c = constraints or Constraints()
     if not recs:
-        return format_recommendations([], left_out=left_out(df, c))
-    return format_recommendations(recs, others=unqualified(df, c))
+        text = format_recommendations([], left_out=left_out(df, c))
+    else:
+        text = format_recommendations(recs, others=unqualified(df, c))
+    unplaced = unknown_work(df)
+    return f"{text}\n\n{unplaced}" if unplaced else text
+
+
+def unknown_work(df: pd.DataFrame) -> str:
+    """A line for the configs no work group holds: launched and not finished (or ended without a
+    record) in a sweep without plan.csv, nothing says their model and global batch yet. Left out
+    without a word, a sweep's one finished run read as "the only run that qualifies" while the rest
+    of its configs still ran."""
+    if "gbs" not in df.columns or "outcome" not in df.columns:
+        return ""
+    kinds = (*MISSING, *FAILED)
+    rows = df[df["gbs"].isna() & df["outcome"].isin(kinds)]
+    if rows.empty:
+        return ""
+    counts = rows["outcome"].value_counts()
+    listed = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in kinds if o in counts.index)
+    return (
+        f"Not compared: {len(rows)} config(s) whose work (model, global batch) nothing read here says: no record "
+        f"and no plan row ({listed}). Once they write their records, the analysis compares them; a dry run of the "
+        "sweep's configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
+    )
 
 
 def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "", others: Sequence[str] = ()) -> str:
@@ -730,5 +753,5 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
 
 __all__ = [
     "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend",
-    "recommendation_text", "unqualified",
+    "recommendation_text", "unknown_work", "unqualified",
 ]  # fmt: skip

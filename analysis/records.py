@@ -75,6 +75,7 @@ from train.contract import (
     PlanRow,
     RunRecord,
     normalize_dir,
+    read_local_runs,
     read_manifest,
     read_plan_csv,
     recorded_overrides,
@@ -94,6 +95,8 @@ OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "interrupted", "refused", "sk
 FAILED = ("oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped")
 MISSING = ("pending", "running")
 """Launched, no result yet: Slurm may still give one."""
+_RECORD_FAILURES = ("oom", "nan", "timeout", "fail")
+"""The outcomes of a run's own record that did not finish: an earlier attempt's, if its job was requeued."""
 NOT_RUN = (*MISSING, "planned")
 """No result, and none is a failure: launched and not finished, or only planned."""
 
@@ -372,9 +375,11 @@ def _parse_json(data: bytes) -> Any:
     return json.loads(data.decode("utf-8"))
 
 
-def read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+def read_records(
+    sweep_dir: Path, warnings: list[str], unreadable: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Every readable result record below sweep_dir, as parsed, with its `run_dir`; a result.json
-    that is not one is left out with one line in warnings."""
+    that is not one is left out with one line in warnings, and why by its run_dir in `unreadable`."""
     records = []
     for root, rel in _result_dirs(sweep_dir):
         path = os.path.join(root, RESULT_FILE)
@@ -382,9 +387,13 @@ def read_records(sweep_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
             record = _parse_json(_read_file(path))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             warnings.append(f"{Path(root) / RESULT_FILE}: not a readable result record ({exc}); ignored")
+            if unreadable is not None and not isinstance(exc, OSError):  # its content, as status reads it
+                unreadable[normalize_dir(rel or ".")] = f"{type(exc).__name__}: {exc}"
             continue
         if not isinstance(record, dict) or "status" not in record:
             warnings.append(f"{Path(root) / RESULT_FILE}: not a result record (no 'status'); ignored")
+            if unreadable is not None:
+                unreadable[normalize_dir(rel or ".")] = "no 'status'"
             continue
         record["run_dir"] = normalize_dir(rel or ".")
         records.append(record)
@@ -899,8 +908,10 @@ def _merge_manifest(
         ours = results["m_dir"].notna() & (
             (results["config_key"] == results["m_record_key"]) | ~_col(results, "overrides", None).map(_is_list)
         )
-        if not ours.all():
-            stale = sorted(results.loc[~ours, "run_dir"])
+        # A directory two entries name (a rerun's, say) merges its record with both: stale only when
+        # it is neither's.
+        stale = sorted(set(results.loc[~ours, "run_dir"]) - set(results.loc[ours, "run_dir"]))
+        if stale:
             shown = ", ".join(stale[:5]) + (", ..." if len(stale) > 5 else "")
             warnings.append(
                 f"{len(stale)} {RESULT_FILE} file(s) belong to no config of the manifest (another sweep's "
@@ -911,7 +922,8 @@ def _merge_manifest(
         # The job's real shape beats anything derived from the record.
         results["nodes"] = results["m_nodes"].fillna(results["nodes"])
         parts.append(results.drop(columns=["m_nodes"]))
-    done = set(results["run_dir"]) if not results.empty else set()
+    # By config, not directory: an entry whose directory holds another config's record has none.
+    done = set(results["manifest_index"]) if not results.empty else set()
     plan_by_key = _latest_plan_rows(plan).set_index("config_key") if not plan.empty else None
 
     def _plan_values(keys: pd.Series) -> pd.DataFrame:
@@ -923,12 +935,13 @@ def _merge_manifest(
 
     skipped = man[man["m_status"] == "skipped"]
     # A result.json in a refused config's directory is an older run's: that row already stands.
-    refused = man[(man["m_status"] == "refused") & ~man["m_dir"].isin(done)]
+    unrecorded = ~man["manifest_index"].isin(done)
+    refused = man[(man["m_status"] == "refused") & unrecorded]
     # Stopped by Ctrl-C before it started (a local sweep): it never ran, and will not unless rerun.
-    interrupted = man[(man["m_status"] == "interrupted") & ~man["m_dir"].isin(done)]
+    interrupted = man[(man["m_status"] == "interrupted") & unrecorded]
     # Killed on this machine before its record (the local launcher saw its process end).
-    killed = man[(man["m_status"] == "failed") & ~man["m_dir"].isin(done)]
-    pending = man[man["m_status"].isin(("submitted", "exported")) & ~man["m_dir"].isin(done)]
+    killed = man[(man["m_status"] == "failed") & unrecorded]
+    pending = man[man["m_status"].isin(("submitted", "exported")) & unrecorded]
     for rows, outcome in ((skipped, "skipped"), (refused, "refused"), (interrupted, "interrupted"), (killed, "fail"),
                           (pending, "pending")):  # fmt: skip
         if rows.empty:
@@ -952,19 +965,51 @@ def _merge_manifest(
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str]) -> pd.DataFrame:
+def _not_yet_recorded(sweep_dir: Path, df: pd.DataFrame, unreadable: Mapping[str, str]) -> pd.DataFrame:
+    """The launched configs without a record that `status` knows more of than "pending": one whose
+    result.json cannot be read (written whole or not at all, so damaged since: its run has ended,
+    failed, unless Slurm says its job lives on: _apply_queue), and a local launch's, by its launcher's
+    file (launchers.status.local_run_state: running, or failed or interrupted once it was killed)."""
+    if df.empty:
+        return df
+    waiting = (df["source"] == "manifest") & (df["outcome"] == "pending")
+    damaged = waiting & df["run_dir"].isin(unreadable)
+    if damaged.any():
+        df.loc[damaged, "outcome"] = "fail"
+        df.loc[damaged, "reason"] = [f"{d}/{RESULT_FILE} cannot be read ({unreadable[d]})" for d in df.loc[damaged, "run_dir"]]
+    local = waiting & ~damaged & (df["job_id"].fillna("") == "")
+    if local.any() and read_local_runs(sweep_dir):
+        from launchers.status import local_launchers, local_run_state  # Hydra's import: only where asked
+
+        launchers = local_launchers(sweep_dir)
+        outcome = {"running": "running", "pending": "pending", "failed": "fail", "interrupted": "interrupted"}
+        for i in df.index[local]:
+            index = int(df.at[i, "manifest_index"])
+            if index in launchers:
+                state, detail = local_run_state(launchers[index], index)
+                df.at[i, "outcome"], df.at[i, "reason"] = outcome[state], detail
+    return df
+
+
+def _apply_queue(
+    df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str], unreadable: Mapping[str, str]
+) -> pd.DataFrame:
     """Missing runs' outcomes from Slurm's queue: running, still pending, or ended without a record;
-    and a `timeout` record's job that Slurm says was cancelled or preempted: scancel and a preemption
-    send the SIGTERM a time limit sends, and such a run needs no longer time limit (as `status` says)."""
+    a `timeout` record's job that Slurm says was cancelled or preempted: scancel and a preemption
+    send the SIGTERM a time limit sends, and such a run needs no longer time limit; and a failed
+    record whose job waits to run again: an earlier attempt's (as launchers.status.classify says)."""
     with_job = df["job_id"].fillna("") != ""
     missing = df["outcome"].isin(MISSING) & with_job
     stopped = (df["outcome"] == "timeout") & with_job
-    if not (missing | stopped).any():
+    recorded = (df["source"] == "result") & df["outcome"].isin(_RECORD_FAILURES) & with_job
+    # Failed for a record that cannot be read (_not_yet_recorded): unless Slurm says the job lives on.
+    damaged = (df["source"] == "manifest") & (df["outcome"] == "fail") & df["run_dir"].isin(unreadable) & with_job
+    if not (missing | recorded | damaged).any():
         return df
     states: Mapping[str, str] = {}
     if queue is not None:
         try:
-            states = queue(sorted(set(df.loc[missing | stopped, "job_id"])))
+            states = queue(sorted(set(df.loc[missing | recorded | damaged, "job_id"])))
         except Exception as exc:  # the queue is advice: never lose the analysis over it
             warnings.append(f"Slurm queue not read ({exc}); pending runs' states unknown")
     if not states:
@@ -976,9 +1021,12 @@ def _apply_queue(df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str
         df.loc[cancelled, "queue_state"] = slurm[cancelled]
         df.loc[cancelled, "outcome"] = "fail"
         df.loc[cancelled, "reason"] = why[cancelled] + "; " + df.loc[cancelled, "reason"].fillna("").astype(str)
-    # Requeued after it was stopped (preempted, a node failure): the record is the last attempt's, and
-    # the run goes on (running, or pending again), as `status` says.
-    requeued = stopped & slurm.map(lambda s: bool(s) and is_live(s))
+    # Requeued (preempted, a node failure, by hand): the record is the last attempt's, and the run goes
+    # on, as `status` says: pending again whatever the record says; running only after a stopped attempt
+    # (`timeout`): any other record of a running job is this attempt's, written just before its end.
+    live = slurm.map(lambda s: bool(s) and is_live(s))
+    requeued = (stopped & live) | (recorded & live & ~slurm.map(lambda s: bool(s) and is_running(s)))
+    requeued = requeued | (damaged & live)
     if requeued.any():
         df.loc[requeued, "reason"] = "requeued; the last attempt's record: " + df.loc[requeued, "reason"].fillna("").astype(str)
         missing = missing | requeued
@@ -1008,7 +1056,8 @@ def load_sweep_dir(
     sweep_dir: Path, *, label: str, queue: QueueLookup | None, warnings: list[str]
 ) -> pd.DataFrame:
     """The rows of one sweep directory (empty frame when it holds nothing the analysis reads)."""
-    results = _records_frame(read_records(sweep_dir, warnings))
+    unreadable: dict[str, str] = {}
+    results = _records_frame(read_records(sweep_dir, warnings, unreadable))
     plan_path = sweep_dir / PLAN_FILE
     plan = _plan_frame(plan_path, warnings) if plan_path.is_file() else pd.DataFrame()
     man_path = sweep_dir / MANIFEST_FILE
@@ -1019,6 +1068,7 @@ def load_sweep_dir(
             raise AnalysisError(f"bad manifest: {exc}") from None
         plan = _manifest_plan(sweep_dir, entries, plan, warnings)
         df = _merge_manifest(results, plan, entries, warnings)
+        df = _not_yet_recorded(sweep_dir, df, unreadable)
     else:
         parts = [results]
         if not plan.empty:
@@ -1043,7 +1093,7 @@ def load_sweep_dir(
     # such row of a sweep would be one layout, its runs pooled.
     unknown = (_join_str(df, ("dp", "tp", "pp")) == "||").to_numpy()
     df["layout_key"] = key.where(~unknown, "")
-    return _apply_queue(df, queue, warnings)
+    return _apply_queue(df, queue, warnings, unreadable)
 
 
 def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = read_states) -> Sweeps:

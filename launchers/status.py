@@ -269,7 +269,7 @@ def sweep_status(
     elsewhere = _launched_elsewhere(sweep_dir)
     rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
     refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
-    local = _local_launchers(sweep_dir)
+    local = local_launchers(sweep_dir)
     out = []
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
@@ -340,7 +340,7 @@ def _alive(run: LocalRun) -> bool:
     return True
 
 
-def _local_launchers(sweep_dir: Path) -> dict[int, LocalRun]:
+def local_launchers(sweep_dir: Path) -> dict[int, LocalRun]:
     """The LocalRun that speaks for each config index its files list. A SIGKILLed launcher leaves its
     file, so a config rerun since is listed by the dead one's and by the rerun's: a live launcher wins
     (one on another host taken at its word, as in local_run_state), then the latest started (None:

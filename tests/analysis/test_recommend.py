@@ -18,6 +18,7 @@ from analysis.recommend import (
     format_recommendations,
     left_out,
     recommend,
+    recommendation_text,
     unqualified,
 )
 from analysis.records import load_sweeps
@@ -581,3 +582,21 @@ def test_without_whole_nodes_or_a_license_the_advice_is_whole_nodes(tmp_path: Pa
     (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "t", _noisy(None))], queue=None).table)
     assert "on whole nodes (cluster.exclusive=true)" in _lines(rec, "- to decide:")[0]
     assert "it had asked for whole nodes (cluster.exclusive=true)" in _lines(rec, "- the best shared its nodes")[0]
+
+
+def test_configs_whose_work_is_not_known_yet_are_said_not_compared(tmp_path: Path) -> None:
+    # A launched sweep has no plan.csv: a config still pending (or ended without a record) has no model
+    # or global batch, so no work group held it, and the one finished run read as the only candidate.
+    sweep = build_sweep(tmp_path / "sweep")
+    (sweep / "plan.csv").unlink()
+    df = load_sweeps([sweep], queue=None).table
+    text = recommendation_text(df, recommend(df))
+    assert text.endswith(
+        "Not compared: 1 config(s) whose work (model, global batch) nothing read here says: no record and no plan "
+        "row (1 pending). Once they write their records, the analysis compares them; a dry run of the sweep's "
+        "configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
+    ), text
+    # With the plan, the pending config is in its work's group, counted there, and nothing is left over.
+    placed = load_sweeps([build_sweep(tmp_path / "planned")], queue=None).table
+    text = recommendation_text(placed, recommend(placed))
+    assert "Not compared" not in text and "1 still pending or running" in text

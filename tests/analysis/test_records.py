@@ -53,6 +53,7 @@ from train.contract import (
     RESULT_FILE,
     ManifestEntry,
     join_overrides,
+    read_manifest,
     write_json_atomic,
     write_manifest,
     write_plan_csv,
@@ -194,8 +195,9 @@ def test_queue_states_mark_running_and_ended_jobs(sweep: Path) -> None:
         return {"1000_0": "RUNNING", "1000_2": "OUT_OF_MEMORY"}
 
     df = load_sweeps([sweep], queue=queue).table.set_index("run_dir")
-    # The missing runs' jobs, and the one whose record says timeout (cancelled or preempted, maybe).
-    assert asked == [["1000_0", "1000_10", "1000_2", "1000_8"]]
+    # The missing runs' jobs, and those whose record says they failed (requeued, maybe: then the record
+    # is an earlier attempt's) or timed out (cancelled or preempted, maybe).
+    assert asked == [["1000_0", "1000_10", "1000_2", "1000_5", "1000_6", "1000_7", "1000_8"]]
     assert df.loc["runs/0", "outcome"] == "running"
     # A job Slurm ended without result.json is a failure of the kind Slurm names, not 'pending' forever.
     assert df.loc["runs/2", "outcome"] == "oom" and "OUT_OF_MEMORY" in df.loc["runs/2", "reason"]
@@ -208,9 +210,17 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     data = fixture()
     for run in data["runs"][:4]:
         run.update(status="timeout", message="received SIGTERM")
+    # Any record of a job waiting to run again is an earlier attempt's (status says pending: it read fail);
+    # a running job's failed record other than a stop is this attempt's, written just before its end.
+    data["runs"][4].update(status="error", message="NCCL communicator aborted")
+    data["runs"][5].update(status="oom", message="CUDA out of memory")
     build_sweep(sweep, data)
-    states = {"1000_0": "CANCELLED by 0", "1000_1": "TIMEOUT", "1000_2": "RUNNING", "1000_3": "PENDING"}
+    states = {"1000_0": "CANCELLED by 0", "1000_1": "TIMEOUT", "1000_2": "RUNNING", "1000_3": "PENDING",
+              "1000_4": "PENDING (BeginTime)", "1000_5": "RUNNING"}  # fmt: skip
     df = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids if i in states}).table.set_index("run_dir")
+    assert (df.loc["runs/4", "outcome"], df.loc["runs/4", "queue_state"]) == ("pending", "PENDING (BeginTime)")
+    assert df.loc["runs/4", "reason"] == "requeued; the last attempt's record: NCCL communicator aborted"
+    assert df.loc["runs/5", "outcome"] == "oom"
     assert (df.loc["runs/0", "outcome"], df.loc["runs/0", "reason"]) == (
         "fail", "cancelled (Slurm state CANCELLED), not a time limit; received SIGTERM"
     )
@@ -219,12 +229,35 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     assert df.loc["runs/3", "reason"] == "requeued; the last attempt's record: received SIGTERM"
 
 
+def test_a_config_whose_directory_holds_another_configs_record_is_still_listed(sweep: Path) -> None:
+    # A rerun given another config's directory (before 441da53): the config whose directory it was lost
+    # its row, neither ok nor pending, and the record that was counted was called "belonging to no config".
+    entries = read_manifest(sweep)
+    other = dataclasses.replace(entries[0], index=99, overrides=("training.lr=0.5",), job_id="1000_99")
+    write_manifest([*entries, other], sweep / "manifest.jsonl")
+    loaded = load_sweeps([sweep], queue=None)
+    rows = loaded.table.set_index("manifest_index")
+    assert len(rows) == len(entries) + 1
+    assert rows.loc[0, "outcome"] == "ok" and rows.loc[99, "outcome"] == "pending"
+    assert not any("belong to no config" in w for w in loaded.warnings), loaded.warnings
+
+
 def test_corrupt_record_is_a_warning(sweep: Path) -> None:
     (sweep / "runs" / "0" / "result.json").write_text("{not json")
     loaded = load_sweeps([sweep], queue=None)
     assert any("runs/0/result.json" in w for w in loaded.warnings)
-    # Its config is then missing: submitted in the manifest, no readable result.
-    assert loaded.table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
+    # Written whole or not at all, a record that cannot be read was damaged after its run ended: failed,
+    # as `status` says (it read "pending", as if the run were still to write it).
+    row = loaded.table.set_index("run_dir").loc["runs/0"]
+    assert row["outcome"] == "fail" and row["reason"].startswith("runs/0/result.json cannot be read (JSONDecodeError: ")
+    # Unless Slurm says its job lives on (requeued): then it waits, or runs, again.
+    for state, outcome in (("PENDING (BeginTime)", "pending"), ("RUNNING", "running"), ("COMPLETED", "fail")):
+
+        def queue(ids: Sequence[str], state: str = state) -> dict[str, str]:
+            return dict.fromkeys(ids, state)
+
+        table = load_sweeps([sweep], queue=queue).table.set_index("run_dir")
+        assert table.loc["runs/0", "outcome"] == outcome, state
 
 
 def test_an_empty_result_file_or_a_directory_of_its_name_is_a_warning(sweep: Path) -> None:

@@ -177,8 +177,17 @@ def test_a_live_local_launcher_outranks_the_file_a_killed_one_left(tmp_path: Pat
     assert local_run_path(tmp_path, host, dead.pid).name > local_run_path(tmp_path, host, live.pid).name
     [status] = sweep_status(tmp_path, slurm_states={})
     assert status.state == "running" and status.detail.endswith(f"local launcher, pid {os.getpid()}"), status
+    # The analysis says what status says (it read "pending" for either: it asked Slurm only).
+    from analysis.records import load_sweeps
+
+    def analysed() -> tuple[str, str]:
+        (row,) = load_sweeps([tmp_path], queue=None).table.itertuples()
+        return row.outcome, row.reason
+
+    assert analysed() == ("running", status.detail)
     local_run_path(tmp_path, host, live.pid).unlink()
     assert [s.state for s in sweep_status(tmp_path, slurm_states={})] == ["failed"]  # the dead one alone
+    assert analysed() == ("fail", "its local launcher, pid 99999999, ended without the config's result.json (killed?)")
 
 
 def status_table(sweep_dir: Path) -> str:
