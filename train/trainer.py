@@ -217,18 +217,22 @@ def _write_unless_kept(
     run finished (the same command run again) or because the checkpoint directory was refused (another
     run's: other layout, model or batch, or unreadable). Either record would replace the figures that
     run measured (sec/it, MFU, memory) with one that measured nothing; the measured one is kept and
-    returned, and stderr says so. A record without figures (an attempt stopped after its last
-    checkpoint, say) is replaced as before."""
+    returned, and stderr says so. Refused, the attempt keeps any `ok` record, figures or not (a resume
+    whose few iterations were all warm-up measured none): an `error` that trained nothing said the run
+    that had finished had failed. Any other record (an attempt stopped after its last checkpoint, say)
+    is replaced as before."""
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
 
     finished = record["status"] == "ok" and progress.resumed_from_step is not None
     refused = isinstance(failure, CheckpointMismatch)
     if (finished or refused) and not progress.iterations:
         earlier = read_record(path)
-        if earlier is not None and earlier.get("status") == "ok" and earlier.get("sec_per_iter") is not None:
+        measured = earlier is not None and earlier.get("sec_per_iter") is not None
+        if earlier is not None and earlier.get("status") == "ok" and (measured or refused):
             why = "the run had finished already" if finished else "this attempt was refused before training"
-            print(f"warning: {why}: the finished run's record, with its measured figures, is kept ({path}); "
-                  "nothing was trained", file=sys.stderr, flush=True)  # fmt: skip
+            figures = ", with its measured figures," if measured else ""
+            print(f"warning: {why}: the finished run's record{figures} is kept ({path}); nothing was trained",
+                  file=sys.stderr, flush=True)  # fmt: skip
             return earlier
     write_json_atomic(path, record)
     return record
