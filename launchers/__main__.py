@@ -213,15 +213,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rerun: nothing was resubmitted: sbatch refused {len(refused)} config(s) (the reasons are above); "
               f"python -m launchers rerun --failed {args.sweep_dir} tries again once the cause is fixed", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
-    if all(e.status == "skipped" for e in entries):
-        # As a launch whose every config is infeasible: bad input, and the failures still stand.
-        print(
-            f"rerun: nothing was resubmitted: every changed config is infeasible (the rules' reasons are above); "
-            f"the failed configs stay failed. Change other fields: python -m launchers rerun --failed "
-            f"{args.sweep_dir} <field=value ...>",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     here = {e.index for e in entries if e.status == "submitted" and e.job_id is None}
     if here:
         # A local sweep's configs ran to the end before this returns: say whether they failed again.

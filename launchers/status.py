@@ -45,8 +45,8 @@ rules as a launch does, under a new index (after the last one) and in its own di
 manifest entry names the config it reruns (`rerun_of`). The failed config stays in the sweep as
 it was, but a later `rerun --failed` leaves it alone and `status` no longer counts it as a
 failure: its rerun stands for it. A changed config the rules refuse is recorded `skipped` and stands
-for nothing (it never runs): the failed config stays failed, and `rerun` exits EXIT_USAGE when none
-of its changed configs was submitted.
+for nothing (it never runs): the failed config stays failed. When the rules refuse every changed
+config, nothing is written and `rerun` exits EXIT_USAGE.
 
 Torch-free.
 """
@@ -79,7 +79,7 @@ from launchers.submit import (
     save_launch_file,
     submit_configs,
 )
-from launchers.sweepdir import next_index, sweep_lock
+from launchers.sweepdir import UsageError, next_index, sweep_lock
 from train.contract import (
     ATTEMPT_RECORD_GLOB,
     LOG_FILE,
@@ -488,6 +488,8 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_o
         # config directories, sbatch options, or Slurm and this machine.
         groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
         groups = [(settings, mine) for settings, mine in groups if mine]
+        if overrides:
+            _refuse_if_none_feasible(sweep_dir, groups, overrides)
         # Every launch's configs are judged before any is renamed or queued: a second launch's refused
         # after the first's were queued made "Nothing was submitted" untrue. Changed ones as they will be
         # planned, named by the failed config each reruns.
@@ -598,6 +600,24 @@ def _rerun_changed(
     )
     write_manifest(merge_entries(known, traced(submission.entries)), path)
     return sorted([*traced(skipped), *traced(submission.entries)], key=lambda e: e.index), []
+
+
+def _refuse_if_none_feasible(
+    sweep_dir: Path, groups: Sequence[tuple[LaunchSettings, Sequence[ConfigSpec]]], changes: Sequence[str]
+) -> None:
+    """UsageError, before anything is written, when the rules refuse every failed config with
+    `changes`: recorded `skipped`, each try of such a rerun added the same refused configs again."""
+    refused = []
+    for settings, mine in groups:
+        planned, skipped = _changed_specs(mine, settings, changes, first=0)
+        if planned:
+            return
+        refused += [f"config {mine[e.index].index} with {' '.join(changes)}: {e.reason}" for e in skipped]
+    raise UsageError(
+        f"every changed config is infeasible, so nothing was resubmitted or written, and the failed configs "
+        f"stay failed: {'; '.join(refused)}. Change other fields: python -m launchers rerun --failed {sweep_dir} "
+        "<field=value ...>"
+    )
 
 
 def _changed_specs(

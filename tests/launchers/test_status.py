@@ -523,19 +523,25 @@ def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_pa
         return subprocess.run([sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
                               cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
 
-    # tp=3 divides none of the model's widths: the changed config is refused by the rules, nothing runs.
-    refused = rerun("parallelism.tp=3")
-    assert refused.returncode == EXIT_USAGE, refused.stdout + refused.stderr
-    assert "rerun: config 1 (rerun of config 0): skipped: infeasible" in refused.stdout
-    assert "nothing was resubmitted" in refused.stderr and "Traceback" not in refused.stderr
+    # tp=3 divides none of the model's widths: the changed config is refused by the rules, nothing runs,
+    # and nothing is written (each such try added the refused config to the manifest again).
+    manifest = (sweep_dir / "manifest.jsonl").read_bytes()
+    for _ in range(2):
+        refused = rerun("parallelism.tp=3")
+        assert refused.returncode == EXIT_USAGE, refused.stdout + refused.stderr
+        assert refused.stderr.startswith("error: every changed config is infeasible, so nothing was resubmitted or "
+                                         "written, and the failed configs stay failed: config 0 with parallelism.tp=3: "
+                                         "infeasible"), refused.stderr  # fmt: skip
+        assert "[heads_divisible_by_tp]" in refused.stderr and "Traceback" not in refused.stderr
+        assert (sweep_dir / "manifest.jsonl").read_bytes() == manifest
     statuses = sweep_status(sweep_dir, slurm_states={})
-    assert [s.state for s in statuses] == ["failed", "skipped"]
+    assert [s.state for s in statuses] == ["failed"]
     # The failure still stands: status exits non-zero on it, and the next rerun takes it again.
     assert [s.index for s in unresolved_failures(statuses)] == [0]
     table = status_cli(str(sweep_dir))
     assert table.returncode == EXIT_FAILED and "1 configs failed" in table.stderr, table.stdout + table.stderr
     again = rerun("training.lr=1e-3")
-    assert "rerun: config 2 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
+    assert "rerun: config 1 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
 
 
 def test_a_changed_rerun_never_writes_into_another_configs_directory(tmp_path: Path) -> None:
