@@ -36,9 +36,9 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.submit import refuse_empty_sweep
+from launchers.submit import check_output_dirs, refuse_empty_sweep, subdir_namer
 from launchers.sweepdir import UsageError
-from train.contract import PLAN_FILE, PlanRow, join_overrides, read_plan_csv, write_plan_csv
+from train.contract import PLAN_FILE, ManifestEntry, PlanRow, join_overrides, read_plan_csv, write_plan_csv
 from train.planner.plan import (
     RuleCount,
     format_plan_table,
@@ -278,8 +278,13 @@ class PlanLauncher(SweepLauncher):
             self.rows = read_plan_csv(csv_file)
         if self._first_index is None:  # a sweep's first batch; a later one is never empty
             refuse_empty_sweep(job_overrides)
-        self.first_index(sweep_dir)
+        first = self.first_index(sweep_dir) + initial_job_idx
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
+        if (namer := subdir_namer(self.config, composer)) is not None:
+            # As the slurm and local launchers name and check them: a dry run that passes launches.
+            check_output_dirs(
+                [ManifestEntry(first + i, tuple(o), namer(first + i, o), "submitted") for i, o in enumerate(job_overrides)]
+            )
         rows, plan_seconds = plan_sweep(
             composer,
             job_overrides,

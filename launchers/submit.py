@@ -289,8 +289,8 @@ def subdir_namer(config: DictConfig, composer: FastComposer) -> SubdirNamer | No
                 cfg.hydra.sweep.subdir = template
             value = str(cfg.hydra.sweep.subdir)
         except OmegaConfBaseException as exc:
-            # Compact: Hydra prints the message alone, as for a composition error, not a traceback.
-            raise CompactHydraException(
+            # One paragraph and exit 2 (launchers.compose.usage_exits), as for any input refused.
+            raise UsageError(
                 f"hydra.sweep.subdir={template!r} does not resolve for config {index} "
                 f"({' '.join(overrides) or 'no overrides'}): {str(exc).splitlines()[0]}. "
                 "The launcher names each output directory before the job is queued, from "
@@ -308,12 +308,12 @@ def _checked_subdir(template: str, index: int, value: str) -> str:
     path = normalize_dir(value)
     parts = path.split("/")
     if not value.strip() or path == "." or Path(value).is_absolute() or ".." in parts:
-        raise CompactHydraException(
+        raise UsageError(
             f"{where}: an output directory must be a relative path below hydra.sweep.dir "
             "(not empty, not absolute, no '..')"
         )
     if any(p.startswith(".") for p in parts):
-        raise CompactHydraException(
+        raise UsageError(
             f"{where}: a directory starting with '.' is hidden from the analysis (and {STATE_DIR}, "
             f"{SUBMITIT_DIR}, {SLURM_LOG_DIR} are the launcher's own); name it without a leading dot"
         )
@@ -321,12 +321,13 @@ def _checked_subdir(template: str, index: int, value: str) -> str:
 
 
 def check_output_dirs(configs: Sequence[ConfigSpec | ManifestEntry]) -> None:
-    """Raise HydraException when two configs would write the same output directory."""
+    """Raise UsageError (bad input: exit 2, nothing written) when two configs would write the same
+    output directory."""
     seen: dict[str, int] = {}
     for c in configs:
         other = seen.setdefault(c.output_dir, c.index)
         if other != c.index:
-            raise CompactHydraException(
+            raise UsageError(
                 f"hydra.sweep.subdir gives configs {other} and {c.index} the same output directory "
                 f"{c.output_dir!r}: their results would overwrite each other. Put something that "
                 "differs between them in it, e.g. ${hydra.job.num} or ${hydra.job.override_dirname}"

@@ -41,6 +41,16 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def test_a_dry_run_refuses_configs_that_would_share_an_output_directory(tmp_path: Path) -> None:
+    # The launch refuses a subdir that names two configs' directories alike; the dry run passed it.
+    for launcher in ("plan", "local"):
+        proc = run_train("-m", "hydra.sweep.subdir=${parallelism.micro_batch_size}", "training.lr=1e-4,3e-4",
+                         f"hydra/launcher={launcher}", f"hydra.sweep.dir={tmp_path / launcher}")  # fmt: skip
+        assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("error: hydra.sweep.subdir gives configs 0 and 1 the same output directory "), proc.stderr
+        assert not (tmp_path / launcher).exists()  # nor its multirun.yaml
+
+
 def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = run_train(

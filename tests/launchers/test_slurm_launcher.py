@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hydra.errors import HydraException
 from omegaconf import open_dict, read_write
 
 from conf import CONFIG_DIR
@@ -31,6 +30,7 @@ from launchers.submit import (
     subdir_namer,
     submit_configs,
 )
+from launchers.sweepdir import UsageError
 from train.contract import EXIT_REQUEUE, EXIT_USAGE, ManifestEntry, read_manifest
 
 if TYPE_CHECKING:
@@ -241,7 +241,8 @@ def test_sweep_subdir_is_resolved_per_config_and_checked(tmp_path: Path) -> None
         ".${hydra.job.num}": "hidden",
     }
     for template, message in cases.items():
-        with pytest.raises(HydraException, match=re.escape(message)) as info:
+        # Bad input: one paragraph and exit 2 (usage_exits); a HydraException exited 1, a run's failure.
+        with pytest.raises(UsageError, match=re.escape(message)) as info:
             plan_configs(composer, jobs, 0, subdir=namer(template))
         assert "hydra.sweep.subdir" in str(info.value)
 
