@@ -109,7 +109,13 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
     from train.checkpoint import CheckpointMismatch
     from train.data import DataFileError
-    from train.trainer import TrainingPreempted, TrainingTimeout, record_interruption, run_training
+    from train.trainer import (
+        TrainingDiverged,
+        TrainingPreempted,
+        TrainingTimeout,
+        record_interruption,
+        run_training,
+    )
 
     try:
         return run_training(run, output_dir=output_dir, overrides=overrides)
@@ -139,6 +145,13 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # SIGTERM without a checkpoint: the record says `timeout`; the signal's status, not a traceback.
         print(f"timeout: {stopped} (record: {output_dir / RESULT_FILE})", file=sys.stderr)
         sys.exit(EXIT_TERMINATED)
+    except TrainingDiverged as diverged:
+        if multirun:
+            raise
+        # An outcome of training the record says (`nan`), not a fault in megasweep: one line, as the
+        # timeout's, where Hydra printed a traceback (once per config of a local sweep).
+        print(f"nan: {diverged}", file=sys.stderr)  # its words end with the record's path
+        sys.exit(EXIT_FAILED)
 
 
 def _refuse(message: str, hydra_cfg: Any, *, lone: bool = True) -> NoReturn:
@@ -393,11 +406,17 @@ def run_interruptibly(command: Callable[[], object]) -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-if __name__ == "__main__":
+def _checked_main() -> None:
+    """main, after the checks of the command line that need no composition."""
     if (unknown := check_override_keys(sys.argv[1:])) is not None:
         print(f"error: {unknown}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     if (unwritable_run_dir := check_run_dir(sys.argv[1:])) is not None:
         print(f"error: {unwritable_run_dir}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    run_interruptibly(main)
+    main()
+
+
+if __name__ == "__main__":
+    # The checks too: Ctrl-C while they read the config schema printed a KeyboardInterrupt traceback.
+    run_interruptibly(_checked_main)

@@ -351,6 +351,21 @@ def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Pat
         assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]
 
 
+def test_a_run_whose_loss_turns_nan_is_one_line_and_a_record(tmp_path: Path) -> None:
+    # Training's own outcome, recorded `nan`: Hydra printed a traceback for it, once per config of a sweep.
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "training.lr=1e30", "training.grad_clip=0", "training.train_iters=4",
+         "training.warmup_iters=1", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("nan: loss or gradient norm became NaN/inf at iteration "), proc.stderr[-2000:]
+    assert last.endswith(f"; training stopped (record: {tmp_path / 'run' / RESULT_FILE})"), last
+    record = read_record(tmp_path / "run" / RESULT_FILE)
+    assert record is not None and record["status"] == "nan"
+
+
 def test_a_uint32_token_file_read_as_uint16_is_one_line_and_a_record(tmp_path: Path) -> None:
     # Refused as the file is opened, before the first step, like a file that cannot be read.
     path = tmp_path / "tokens.bin"
