@@ -186,7 +186,8 @@ def _why_nothing_ranked(result: SearchResult, run: RunConfig) -> str:
             f"search.zero_stages={list(search.zero_stages)} leaves no layout to try (a ZeRO stage above 0 "
             "needs dp > 1, so one device takes stage 0): add 0 to search.zero_stages, or more nodes"
         )
-    return (
-        f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example); "
-        f"search.nodes={list(search.nodes)}: more nodes give each layout more devices"
-    )
+    tried = f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example)"
+    if "memory" in result.rejected:
+        return f"{tried}; search.nodes={list(search.nodes)}: more nodes give each layout more devices"
+    # Divisibility, batch and shape rules: more devices do not help (a larger dp divides the batch less).
+    return f"{tried}; change the values those rules name (the search.* lists, the global batch, the model)"

@@ -271,14 +271,18 @@ def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
         most_gpus = max(n.gpus for n in part.nodes)
         per_node = max(1, (most_gpus if a.gpus_per_node else most_cpus // max(1, o.cpus_per_task)))
         limit = f", MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < fit else ""
+        if not a.gpus_per_node and o.cpus_per_task > most_cpus:
+            # One task is already more than a node: fewer devices per node would not help.
+            fix = f"Set cluster.cpus_per_task to at most {most_cpus} (a node's CPUs here)"
+        else:
+            fix = f"Use fewer devices, set hardware.devices_per_node to what a node runs (at most {per_node} here)"
         raise SiteOptionError(
             f"A job of {a.nodes} node(s) x {a.tasks_per_node} task(s) x cluster.cpus_per_task={o.cpus_per_task} "
             f"CPU(s){f' and {a.gpus_per_node} GPU(s)' if a.gpus_per_node else ''} per node ({a.tasks} devices: "
             f"dp x tp x pp, placed hardware.devices_per_node to a node) cannot start in partition {name!r}: "
             f"{fit} of its {len(part.nodes)} nodes hold {cpus} CPUs{f' and {a.gpus_per_node} GPUs' if a.gpus_per_node else ''}"
-            f"{limit} (the largest has {most_cpus} CPUs, {most_gpus} GPUs). Nothing was submitted. Use fewer "
-            f"devices, set hardware.devices_per_node to what a node runs (at most {per_node} here), or choose "
-            f"another partition (cluster.partition; partitions: {', '.join(sorted(partitions))})."
+            f"{limit} (the largest has {most_cpus} CPUs, {most_gpus} GPUs). Nothing was submitted. {fix}, or "
+            f"choose another partition (cluster.partition; partitions: {', '.join(sorted(partitions))})."
         )
 
 

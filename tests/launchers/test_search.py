@@ -74,6 +74,10 @@ def test_a_search_that_cannot_be_run_as_asked_says_what_to_change(tmp_path: Path
     big = run_train("-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "model=gpt3_175b", "hardware=a100_80gb",
                     "parallelism.global_batch_size=512", "search.nodes=[1]", f"hydra.sweep.dir={tmp_path / 'b'}")  # fmt: skip
     assert big.returncode == EXIT_USAGE and "more nodes give each layout more devices" in big.stderr, big.stderr
+    # A micro-batch no global batch takes: more nodes cannot help, and are not offered.
+    odd = search("m", "search.nodes=[1]", "search.micro_batch_sizes=[3]")
+    assert odd.returncode == EXIT_USAGE and "[global_batch_divisible]" in odd.stdout, odd.stdout + odd.stderr
+    assert "more nodes" not in odd.stderr and "change the values those rules name" in odd.stderr, odd.stderr
     # hydra.launcher.world_size fixed the devices the launcher planned on: it refused the search's top 3.
     world = search("w", "search.nodes=[1,2]", "hydra.launcher.world_size=8")
     assert world.returncode == EXIT_USAGE and "leave hydra.launcher.world_size out" in world.stderr, world.stderr
@@ -112,6 +116,8 @@ def test_a_swept_value_and_an_unpredictable_hardware_are_refused(tmp_path: Path)
                     f"hydra.sweep.dir={tmp_path / 'b'}")
     assert cpu.returncode == EXIT_USAGE  # nothing the input allows can be ranked
     assert "found nothing to rank" in cpu.stderr and "measures its peak" in cpu.stderr
+    # Its figures alone were ignored while peak_measured=true: the hint says to turn it off, and what else.
+    assert "with hardware.peak_measured=false: its peak_tflops_*, memory_bw_gbs and intra_node_bw_gbs" in cpu.stderr
     # Refused, it leaves nothing: a search.csv left there made the same search, asked again, "already held".
     assert not (tmp_path / "b").exists()
     # The time model's own reason, not a guess at a missing figure.

@@ -3,6 +3,7 @@ queues nothing, or has configs refused, fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -143,6 +144,13 @@ def test_without_a_partition_the_default_ones_nodes_count(slurm_cluster: SlurmCl
         check_site_shapes([key])
     check_site_shapes([ArrayKey(Allocation(nodes=len(slurm_cluster.nodes), tasks_per_node=1, gpus_per_node=0,
                                            time_limit_min=1), options)])  # fmt: skip
+    # One task asking for more CPUs than a node has: the fix is cluster.cpus_per_task, not fewer devices
+    # per node (it said "set hardware.devices_per_node ... at most 1", which it was already).
+    greedy = dataclasses.replace(options, cpus_per_task=slurm_cluster.cpus_per_node + 2)
+    with pytest.raises(SiteOptionError) as refused:
+        check_site_shapes([ArrayKey(Allocation(nodes=1, tasks_per_node=1, gpus_per_node=0, time_limit_min=1), greedy)])
+    assert f"Set cluster.cpus_per_task to at most {slurm_cluster.cpus_per_node} (a node's CPUs here)" in str(refused.value)
+    assert "set hardware.devices_per_node to what a node runs" not in str(refused.value)
 
 
 def test_a_job_slurm_would_refuse_is_refused_whole_before_anything_is_queued(

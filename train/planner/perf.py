@@ -202,7 +202,8 @@ def _machine(hw: HardwareConfig, precision: Precision, nodes: int) -> _Machine:
         raise UnknownHardwareFigure(
             f"hardware '{hw.name}' measures its peak at run time (peak_measured=true), so the planner "
             "does not know it; measure this machine with `python -m launchers calibrate` and give the file "
-            "as hardware.calibration, or give its peak_tflops_* and memory_bw_gbs"
+            "as hardware.calibration, or give its figures with hardware.peak_measured=false: its peak_tflops_*, "
+            "memory_bw_gbs and intra_node_bw_gbs (inter_node_bw_gbs too across nodes)"
         )
     peak = _need(peak_tflops(hw, precision), f"peak_tflops_{Precision(precision).value}", hw)
     mem = _need(hw.memory_bw_gbs, "memory_bw_gbs", hw)
