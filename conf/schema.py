@@ -586,6 +586,11 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     return None if ok else f"{key}={value} is not {what}"
 
 
+def takes_dict(key: str) -> bool:
+    """Whether field `key` holds a mapping of the user's own keys (`cluster.env: dict[str, str]`)."""
+    return any(typing.get_origin(a) is dict for a in _union_members(_field_hint(key)))
+
+
 def takes_list(key: str, *, hint: Any = None) -> bool:
     """Whether field `key` (or the annotation `hint`) holds a list (`search.nodes: list[int]`)."""
     hint = _field_hint(key) if hint is None else hint

@@ -69,6 +69,7 @@ from conf.schema import (
     GROUP_SCHEMAS,
     RunConfig,
     register_configs,
+    takes_dict,
     to_field_config,
     to_run_config,
     unknown_override,
@@ -177,6 +178,13 @@ def apply_value_overrides(cfg: DictConfig, overrides: Iterable[Override]) -> Non
                     OmegaConf.update(cfg, key, value, merge=True)
                 except (ConfigAttributeError, ConfigKeyError) as ex:
                     _check_field(key, line)
+                    if takes_dict(key):
+                        # Its keys are the user's: "no such key" read as if the field itself were unknown.
+                        raise ConfigCompositionException(
+                            f"Could not override '{key}' (override '{line}'): {key} is a mapping, and Hydra merges "
+                            f"a plain override into it, refusing keys it does not have yet. Add them with '+': "
+                            f"+{line}"
+                        ) from ex
                     raise ConfigCompositionException(
                         f"Could not override '{key}' (override '{line}'): no such key in the config. "
                         f"To add a new key, use +{line}"

@@ -239,6 +239,14 @@ def test_wrong_type_error_explains_the_type(composer: FastComposer) -> None:
     assert "none, selective, full" in str(error.value.__cause__)
 
 
+def test_a_new_key_of_a_mapping_field_is_told_to_use_plus(composer: FastComposer) -> None:
+    # cluster.env is the user's own mapping: "no such key in the config" read as if cluster.env were unknown.
+    with pytest.raises(HydraException) as error:
+        composer.run_config(["cluster.env={A:'1'}"])
+    assert "cluster.env is a mapping" in str(error.value) and "+cluster.env={A:'1'}" in str(error.value)
+    assert composer.run_config(["+cluster.env={A:'1'}"]).cluster.env == {"A": "1"}
+
+
 def test_compose_returns_the_full_config(composer: FastComposer) -> None:
     cfg = composer.compose(["model=gpt_1.3b", "parallelism.tp=2"])
     assert cfg.model.name == "gpt_1.3b" and cfg.parallelism.tp == 2
