@@ -28,6 +28,7 @@ from tests.launchers.test_slurm_launcher import REPO, TINY, array_of, sweep
 from tests.train.test_main import AS_FROM_A_TERMINAL
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     LOCK_FILE,
@@ -446,25 +447,26 @@ def test_indices_another_launch_took_between_two_batches_are_refused(tmp_path: P
 
 
 def test_two_reruns_at_once_resubmit_a_failed_config_one_after_the_other(tmp_path: Path) -> None:
-    # Both wait for a held lock, then run one after the other: each numbers its changed config after
-    # what the other listed (both are refused by the rules, tp=3 of 2 heads, so nothing trains).
+    # Both wait for a held lock, then run one after the other: the second finds the failed config rerun
+    # already (listed by the first, whose run fails at once on the missing data file) and queues nothing.
     sweep_dir = tmp_path / "sweep"
     failed = train_multirun("training.data_path=/nonexistent.bin", "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}")
     assert failed.returncode != 0 and [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"]
     holder = hold_lock(sweep_dir)
     try:
-        rerun = [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "parallelism.tp=3"]
+        rerun = [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "training.lr=0.001"]
         reruns = waiting_for(holder, tmp_path, rerun, rerun)
         let_go(holder)
+        codes = []
         for proc, err in reruns:
-            proc.wait(timeout=120)
+            codes.append(proc.wait(timeout=120))
             assert "Traceback" not in err.read_text(), err.read_text()
     finally:
         holder.kill()
     entries = read_manifest(sweep_dir)
-    assert [(e.index, e.rerun_of, e.status) for e in entries] == [
-        (0, None, "submitted"), (1, 0, "skipped"), (2, 0, "skipped")
-    ]  # fmt: skip
+    assert [(e.index, e.rerun_of, e.status) for e in entries] == [(0, None, "submitted"), (1, 0, "submitted")]
+    # The first's run failed again (exit 1); the second found nothing left to rerun (exit 0).
+    assert sorted(codes) == [0, EXIT_FAILED], codes
 
 
 def test_ctrl_c_of_an_export_waiting_for_the_lock_ends_it_without_a_traceback(tmp_path: Path) -> None:
