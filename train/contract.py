@@ -897,8 +897,9 @@ def join_overrides(overrides: Iterable[str]) -> str:
     return " ".join(overrides)
 
 
-_GROUPED = re.compile(r"['\"(\[{]")
-"""A character that may group spaces into one override: a quote or an opening bracket."""
+_GROUPED = re.compile(r"['\"(\[{\\]")
+"""A character that may group spaces into one override: a quote, an opening bracket, or the backslash
+of an escaped character (Hydra's sweepers escape a value's spaces and brackets: `my\\ run`)."""
 
 
 def split_overrides(text: str) -> list[str]:
@@ -913,10 +914,10 @@ def split_overrides(text: str) -> list[str]:
     for ch in text:
         if escaped:
             escaped = False
+        elif ch == "\\":
+            escaped = True
         elif quote:
-            if ch == "\\":
-                escaped = True
-            elif ch == quote:
+            if ch == quote:
                 quote = ""
         elif ch in "'\"":
             quote = ch

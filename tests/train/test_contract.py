@@ -210,6 +210,8 @@ def test_a_tool_whose_reader_went_away_exits_141_quietly(tmp_path: Path) -> None
         ["logger.wandb_group='my group'", "+x=\"a b\"", "training.lr=1e-4"],
         ["search.nodes=[1, 2]", "+d={a: 1, b: [2, 3]}", "name=${now:%H %M}", "f=range(1, 5)"],
         ["quote='it\\'s mine'", "~model.dropout", "++k=v"],
+        # As Hydra's basic sweeper rebuilds an unquoted value (escape_special_characters).
+        ["cluster.comment=my\\ run", "x=a\\(b", "y=c\\[d\\]", "z=e\\ \\ f", "model=tiny"],
         [],
     ],
 )
