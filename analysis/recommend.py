@@ -686,17 +686,23 @@ def unknown_work(df: pd.DataFrame) -> str:
     of its configs still ran."""
     if "gbs" not in df.columns or "outcome" not in df.columns:
         return ""
-    kinds = (*MISSING, *FAILED)
-    rows = df[df["gbs"].isna() & df["outcome"].isin(kinds)]
-    if rows.empty:
+    unplaced = df[df["gbs"].isna()]
+    counts = unplaced["outcome"].value_counts()
+    waiting = sum(int(counts.get(o, 0)) for o in MISSING)
+    ended = sum(int(counts.get(o, 0)) for o in FAILED)
+    if not waiting and not ended:
         return ""
-    counts = rows["outcome"].value_counts()
-    listed = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in kinds if o in counts.index)
-    return (
-        f"Not compared: {len(rows)} config(s) whose work (model, global batch) nothing read here says: no record "
-        f"and no plan row ({listed}). Once they write their records, the analysis compares them; a dry run of the "
-        "sweep's configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
-    )
+    listed = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in (*MISSING, *FAILED) if o in counts.index)
+    parts = [f"Not compared: {waiting + ended} config(s) whose work (model, global batch) nothing read here says, "
+             f"with no record and no plan row ({listed})."]  # fmt: skip
+    if waiting:
+        parts.append(
+            "The pending and running ones are compared once they write their records; a dry run of the sweep's "
+            "configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
+        )
+    if ended:
+        parts.append("The others ended, or never ran, without a record: they count for no work.")
+    return " ".join(parts)
 
 
 def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = "", others: Sequence[str] = ()) -> str:

@@ -74,6 +74,7 @@ from train.contract import (
     ManifestError,
     PlanRow,
     RunRecord,
+    join_overrides,
     normalize_dir,
     read_local_runs,
     read_manifest,
@@ -835,7 +836,7 @@ def _manifest_plan(
     composer = FastComposer.from_config_dir(config_dir, config_name)
     for overrides in todo.values():
         try:
-            rows.append(plan_run(composer.run_config(overrides), overrides=" ".join(overrides)))
+            rows.append(plan_run(composer.run_config(overrides), overrides=join_overrides(overrides)))
         except (HydraException, OmegaConfBaseException, OSError, ValueError, TypeError, KeyError) as exc:
             failed.append(str(exc).partition("\n")[0])
     if failed:
@@ -965,19 +966,18 @@ def _merge_manifest(
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _not_yet_recorded(sweep_dir: Path, df: pd.DataFrame, unreadable: Mapping[str, str]) -> pd.DataFrame:
-    """The launched configs without a record that `status` knows more of than "pending": one whose
-    result.json cannot be read (written whole or not at all, so damaged since: its run has ended,
-    failed, unless Slurm says its job lives on: _apply_queue), and a local launch's, by its launcher's
-    file (launchers.status.local_run_state: running, or failed or interrupted once it was killed)."""
-    if df.empty:
-        return df
+def _not_yet_recorded(
+    sweep_dir: Path, df: pd.DataFrame, unreadable: Mapping[str, str], entries: Sequence[ManifestEntry]
+) -> pd.DataFrame:
+    """The launched configs without a record that `status` knows more of than "pending", in the order
+    launchers.status.sweep_status judges them: a local launch's, by its launcher's file (local_run_state:
+    running, or failed or interrupted once it was killed); then one whose result.json cannot be read
+    (written whole or not at all, so damaged since), once its run started: failed, unless Slurm says
+    its job lives on (_apply_queue)."""
+    if df.empty or not {"run_dir", "job_id", "manifest_index"} <= set(df.columns):
+        return df  # plan rows alone (a manifest of no entries yet)
     waiting = (df["source"] == "manifest") & (df["outcome"] == "pending")
-    damaged = waiting & df["run_dir"].isin(unreadable)
-    if damaged.any():
-        df.loc[damaged, "outcome"] = "fail"
-        df.loc[damaged, "reason"] = [f"{d}/{RESULT_FILE} cannot be read ({unreadable[d]})" for d in df.loc[damaged, "run_dir"]]
-    local = waiting & ~damaged & (df["job_id"].fillna("") == "")
+    local = waiting & (df["job_id"].fillna("") == "")
     if local.any() and read_local_runs(sweep_dir):
         from launchers.status import local_launchers, local_run_state  # Hydra's import: only where asked
 
@@ -988,6 +988,18 @@ def _not_yet_recorded(sweep_dir: Path, df: pd.DataFrame, unreadable: Mapping[str
             if index in launchers:
                 state, detail = local_run_state(launchers[index], index)
                 df.at[i, "outcome"], df.at[i, "reason"] = outcome[state], detail
+    if unreadable:
+        # An exported task that has not begun (no job id yet) is pending whatever lies in its directory.
+        started = {e.index for e in entries if e.job_id is not None or e.status == "submitted"}
+        damaged = (
+            (df["source"] == "manifest")
+            & df["outcome"].isin(("pending", "fail"))
+            & df["run_dir"].isin(unreadable)
+            & df["manifest_index"].isin(started)
+        )
+        if damaged.any():
+            df.loc[damaged, "outcome"] = "fail"
+            df.loc[damaged, "reason"] = [f"{d}/{RESULT_FILE} cannot be read ({unreadable[d]})" for d in df.loc[damaged, "run_dir"]]
     return df
 
 
@@ -1026,7 +1038,11 @@ def _apply_queue(
     # (`timeout`): any other record of a running job is this attempt's, written just before its end.
     live = slurm.map(lambda s: bool(s) and is_live(s))
     requeued = (stopped & live) | (recorded & live & ~slurm.map(lambda s: bool(s) and is_running(s)))
-    requeued = requeued | (damaged & live)
+    # A damaged record's job that lives on: as a missing record's, by its state (status reads it so).
+    revived = damaged & live
+    if revived.any():
+        df.loc[revived, "outcome"], df.loc[revived, "reason"] = "pending", ""
+        missing = missing | revived
     if requeued.any():
         df.loc[requeued, "reason"] = "requeued; the last attempt's record: " + df.loc[requeued, "reason"].fillna("").astype(str)
         missing = missing | requeued
@@ -1068,7 +1084,7 @@ def load_sweep_dir(
             raise AnalysisError(f"bad manifest: {exc}") from None
         plan = _manifest_plan(sweep_dir, entries, plan, warnings)
         df = _merge_manifest(results, plan, entries, warnings)
-        df = _not_yet_recorded(sweep_dir, df, unreadable)
+        df = _not_yet_recorded(sweep_dir, df, unreadable, entries)
     else:
         parts = [results]
         if not plan.empty:

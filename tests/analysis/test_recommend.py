@@ -592,9 +592,9 @@ def test_configs_whose_work_is_not_known_yet_are_said_not_compared(tmp_path: Pat
     df = load_sweeps([sweep], queue=None).table
     text = recommendation_text(df, recommend(df))
     assert text.endswith(
-        "Not compared: 1 config(s) whose work (model, global batch) nothing read here says: no record and no plan "
-        "row (1 pending). Once they write their records, the analysis compares them; a dry run of the sweep's "
-        "configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
+        "Not compared: 1 config(s) whose work (model, global batch) nothing read here says, with no record and no "
+        "plan row (1 pending). The pending and running ones are compared once they write their records; a dry run "
+        "of the sweep's configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
     ), text
     # With the plan, the pending config is in its work's group, counted there, and nothing is left over.
     placed = load_sweeps([build_sweep(tmp_path / "planned")], queue=None).table

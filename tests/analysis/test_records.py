@@ -258,6 +258,12 @@ def test_corrupt_record_is_a_warning(sweep: Path) -> None:
 
         table = load_sweeps([sweep], queue=queue).table.set_index("run_dir")
         assert table.loc["runs/0", "outcome"] == outcome, state
+    # An exported task that has not begun (no job id recorded yet) is pending, as status says, whatever
+    # lies in its directory.
+    entries = read_manifest(sweep)
+    exported = dataclasses.replace(entries[0], status="exported", job_id=None)
+    write_manifest([exported, *entries[1:]], sweep / "manifest.jsonl")
+    assert load_sweeps([sweep], queue=None).table.set_index("run_dir").loc["runs/0", "outcome"] == "pending"
 
 
 def test_an_empty_result_file_or_a_directory_of_its_name_is_a_warning(sweep: Path) -> None:
