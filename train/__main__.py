@@ -224,6 +224,7 @@ def spawn_workers(
     from train.distributed import fork_local
     from train.setup import DeviceUnavailable
     from train.trainer import (
+        TrainingDiverged,
         TrainingPreempted,
         TrainingTimeout,
         record_interruption,
@@ -242,6 +243,8 @@ def spawn_workers(
             return EXIT_REQUEUE
         except TrainingTimeout:
             return EXIT_TERMINATED  # rank 0's record says `timeout`; the parent says it once
+        except TrainingDiverged:
+            return EXIT_FAILED  # every rank sees the all-reduced loss diverge; rank 0's record says `nan`
         except (DataFileError, CheckpointMismatch, DeviceUnavailable) as bad_input:
             # The user's input, the same on every rank: one line (rank 0's), not a traceback from each.
             # EXIT_USAGE tells the parent so (an uncaught exception exits 1): record_worker_failure.
@@ -282,7 +285,7 @@ def spawn_workers(
         print(message, file=sys.stderr)
         sys.exit(EXIT_TERMINATED)
     if result.returncode != 0:
-        record_worker_failure(
+        failure = record_worker_failure(
             run,
             output_dir=output_dir,
             overrides=overrides,
@@ -290,6 +293,13 @@ def spawn_workers(
             failed_code=result.failed_code,
             since=launched,
         )
+        if failure.get("status") == "nan":
+            # Training's own outcome, as a single process says it (no worker traceback, no "exited with").
+            message = f"nan: {failure.get('message')} (record: {output_dir / RESULT_FILE})"
+            if multirun:
+                raise RuntimeError(message)
+            print(message, file=sys.stderr)
+            sys.exit(EXIT_FAILED)
         message = f"worker rank {result.failed_rank} exited with {result.failed_code} ({_record_note(output_dir)})"
         if multirun:
             raise RuntimeError(message)

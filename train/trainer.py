@@ -212,8 +212,8 @@ def run_training(
 def _write_unless_kept(
     path: Path, record: dict[str, Any], progress: Progress, failure: BaseException | None
 ) -> dict[str, Any]:
-    """Write `record` to `path` and return it, unless `path` holds the measured record of a finished
-    run (`ok`, with sec/it) and this attempt trained no iteration, either because a resume found the
+    """Write `record` to `path` and return it, unless `path` holds the record of a finished run (`ok`;
+    with sec/it, see below) and this attempt trained no iteration, either because a resume found the
     run finished (the same command run again) or because the checkpoint directory was refused (another
     run's: other layout, model or batch, or unreadable). Either record would replace the figures that
     run measured (sec/it, MFU, memory) with one that measured nothing; the measured one is kept and
@@ -468,14 +468,14 @@ def record_worker_failure(
     Called by the parent of a local spawn. Rank 0's own record is kept when rank 0 failed first
     (its status, oom or nan say more); otherwise its record (if any: it may have been SIGKILLed)
     is kept for the iterations it saw, with the status and message of the real cause. A finished
-    run's measured record from before `since` is kept whole when a worker refused its input
+    run's record (`ok`) from before `since` is kept whole when a worker refused its input
     (EXIT_USAGE, as every rank does on refusing the checkpoint directory: rank 0 kept that record
     and said so, _write_unless_kept); any other failure (an uncaught exception exits 1) replaces it.
     """
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
     written = _read_record(path)
-    if since is not None and failed_code == EXIT_USAGE and _measured_before(written, since):
+    if since is not None and failed_code == EXIT_USAGE and _finished_before(written, since):
         assert written is not None
         return written
     record = written if written is not None else _new_record(run, overrides, status="error")
@@ -547,10 +547,11 @@ def _interrupted_message(iterations: int) -> str:
     return f"stopped by SIGINT (Ctrl-C) after {iterations} iterations; every worker was stopped"
 
 
-def _measured_before(record: dict[str, Any] | None, since: datetime) -> bool:
-    """Whether `record` is a finished run's measured one (`ok`, with sec/it) that started before
-    `since`: started_at has whole seconds, so one from the second `since` falls in is not counted."""
-    if record is None or record.get("status") != "ok" or record.get("sec_per_iter") is None:
+def _finished_before(record: dict[str, Any] | None, since: datetime) -> bool:
+    """Whether `record` is a finished run's (`ok`, measured or not: rank 0 keeps either when its
+    checkpoint is refused, _write_unless_kept) that started before `since`: started_at has whole
+    seconds, so one from the second `since` falls in is not counted."""
+    if record is None or record.get("status") != "ok":
         return False
     try:
         started = datetime.fromisoformat(str(record.get("started_at")))

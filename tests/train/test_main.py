@@ -351,11 +351,13 @@ def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Pat
         assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]
 
 
-def test_a_run_whose_loss_turns_nan_is_one_line_and_a_record(tmp_path: Path) -> None:
-    # Training's own outcome, recorded `nan`: Hydra printed a traceback for it, once per config of a sweep.
+@pytest.mark.parametrize("layout", [(), ("parallelism.dp=2",)], ids=["one-process", "two-workers"])
+def test_a_run_whose_loss_turns_nan_is_one_line_and_a_record(tmp_path: Path, layout: tuple[str, ...]) -> None:
+    # Training's own outcome, recorded `nan`: Hydra printed a traceback for it, once per config of a sweep
+    # (two workers: a traceback from each, then "worker rank N exited with 1").
     proc = subprocess.run(
         [sys.executable, "-m", "train", "training.lr=1e30", "training.grad_clip=0", "training.train_iters=4",
-         "training.warmup_iters=1", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+         "training.warmup_iters=1", f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN, *layout],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -636,6 +636,11 @@ def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_t
     trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2,
                                   since=started + timedelta(microseconds=900_000))  # fmt: skip
     assert read_record(tmp_path)["status"] == "error"
+    # A finished run's `ok` without figures (a resume that measured nothing) is kept as rank 0 keeps it.
+    unmeasured = json.dumps({**finished, "sec_per_iter": None}).encode()
+    (tmp_path / "result.json").write_bytes(unmeasured)
+    trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2, since=later)
+    assert (tmp_path / "result.json").read_bytes() == unmeasured
 
 
 def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_and_record(
