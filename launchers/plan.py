@@ -36,9 +36,18 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.submit import check_output_dirs, refuse_empty_sweep, subdir_namer
+from launchers.submit import check_output_dirs, merge_entries, refuse_empty_sweep, subdir_namer
 from launchers.sweepdir import UsageError
-from train.contract import PLAN_FILE, ManifestEntry, PlanRow, join_overrides, read_plan_csv, write_plan_csv
+from train.contract import (
+    PLAN_FILE,
+    ManifestEntry,
+    PlanRow,
+    join_overrides,
+    manifest_path,
+    read_manifest,
+    read_plan_csv,
+    write_plan_csv,
+)
 from train.planner.plan import (
     RuleCount,
     format_plan_table,
@@ -281,10 +290,11 @@ class PlanLauncher(SweepLauncher):
         first = self.first_index(sweep_dir) + initial_job_idx
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         if (namer := subdir_namer(self.config, composer)) is not None:
-            # As the slurm and local launchers name and check them: a dry run that passes launches.
-            check_output_dirs(
-                [ManifestEntry(first + i, tuple(o), namer(first + i, o), "submitted") for i, o in enumerate(job_overrides)]
-            )
+            # As the slurm and local launchers name and check them, against the sweep added to too.
+            path = manifest_path(sweep_dir)
+            old = read_manifest(path) if path.exists() else []
+            named = [ManifestEntry(first + i, tuple(o), namer(first + i, o), "submitted") for i, o in enumerate(job_overrides)]
+            check_output_dirs(merge_entries(old, named))
         rows, plan_seconds = plan_sweep(
             composer,
             job_overrides,

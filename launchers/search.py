@@ -5,8 +5,8 @@ time model, and hand the fastest `search.top_k` to the chosen launcher (plan, lo
     python -m train -m hydra/sweeper=layouts model=gpt_1.3b hardware=a100_80gb \\
         parallelism.global_batch_size=512 search.nodes=[1,2,4] search.top_k=3
 
-The candidates are judged by train.planner (train.planner.search); every feasible one is written to
-search.csv in the sweep directory (plan.csv's columns, ranked), the `search.show` fastest are printed
+The candidates are judged by train.planner (train.planner.search); once one is ranked, every feasible
+one is written to search.csv in the sweep directory (plan.csv's columns, ranked), the `search.show` fastest are printed
 with their time, memory and where the time goes, and the rejected ones are counted by rule. A search
 added to a sweep that has one (hydra.launcher.append=true) writes search.append<N>.csv instead, N
 that of its multirun.append<N>.yaml (launchers.sweepdir.EarlierConfig): the first ranking stays. A
@@ -166,6 +166,8 @@ class LayoutSweeper(Sweeper):
                 # The launcher refused before it wrote a manifest or a plan: the search's ranking and
                 # config go too, as a refused sweep leaves nothing (an added search: the sweep's own stay).
                 csv_path.unlink(missing_ok=True)
+                if earlier.text is None:  # no config was there before this search saved its own
+                    (sweep_dir / MULTIRUN_FILE).unlink(missing_ok=True)
                 earlier.keep_if_launched()
                 print(f"search: nothing was launched, so {csv_path.name} was removed again", file=sys.stderr, flush=True)
             raise

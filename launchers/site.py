@@ -269,13 +269,18 @@ def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
             continue
         most_cpus = max(n.cpus for n in part.nodes)
         most_gpus = max(n.gpus for n in part.nodes)
-        per_node = max(1, (most_gpus if a.gpus_per_node else most_cpus // max(1, o.cpus_per_task)))
+        by_cpus = most_cpus // max(1, o.cpus_per_task)
+        per_node = max(1, min(most_gpus, by_cpus) if a.gpus_per_node else by_cpus)
         limit = f", MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < fit else ""
-        if not a.gpus_per_node and o.cpus_per_task > most_cpus:
-            # One task is already more than a node: fewer devices per node would not help.
+        fewer = f"Use fewer devices, set hardware.devices_per_node to what a node runs (at most {per_node} here)"
+        if o.cpus_per_task > most_cpus:
+            # One task is more than a node: fewer devices per node would not help (GPU jobs too).
             fix = f"Set cluster.cpus_per_task to at most {most_cpus} (a node's CPUs here)"
+        elif cpus > most_cpus:
+            # The tasks' CPUs together: fewer tasks, or fewer CPUs each.
+            fix = f"{fewer}, or set cluster.cpus_per_task to at most {most_cpus // a.tasks_per_node}"
         else:
-            fix = f"Use fewer devices, set hardware.devices_per_node to what a node runs (at most {per_node} here)"
+            fix = fewer
         raise SiteOptionError(
             f"A job of {a.nodes} node(s) x {a.tasks_per_node} task(s) x cluster.cpus_per_task={o.cpus_per_task} "
             f"CPU(s){f' and {a.gpus_per_node} GPU(s)' if a.gpus_per_node else ''} per node ({a.tasks} devices: "

@@ -54,6 +54,7 @@ Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import re
@@ -674,5 +675,11 @@ def _composer(settings: LaunchSettings) -> FastComposer:
     from conf import CONFIG_DIR
 
     options = dict(arg.removeprefix("--").split("=", 1) for arg in settings.entry_args if "=" in arg)
-    config_dir = options.get("config-dir") or CONFIG_DIR
-    return FastComposer.from_config_dir(config_dir, options.get("config-name", "config"))
+    return _composer_at(str(options.get("config-dir") or CONFIG_DIR), options.get("config-name", "config"))
+
+
+@functools.lru_cache(maxsize=8)
+def _composer_at(config_dir: str, config_name: str) -> FastComposer:
+    # One per config directory in a process: a changed rerun judges its configs, checks that one is
+    # feasible and plans them, each a composition of the same configs (its Hydra loader, its bases).
+    return FastComposer.from_config_dir(config_dir, config_name)

@@ -15,7 +15,7 @@ from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
 from launchers.plan import plan_sweep
-from train.contract import EXIT_USAGE, PlanRow, read_plan_csv
+from train.contract import EXIT_USAGE, ManifestEntry, PlanRow, read_plan_csv, write_manifest
 from train.planner.plan import format_plan_table, plan_run, table_order
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +49,14 @@ def test_a_dry_run_refuses_configs_that_would_share_an_output_directory(tmp_path
         assert proc.returncode == EXIT_USAGE and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.startswith("error: hydra.sweep.subdir gives configs 0 and 1 the same output directory "), proc.stderr
         assert not (tmp_path / launcher).exists()  # nor its multirun.yaml
+    # Added to a sweep whose config 0 has that directory already, as the launchers judge it.
+    sweep_dir = tmp_path / "added"
+    sweep_dir.mkdir()
+    write_manifest([ManifestEntry(0, ("training.lr=0.0001",), "0.0001", "submitted")], sweep_dir / "manifest.jsonl")
+    added = run_train("-m", "hydra.sweep.subdir=${training.lr}", "training.lr=1e-4", "hydra/launcher=plan",
+                      "hydra.launcher.append=true", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert added.returncode == EXIT_USAGE, added.stdout + added.stderr
+    assert "gives configs 0 and 1 the same output directory '0.0001'" in added.stderr, added.stderr
 
 
 def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:

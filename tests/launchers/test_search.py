@@ -183,6 +183,10 @@ def test_a_search_whose_launch_is_refused_leaves_the_directory_as_it_was(
     # The same search, asked again where nothing was launched, is not told the directory "already holds" one.
     again = slurm_search(tmp_path / "new" / "run", "cluster.partition=nosuch")
     assert again.returncode == EXIT_USAGE and "already holds" not in again.stderr, again.stderr
+    # A directory that was there, empty: it stays, empty (the search's multirun.yaml went too).
+    (tmp_path / "empty").mkdir()
+    assert slurm_search(tmp_path / "empty", "cluster.partition=nosuch").returncode == EXIT_USAGE
+    assert list((tmp_path / "empty").iterdir()) == []
 
 
 def slurm_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
