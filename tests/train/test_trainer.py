@@ -636,7 +636,15 @@ def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_t
     trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2,
                                   since=started + timedelta(microseconds=900_000))  # fmt: skip
     assert read_record(tmp_path)["status"] == "error"
-    # A finished run's `ok` without figures (a resume that measured nothing) is kept as rank 0 keeps it.
+    # A finished run's `ok` without figures (a resume that measured nothing) is kept as rank 0 keeps it:
+    # an attempt refused the checkpoint (another run's) that trains nothing does not replace it with `error`.
+    from train.checkpoint import CheckpointMismatch
+
+    unmeasured_record = {**finished, "sec_per_iter": None}
+    trainer.write_json_atomic(tmp_path / "result.json", unmeasured_record)
+    refused = {**finished, "status": "error", "message": "CheckpointMismatch: other seed"}
+    kept = trainer._write_unless_kept(tmp_path / "result.json", refused, trainer.Progress(), CheckpointMismatch("x"))
+    assert kept == unmeasured_record and read_record(tmp_path) == unmeasured_record
     unmeasured = json.dumps({**finished, "sec_per_iter": None}).encode()
     (tmp_path / "result.json").write_bytes(unmeasured)
     trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2, since=later)
