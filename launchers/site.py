@@ -269,16 +269,21 @@ def check_site_shapes(keys: Iterable[ArrayKey]) -> None:
             continue
         most_cpus = max(n.cpus for n in part.nodes)
         most_gpus = max(n.gpus for n in part.nodes)
-        by_cpus = most_cpus // max(1, o.cpus_per_task)
-        per_node = max(1, min(most_gpus, by_cpus) if a.gpus_per_node else by_cpus)
+        cpt = max(1, o.cpus_per_task)
+        # Node by node: the largest CPU count and the largest GPU count may be different nodes'.
+        per_node = max(1, max(min(n.gpus, n.cpus // cpt) if a.gpus_per_node else n.cpus // cpt for n in part.nodes))
+        cap = most_cpus // a.tasks_per_node  # CPUs per task with which this many tasks fit the largest node
         limit = f", MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < fit else ""
         fewer = f"Use fewer devices, set hardware.devices_per_node to what a node runs (at most {per_node} here)"
-        if o.cpus_per_task > most_cpus:
-            # One task is more than a node: fewer devices per node would not help (GPU jobs too).
-            fix = f"Set cluster.cpus_per_task to at most {most_cpus} (a node's CPUs here)"
-        elif cpus > most_cpus:
-            # The tasks' CPUs together: fewer tasks, or fewer CPUs each.
-            fix = f"{fewer}, or set cluster.cpus_per_task to at most {most_cpus // a.tasks_per_node}"
+        if cpus > most_cpus and cap >= 1 and a.gpus_per_node <= most_gpus:
+            if o.cpus_per_task > most_cpus:
+                # One task is more than a node: fewer devices per node would not help (GPU jobs too).
+                fix = (f"Set cluster.cpus_per_task to at most {cap} ({most_cpus} CPUs of a node here over its "
+                       f"{a.tasks_per_node} task(s))")  # fmt: skip
+            else:  # the tasks' CPUs together: fewer tasks, or fewer CPUs each
+                fix = f"{fewer}, or set cluster.cpus_per_task to at most {cap}"
+        elif o.cpus_per_task > most_cpus:  # more tasks than a node has CPUs, or GPUs short too
+            fix = f"{fewer}, and cluster.cpus_per_task to at most {most_cpus}"
         else:
             fix = fewer
         raise SiteOptionError(

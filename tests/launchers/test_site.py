@@ -131,6 +131,7 @@ def test_a_job_no_nodes_can_hold_submits_nothing(
     assert proc.returncode != 0 and words in proc.stderr, proc.stderr
     assert f"cannot start in partition '{slurm_cluster.partition}'" in proc.stderr
     assert f"at most {slurm_cluster.cpus_per_node} here" in proc.stderr and "Traceback" not in proc.stderr
+    assert "at most 0" not in proc.stderr  # 4 tasks of 1 CPU on a 2-CPU node: no cpus_per_task fits them
     assert not (sweep_dir / "manifest.jsonl").exists()
 
 
@@ -149,7 +150,8 @@ def test_without_a_partition_the_default_ones_nodes_count(slurm_cluster: SlurmCl
     greedy = dataclasses.replace(options, cpus_per_task=slurm_cluster.cpus_per_node + 2)
     with pytest.raises(SiteOptionError) as refused:
         check_site_shapes([ArrayKey(Allocation(nodes=1, tasks_per_node=1, gpus_per_node=0, time_limit_min=1), greedy)])
-    assert f"Set cluster.cpus_per_task to at most {slurm_cluster.cpus_per_node} (a node's CPUs here)" in str(refused.value)
+    assert (f"Set cluster.cpus_per_task to at most {slurm_cluster.cpus_per_node} ({slurm_cluster.cpus_per_node} CPUs "
+            "of a node here over its 1 task(s))") in str(refused.value)  # fmt: skip
     assert "set hardware.devices_per_node to what a node runs" not in str(refused.value)
 
 
