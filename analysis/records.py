@@ -978,6 +978,7 @@ def _not_yet_recorded(
         return df  # plan rows alone (a manifest of no entries yet)
     waiting = (df["source"] == "manifest") & (df["outcome"] == "pending")
     local = waiting & (df["job_id"].fillna("") == "")
+    queued: set[int] = set()
     if local.any() and read_local_runs(sweep_dir):
         from launchers.status import local_launchers, local_run_state  # Hydra's import: only where asked
 
@@ -988,9 +989,12 @@ def _not_yet_recorded(
             if index in launchers:
                 state, detail = local_run_state(launchers[index], index)
                 df.at[i, "outcome"], df.at[i, "reason"] = outcome[state], detail
+                if state == "pending":
+                    queued.add(index)
     if unreadable:
-        # An exported task that has not begun (no job id yet) is pending whatever lies in its directory.
-        started = {e.index for e in entries if e.job_id is not None or e.status == "submitted"}
+        # An exported task that has not begun (no job id yet), or a local config queued behind another,
+        # is pending whatever lies in its directory.
+        started = {e.index for e in entries if e.job_id is not None or e.status == "submitted"} - queued
         damaged = (
             (df["source"] == "manifest")
             & df["outcome"].isin(("pending", "fail"))

@@ -276,9 +276,12 @@ def sweep_status(
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign, unreadable = _record(sweep_dir, e)
         state, detail = classify(e, record, slurm)
+        queued_here = False  # behind the config a live local launcher runs: not begun
         if state == "pending" and record is None and e.job_id is None and e.index in local:
             state, detail = local_run_state(local[e.index], e.index)
-        started = e.job_id is not None or e.status == "submitted"  # an exported task may not have begun
+            queued_here = state == "pending"
+        # An exported task may not have begun, nor a local config queued behind another.
+        started = (e.job_id is not None or e.status == "submitted") and not queued_here
         if unreadable and started and state in ("pending", "failed") and not (slurm and is_live(slurm)):
             # Written whole or not at all (write_json_atomic): a record there that cannot be read was
             # damaged since, and the run it speaks for has ended; "pending" never would.
@@ -675,7 +678,7 @@ def _composer(settings: LaunchSettings) -> FastComposer:
     from conf import CONFIG_DIR
 
     options = dict(arg.removeprefix("--").split("=", 1) for arg in settings.entry_args if "=" in arg)
-    return _composer_at(str(options.get("config-dir") or CONFIG_DIR), options.get("config-name", "config"))
+    return _composer_at(str(Path(options.get("config-dir") or CONFIG_DIR).resolve()), options.get("config-name", "config"))
 
 
 @functools.lru_cache(maxsize=8)
