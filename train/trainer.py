@@ -478,6 +478,10 @@ def record_worker_failure(
     if since is not None and failed_code == EXIT_USAGE and _finished_before(written, since):
         assert written is not None
         return written
+    # Rank 0's record of this launch; one from before it (an earlier run in the directory: rank 0 was
+    # ended before it wrote) says nothing of this launch, and its `nan` read as this one's outcome.
+    if written is not None and since is not None and not _started_since(written, since):
+        written = None
     record = written if written is not None else _new_record(run, overrides, status="error")
     reports = read_oom_reports(output_dir, since=since)
     if reports:  # a worker ran out of memory: that is the answer, whoever exited first
@@ -545,6 +549,14 @@ def record_termination(run: RunConfig, *, output_dir: Path, overrides: Sequence[
 
 def _interrupted_message(iterations: int) -> str:
     return f"stopped by SIGINT (Ctrl-C) after {iterations} iterations; every worker was stopped"
+
+
+def _started_since(record: dict[str, Any], since: datetime) -> bool:
+    """Whether `record` started at or after `since`, to the whole second started_at keeps."""
+    try:
+        return datetime.fromisoformat(str(record.get("started_at"))) >= since.replace(microsecond=0)
+    except (ValueError, TypeError):  # not a time, or one without its zone (written by hand)
+        return False
 
 
 def _finished_before(record: dict[str, Any] | None, since: datetime) -> bool:

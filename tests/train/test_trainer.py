@@ -645,6 +645,13 @@ def test_a_finished_runs_measured_record_outlives_a_later_spawn_refused_before_t
     refused = {**finished, "status": "error", "message": "CheckpointMismatch: other seed"}
     kept = trainer._write_unless_kept(tmp_path / "result.json", refused, trainer.Progress(), CheckpointMismatch("x"))
     assert kept == unmeasured_record and read_record(tmp_path) == unmeasured_record
+    # An earlier run's `nan` in the directory is not this spawn's outcome (rank 0 ended before it wrote):
+    # it was returned as this one's, and the console said "nan:" of a worker that crashed.
+    trainer.write_json_atomic(tmp_path / "result.json", {**finished, "status": "nan", "message": "old divergence"})
+    failure = trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=1,
+                                            since=later)  # fmt: skip
+    assert failure["status"] == "error" and "old divergence" not in failure["message"], failure["message"]
+    assert read_record(tmp_path)["message"].startswith("worker rank 1 exited with code 1;")
     unmeasured = json.dumps({**finished, "sec_per_iter": None}).encode()
     (tmp_path / "result.json").write_bytes(unmeasured)
     trainer.record_worker_failure(run, output_dir=tmp_path, overrides=[], failed_rank=1, failed_code=2, since=later)
