@@ -254,6 +254,8 @@ class PlanLauncher(SweepLauncher):
         self.progress_every = progress_every
         # Rows of every batch so far: a sweeper may launch in several batches, plan.csv has them all.
         self.rows: list[PlanRow] = []
+        self.named: list[ManifestEntry] = []
+        """Every batch's configs with their output directories (check_output_dirs)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         # Planning keeps every row and estimate alive: no collector walks over them meanwhile. Under
@@ -289,12 +291,15 @@ class PlanLauncher(SweepLauncher):
             refuse_empty_sweep(job_overrides)
         first = self.first_index(sweep_dir) + initial_job_idx
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
-        if (namer := subdir_namer(self.config, composer)) is not None:
-            # As the slurm and local launchers name and check them, against the sweep added to too.
-            path = manifest_path(sweep_dir)
-            old = read_manifest(path) if path.exists() else []
-            named = [ManifestEntry(first + i, tuple(o), namer(first + i, o), "submitted") for i, o in enumerate(job_overrides)]
-            check_output_dirs(merge_entries(old, named))
+        # Each config's output directory, named and checked as the slurm and local launchers do: against
+        # the sweep added to and this sweep's earlier batches too.
+        namer = subdir_namer(self.config, composer)
+        self.named += [
+            ManifestEntry(first + i, tuple(o), namer(first + i, o) if namer else str(first + i), "submitted")
+            for i, o in enumerate(job_overrides)
+        ]
+        path = manifest_path(sweep_dir)
+        check_output_dirs(merge_entries(read_manifest(path) if path.exists() else [], self.named))
         rows, plan_seconds = plan_sweep(
             composer,
             job_overrides,

@@ -57,6 +57,13 @@ def test_a_dry_run_refuses_configs_that_would_share_an_output_directory(tmp_path
                       "hydra.launcher.append=true", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
     assert added.returncode == EXIT_USAGE, added.stdout + added.stderr
     assert "gives configs 0 and 1 the same output directory '0.0001'" in added.stderr, added.stderr
+    # The default subdir (the index) too, where the sweep's own named config 0's directory "1".
+    write_manifest([ManifestEntry(0, ("training.lr=0.0001",), "1", "submitted")], sweep_dir / "manifest.jsonl")
+    default = run_train("-m", "training.lr=2e-4", "hydra/launcher=plan", "hydra.launcher.append=true",
+                        f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert default.returncode == EXIT_USAGE and "configs 0 and 1 the same output directory '1'" in default.stderr, (
+        default.stdout + default.stderr
+    )
 
 
 def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
