@@ -140,11 +140,12 @@ def test_layout_resume_equals_uninterrupted(
 def test_finished_async_save_is_resumed_after_a_kill_before_the_next_save(
     tmp_path: Path, uninterrupted: dict[str, Any]
 ) -> None:
-    # Step 2's asynchronous save finishes during step 3 (slowed down to 1 s); the process then dies
-    # at the start of step 4 (os._exit, as SIGKILL or a node failure would end it), before the save
-    # of step 4 that used to be the first to commit step 2. `latest` must name step 2 already.
+    # Step 2's asynchronous save finishes during step 3 (slowed down to 3 s: 1 s was not always enough
+    # for the save's thread on make test's loaded cores, CI 2026-11-29); the process then dies at the
+    # start of step 4 (os._exit, as SIGKILL or a node failure would end it), before the save of step 4
+    # that used to be the first to commit step 2. `latest` must name step 2 already.
     out = tmp_path / "run"
-    env = worker_env(MEGASWEEP_FAULT_EXIT="0:4", MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT="1.0")
+    env = worker_env(MEGASWEEP_FAULT_EXIT="0:4", MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT="3.0")
     killed = subprocess.run(
         [sys.executable, "-m", "train", *RUN, *CKPT, f"hydra.run.dir={out}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
