@@ -475,12 +475,11 @@ def record_worker_failure(
     path = Path(output_dir) / RESULT_FILE
     cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
     written = _read_record(path)
-    if since is not None and failed_code == EXIT_USAGE and _finished_before(written, since):
-        assert written is not None
-        return written
     # Rank 0's record of this launch; one from before it (an earlier run in the directory: rank 0 was
     # ended before it wrote) says nothing of this launch, and its `nan` read as this one's outcome.
     if written is not None and since is not None and not _started_since(written, since):
+        if failed_code == EXIT_USAGE and written.get("status") == "ok":
+            return written  # a finished run's, kept whole (rank 0 kept it too, _write_unless_kept)
         written = None
     record = written if written is not None else _new_record(run, overrides, status="error")
     reports = read_oom_reports(output_dir, since=since)
@@ -552,22 +551,10 @@ def _interrupted_message(iterations: int) -> str:
 
 
 def _started_since(record: dict[str, Any], since: datetime) -> bool:
-    """Whether `record` started at or after `since`, to the whole second started_at keeps."""
+    """Whether `record` started at or after `since`, to the whole second started_at keeps (a record
+    without a readable started_at, written by hand, did not)."""
     try:
         return datetime.fromisoformat(str(record.get("started_at"))) >= since.replace(microsecond=0)
-    except (ValueError, TypeError):  # not a time, or one without its zone (written by hand)
-        return False
-
-
-def _finished_before(record: dict[str, Any] | None, since: datetime) -> bool:
-    """Whether `record` is a finished run's (`ok`, measured or not: rank 0 keeps either when its
-    checkpoint is refused, _write_unless_kept) that started before `since`: started_at has whole
-    seconds, so one from the second `since` falls in is not counted."""
-    if record is None or record.get("status") != "ok":
-        return False
-    try:
-        started = datetime.fromisoformat(str(record.get("started_at")))
-        return started < since.replace(microsecond=0)
     except (ValueError, TypeError):  # not a time, or one without its zone (written by hand)
         return False
 
