@@ -492,25 +492,30 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_o
         # config directories, sbatch options, or Slurm and this machine.
         groups = [(settings, [specs[s.index] for s in failed if s.index in specs]) for settings, specs in launches]
         groups = [(settings, mine) for settings, mine in groups if mine]
+        # A changed rerun's configs, planned once per launch from index 0 (the n-th failed config's is
+        # index n), given their real indices and directories as each launch's are queued (_placed).
+        changed = [_changed_specs(mine, settings, overrides) for settings, mine in groups] if overrides else []
         if overrides:
-            _refuse_if_none_feasible(sweep_dir, groups, overrides)
+            _refuse_if_none_feasible(sweep_dir, groups, changed, overrides)
         # Every launch's configs are judged before any is renamed or queued: a second launch's refused
         # after the first's were queued made "Nothing was submitted" untrue. Changed ones as they will be
         # planned, named by the failed config each reruns.
-        for settings, mine in groups:
+        for g, (settings, mine) in enumerate(groups):
             if settings.local:
                 continue
             judged = mine
-            if overrides:  # planned from index 0: the n-th config's spec is index n, named as the one it reruns
-                planned, _ = _changed_specs(mine, settings, overrides, first=0)
-                judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in planned]
+            if overrides:
+                judged = [dataclasses.replace(spec, index=mine[spec.index].index) for spec in changed[g][0]]
             # Each launch's own sbatch options, as it submits them again.
             check_site((spec.key for spec in judged), settings.sbatch_args, option=_SBATCH_ARG)
             if test_only and settings.test_only:  # as the launch asked: --test-only that misjudges this site was left out
                 check_sbatch_accepts(sweep_dir, judged, settings, option=_SBATCH_ARG, skip="--no-test-only", again="rerun")
         job_ids = {s.index: s.job_id for s in failed}
-        for settings, mine in groups:
-            listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings, overrides)
+        for g, (settings, mine) in enumerate(groups):
+            if overrides:
+                listed, local = _rerun_changed(sweep_dir, mine, settings, changed[g])
+            else:
+                listed, local = _rerun_launch(sweep_dir, mine, job_ids, settings)
             entries += listed
             here += local
         # Marked as this live process's before the lock is let go: a rerun meanwhile finds them queued
@@ -524,13 +529,10 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_o
 
 
 def _rerun_launch(
-    sweep_dir: Path, specs: Sequence[ConfigSpec], job_ids: Mapping[int, str | None], settings: LaunchSettings,
-    overrides: Sequence[str],
+    sweep_dir: Path, specs: Sequence[ConfigSpec], job_ids: Mapping[int, str | None], settings: LaunchSettings
 ) -> tuple[list[ManifestEntry], list[tuple[ConfigSpec, LaunchSettings]]]:
-    """rerun_failed for the failed configs one launch launched (`job_ids`: each one's last job): their
-    new manifest entries, and for a local launch the configs that rerun_failed then runs here."""
-    if overrides:
-        return _rerun_changed(sweep_dir, specs, settings, overrides)
+    """rerun_failed, unchanged, for the failed configs one launch launched (`job_ids`: each one's last
+    job): their new manifest entries, and for a local launch the configs that rerun_failed then runs here."""
     # Their jobs write into this directory now, wherever the first ones were given (a moved sweep).
     save_launch_file(sweep_dir, settings, specs)
     for spec in specs:
@@ -583,12 +585,17 @@ def _as_swept(text: str) -> str:
 
 
 def _rerun_changed(
-    sweep_dir: Path, failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str]
+    sweep_dir: Path,
+    failed: Sequence[ConfigSpec],
+    settings: LaunchSettings,
+    changed: tuple[list[ConfigSpec], list[ManifestEntry]],
 ) -> tuple[list[ManifestEntry], list[tuple[ConfigSpec, LaunchSettings]]]:
+    """rerun_failed with changes for the failed configs one launch launched, `changed` their changed
+    configs as _changed_specs planned them: as _rerun_launch."""
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
     first = next_index(before)
-    specs, skipped = _changed_specs(failed, settings, changes, first=first, free_in=(sweep_dir, before))
+    specs, skipped = _placed(changed, first, _free_output_dir(sweep_dir, before))
     origin = {first + i: s.index for i, s in enumerate(failed)}
 
     def traced(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
@@ -607,16 +614,18 @@ def _rerun_changed(
 
 
 def _refuse_if_none_feasible(
-    sweep_dir: Path, groups: Sequence[tuple[LaunchSettings, Sequence[ConfigSpec]]], changes: Sequence[str]
+    sweep_dir: Path,
+    groups: Sequence[tuple[LaunchSettings, Sequence[ConfigSpec]]],
+    changed: Sequence[tuple[list[ConfigSpec], list[ManifestEntry]]],
+    changes: Sequence[str],
 ) -> None:
     """UsageError, before anything is written, when the rules refuse every failed config with
-    `changes`: recorded `skipped`, each try of such a rerun added the same refused configs again."""
-    refused = []
-    for settings, mine in groups:
-        planned, skipped = _changed_specs(mine, settings, changes, first=0)
-        if planned:
-            return
-        refused += [f"config {mine[e.index].index} with {' '.join(changes)}: {e.reason}" for e in skipped]
+    `changes` (`changed`: each group's, as _changed_specs planned them): recorded `skipped`, each try
+    of such a rerun added the same refused configs again."""
+    if any(planned for planned, _ in changed):
+        return
+    refused = [f"config {mine[e.index].index} with {' '.join(changes)}: {e.reason}"
+               for (_, mine), (_, skipped) in zip(groups, changed, strict=True) for e in skipped]  # fmt: skip
     raise UsageError(
         f"every changed config is infeasible, so nothing was resubmitted or written, and the failed configs "
         f"stay failed: {'; '.join(refused)}. Change other fields: python -m launchers rerun --failed {sweep_dir} "
@@ -625,20 +634,24 @@ def _refuse_if_none_feasible(
 
 
 def _changed_specs(
-    failed: Sequence[ConfigSpec],
-    settings: LaunchSettings,
-    changes: Sequence[str],
-    *,
-    first: int,
-    free_in: tuple[Path, Sequence[ManifestEntry]] | None = None,
+    failed: Sequence[ConfigSpec], settings: LaunchSettings, changes: Sequence[str]
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
-    """The failed configs with `changes`, planned as new configs from index `first` (the n-th failed
-    config's is first + n): the feasible ones' specs, and the infeasible ones' `skipped` entries.
-    `free_in`: (the sweep directory, its entries), for output directories none of them uses yet."""
-    subdir = None if free_in is None else _free_output_dir(*free_in)
-    return plan_configs(
-        _composer(settings), [changed_overrides(s.overrides, changes) for s in failed], first, subdir=subdir
-    )
+    """The failed configs with `changes`, planned as new configs from index 0 (the n-th failed config's
+    is index n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
+    return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], 0)
+
+
+def _placed(
+    changed: tuple[list[ConfigSpec], list[ManifestEntry]], first: int, subdir: SubdirNamer
+) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
+    """Changed configs planned from index 0 (_changed_specs) as new configs from index `first`, each in
+    the directory `subdir` names, asked in index order as plan_configs asks it."""
+    specs, skipped = changed
+    configs: list[ConfigSpec | ManifestEntry] = sorted([*specs, *skipped], key=lambda c: c.index)
+    dirs = {c.index: subdir(first + c.index, c.overrides) for c in configs}
+    placed = [dataclasses.replace(s, index=first + s.index, output_dir=dirs[s.index]) for s in specs]
+    left = [dataclasses.replace(e, index=first + e.index, output_dir=dirs[e.index]) for e in skipped]
+    return placed, left
 
 
 def _free_output_dir(sweep_dir: Path, entries: Sequence[ManifestEntry]) -> SubdirNamer:
@@ -683,6 +696,6 @@ def _composer(settings: LaunchSettings) -> FastComposer:
 
 @functools.lru_cache(maxsize=8)
 def _composer_at(config_dir: str, config_name: str) -> FastComposer:
-    # One per config directory in a process: a changed rerun judges its configs, checks that one is
-    # feasible and plans them, each a composition of the same configs (its Hydra loader, its bases).
+    # One per config directory in a process: the launches a changed rerun plans (a sweep appended to
+    # has one per launch) mostly share a config directory, and with it the Hydra loader and its bases.
     return FastComposer.from_config_dir(config_dir, config_name)

@@ -588,6 +588,33 @@ def test_a_changed_rerun_never_writes_into_another_configs_directory(tmp_path: P
     assert [e.output_dir for e in read_manifest(sweep_dir)] == ["2", "1", "rerun2", "3"]
 
 
+def test_a_changed_rerun_plans_each_launchs_configs_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two launches into one sweep, each of two configs whose runs end at once (an interpreter that exits).
+    # A changed rerun planned every launch's configs three times (to refuse an all-infeasible rerun, to
+    # judge them with sbatch, and to queue them), each a composition and a run of the rules.
+    sweep_dir = tmp_path / "sweep"
+    # Two interpreters' paths, so that the launches' settings differ (launch.json keeps one per launch).
+    for lrs, python, more in (("1e-4,2e-4", "/bin/false", ()), ("3e-4,4e-4", "/usr/bin/false", ("hydra.launcher.append=true",))):
+        subprocess.run([sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", f"hydra.launcher.python={python}",
+                        f"training.lr={lrs}", *more, f"hydra.sweep.dir={sweep_dir}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed"] * 4
+    import launchers.status
+
+    planned: list[int] = []
+    real = launchers.status.plan_configs
+
+    def counted(composer: object, job_overrides: list[list[str]], *args: object, **kwargs: object) -> object:
+        planned.append(len(job_overrides))
+        return real(composer, job_overrides, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launchers.status, "plan_configs", counted)
+    entries = launchers.status.rerun_failed(sweep_dir, ["parallelism.micro_batch_size=1"])
+    assert planned == [2, 2]
+    assert [(e.index, e.rerun_of, e.output_dir) for e in entries] == [(4, 0, "4"), (5, 1, "5"), (6, 2, "6"), (7, 3, "7")]
+    assert all("parallelism.micro_batch_size=1" in e.overrides for e in entries)
+
+
 def test_a_rerun_goes_the_way_each_config_was_launched_when_a_sweep_was_appended_to(tmp_path: Path) -> None:
     """launch.json kept one `settings`, the last launch's: a config of the first launch reran with the
     interpreter (or --config-dir, sbatch options, Slurm or this machine) of the one appended after it."""
