@@ -20,6 +20,10 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   entry, no result): planned, not run; it carries the plan's
                                   predictions (pred_sec_per_iter, pred_tflops, pred_mfu)
 
+A launched config's outcome is the state `python -m launchers status` gives it (launchers.states.judge:
+a requeued job's old record is pending, a damaged record failed, a local launcher's config running or
+queued), in the words above: its record's kind of failure where status says failed.
+
 Every record field is kept (nested dicts flattened to dotted columns: config.model.hidden_size),
 and CORE_COLUMNS are derived from them once, vectorised, so that the reports never look into
 records again. The planner's predictions of each recorded config (memory, and seconds per iteration
@@ -63,7 +67,8 @@ from conf.schema import (
     RunConfig,
 )
 from launchers.bulk import bulk_allocation
-from launchers.queue import ended_outcome, is_live, is_running, not_a_time_limit, read_states
+from launchers.queue import ended_outcome, read_states
+from launchers.states import judge, local_launchers
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
@@ -76,7 +81,6 @@ from train.contract import (
     RunRecord,
     join_overrides,
     normalize_dir,
-    read_local_runs,
     read_manifest,
     read_plan_csv,
     recorded_overrides,
@@ -96,8 +100,6 @@ OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "interrupted", "refused", "sk
 FAILED = ("oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped")
 MISSING = ("pending", "running")
 """Launched, no result yet: Slurm may still give one."""
-_RECORD_FAILURES = ("oom", "nan", "timeout", "fail")
-"""The outcomes of a run's own record that did not finish: an earlier attempt's, if its job was requeued."""
 NOT_RUN = (*MISSING, "planned")
 """No result, and none is a failure: launched and not finished, or only planned."""
 
@@ -966,98 +968,57 @@ def _merge_manifest(
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _not_yet_recorded(
-    sweep_dir: Path, df: pd.DataFrame, unreadable: Mapping[str, str], entries: Sequence[ManifestEntry]
+def _judge_launched(
+    sweep_dir: Path,
+    df: pd.DataFrame,
+    entries: Sequence[ManifestEntry],
+    queue: QueueLookup | None,
+    warnings: list[str],
+    unreadable: Mapping[str, str],
 ) -> pd.DataFrame:
-    """The launched configs without a record that `status` knows more of than "pending", in the order
-    launchers.status.sweep_status judges them: a local launch's, by its launcher's file (local_run_state:
-    running, or failed or interrupted once it was killed); then one whose result.json cannot be read
-    (written whole or not at all, so damaged since), once its run started: failed, unless Slurm says
-    its job lives on (_apply_queue)."""
-    if df.empty or not {"run_dir", "job_id", "manifest_index"} <= set(df.columns):
-        return df  # plan rows alone (a manifest of no entries yet)
-    waiting = (df["source"] == "manifest") & (df["outcome"] == "pending")
-    local = waiting & (df["job_id"].fillna("") == "")
-    queued: set[int] = set()
-    if local.any() and read_local_runs(sweep_dir):
-        from launchers.status import local_launchers, local_run_state  # Hydra's import: only where asked
-
-        launchers = local_launchers(sweep_dir)
-        outcome = {"running": "running", "pending": "pending", "failed": "fail", "interrupted": "interrupted"}
-        for i in df.index[local]:
-            index = int(df.at[i, "manifest_index"])
-            if index in launchers:
-                state, detail = local_run_state(launchers[index], index)
-                df.at[i, "outcome"], df.at[i, "reason"] = outcome[state], detail
-                if state == "pending":
-                    queued.add(index)
-    if unreadable:
-        # An exported task that has not begun (no job id yet), or a local config queued behind another,
-        # is pending whatever lies in its directory.
-        started = {e.index for e in entries if e.job_id is not None or e.status == "submitted"} - queued
-        damaged = (
-            (df["source"] == "manifest")
-            & df["outcome"].isin(("pending", "fail"))
-            & df["run_dir"].isin(unreadable)
-            & df["manifest_index"].isin(started)
-        )
-        if damaged.any():
-            df.loc[damaged, "outcome"] = "fail"
-            df.loc[damaged, "reason"] = [f"{d}/{RESULT_FILE} cannot be read ({unreadable[d]})" for d in df.loc[damaged, "run_dir"]]
-    return df
-
-
-def _apply_queue(
-    df: pd.DataFrame, queue: QueueLookup | None, warnings: list[str], unreadable: Mapping[str, str]
-) -> pd.DataFrame:
-    """Missing runs' outcomes from Slurm's queue: running, still pending, or ended without a record;
-    a `timeout` record's job that Slurm says was cancelled or preempted: scancel and a preemption
-    send the SIGTERM a time limit sends, and such a run needs no longer time limit; and a failed
-    record whose job waits to run again: an earlier attempt's (as launchers.status.classify says)."""
-    with_job = df["job_id"].fillna("") != ""
-    missing = df["outcome"].isin(MISSING) & with_job
-    stopped = (df["outcome"] == "timeout") & with_job
-    recorded = (df["source"] == "result") & df["outcome"].isin(_RECORD_FAILURES) & with_job
-    # Failed for a record that cannot be read (_not_yet_recorded): unless Slurm says the job lives on.
-    damaged = (df["source"] == "manifest") & (df["outcome"] == "fail") & df["run_dir"].isin(unreadable) & with_job
-    if not (missing | recorded | damaged).any():
+    """Each launched config without an ok record, judged as `status` judges it (launchers.states.judge:
+    its manifest entry, its record, Slurm's state of its job, its local launcher, a damaged record).
+    Where status says failed, a record keeps the kind of failure it names (oom, nan, timeout), and a
+    job Slurm ended without one fails as its state says (ended_outcome: OUT_OF_MEMORY is oom)."""
+    launched = df["manifest_index"].notna() & (df["outcome"] != "ok") if "manifest_index" in df.columns else None
+    if launched is None or not launched.any():
         return df
+    by_index = {e.index: e for e in entries}
+    status = _col(df, "status", None)
+    judged = []  # (row, entry, the record as judge reads it: its status and message)
+    for i in df.index[launched]:
+        entry = by_index[int(df.at[i, "manifest_index"])]
+        record = {"status": status.at[i], "message": df.at[i, "reason"]} if df.at[i, "source"] == "result" else None
+        judged.append((i, entry, record))
+    # Slurm is asked only about jobs whose state can change the verdict (judge reads no other).
+    asked = sorted({e.job_id for _, e, r in judged if e.job_id and e.status in ("submitted", "exported")
+                    and (r is None or r["status"] != "interrupted")})  # fmt: skip
     states: Mapping[str, str] = {}
-    if queue is not None:
+    if queue is not None and asked:
         try:
-            states = queue(sorted(set(df.loc[missing | recorded | damaged, "job_id"])))
+            states = queue(asked)
         except Exception as exc:  # the queue is advice: never lose the analysis over it
             warnings.append(f"Slurm queue not read ({exc}); pending runs' states unknown")
-    if not states:
-        return df
-    slurm = df["job_id"].map(lambda j: states.get(j, "") if isinstance(j, str) else "")
-    why = slurm.map(lambda s: not_a_time_limit(s) if s else None)
-    cancelled = stopped & why.notna()
-    if cancelled.any():
-        df.loc[cancelled, "queue_state"] = slurm[cancelled]
-        df.loc[cancelled, "outcome"] = "fail"
-        df.loc[cancelled, "reason"] = why[cancelled] + "; " + df.loc[cancelled, "reason"].fillna("").astype(str)
-    # Requeued (preempted, a node failure, by hand): the record is the last attempt's, and the run goes
-    # on, as `status` says: pending again whatever the record says; running only after a stopped attempt
-    # (`timeout`): any other record of a running job is this attempt's, written just before its end.
-    live = slurm.map(lambda s: bool(s) and is_live(s))
-    requeued = (stopped & live) | (recorded & live & ~slurm.map(lambda s: bool(s) and is_running(s)))
-    # A damaged record's job that lives on: as a missing record's, by its state (status reads it so).
-    revived = damaged & live
-    if revived.any():
-        df.loc[revived, "outcome"], df.loc[revived, "reason"] = "pending", ""
-        missing = missing | revived
-    if requeued.any():
-        df.loc[requeued, "reason"] = "requeued; the last attempt's record: " + df.loc[requeued, "reason"].fillna("").astype(str)
-        missing = missing | requeued
-    state = slurm.where(missing, "")
-    df["queue_state"] = state.where(state != "", df["queue_state"])
-    ended = missing & (state != "") & ~state.map(is_live)
-    df.loc[missing & state.map(is_running), "outcome"] = "running"
-    df.loc[requeued & ~state.map(is_running), "outcome"] = "pending"
-    df.loc[ended, "outcome"] = state[ended].map(ended_outcome)
-    df.loc[ended, "reason"] = "no result.json; Slurm state " + state[ended]
+    local = local_launchers(sweep_dir) if any(e.job_id is None for _, e, _ in judged) else {}
+    rows, outcomes, reasons, queue_states = [], [], [], []
+    for i, entry, record in judged:
+        slurm = states.get(entry.job_id) if entry.job_id else None
+        why = unreadable.get(str(df.at[i, "run_dir"])) if record is None else None
+        state, detail, cause = judge(entry, record, slurm, local_run=local.get(entry.index), unreadable=why)
+        if record is not None and cause in ("record", "manifest"):
+            continue  # the record's own outcome and message say more than `failed`
+        rows.append(i)
+        outcomes.append(ended_outcome(slurm) if cause == "slurm" and state == "failed" and slurm else _OUTCOME_OF.get(state, state))
+        # A job's queue state has a column of its own; the reason says what else decided.
+        reasons.append("" if cause == "slurm" and state != "failed" else detail)
+        queue_states.append(slurm if slurm and cause in ("requeued", "stopped", "slurm") else df.at[i, "queue_state"])
+    if rows:
+        df.loc[rows, "outcome"], df.loc[rows, "reason"], df.loc[rows, "queue_state"] = outcomes, reasons, queue_states
     return df
+
+
+_OUTCOME_OF = {"failed": "fail"}
+"""An outcome (OUTCOMES) of a state of launchers.states.judge; every other state is its own outcome."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1081,6 +1042,7 @@ def load_sweep_dir(
     plan_path = sweep_dir / PLAN_FILE
     plan = _plan_frame(plan_path, warnings) if plan_path.is_file() else pd.DataFrame()
     man_path = sweep_dir / MANIFEST_FILE
+    entries: Sequence[ManifestEntry] = ()
     if man_path.is_file():
         try:
             entries = resolve_exported(read_manifest(man_path), sweep_dir)
@@ -1088,7 +1050,6 @@ def load_sweep_dir(
             raise AnalysisError(f"bad manifest: {exc}") from None
         plan = _manifest_plan(sweep_dir, entries, plan, warnings)
         df = _merge_manifest(results, plan, entries, warnings)
-        df = _not_yet_recorded(sweep_dir, df, unreadable, entries)
     else:
         parts = [results]
         if not plan.empty:
@@ -1113,7 +1074,7 @@ def load_sweep_dir(
     # such row of a sweep would be one layout, its runs pooled.
     unknown = (_join_str(df, ("dp", "tp", "pp")) == "||").to_numpy()
     df["layout_key"] = key.where(~unknown, "")
-    return _apply_queue(df, queue, warnings, unreadable)
+    return _judge_launched(sweep_dir, df, entries, queue, warnings, unreadable) if entries else df
 
 
 def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = read_states) -> Sweeps:

@@ -43,7 +43,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.status import process_start
+from launchers.states import process_start
 from launchers.submit import (
     ConfigSpec,
     LaunchFailed,
@@ -137,7 +137,7 @@ class LocalMarks:
     at the start, one running from start(), each dropped by end(), the file removed by clear(). A local
     sweep's manifest names no Slurm job to ask, so `status` would call the running config pending, and
     every config of a launcher that was killed pending for ever. The file outlives the launch only
-    when this process is killed, which `status` then sees (launchers.status.local_run_state)."""
+    when this process is killed, which `status` then sees (launchers.states.local_run_state)."""
 
     def __init__(self, sweep_dir: Path, indices: Sequence[int]) -> None:
         pid = os.getpid()
@@ -249,7 +249,8 @@ class LocalLauncher(SweepLauncher):
             # sweeper prints for a failed JobReturn (each failure's own words are above, and in its log).
             raise LaunchFailed(
                 f"{len(failed)} of {len(specs)} configs failed ({', '.join(map(str, failed[:10]))}"
-                f"{', ...' if len(failed) > 10 else ''}); every other config ran. {failed_configs_hint(sweep_dir)}"
+                f"{', ...' if len(failed) > 10 else ''}){'; every other config ran' if len(specs) > len(failed) else ''}. "
+                f"{failed_configs_hint(sweep_dir)}"
             )
         task_name = str(self.config.hydra.job.name)
         returns = []

@@ -56,17 +56,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 import re
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
-from launchers.queue import GONE, base_state, is_live, is_running, not_a_time_limit, read_states
+from launchers.queue import read_states
 from launchers.site import check_site
+from launchers.states import judge, local_launchers
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
@@ -90,13 +89,11 @@ from train.contract import (
     RESULT_FILE,
     SLURM_LOG_DIR,
     SUBMITIT_DIR,
-    LocalRun,
     ManifestEntry,
     earlier_job_name,
     load_record,
     manifest_path,
     previous_result_name,
-    read_local_runs,
     read_manifest,
     record_matches,
     resolve_exported,
@@ -109,7 +106,6 @@ __all__ = [
     "ConfigStatus",
     "NotASweep",
     "changed_overrides",
-    "classify",
     "format_status",
     "read_sweep",
     "rerun_failed",
@@ -168,51 +164,6 @@ def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
             "local, and python -m launchers sbatch, write one)"
         )
     return read_manifest(path)
-
-
-def classify(
-    entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state: str | None
-) -> tuple[str, str]:
-    """(state, detail) of one config from its manifest entry, result.json and Slurm state."""
-    if entry.status == "skipped":
-        return "skipped", entry.reason or ""
-    if entry.status in ("refused", "interrupted", "failed"):
-        return entry.status, entry.reason or ""
-    if record is not None:
-        status = record.get("status")
-        if status == "ok":
-            return "done", ""
-        if status == "interrupted":  # Ctrl-C of a local sweep, or SIGINT to the run
-            return "interrupted", f"result.json status interrupted: {record.get('message') or 'no message'}"
-        detail = f"result.json status {status}: {record.get('message') or 'no message'}"
-        if slurm_state is not None and is_live(slurm_state) and not is_running(slurm_state):
-            # Waiting to run again (requeued after a node failure, by hand, or by a preemption): this
-            # attempt has written nothing yet, so the record, whatever it says, is an earlier attempt's.
-            # Failed, `rerun --failed` would queue a second run into the directory the job writes.
-            return "pending", f"requeued ({slurm_state}); the last attempt's {detail}"
-        if status == "timeout" and slurm_state is not None and is_running(slurm_state):
-            # Running after a requeue (a stopped attempt records `timeout`), or this attempt between its
-            # record and its end: failed now, `rerun --failed` would queue a second run into the directory
-            # it writes. Any other record of a running job is this attempt's, written just before its end
-            # (read as running, a config that failed showed running until Slurm saw the job end).
-            return "running", f"still running; its {detail}"
-        if status == "timeout" and slurm_state is not None and (stopped := not_a_time_limit(slurm_state)):
-            return "failed", f"{stopped}; {detail}"
-        return "failed", detail
-    if slurm_state is None:
-        if entry.status == "exported" and entry.job_id is None:
-            return "pending", f"no job started yet ({entry.reason or 'exported'})"
-        return "pending", ""
-    if is_running(slurm_state):
-        return "running", ""
-    if is_live(slurm_state):
-        return "pending", slurm_state  # with squeue's reason: Licenses, Priority, PartitionConfig...
-    if slurm_state == GONE:
-        return "failed", "not in squeue or sacct (cancelled while pending?), no result.json"
-    if base_state(slurm_state) == "COMPLETED":
-        # The trainer writes result.json before it exits: a job that completed without one ran something else.
-        return "failed", "job completed without writing result.json"
-    return "failed", f"Slurm state {base_state(slurm_state)}, no result.json"
 
 
 def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str, str | None]:
@@ -275,17 +226,7 @@ def sweep_status(
     for e in entries:
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign, unreadable = _record(sweep_dir, e)
-        state, detail = classify(e, record, slurm)
-        queued_here = False  # behind the config a live local launcher runs: not begun
-        if state == "pending" and record is None and e.job_id is None and e.index in local:
-            state, detail = local_run_state(local[e.index], e.index)
-            queued_here = state == "pending"
-        # An exported task may not have begun, nor a local config queued behind another.
-        started = (e.job_id is not None or e.status == "submitted") and not queued_here
-        if unreadable and started and state in ("pending", "failed") and not (slurm and is_live(slurm)):
-            # Written whole or not at all (write_json_atomic): a record there that cannot be read was
-            # damaged since, and the run it speaks for has ended; "pending" never would.
-            state, detail = "failed", f"{e.output_dir}/{RESULT_FILE} cannot be read ({unreadable})"
+        state, detail, _ = judge(e, record, slurm, local_run=local.get(e.index), unreadable=unreadable)
         if foreign and state in ("failed", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.
@@ -300,62 +241,6 @@ def sweep_status(
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
                                 None if log is None else str(log), None if moved is None else moved[0]))  # fmt: skip
     return out
-
-
-def local_run_state(run: LocalRun, index: int) -> tuple[str, str]:
-    """(state, detail) of config `index` of a local launch (no Slurm job to ask): running, or pending
-    behind the config it runs, while that launcher lives; once it is gone without the config's
-    record (killed: SIGKILL, the OOM killer, a closed terminal), failed if it had started the config and
-    interrupted if not, both of which `rerun --failed` runs again. On another host the mark is taken at
-    its word."""
-    where = f"local launcher, pid {run.pid}"
-    running = run.running == index
-    if run.host != socket.gethostname():
-        return ("running" if running else "pending"), (
-            f"{'run' if running else 'queued'} by a {where} on {run.host} (not checked from {socket.gethostname()})"
-        )
-    if _alive(run):
-        return ("running", f"by this machine's {where}") if running else (
-            "pending", f"queued by this machine's {where}")  # fmt: skip
-    if running:
-        return "failed", f"its {where}, ended without the config's result.json (killed?)"
-    return "interrupted", f"its {where}, ended before it started the config (killed?)"
-
-
-def process_start(pid: int) -> str | None:
-    """Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat's 22nd field); None
-    without /proc or without the process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # after the command name, which may hold spaces
-
-
-def _alive(run: LocalRun) -> bool:
-    if run.started is not None:
-        return process_start(run.pid) == run.started  # not a later process given the same id
-    try:
-        os.kill(run.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def local_launchers(sweep_dir: Path) -> dict[int, LocalRun]:
-    """The LocalRun that speaks for each config index its files list. A SIGKILLed launcher leaves its
-    file, so a config rerun since is listed by the dead one's and by the rerun's: a live launcher wins
-    (one on another host taken at its word, as in local_run_state), then the latest started (None:
-    oldest), not whichever file name sorts last."""
-    here = socket.gethostname()
-
-    def rank(run: LocalRun) -> tuple[bool, int]:
-        started = str(run.started)
-        return run.host != here or _alive(run), int(started) if started.isdigit() else -1
-
-    return {i: run for run in sorted(read_local_runs(sweep_dir), key=rank) for i in run.queued}
 
 
 def _launched_elsewhere(sweep_dir: Path) -> dict[int, tuple[str, str]]:
@@ -519,7 +404,7 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_o
             entries += listed
             here += local
         # Marked as this live process's before the lock is let go: a rerun meanwhile finds them queued
-        # here (launchers.status.local_run_state), not failed by the launcher that was killed.
+        # here (launchers.states.local_run_state), not failed by the launcher that was killed.
         marks = LocalMarks(sweep_dir, [spec.index for spec, _ in here]) if here else None
     # What runs on this machine runs once the lock is let go (for hours, maybe), the Slurm jobs queued;
     # in one run_here, so that a Ctrl-C marks every config it did not start interrupted.

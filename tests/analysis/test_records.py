@@ -219,14 +219,14 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
               "1000_4": "PENDING (BeginTime)", "1000_5": "RUNNING"}  # fmt: skip
     df = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids if i in states}).table.set_index("run_dir")
     assert (df.loc["runs/4", "outcome"], df.loc["runs/4", "queue_state"]) == ("pending", "PENDING (BeginTime)")
-    assert df.loc["runs/4", "reason"] == "requeued; the last attempt's record: NCCL communicator aborted"
+    assert df.loc["runs/4", "reason"] == "requeued (PENDING (BeginTime)); the last attempt's result.json status error: NCCL communicator aborted"
     assert df.loc["runs/5", "outcome"] == "oom"
     assert (df.loc["runs/0", "outcome"], df.loc["runs/0", "reason"]) == (
-        "fail", "cancelled (Slurm state CANCELLED), not a time limit; received SIGTERM"
+        "fail", "cancelled (Slurm state CANCELLED), not a time limit; result.json status timeout: received SIGTERM"
     )
     assert df.loc["runs/1", "outcome"] == "timeout"
     assert [df.loc[d, "outcome"] for d in ("runs/2", "runs/3")] == ["running", "pending"]
-    assert df.loc["runs/3", "reason"] == "requeued; the last attempt's record: received SIGTERM"
+    assert df.loc["runs/3", "reason"] == "requeued (PENDING); the last attempt's result.json status timeout: received SIGTERM"
 
 
 def test_a_config_whose_directory_holds_another_configs_record_is_still_listed(sweep: Path) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from launchers.queue import GONE, read_states
 from launchers.sbatch import export_sweep
-from launchers.status import ConfigStatus, classify, format_status, sweep_status, unresolved_failures
+from launchers.states import classify
+from launchers.status import ConfigStatus, format_status, sweep_status, unresolved_failures
 from tests.launchers.test_slurm_launcher import REPO, TINY, result, sweep, wait_for_results, wait_until
 from train.contract import (
     EXIT_FAILED,
@@ -41,56 +42,57 @@ SUBMITTED = ManifestEntry(index=0, overrides=("a=1",), output_dir="0", status="s
 
 
 def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
-    assert classify(SUBMITTED, {"status": "ok"}, "FAILED") == ("done", "")
-    state, detail = classify(SUBMITTED, {"status": "oom", "message": "CUDA out of memory"}, "COMPLETED")
+    assert classify(SUBMITTED, {"status": "ok"}, "FAILED") == ("done", "", "record")
+    state, detail, _ = classify(SUBMITTED, {"status": "oom", "message": "CUDA out of memory"}, "COMPLETED")
     assert state == "failed" and "oom" in detail and "CUDA out of memory" in detail
     assert classify(SUBMITTED, None, "TIMEOUT")[0] == "failed"
-    assert classify(SUBMITTED, None, "CANCELLED by 0") == ("failed", "Slurm state CANCELLED, no result.json")
+    assert classify(SUBMITTED, None, "CANCELLED by 0") == ("failed", "Slurm state CANCELLED, no result.json", "slurm")
     assert classify(SUBMITTED, None, "COMPLETED")[0] == "failed"
-    assert classify(SUBMITTED, None, "RUNNING") == ("running", "")
-    assert classify(SUBMITTED, None, "PENDING") == ("pending", "PENDING")
-    assert classify(SUBMITTED, None, "PENDING (Licenses)") == ("pending", "PENDING (Licenses)")
+    assert classify(SUBMITTED, None, "RUNNING") == ("running", "", "slurm")
+    assert classify(SUBMITTED, None, "PENDING") == ("pending", "PENDING", "slurm")
+    assert classify(SUBMITTED, None, "PENDING (Licenses)") == ("pending", "PENDING (Licenses)", "slurm")
     # Requeued after a failure (a node failure, by hand): waiting to run, this attempt wrote nothing, so
     # any record is an earlier attempt's. Failed, rerun --failed queued a second run into its directory.
     for record in ({"status": "error", "message": "m"}, {"status": "nan"}, {"status": "oom"}):
         for slurm in ("PENDING (Priority)", "REQUEUED", "REQUEUE_HOLD", "SPECIAL_EXIT"):
-            state, detail = classify(SUBMITTED, record, slurm)
+            state, detail, cause = classify(SUBMITTED, record, slurm)
             assert state == "pending" and detail.startswith(f"requeued ({slurm}); the last attempt's"), (record, slurm)
+            assert cause == "requeued"
     # Running, the record is this attempt's, written just before its end.
     assert classify(SUBMITTED, {"status": "error", "message": "m"}, "RUNNING")[0] == "failed"
-    assert classify(SUBMITTED, None, "STOPPED") == ("running", "")  # SIGSTOPped, still Slurm's
+    assert classify(SUBMITTED, None, "STOPPED") == ("running", "", "slurm")  # SIGSTOPped, still Slurm's
     # Preempted without a requeue: the stopped run recorded `timeout`, which read as a time limit.
     preempted = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "PREEMPTED")
-    assert preempted[0] == "failed" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
+    assert preempted[0] == "failed" and preempted.cause == "stopped" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
     # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
     cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
     assert cancelled[0] == "failed" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
     assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "TIMEOUT")[1].startswith(
         "result.json status timeout"
     )
-    assert classify(SUBMITTED, None, None) == ("pending", "")
+    assert classify(SUBMITTED, None, None) == ("pending", "", "unknown")
     # Requeued (scontrol requeue, a preemption): the record is the last attempt's, the job runs again.
     requeued = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "PENDING (BeginTime)")
     assert requeued[0] == "pending" and requeued[1].startswith("requeued (PENDING (BeginTime))")
     assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "RUNNING")[0] == "running"
-    assert classify(SUBMITTED, {"status": "ok"}, "RUNNING") == ("done", "")
+    assert classify(SUBMITTED, {"status": "ok"}, "RUNNING") == ("done", "", "record")
     # A failure's record while its job is still ending (no requeue follows an error) is failed at once.
     assert classify(SUBMITTED, {"status": "error", "message": "DataFileError: x"}, "RUNNING")[0] == "failed"
     skipped = ManifestEntry(
         index=1, overrides=(), output_dir="1", status="skipped", reason="tp=3 does not divide"
     )
-    assert classify(skipped, None, None) == ("skipped", "tp=3 does not divide")
+    assert classify(skipped, None, None) == ("skipped", "tp=3 does not divide", "manifest")
     refused = ManifestEntry(
         index=2, overrides=(), output_dir="2", status="refused", reason="sbatch refused: invalid partition"
     )
-    assert classify(refused, None, None) == ("refused", "sbatch refused: invalid partition")
+    assert classify(refused, None, None) == ("refused", "sbatch refused: invalid partition", "manifest")
     exported = ManifestEntry(
         index=3, overrides=(), output_dir="3", status="exported", reason="exported to a.sbatch, array task 3"
     )
     # No job has recorded itself: queued or never submitted, this side cannot tell.
-    state, detail = classify(exported, None, None)
+    state, detail, _ = classify(exported, None, None)
     assert state == "pending" and "no job started yet" in detail and "a.sbatch, array task 3" in detail
-    assert classify(exported, {"status": "ok"}, None) == ("done", "")
+    assert classify(exported, {"status": "ok"}, None) == ("done", "", "record")
 
 
 def test_format_status_shows_varying_overrides_counts_and_bar() -> None:
@@ -163,7 +165,7 @@ def test_status_of_exported_configs_uses_the_job_ids_their_tasks_recorded(tmp_pa
 def test_a_live_local_launcher_outranks_the_file_a_killed_one_left(tmp_path: Path) -> None:
     # A SIGKILLed local launcher leaves its LocalRun file; `rerun --failed` runs the config again under a
     # new launcher with its own. Status read the file that sorts last, the dead one's: "failed (killed?)".
-    from launchers.status import process_start
+    from launchers.states import process_start
 
     entry = ManifestEntry(index=0, overrides=("a=1",), output_dir="0", status="submitted")  # no job id: local
     write_manifest([entry], tmp_path / "manifest.jsonl")
@@ -194,7 +196,7 @@ def test_a_local_config_queued_behind_another_is_pending_whatever_lies_in_its_di
     # An unreadable result.json left in config 1's directory (an older sweep's): status and the analysis
     # called it failed, and `rerun --failed` would run it while the live launcher is yet to.
     from analysis.records import load_sweeps
-    from launchers.status import process_start
+    from launchers.states import process_start
 
     entries = [ManifestEntry(index=i, overrides=(f"a={i}",), output_dir=str(i), status="submitted") for i in (0, 1)]
     write_manifest(entries, tmp_path / "manifest.jsonl")
