@@ -78,13 +78,14 @@ from launchers.bulk import bulk_allocation
 from launchers.sweepdir import (
     HYDRA_OPTIONS,
     EarlierConfig,
+    RunsFailed,
     UsageError,
     claim_sweep_dir,
     missing_dirs,
     sweep_lock,
     writable_dir,
 )
-from train.contract import EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
+from train.contract import EXIT_FAILED, EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
 from train.distributed import launch_from_env, run_world
 from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import Violation, validate
@@ -939,7 +940,9 @@ _shared: tuple[ConfigLoader, DictConfig, FastComposer] | None = None
 def usage_exits(*, made: Path | None = None) -> Iterator[None]:
     """A sweep refused for its input (UsageError) or an override that does not compose ends as a
     single run's bad input does: its paragraph on stderr and EXIT_USAGE. Hydra's run_and_report
-    would exit 1, a failed run's status, for any exception; SystemExit passes it by. `made`: the
+    would exit 1, a failed run's status, for any exception; SystemExit passes it by. A launch whose
+    configs failed (RunsFailed) ends with its paragraph and EXIT_FAILED, without the hint Hydra adds
+    to every error it prints (set HYDRA_FULL_ERROR for a stack trace), as if megasweep had crashed. `made`: the
     top directory this launch created (the sweep directory or one above it); refused, it goes again
     with the multirun.yaml Hydra's sweeper wrote there first, so that "nothing was written" holds."""
     try:
@@ -951,6 +954,10 @@ def usage_exits(*, made: Path | None = None) -> Iterator[None]:
         text = str(exc).strip()
         print(text if text.startswith("error:") else f"error: {text}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
+    except RunsFailed as exc:
+        # What ran is written (the manifest, each run's record): nothing to forget, only to say.
+        print(str(exc).strip(), file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
     except SystemExit as done:
         if done.code == EXIT_USAGE:  # a launcher's own usage_exits has said why
             _forget_sweep_dir(made)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra._internal.config_loader_impl import get_overrides_dirname
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
@@ -75,7 +75,7 @@ from launchers.allocation import (
 from launchers.compose import FastComposer, parse_override
 from launchers.job import TrainCommand
 from launchers.site import check_sbatch_scripts, license_totals
-from launchers.sweepdir import UsageError
+from launchers.sweepdir import RunsFailed, UsageError
 from train.contract import (
     LAUNCH_FILE,
     REFUSED_PREFIX,
@@ -632,9 +632,9 @@ def infeasible_summary(entries: Sequence[ManifestEntry]) -> list[str]:
     ]
 
 
-class LaunchFailed(CompactHydraException):
-    """A launch whose sbatch Slurm refused for some configs, or whose local configs failed: the
-    command exits 1 (Hydra prints this paragraph) after the manifest says what happened."""
+class LaunchFailed(RunsFailed):
+    """A launch whose sbatch Slurm refused for some configs, or whose configs failed: the command
+    exits EXIT_FAILED with this paragraph after the manifest says what happened."""
 
 
 class NothingSubmitted(LaunchFailed, UsageError):

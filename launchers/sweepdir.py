@@ -68,6 +68,7 @@ from train.contract import (
 __all__ = [
     "HYDRA_OPTIONS",
     "EarlierConfig",
+    "RunsFailed",
     "SweepDirError",
     "UsageError",
     "SweepOptions",
@@ -88,6 +89,13 @@ class UsageError(CompactHydraException):
     """A launch refused for its input before anything ran (a sweep directory, a site option, a search
     option): one paragraph, and the sweepers exit with EXIT_USAGE (launchers.compose.usage_exits),
     where Hydra would exit 1 for any exception, the same status as a run that failed."""
+
+
+class RunsFailed(CompactHydraException):
+    """A launch that ran or queued what it could, some of whose configs failed or were refused: one
+    paragraph (which, where their words are, how to rerun them), and the sweepers exit with EXIT_FAILED
+    (launchers.compose.usage_exits) without Hydra's hint to set HYDRA_FULL_ERROR, which reads as a crash
+    of megasweep's own."""
 
 
 class SweepDirError(UsageError):

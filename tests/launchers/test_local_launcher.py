@@ -74,8 +74,12 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
         ],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert proc.returncode != 0
+    assert proc.returncode == EXIT_FAILED
     assert "config 0 failed" in proc.stderr
+    # One paragraph at the end, without Hydra's hint of a crash (set HYDRA_FULL_ERROR for a traceback).
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("1 of 2 configs failed (0); every other config ran. python -m launchers status "), proc.stderr
+    assert "HYDRA_FULL_ERROR" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     first, second = read_manifest(sweep_dir)
     bad, good = result(sweep_dir, first), result(sweep_dir, second)
     assert bad is not None and bad["status"] == "error"
