@@ -701,7 +701,8 @@ def unknown_work(df: pd.DataFrame) -> str:
             "configs into its directory (hydra/launcher=plan, hydra.launcher.append=true) places them now."
         )
     if ended:
-        parts.append("The others ended, or never ran, without a record: they count for no work.")
+        those = "The others" if waiting else ("It" if ended == 1 else "They")
+        parts.append(f"{those} ended, or never ran, without a record: {'it counts' if those == 'It' else 'they count'} for no work.")
     return " ".join(parts)
 
 

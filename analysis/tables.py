@@ -590,7 +590,7 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     (1.0 = perfect scaling). Cells with several runs of the same work (repeats, other overrides)
     keep the fastest.
     """
-    runs = narrow(df, _SCALING_COLUMNS)[df["outcome"].isin(_RAN)].copy()
+    runs = _placed(narrow(df, _SCALING_COLUMNS)[df["outcome"].isin(_RAN)]).copy()
     if runs.empty:
         return pd.DataFrame()
     label = runs["model"].astype(str) + " (tp=" + _texts(runs["tp"]) + " pp=" + _texts(runs["pp"])
@@ -645,6 +645,13 @@ def scaling_markdown(frame: pd.DataFrame) -> str | None:
 # ZeRO comparison (seed 004's first tables: one row per engine setting, nodes*devices across)
 
 _RAN = ("ok", "oom", "nan", "timeout", "fail")
+
+
+def _placed(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose layout and size are known: a config that failed before its record, in a sweep
+    without a dry run's plan of it, has neither, and no place in a table of layouts (its row of blanks
+    widened every variant's label by the fields it seemed to vary)."""
+    return runs[runs["tp"].notna() & runs["pp"].notna() & runs["devices"].notna()]
 _ZERO_SETTINGS = ("engine", "zero_stage", "offload")
 _ENGINE_RANK = {"native": 0, "deepspeed": 1}
 _OFFLOAD_RANK = {"none": 0, "optimizer": 1, "params": 2}
@@ -722,7 +729,7 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     several runs (e.g. different batch sizes) keep the fastest; rows come in the seed's order,
     per model the baseline first, then by engine, stage, offload and model parallelism.
     """
-    runs = narrow(df, _ZERO_READ)[df["outcome"].isin(_RAN)].copy()
+    runs = _placed(narrow(df, _ZERO_READ)[df["outcome"].isin(_RAN)]).copy()
     if runs.empty:
         return pd.DataFrame(columns=list(ZERO_COLUMNS))
     for name in _ZERO_SETTINGS:

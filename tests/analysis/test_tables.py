@@ -160,6 +160,19 @@ def test_runs_that_do_not_say_their_nodes_get_a_column_per_device_count(tmp_path
     assert "6558.31 samples/s" in row and "12442.73 samples/s" in row
 
 
+def test_a_run_without_a_layout_is_no_row_of_the_scaling_table(tmp_path: Path) -> None:
+    # A config that failed before its record in a sweep without a dry run's plan of it (a local run
+    # refused by its device): no model, degrees or size. It made a row of blanks, and every variant's
+    # label then named each field it seemed to vary.
+    df = _scaling_sweep(tmp_path)
+    blank = df.iloc[[-1]].copy()
+    for name in ("model", "tp", "pp", "mbs", "dp", "devices", "nodes", "seq_length"):
+        blank[name] = "" if name == "model" else float("nan")
+    blank["outcome"], blank["run_dir"] = "fail", "killed"
+    frame = scaling_frame(pd.concat([df, blank], ignore_index=True))
+    assert frame.equals(scaling_frame(df)), frame
+
+
 def test_no_scaling_table_for_one_scale(tmp_path: Path) -> None:
     df = _scaling_sweep(tmp_path)
     assert scaling_markdown(scaling_frame(df[df["nodes"] == 4])) is None
