@@ -111,7 +111,7 @@ def _analyse_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-nodes", type=_at_least_one, default=None, help="recommend layouts on at most this many nodes")
     p.add_argument("--max-mem-gib", type=_gib, default=None, help="recommend layouts peaking at most this (GiB)")
     p.add_argument("--dp-multiple", type=_at_least_one, default=None, help="recommend layouts whose DP is a multiple of this")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (and remove an earlier analysis's from the output directory)")
     p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
     log = p.add_argument_group("logging the analysis to W&B")
     log.add_argument("--wandb-log", action="store_true", help="log the analysis as a W&B run (WANDB_MODE honoured)")
@@ -422,6 +422,8 @@ def analyse(argv: Sequence[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         if plotting is not None:
             plotting.draw(df, out)
+        else:
+            _forget_plots(out)
         written, md, rec_text = _tables(df, sweeps, args, out)
         plots = plotting.result() if plotting is not None else None
     finally:
@@ -461,6 +463,15 @@ def analyse(argv: Sequence[str]) -> int:
         print(plots.skipped_line())
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0
+
+
+def _forget_plots(out: Path) -> None:
+    """--no-plots: an earlier analysis's plots in `out` (of other sweeps, or of fewer runs) would be
+    read as this one's, beside its tables; they go, as a plot with nothing to draw does (write_plot)."""
+    from analysis.plots import PLOT_FILES
+
+    for name in PLOT_FILES:
+        (out / name).unlink(missing_ok=True)
 
 
 def compare(argv: Sequence[str]) -> int:

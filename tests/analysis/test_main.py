@@ -73,6 +73,19 @@ def test_an_earlier_analysiss_zero_table_is_not_left_beside_this_ones(tmp_path: 
     assert ZERO_SECTION not in (out / "results.md").read_text() and not (out / "zero.csv").exists()
 
 
+def test_no_plots_leaves_no_earlier_analysiss_plots_beside_this_ones_tables(tmp_path: Path) -> None:
+    # An earlier analysis's plots (of other sweeps, or of fewer runs) in the output directory stayed
+    # beside the new tables under --no-plots, as if drawn from them (a plot with nothing to draw goes).
+    from analysis.plots import PLOT_FILES
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in PLOT_FILES:
+        (out / name).write_bytes(b"an earlier analysis's plot")
+    assert main([str(build_sweep(tmp_path / "bloom_sweep")), "--no-queue", "--no-plots", "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.md", "scaling.csv"]
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end on the local Slurm cluster
 
