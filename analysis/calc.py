@@ -288,10 +288,13 @@ LAYOUT_RULES = (
     "ffn_divisible_by_tp",
     "vocab_padding",
     "world_size",
+    "hardware_figures",
 )
 """The rules (train.planner.rules) a measured figure's layout must pass to be counted: the model's
-shapes split by tp (the vocabulary padded for it), and `devices` (the world size) holding whole replicas. Batch, memory and engine
-rules are not the calculator's business: the figure was measured, whatever the planner thinks."""
+shapes split by tp (the vocabulary padded for it), `devices` (the world size) holding whole replicas,
+and the hardware's figures within what they can be (a peak of 0 was refused by the FLOPs arithmetic,
+in words that named no field). Batch, memory and engine rules are not the calculator's business: the
+figure was measured, whatever the planner thinks."""
 
 
 def check_layout(run: RunConfig, devices: int) -> Layout:
@@ -305,7 +308,9 @@ def check_layout(run: RunConfig, devices: int) -> Layout:
             message += (
                 f" Or keep parallelism.dp={par.dp} and give devices={Layout.of(par).world_size}."
             )
-        raise CalcError(f"the layout cannot run (devices={devices} is its world size): {message}")
+        what = (f"the layout cannot run (devices={devices} is its world size)"
+                if any(v.rule != "hardware_figures" for v in broken) else "the hardware cannot be counted with")  # fmt: skip
+        raise CalcError(f"{what}: {message}")
     return Layout.of(par, devices)
 
 

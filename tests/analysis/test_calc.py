@@ -205,6 +205,9 @@ def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str]
         (["parallelism.tp=3", "sec_per_iter=1", "devices=3"], "num_attention_heads", "divisors"),
         (["parallelism.tp=2", "sec_per_iter=1", "devices=3"], "devices=3", "multiple"),
         (["parallelism.dp=2", "sec_per_iter=1", "devices=4"], "parallelism.dp=2", "devices=2"),
+        # A peak of 0 was refused by the FLOPs arithmetic, naming no field (and with a hint on Hydra's syntax).
+        (["model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "sec_per_iter=1", "devices=8",
+          "hardware.peak_tflops_bf16=0"], "[hardware_figures] hardware.peak_tflops_bf16=0.0", "peaks"),
         (
             [
                 "model=gpt_1.3b",
