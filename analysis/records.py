@@ -748,11 +748,15 @@ def _neighbour_counts(df: pd.DataFrame) -> pd.Series:
 
 
 def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
+    bad: list[str] = []
     try:
-        rows = read_plan_csv(path)
+        rows = read_plan_csv(path, bad=bad)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         warnings.append(f"{path}: not a readable plan ({exc}); ignored")
         return pd.DataFrame()
+    if bad:
+        shown = "; ".join(bad[:3]) + ("; ..." if len(bad) > 3 else "")
+        warnings.append(f"{path}: {len(bad)} row(s) are not plan rows ({shown}); left out, the other {len(rows)} read")
     return _plan_rows_frame(rows)
 
 

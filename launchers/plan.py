@@ -285,8 +285,15 @@ class PlanLauncher(SweepLauncher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         csv_file = sweep_dir / self.csv_name
         if self._first_index is None and self.append and csv_file.is_file():
-            # Adding to a sweep: its earlier plan rows stay in the file.
-            self.rows = read_plan_csv(csv_file)
+            # Adding to a sweep: its earlier plan rows stay in the file (rewritten with the new ones, so a
+            # row that does not read is refused here, not dropped).
+            try:
+                self.rows = read_plan_csv(csv_file)
+            except (OSError, ValueError) as exc:
+                raise UsageError(
+                    f"hydra.launcher.append=true: the plan added to cannot be read ({exc}); nothing was planned or "
+                    f"written. Mend or move {csv_file}, or plan into another directory (hydra.sweep.dir=...)."
+                ) from None
         if self._first_index is None:  # a sweep's first batch; a later one is never empty
             refuse_empty_sweep(job_overrides)
         first = self.first_index(sweep_dir) + initial_job_idx

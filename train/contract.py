@@ -993,6 +993,9 @@ class PlanRow:
     """'[advisory] message' of a layout that runs with a caveat (train.planner.rules.advise)."""
     pred_note: str = ""
     """Why a feasible row has no prediction: the figure or file the time model lacks (empty: predicted)."""
+    seq_length: int = 0
+    """Tokens per sample (model.seq_length): with the model and global batch, the work a row is ranked
+    among (0: a plan written before this column)."""
 
 
 PLAN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PlanRow))
@@ -1037,11 +1040,24 @@ def _parse(name: str, text: str) -> Any:
     return text
 
 
-def read_plan_csv(path: str | Path) -> list[PlanRow]:
+def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[PlanRow]:
     """Rows written by `write_plan_csv`, as PlanRows again (plans written before a column existed
-    read with its default)."""
+    read with its default). A row that is not one (cut short or run on: a plan copied, or edited by
+    hand; a value that does not parse) is ValueError naming its line, or, given `bad`, named there
+    ("line N: why") and left out, so that the other rows are read."""
+    rows = []
     with Path(path).open(newline="", encoding="utf-8") as f:
-        return [
-            PlanRow(**{k: _parse(k, v) for k, v in record.items() if k in PlanRow.__dataclass_fields__})
-            for record in csv.DictReader(f)
-        ]
+        reader = csv.DictReader(f)
+        for record in reader:
+            try:
+                # DictReader gives a short row's missing fields None, and a long row's extra ones the key None.
+                if None in record or None in record.values():
+                    n = sum(v is not None for k, v in record.items() if k is not None) + len(record.get(None) or ())  # type: ignore[call-overload]
+                    raise ValueError(f"{n} fields where the header names {len(reader.fieldnames or ())}")
+                rows.append(PlanRow(**{k: _parse(k, v) for k, v in record.items() if k in PlanRow.__dataclass_fields__}))
+            except (ValueError, TypeError) as exc:
+                why = f"line {reader.line_num}: {exc}"
+                if bad is None:
+                    raise ValueError(f"{path}, {why}") from None
+                bad.append(why)
+    return rows

@@ -66,6 +66,22 @@ def test_a_dry_run_refuses_configs_that_would_share_an_output_directory(tmp_path
     )
 
 
+def test_a_dry_run_added_to_a_plan_whose_rows_do_not_read_is_refused(tmp_path: Path) -> None:
+    # The plan is rewritten with the added rows: a row that does not read would be dropped from it, so
+    # the dry run is refused (it raised TypeError's traceback) and the plan is left as it was.
+    first = run_train("-m", "parallelism.micro_batch_size=1,2", "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr
+    plan = tmp_path / "plan.csv"
+    damaged = plan.read_text()[:-20]  # the last row cut short
+    plan.write_text(damaged)
+    added = run_train("-m", "parallelism.micro_batch_size=4", "hydra/launcher=plan", "hydra.launcher.append=true",
+                      f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    assert added.returncode == EXIT_USAGE, added.stdout + added.stderr
+    assert added.stderr.startswith("error: hydra.launcher.append=true: the plan added to cannot be read ("), added.stderr
+    assert "plan.csv, line 3: " in added.stderr and "Traceback" not in added.stderr
+    assert plan.read_text() == damaged
+
+
 def test_plan_sweep_plans_and_runs_nothing(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     proc = run_train(

@@ -186,16 +186,18 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
         pred_mfu=predicted[2],
         overrides=overrides,
         pred_note=predicted[3],
+        seq_length=m.seq_length,
     )
 
 
 def rank_predictions(rows: Sequence[PlanRow]) -> list[PlanRow]:
     """The rows in their order, each feasible predicted one ranked (pred_rank, 1 = fastest) among
-    the rows that do the same work: the same model and global batch."""
-    groups: dict[tuple[str, int], list[int]] = {}
+    the rows that do the same work: the same model, global batch and sequence length (a longer
+    sequence is more work per sample, and its layouts were ranked among the shorter one's)."""
+    groups: dict[tuple[str, int, int], list[int]] = {}
     for i, row in enumerate(rows):
         if row.feasible and math.isfinite(row.pred_sec_per_iter):
-            groups.setdefault((row.model, row.global_batch_size), []).append(i)
+            groups.setdefault((row.model, row.global_batch_size, row.seq_length), []).append(i)
     ranks = dict.fromkeys(range(len(rows)), 0)
     for members in groups.values():
         for rank, i in enumerate(sorted(members, key=lambda i: rows[i].pred_sec_per_iter), start=1):
@@ -292,6 +294,7 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("SP", ">"),
     ("MBS", ">"),
     ("GBS", ">"),
+    ("seq", ">"),
     ("recompute", ">"),
     ("ZeRO", ">"),
     ("offload", ">"),
@@ -306,8 +309,9 @@ _TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rank", ">"),
     ("reasons", "<"),
 )
-_SHOWN_WHEN_VARYING = frozenset({"offload", "prec", "engine"})
-"""Columns shown only when the rows differ in them: rarely swept, and the table is wide already.
+_SHOWN_WHEN_VARYING = frozenset({"seq", "offload", "prec", "engine"})
+"""Columns shown only when the rows differ in them: rarely swept, and the table is wide already
+(a sequence length swept makes rows of a model look alike, each ranked among its own length's).
 The layout columns (SP, recompute, ZeRO) are always shown, as the search's table shows them."""
 
 
@@ -324,6 +328,7 @@ def _table_cells(row: PlanRow) -> list[str]:
         "yes" if row.sequence_parallel else "-",
         str(row.micro_batch_size),
         str(row.global_batch_size),
+        str(row.seq_length) if row.seq_length else "-",
         row.recompute,
         str(row.zero_stage),
         row.offload,
@@ -343,8 +348,9 @@ def _table_cells(row: PlanRow) -> list[str]:
 def format_plan_table(rows: Sequence[PlanRow]) -> str:
     """Fixed-width table of rows, one line each under a header; reasons come last, unpadded.
 
-    Every layout option is shown: SP, recompute and ZeRO always, offload, precision and engine
-    when the rows do not all share them. Other overrides are in plan.csv's `overrides`."""
+    Every layout option is shown: SP, recompute and ZeRO always, the sequence length, offload,
+    precision and engine when the rows do not all share them. Other overrides are in plan.csv's
+    `overrides`."""
     body = [_table_cells(r) for r in rows]
     shown = [
         i for i, (header, _) in enumerate(_TABLE_COLUMNS)

@@ -224,15 +224,34 @@ def test_a_plan_written_before_the_layout_option_columns_reads_with_their_defaul
     path = write_plan_csv([plan_run(compose_run("parallelism.recompute=full"))], tmp_path / "plan.csv")
     with path.open(newline="") as f:
         records = list(csv.DictReader(f))
-    new = ("sequence_parallel", "recompute", "zero_stage", "offload", "precision", "engine")
+    new = ("sequence_parallel", "recompute", "zero_stage", "offload", "precision", "engine", "seq_length")
     old = [c for c in PLAN_COLUMNS if c not in new]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=old, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
     (row,) = read_plan_csv(path)
-    assert (row.recompute, row.zero_stage, row.sequence_parallel) == ("none", 0, False)
+    assert (row.recompute, row.zero_stage, row.sequence_parallel, row.seq_length) == ("none", 0, False, 0)
     assert row.model == "tiny" and row.feasible
+
+
+def test_a_row_that_is_not_a_plan_row_is_named_by_its_line(tmp_path: Path) -> None:
+    # A plan copied while it was written, or edited by hand: a row cut short made the analysis drop the
+    # whole plan ("int() argument must be ... not 'NoneType'", no line named), or, cut after the columns
+    # that parse, was read with blanks.
+    rows = [plan_run(compose_run(f"parallelism.micro_batch_size={mbs}"), overrides=f"m={mbs}") for mbs in (1, 2, 4, 8)]
+    path = write_plan_csv(rows, tmp_path / "plan.csv")
+    lines = path.read_text().splitlines(keepends=True)
+    cut = lines[2][: lines[2].index("m=2") + 2] + "\n"  # cut inside its overrides
+    run_on = lines[3].rstrip("\n") + ",extra\n"
+    path.write_text("".join([lines[0], lines[1], cut, run_on, lines[4]]))
+    bad: list[str] = []
+    back = read_plan_csv(path, bad=bad)
+    assert [r.overrides for r in back] == ["m=1", "m=8"]
+    assert bad == [f"line 3: {len(PLAN_COLUMNS) - 3} fields where the header names {len(PLAN_COLUMNS)}",
+                   f"line 4: {len(PLAN_COLUMNS) + 1} fields where the header names {len(PLAN_COLUMNS)}"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"plan.csv, line 3: "):
+        read_plan_csv(path)
 
 
 def test_format_params() -> None:
@@ -286,6 +305,26 @@ def test_feasible_rows_carry_the_time_model_and_are_ranked_for_the_same_work() -
     assert [r.pred_rank for r in shown] == [1, 2, 3, 0, 0]
     assert not shown[-1].feasible
     assert "pred s/it" in format_plan_table(shown)
+
+
+def test_a_sequence_length_swept_is_other_work_ranked_on_its_own() -> None:
+    # Twice the tokens per sample is more than twice the FLOPs per iteration: seq 2048's layouts were
+    # ranked among seq 1024's, and two rows that looked alike in the table read rank 1 and rank 3.
+    from train.planner.plan import rank_predictions
+
+    rows = [
+        plan_run(compose_run("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.dp=8",
+                             "parallelism.global_batch_size=512", f"parallelism.tp={tp}", f"model.seq_length={seq}"))
+        for tp in (1, 2) for seq in (1024, 2048)
+    ]  # fmt: skip
+    assert [r.seq_length for r in rows] == [1024, 2048, 1024, 2048]
+    ranked = rank_predictions(rows)
+    for seq in (1024, 2048):
+        mine = [r for r in ranked if r.seq_length == seq]
+        assert sorted(r.pred_rank for r in mine) == [1, 2]
+        assert min(mine, key=lambda r: r.pred_sec_per_iter).pred_rank == 1
+    table = format_plan_table(ranked)
+    assert " seq " in table.splitlines()[0] and " seq " not in format_plan_table(ranked[:1]).splitlines()[0]
 
 
 def test_infeasible_rows_are_counted_by_rule_with_an_example() -> None:
