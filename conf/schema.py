@@ -330,7 +330,7 @@ class TrainingConfig:
     data_dtype: TokenDtype = TokenDtype.auto
     """Width of data_path's ids, which the headerless file cannot say (auto | uint16 | uint32); auto: uint16 if model.vocab_size <= 65536."""
     save_interval: int = 0
-    """Iterations between checkpoints, and resume from the latest of this layout in checkpoint_dir; 0 neither (iterations)."""
+    """Iterations between checkpoints (and one after the last), and resume from the latest of this layout in checkpoint_dir; 0 neither (iterations)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; null means <run dir>/checkpoints."""
     collective_timeout_s: float = 300.0

@@ -150,8 +150,10 @@ def checkpoint_boundary(
     rank: int,
     stop: StopRequest | None,
 ) -> None:
-    """After step `step`: save every training.save_interval steps; when any rank got Slurm's signal,
-    save now (synchronously), then raise TrainingPreempted. Every rank calls this at every step."""
+    """After step `step`: save every training.save_interval steps and after the last (as Megatron does:
+    its steps after the last multiple were lost, and the same command run again trained them again and
+    replaced the finished run's measured record with theirs); when any rank got Slurm's signal, save
+    now (synchronously), then raise TrainingPreempted. Every rank calls this at every step."""
     last_step = run.training.train_iters
     signal_hook(rank, step)
     # One scalar all-reduce per step: the ranks must stop at the same step even when the signal
@@ -159,7 +161,7 @@ def checkpoint_boundary(
     received = stop.agreed(device) if stop is not None else None
     stopping = received is not None and step < last_step
     ckpt.poll()  # a finished asynchronous save becomes `latest` now, not at the next save
-    if step % run.training.save_interval == 0 or stopping:
+    if step % run.training.save_interval == 0 or step == last_step or stopping:
         state = engine.checkpoint_state()
         ckpt.save(step, **state, losses=losses, consumed_samples=consumed_samples, blocking=stopping)
     if stopping:

@@ -334,6 +334,19 @@ def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path
     assert record["final_loss"] == finished["final_loss"] == finished["losses"][-1] is not None
 
 
+def test_the_steps_after_the_last_interval_are_saved_too(tmp_path: Path) -> None:
+    # train_iters=5 with save_interval=2: step 5 was never saved, so the same command again trained it
+    # again and its record, of one unmeasured iteration, replaced the finished run's measured one.
+    first, finished = launch(tmp_path / "run", "training.train_iters=5")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert finished["checkpoint"]["saved_steps"] == [2, 4, 5]
+    assert read_latest(Path(finished["checkpoint"]["dir"])) == 5
+    measured = (tmp_path / "run" / RESULT_FILE).read_bytes()
+    again, _ = launch(tmp_path / "run", "training.train_iters=5")
+    assert again.returncode == 0 and iterations_logged(again.stdout) == [], again.stdout[-2000:]
+    assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured
+
+
 def test_a_token_width_other_than_auto_is_part_of_what_a_resume_must_keep() -> None:
     # It changes the tokens every step sees; `auto`, or the width auto picks, adds no key, so that
     # checkpoints saved before training.data_dtype existed still resume.
