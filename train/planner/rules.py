@@ -513,6 +513,11 @@ def _check_training_values(tr: TrainingConfig) -> Violation | None:
     if not _is_nonneg_int(tr.save_interval):
         bad["training.save_interval"] = tr.save_interval
         rules.append("training.save_interval counts iterations between checkpoints, 0 (none) or more")
+    if not (_is_nonneg_int(tr.seed) and tr.seed < 2**64):
+        # numpy's generator (synthetic data) takes no negative seed, torch's none of 2**64 or more:
+        # either failed with a traceback once the run had started its record and W&B.
+        bad["training.seed"] = tr.seed
+        rules.append("training.seed seeds torch's and numpy's generators, a whole number from 0 to 2**64-1 (e.g. 1234)")
     if not (_number(tr.collective_timeout_s) and tr.collective_timeout_s > 0):
         bad["training.collective_timeout_s"] = tr.collective_timeout_s
         rules.append("training.collective_timeout_s is a time in seconds above 0 (e.g. 300)")

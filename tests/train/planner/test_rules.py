@@ -101,9 +101,9 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     ):
         broken.add("warmup_iters")
     # The optimizer's and checkpointer's numbers: a positive learning rate and collective timeout,
-    # no negative decay, clip or save interval.
+    # no negative decay, clip or save interval, a seed numpy and torch both take.
     if (not tr.lr > 0 or not tr.weight_decay >= 0 or not tr.grad_clip >= 0 or tr.save_interval < 0
-            or not tr.collective_timeout_s > 0 or not all(map(math.isfinite, (tr.lr, tr.weight_decay, tr.grad_clip,
+            or not 0 <= tr.seed < 2**64 or not tr.collective_timeout_s > 0 or not all(map(math.isfinite, (tr.lr, tr.weight_decay, tr.grad_clip,
                                                                               tr.collective_timeout_s)))):  # fmt: skip
         broken.add("training_values")
     # A traced iteration is one the run takes: from 1 to train_iters.
@@ -523,7 +523,7 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
             {"lr": -1.0}, {"lr": 0.0}, {"lr": float("nan")}, {"weight_decay": -0.1}, {"grad_clip": -1.0},
             {"grad_clip": float("inf")}, {"save_interval": -1}, {"collective_timeout_s": 0.0},
             {"lr": -3e-4, "weight_decay": -0.01}, {"profile_steps": [0]}, {"profile_steps": [2, -1]},
-            {"train_iters": 10, "profile_steps": [9, 11]},
+            {"train_iters": 10, "profile_steps": [9, 11]}, {"seed": -5}, {"seed": 2**64},
         ]))
     elif rule == "hardware_figures":
         hw = draw(st.sampled_from([
