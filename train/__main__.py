@@ -303,9 +303,14 @@ def spawn_workers(
         message = f"worker rank {result.failed_rank} exited with {result.failed_code} ({_record_note(output_dir)})"
         if multirun:
             raise RuntimeError(message)
+        if result.failed_code == EXIT_USAGE:
+            # Every rank refused the same input, and rank 0's error line said why: a second error line
+            # blamed one worker and named a status (2) this command does not exit with. Refused input
+            # exits as a single process refusing it does: its record (or the one kept) says why.
+            print(f"the workers refused their input, as said above ({_record_note(output_dir)})", file=sys.stderr)
+            sys.exit(EXIT_FAILED)
         print(f"error: {message}", file=sys.stderr)
-        # Refused input exits as a single process refusing it does: its record (or the one kept) says why.
-        sys.exit(EXIT_FAILED if result.failed_code == EXIT_USAGE else result.returncode)
+        sys.exit(result.returncode)
     record: dict[str, Any] = json.loads((output_dir / RESULT_FILE).read_text())
     return record
 

@@ -329,23 +329,28 @@ def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
     assert read_record(tmp_path / "new" / "run" / RESULT_FILE) is not None
 
 
-def _refused_data_file(data_path: Path, run_dir: Path) -> str:
+def _refused_data_file(data_path: Path, run_dir: Path, *layout: str) -> str:
     """Train the tiny model on `data_path`: it must exit EXIT_FAILED with no traceback; its one error line."""
     proc = subprocess.run(
         [sys.executable, "-m", "train", f"training.data_path={data_path}", f"hydra.run.dir={run_dir}",
-         "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN],
+         "training.train_iters=2", "training.warmup_iters=1", *TINY_RUN, *layout],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == EXIT_FAILED and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    # Two workers: rank 0's line, and no second one naming a worker and an exit status 2 (every rank
+    # refused the input, and the command exits 1).
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    if layout:
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last == f"the workers refused their input, as said above (record: {run_dir / RESULT_FILE})", last
     return line
 
 
 def test_a_token_file_that_cannot_be_read_is_one_line_and_a_record(tmp_path: Path) -> None:
     # A missing file, and a directory given as the file: the user's input, not a crash.
-    for data_path in (tmp_path / "missing.bin", tmp_path):
+    for data_path, layout in ((tmp_path / "missing.bin", ()), (tmp_path, ("parallelism.dp=2",))):
         run_dir = tmp_path / f"run_{data_path.name}"
-        line = _refused_data_file(data_path, run_dir)
+        line = _refused_data_file(data_path, run_dir, *layout)
         assert line.startswith(f"error: training.data_path='{data_path}' cannot be read as a token file"), line
         record = read_record(run_dir / RESULT_FILE)
         assert record is not None and record["status"] == "error" and "training.data_path=" in record["message"]
