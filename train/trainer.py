@@ -195,6 +195,9 @@ def run_training(
         own = record  # W&B's run is this attempt's: its own figures, not those of a record kept
         if rank.lead:
             record = _write_unless_kept(path, record, progress, failure)
+        if progress.run is not None and progress.run != run:  # micro_batch_size=auto, sized by setup
+            identity = _wandb_identity(progress.run, rank)
+            wandb.reconfigure(identity["config"], name=identity["name"])
         sinks.finish(summary=_summary_figures(own), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
@@ -300,15 +303,22 @@ def _oom_elsewhere(
 
 
 def _wandb(run: RunConfig, rank: Rank, output_dir: Path, sweep_name: str | None) -> WandbLogger:
-    layout, par = rank.layout, run.parallelism
-    world = {"world_size": layout.world_size, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp}
     return WandbLogger(
         run.logger if rank.lead else replace(run.logger, wandb_mode=WandbMode.disabled),
-        config=redact_values({**scrub(to_plain_dict(run)), "world": world}, secret_values(os.environ)),
+        **_wandb_identity(run, rank),
         output_dir=output_dir,
-        name=f"{run.model.name}-{layout.label()}-mbs{par.micro_batch_size}-gbs{par.global_batch_size}",
         group=sweep_name,
     )
+
+
+def _wandb_identity(run: RunConfig, rank: Rank) -> dict[str, Any]:
+    """The W&B run's config (credentials redacted) and name, of `run` as configured or as settled."""
+    layout, par = rank.layout, run.parallelism
+    world = {"world_size": layout.world_size, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp}
+    return {
+        "config": redact_values({**scrub(to_plain_dict(run)), "world": world}, secret_values(os.environ)),
+        "name": f"{run.model.name}-{layout.label()}-mbs{par.micro_batch_size}-gbs{par.global_batch_size}",
+    }
 
 
 def build_record(

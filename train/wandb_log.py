@@ -239,6 +239,17 @@ class WandbLogger:
 
         self._call("summary", update, again=True)
 
+    def reconfigure(self, config: Mapping[str, Any], *, name: str) -> None:
+        """The run's config and name as training settled them (micro_batch_size=auto: the size chosen
+        once the workers measured it; W&B kept "auto", and the analysis of its runs no layout)."""
+        self._init_args.update(config=dict(config), name=name)  # for a run moved to offline later
+
+        def update(run: Any) -> None:
+            run.config.update(dict(config), allow_val_change=True)
+            run.name = name
+
+        self._call("config", update, again=True)
+
     def finish(self, *, exit_code: int = 0) -> None:
         self._call("finish", lambda run: run.finish(exit_code=exit_code), again=True)
         if self.run is not None and self.mode == "offline" and self.offline_dir is None:

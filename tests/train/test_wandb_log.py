@@ -165,3 +165,21 @@ def test_an_offline_run_says_where_it_is_and_how_to_upload_it(tmp_path: Path, ca
     [line] = [x for x in capfd.readouterr().out.splitlines() if x.startswith("W&B: offline run in ")]
     local = Path(line.split("wandb sync ", 1)[1])
     assert local.parent == out / "wandb" and local.name.startswith("offline-run-") and local.is_dir(), line
+
+
+def test_an_auto_micro_batch_is_the_size_chosen_in_the_wandb_run(tmp_path: Path) -> None:
+    # micro_batch_size=auto is sized once the run has started: its W&B run kept "auto" (config and name),
+    # and an analysis of W&B runs found no layout for it.
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", *(o for o in SMALL if not o.startswith(("logger=", "parallelism.micro"))),
+         "logger=offline", "parallelism.micro_batch_size=auto", f"hydra.run.dir={out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **_wandb_env(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mbs = json.loads((out / "result.json").read_text())["config"]["parallelism"]["micro_batch_size"]
+    assert isinstance(mbs, int)
+    [(run_file, root)] = find_offline_run_files([out])
+    run = read_offline_run(run_file, root=root)
+    assert run.config["parallelism"]["micro_batch_size"] == mbs, run.config
+    assert run.name is not None and run.name.endswith(f"-mbs{mbs}-gbs4"), run.name
