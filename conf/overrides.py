@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from conf import CONFIG_DIR, group_options
-from conf.schema import GROUP_SCHEMAS, takes_list, unknown_override, wrong_value
+from conf.schema import GROUP_SCHEMAS, is_field, takes_list, unknown_override, wrong_value
 
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
@@ -63,6 +63,9 @@ def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> s
         problem = unknown_override(key, text)
         if problem is None and key in GROUP_SCHEMAS and override.is_delete():
             problem = _no_group(key, text)
+        elif problem is None and override.is_delete() and is_field(key):
+            # Hydra refused it while merging into the schema, exit 1; a run has every field.
+            problem = f"~{key}: a field of the schema cannot be deleted; set it instead ({key}=...) (override '{text}')"
         elif problem is None and own_options and key in GROUP_SCHEMAS:
             problem = _unknown_option(key, override, text)
         elif problem is None:

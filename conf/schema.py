@@ -566,6 +566,12 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     if len(kinds) != 1 or "${" in value:
         return None
     kind = kinds[0]
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind) and key not in GROUP_SCHEMAS:
+        # `training=foo`: Hydra refused it while merging ("Invalid type assigned"), exit 1. A group's
+        # option (model=tiny) is a config file's name, judged by its own check.
+        first = next(iter(typing.get_type_hints(kind)), "lr")
+        return (f"{key}={value}: {key} is a section of settings, not one value (nor a group of config files); "
+                f"set its fields, e.g. {key}.{first}=...")
     if value == "null":
         return None if len(args) > 1 else f"{key}=null: the field needs a value (it has no 'unknown')"
     if typing.get_origin(kind) is list:
@@ -574,6 +580,9 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
         ok, what = value.lower() in _BOOLEANS, "true or false"
     elif kind is int:
         ok, what = re.fullmatch(r"[+-]?\d+", value) is not None, "a whole number"
+        if not ok and re.fullmatch(r"[+-]?\d+\.0", value):
+            # Hydra reads 1e3 as the float 1000.0, which it gives here: whole, but not written as one.
+            what += f" written in digits (a float such as 1e3 is refused: write {value[:-2]})"
     elif kind is float:
         ok, what = re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", value) is not None, "a number"
     elif isinstance(kind, type) and issubclass(kind, Enum):
@@ -584,6 +593,11 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     else:
         return None
     return None if ok else f"{key}={value} is not {what}"
+
+
+def is_field(key: str) -> bool:
+    """Whether the dotted `key` names a field of RunConfig (not a key of a mapping field's own)."""
+    return _field_hint(key) is not None
 
 
 def takes_dict(key: str) -> bool:

@@ -31,6 +31,16 @@ def test_a_misspelt_key_an_unknown_option_and_a_wrong_value_each_get_one_line() 
     assert override_problem(["parallelism.tpp=2"], own_options=False) is not None
     # Hydra's other keys and group paths are left to Hydra.
     assert override_problem(["hydra.run.dir=x", "hydra/job_logging=stdout", "+hydra.launcher.extra=1"]) is None
+    # A section given one value, a field deleted, a whole number Hydra read as a float: Hydra refused each
+    # while merging, exit 1 and its hint of a stack trace.
+    section = override_problem(["training=foo"])
+    assert section == ("training=foo: training is a section of settings, not one value (nor a group of config "
+                       "files); set its fields, e.g. training.train_iters=... (override 'training=foo')")  # fmt: skip
+    deleted = override_problem(["~training.lr"])
+    assert deleted == "~training.lr: a field of the schema cannot be deleted; set it instead (training.lr=...) (override '~training.lr')"
+    assert override_problem(["training.seed=1e3"]) == (
+        "training.seed=1000.0 is not a whole number written in digits (a float such as 1e3 is refused: write 1000) "
+        "(override 'training.seed=1e3')")  # fmt: skip
 
 
 def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
