@@ -178,7 +178,7 @@ class _PlotsAside:
         if _can_fork():
             context = multiprocessing.get_context("fork")
             aside._conn, child_end = context.Pipe()
-            aside._process = context.Process(target=_plots_process, args=(child_end,), daemon=True)
+            aside._process = context.Process(target=_plots_process, args=(child_end, aside._conn), daemon=True)
             aside._process.start()
             child_end.close()
         return aside
@@ -237,9 +237,15 @@ def _can_fork() -> bool:
     )
 
 
-def _plots_process(conn: Connection) -> None:
+def _plots_process(conn: Connection, parent_end: Connection) -> None:
     """The forked child: imports the plots, sends the columns they read, receives (table, out), draws
     and sends back ('ok', Plots) or ('error', the exception)."""
+    # The parent's end, a copy the fork made: held open here, it kept the parent's close from reaching
+    # this process as the end of the pipe, and a parent that stopped before it had a table (bad input)
+    # waited for ever on a child whose SIGTERM a handler of the parent's caught (a caller's own, such
+    # as the trainer's in a test process, inherited by the fork).
+    parent_end.close()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     failed: BaseException | None = None
     columns: tuple[str, ...] = ()
     try:

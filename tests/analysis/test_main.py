@@ -73,6 +73,21 @@ def test_an_earlier_analysiss_zero_table_is_not_left_beside_this_ones(tmp_path: 
     assert ZERO_SECTION not in (out / "results.md").read_text() and not (out / "zero.csv").exists()
 
 
+def test_bad_input_ends_the_plotting_process_whatever_its_sigterm_handler(tmp_path: Path) -> None:
+    # A process whose SIGTERM handler only records the signal (a trainer's, in a test process) analysed a
+    # directory that does not exist: the plotting process it had forked inherited the handler and the
+    # parent's end of their pipe, so it waited for a table for ever, and the parent for it (a pytest
+    # worker hung so; `timeout`'s SIGTERM could not end it either).
+    script = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+        "from analysis.__main__ import main\n"
+        f"sys.exit(main([{str(tmp_path / 'missing')!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("missing does not exist"), proc.stderr
+
+
 def test_no_plots_leaves_no_earlier_analysiss_plots_beside_this_ones_tables(tmp_path: Path) -> None:
     # An earlier analysis's plots (of other sweeps, or of fewer runs) in the output directory stayed
     # beside the new tables under --no-plots, as if drawn from them (a plot with nothing to draw goes).
