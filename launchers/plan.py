@@ -127,16 +127,11 @@ def summarize(rows: Sequence[PlanRow], composer: FastComposer, plan_seconds: flo
 
 
 def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: int | None, csv_name: str) -> str:
-    """What the console shows of a plan: the `top` fastest feasible rows (None: all), and the fastest
-    of each other work group (rank 1), under a header, then the infeasible configs by rule with one
-    example each. Its length depends on `top`, the work groups and the rules, never on the number of
-    configs."""
+    """What the console shows of a plan: the `top` fastest feasible rows (None: all) under a header,
+    then the infeasible configs by rule with one example each. Its length depends on `top` and the
+    number of rules, never on the number of configs."""
     feasible = table_order([r for r in rows if r.feasible])
     shown = feasible if top is None else feasible[:top]
-    if top:
-        # Ranks are per work group (model, batch, sequence): a smaller model's rows filled the table, and
-        # the larger one's fastest layout was counted among the "slower" ones left out.
-        shown = table_order([*shown, *(r for r in feasible[top:] if r.pred_rank == 1)])
     lines = []
     if shown:
         lines.append(format_plan_table(shown))

@@ -391,30 +391,6 @@ def test_a_mixed_sweep_plans_as_each_config_composed_by_hydra_and_planned_alone(
     assert proc.stdout.split("\nplan: ")[0] == report
 
 
-def test_the_table_shows_each_work_groups_fastest_beside_the_top_rows() -> None:
-    # The README's two-model dry run with top=10: ten rows of the smaller model, and the larger model's
-    # fastest layout (its rank 1) among the "slower or unpredicted" configs left out.
-    import dataclasses
-
-    from launchers.plan import PlanSummary, format_plan_report
-    from train.planner.plan import rank_predictions
-
-    base = plan_run(FastComposer.from_config_dir(str(REPO / "conf"), "config").run_config(
-        ["model=gpt_1.3b", "hardware=a100_80gb", "parallelism.dp=8", "parallelism.global_batch_size=512"]))  # fmt: skip
-    assert base.feasible and math.isfinite(base.pred_sec_per_iter)
-    small = [dataclasses.replace(base, pred_sec_per_iter=t, overrides=f"small={t}") for t in (1.0, 2.0, 3.0, 4.0)]
-    large = [dataclasses.replace(base, model="gpt_13b", pred_sec_per_iter=t, overrides=f"large={t}") for t in (9.0, 8.0)]
-    rows = rank_predictions([*small, *large])
-    summary = PlanSummary(configs=6, feasible=6, infeasible=0, compose_seconds=0.0, plan_seconds=0.0,
-                          hydra_compositions=0, by_rule=())  # fmt: skip
-    report = format_plan_report(rows, summary, top=2, csv_name="plan.csv")
-    table = report.splitlines()
-    assert [line.split()[1] for line in table[1:4]] == ["gpt_1.3b", "gpt_1.3b", "gpt_13b"], report
-    assert table[3].split()[-1] == "1" and table[3].split()[-3] == "8"  # the larger model's fastest: 8 s/it, rank 1
-    assert table[4].startswith("... 3 more feasible config(s)"), report
-    assert format_plan_report(rows, summary, top=0, csv_name="plan.csv").startswith("... 6 more"), report
-
-
 def test_a_calibration_file_the_time_model_cannot_read_is_each_rows_note(tmp_path: Path) -> None:
     # The rows were feasible with '-' for every prediction, and nothing said why.
     from tests.train.planner.test_rules import compose_run
