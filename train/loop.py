@@ -33,7 +33,7 @@ from train.optim import lr_at, set_lr
 from train.planner import flops, shapes
 from train.planner.batch import BatchSchedule
 from train.planner.layout import Rank
-from train.preemption import StopRequest, checkpoint_boundary, fault_hooks, resume
+from train.preemption import StopRequest, checkpoint_boundary, fault_hooks, resume, save_last_step
 
 if TYPE_CHECKING:
     from train.setup import ParallelState, Setup
@@ -95,6 +95,8 @@ def train(
     if ckpt is not None:
         ckpt.wait()
     finish(run, s, meter, profiler, measured_from=measured_from, rank=rank, progress=progress)
+    if ckpt is not None and progress.iterations:
+        save_last_step(ckpt, s.engine, run=run, consumed_samples=consumed, losses=progress.losses())
     return "ok"
 
 

@@ -150,10 +150,9 @@ def checkpoint_boundary(
     rank: int,
     stop: StopRequest | None,
 ) -> None:
-    """After step `step`: save every training.save_interval steps and after the last (as Megatron does:
-    its steps after the last multiple were lost, and the same command run again trained them again and
-    replaced the finished run's measured record with theirs); when any rank got Slurm's signal, save
-    now (synchronously), then raise TrainingPreempted. Every rank calls this at every step."""
+    """After step `step`: save every training.save_interval steps (the last step too: save_last_step);
+    when any rank got Slurm's signal, save now (synchronously), then raise TrainingPreempted. Every
+    rank calls this at every step."""
     last_step = run.training.train_iters
     signal_hook(rank, step)
     # One scalar all-reduce per step: the ranks must stop at the same step even when the signal
@@ -161,7 +160,7 @@ def checkpoint_boundary(
     received = stop.agreed(device) if stop is not None else None
     stopping = received is not None and step < last_step
     ckpt.poll()  # a finished asynchronous save becomes `latest` now, not at the next save
-    if step % run.training.save_interval == 0 or step == last_step or stopping:
+    if step % run.training.save_interval == 0 or stopping:
         state = engine.checkpoint_state()
         ckpt.save(step, **state, losses=losses, consumed_samples=consumed_samples, blocking=stopping)
     if stopping:
@@ -171,6 +170,19 @@ def checkpoint_boundary(
             f"received {received}{where}; stopped after step {step} of {last_step} with a checkpoint "
             f"in {ckpt.dir}: requeue to resume"
         )
+
+
+def save_last_step(
+    ckpt: Checkpointer, engine: Engine, *, run: RunConfig, consumed_samples: int, losses: list[float]
+) -> None:
+    """After the run's last step, once its measurements are taken (the write is no step's time, energy or
+    memory): save it when save_interval did not (train_iters not a multiple of it), as Megatron does.
+    Unsaved, the steps after the last multiple were trained again by the same command run again, whose
+    record, of unmeasured iterations, replaced the finished run's measured one. Every rank calls this."""
+    step = run.training.train_iters
+    if step % run.training.save_interval != 0:
+        ckpt.save(step, **engine.checkpoint_state(), losses=losses, consumed_samples=consumed_samples)
+    ckpt.wait()
 
 
 # ---------------------------------------------------------------------------------------------
