@@ -18,6 +18,7 @@ plugins defined in the `hydra_plugins` namespace package.
     job         what runs inside each Slurm task (requeue on the trainer's request)
     queue       the one squeue/sacct reader (status and the analysis)
     allocation  a run's Slurm allocation; configs grouped by it
+    states      a launched config's state, judged once for status and the analysis
     status      a sweep's progress; rerun --failed
     sbatch      array scripts to submit by hand
     calibrate   measure a site for the time model

@@ -196,8 +196,7 @@ def run_training(
         if rank.lead:
             record = _write_unless_kept(path, record, progress, failure)
         if progress.run is not None and progress.run != run:  # micro_batch_size=auto, sized by setup
-            identity = _wandb_identity(progress.run, rank)
-            wandb.reconfigure(identity["config"], name=identity["name"])
+            wandb.reconfigure(**_wandb_identity(progress.run, rank))
         sinks.finish(summary=_summary_figures(own), ok=status == "ok")
     if rank.lead:
         print(f"result: {path}", flush=True)
