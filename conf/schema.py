@@ -566,9 +566,10 @@ def wrong_value(key: str, value: str, *, hint: Any = None) -> str | None:
     if len(kinds) != 1 or "${" in value:
         return None
     kind = kinds[0]
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind) and key not in GROUP_SCHEMAS:
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind) and key not in GROUP_SCHEMAS and not value.startswith("{"):
         # `training=foo`: Hydra refused it while merging ("Invalid type assigned"), exit 1. A group's
-        # option (model=tiny) is a config file's name, judged by its own check.
+        # option (model=tiny) is a config file's name, judged by its own check; a dict
+        # (training={lr:1e-4}) is merged into the section, as Hydra does.
         first = next(iter(typing.get_type_hints(kind)), "lr")
         return (f"{key}={value}: {key} is a section of settings, not one value (nor a group of config files); "
                 f"set its fields, e.g. {key}.{first}=...")
@@ -617,6 +618,9 @@ def _wrong_list(key: str, value: str, item: Any) -> str | None:
     the list (exit 1, six lines); and an item of the wrong type only once composed."""
     text = value.strip()
     if not (text.startswith("[") and text.endswith("]")):
+        if (problem := wrong_value(key, text, hint=item)) is not None:
+            # `search.nodes=abc` was told to write search.nodes=[abc], itself refused.
+            return f"{key}={value} is not a list, and {value} is not {problem.split(' is not ', 1)[-1]}: write its items in brackets ({key}=[...])"
         return f"{key}={value} is not a list: write it in brackets, e.g. {key}=[{value}]"
     for element in (e.strip().strip("'\"") for e in text[1:-1].split(",")):
         if element and (problem := wrong_value(key, element, hint=item)) is not None:

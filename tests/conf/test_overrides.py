@@ -36,6 +36,11 @@ def test_a_misspelt_key_an_unknown_option_and_a_wrong_value_each_get_one_line() 
     section = override_problem(["training=foo"])
     assert section == ("training=foo: training is a section of settings, not one value (nor a group of config "
                        "files); set its fields, e.g. training.train_iters=... (override 'training=foo')")  # fmt: skip
+    # A list field given one value that is no item either: its advice was search.nodes=[abc].
+    assert override_problem(["search.nodes=abc"]) == (
+        "search.nodes=abc is not a list, and abc is not a whole number: write its items in brackets (search.nodes=[...]) "
+        "(override 'search.nodes=abc')")  # fmt: skip
+    assert override_problem(["training={lr:1e-4,seed:3}"]) is None  # merged into the section, as Hydra does
     deleted = override_problem(["~training.lr"])
     assert deleted == "~training.lr: a field of the schema cannot be deleted; set it instead (training.lr=...) (override '~training.lr')"
     assert override_problem(["training.seed=1e3"]) == (
