@@ -379,7 +379,8 @@ def _work_groups(df: pd.DataFrame) -> tuple[Any, bool]:
     """The rows grouped by work (model, hardware, global batch, sequence length, model shape), and
     whether they ran on several hardware configs (the work then names its hardware)."""
     df = narrow(df, _READ)
-    # Rows from plan.csv or the manifest carry no sequence length: they take their model's.
+    # Rows from the manifest, or from a plan.csv written before its seq_length column, carry no sequence
+    # length: they take their model's.
     df = df.assign(seq_length=df["seq_length"].fillna(df.groupby("model")["seq_length"].transform("first")))
     if "hardware" not in df.columns:
         df = df.assign(hardware="")

@@ -781,6 +781,8 @@ def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
             "pp": plan["pp"].astype(float),
             "mbs": plan["micro_batch_size"].astype(float),
             "gbs": plan["global_batch_size"].astype(float),
+            # 0: a plan written before the column (its model's sequence length is taken, recommend._work_groups).
+            "seq_length": plan["seq_length"].astype(float).where(plan["seq_length"] > 0),
             "size_params": plan["params"].astype(float).where(plan["params"] > 0),
             "mem_pred_gib": plan["mem_gib"].astype(float),
             "mem_capacity_gib": plan["mem_capacity_gib"].astype(float),

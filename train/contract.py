@@ -1048,7 +1048,18 @@ def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[Pla
     rows = []
     with Path(path).open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        for record in reader:
+        start = 2  # the line the next row starts on (a quoted field may hold line breaks)
+        while True:
+            try:
+                record = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:  # an unbalanced quote, say: nothing after it reads as rows
+                why = f"line {start} on: {exc}; the rest of the file is not read"
+                if bad is None:
+                    raise ValueError(f"{path}, {why}") from None
+                bad.append(why)
+                break
             try:
                 # DictReader gives a short row's missing fields None, and a long row's extra ones the key None.
                 if None in record or None in record.values():
@@ -1056,8 +1067,9 @@ def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[Pla
                     raise ValueError(f"{n} fields where the header names {len(reader.fieldnames or ())}")
                 rows.append(PlanRow(**{k: _parse(k, v) for k, v in record.items() if k in PlanRow.__dataclass_fields__}))
             except (ValueError, TypeError) as exc:
-                why = f"line {reader.line_num}: {exc}"
+                why = f"line {start}: {exc}"
                 if bad is None:
                     raise ValueError(f"{path}, {why}") from None
                 bad.append(why)
+            start = reader.line_num + 1
     return rows

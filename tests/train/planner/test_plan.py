@@ -252,6 +252,11 @@ def test_a_row_that_is_not_a_plan_row_is_named_by_its_line(tmp_path: Path) -> No
                    f"line 4: {len(PLAN_COLUMNS) + 1} fields where the header names {len(PLAN_COLUMNS)}"]  # fmt: skip
     with pytest.raises(ValueError, match=r"plan.csv, line 3: "):
         read_plan_csv(path)
+    # A quote left open swallows the rest of the file: csv's own error (a traceback) is named by its line.
+    path.write_text("".join([lines[0], lines[1], '"' + "x" * 140_000 + "\n"]))
+    bad = []
+    assert [r.overrides for r in read_plan_csv(path, bad=bad)] == ["m=1"]
+    assert bad == ["line 3 on: field larger than field limit (131072); the rest of the file is not read"]
 
 
 def test_format_params() -> None:
