@@ -26,7 +26,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from conf.schema import RunConfig
+from conf.schema import Offload, RunConfig
 from launchers.compose import (
     created_by_launch,
     is_megasweep_config,
@@ -191,5 +191,9 @@ def _why_nothing_ranked(result: SearchResult, run: RunConfig) -> str:
     tried = f"no layout of the {result.candidates:,} tried is feasible (the rules above, each with an example)"
     if "memory" in result.rejected:
         return f"{tried}; search.nodes={list(search.nodes)}: more nodes give each layout more devices"
+    if {"native_offload", "offload_requires_zero"} & set(result.rejected):
+        # Their words name parallelism.engine and zero_stage, which the search sets, and refuses as overrides.
+        return (f"{tried}; parallelism.offload={Offload(run.parallelism.offload).value} needs ZeRO stage 2 or 3, which run on "
+                "DeepSpeed: search.zero_stages=[2,3] (or offload=none)")
     # Divisibility, batch and shape rules: more devices do not help (a larger dp divides the batch less).
     return f"{tried}; change the values those rules name (the search.* lists, the global batch, the model)"

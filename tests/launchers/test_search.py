@@ -78,6 +78,11 @@ def test_a_search_that_cannot_be_run_as_asked_says_what_to_change(tmp_path: Path
     odd = search("m", "search.nodes=[1]", "search.micro_batch_sizes=[3]")
     assert odd.returncode == EXIT_USAGE and "[global_batch_divisible]" in odd.stdout, odd.stdout + odd.stderr
     assert "more nodes" not in odd.stderr and "change the values those rules name" in odd.stderr, odd.stderr
+    # Offload with the default stages (0, 1): the rules name parallelism.engine and zero_stage, which the
+    # search refuses as overrides; the search's own option is named.
+    off = search("o", "search.nodes=[1]", "parallelism.offload=optimizer")
+    assert off.returncode == EXIT_USAGE and "[offload_requires_zero]" in off.stdout, off.stdout + off.stderr
+    assert "parallelism.offload=optimizer needs ZeRO stage 2 or 3, which run on DeepSpeed: search.zero_stages=[2,3]" in off.stderr
     # hydra.launcher.world_size fixed the devices the launcher planned on: it refused the search's top 3.
     world = search("w", "search.nodes=[1,2]", "hydra.launcher.world_size=8")
     assert world.returncode == EXIT_USAGE and "leave hydra.launcher.world_size out" in world.stderr, world.stderr
