@@ -46,6 +46,7 @@ from train.contract import (
     RESULT_FILE,
     read_record,
     unwritable,
+    unwritable_below,
 )
 from train.distributed import LaunchEnvError, launch_from_env, run_world
 from train.planner.rules import InfeasibleConfig, advise, validate
@@ -381,7 +382,8 @@ def check_run_dir(argv: list[str]) -> str | None:
     run_dir = given[-1] if given else DEFAULT_RUN_DIR
     literal = run_dir.split("${", 1)[0]
     path = Path(literal) if literal == run_dir or literal.endswith("/") else Path(literal).parent
-    why = unwritable(path)
+    # Judged without making it: `--cfg job`, `--help` and a refused config run nothing and write nothing.
+    why = unwritable_below(path)
     if why is None:
         return None
     return (

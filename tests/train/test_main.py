@@ -327,6 +327,11 @@ def test_an_unwritable_run_directory_is_one_paragraph(tmp_path: Path) -> None:
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert read_record(tmp_path / "new" / "run" / RESULT_FILE) is not None
+    # A command that runs nothing leaves no directory (the check made it, to write a probe file there).
+    shown = subprocess.run([sys.executable, "-m", "train", "--cfg", "job", f"hydra.run.dir={tmp_path}/cfg/run"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and "parallelism:" in shown.stdout, shown.stderr
+    assert not (tmp_path / "cfg").exists()
 
 
 def _refused_data_file(data_path: Path, run_dir: Path, *layout: str) -> str:
