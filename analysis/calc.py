@@ -292,9 +292,10 @@ LAYOUT_RULES = (
 )
 """The rules (train.planner.rules) a measured figure's layout must pass to be counted: the model's
 shapes split by tp (the vocabulary padded for it), `devices` (the world size) holding whole replicas,
-and the hardware's figures within what they can be (a peak of 0 was refused by the FLOPs arithmetic,
-in words that named no field). Batch, memory and engine rules are not the calculator's business: the
-figure was measured, whatever the planner thinks."""
+and the hardware's figures within what they can be, all of them, as the dry run judges them: one out
+of range is a broken description of the device (a peak of 0 was refused by the FLOPs arithmetic, in
+words that named no field). The batch, predicted-memory and engine rules are not the calculator's
+business: the figure was measured, whatever the planner thinks."""
 
 
 def check_layout(run: RunConfig, devices: int) -> Layout:
