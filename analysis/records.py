@@ -68,7 +68,7 @@ from conf.schema import (
 )
 from launchers.bulk import bulk_allocation
 from launchers.queue import ended_outcome, read_states
-from launchers.states import judge, local_launchers
+from launchers.states import asks_slurm, judge, local_launchers
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
@@ -997,8 +997,7 @@ def _judge_launched(
         record = {"status": status.at[i], "message": df.at[i, "reason"]} if df.at[i, "source"] == "result" else None
         judged.append((i, entry, record))
     # Slurm is asked only about jobs whose state can change the verdict (judge reads no other).
-    asked = sorted({e.job_id for _, e, r in judged if e.job_id and e.status in ("submitted", "exported")
-                    and (r is None or r["status"] != "interrupted")})  # fmt: skip
+    asked = sorted({str(e.job_id) for _, e, r in judged if asks_slurm(e, r)})
     states: Mapping[str, str] = {}
     if queue is not None and asked:
         try:

@@ -18,15 +18,15 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from launchers.queue import GONE, base_state, is_live, is_running, not_a_time_limit
 from train.contract import RESULT_FILE, LocalRun, ManifestEntry, read_local_runs
 
-__all__ = ["CAUSES", "Judged", "classify", "judge", "local_launchers", "local_run_state", "process_start"]
+__all__ = ["CAUSES", "Judged", "asks_slurm", "classify", "judge", "local_launchers", "local_run_state", "process_start"]
 
 Cause = Literal["manifest", "record", "requeued", "stopped", "slurm", "local", "damaged", "unknown"]
-CAUSES: tuple[Cause, ...] = ("manifest", "record", "requeued", "stopped", "slurm", "local", "damaged", "unknown")
+CAUSES: tuple[Cause, ...] = get_args(Cause)
 """What decided a config's state: its manifest entry (skipped, refused, interrupted, killed here); its
 own record; Slurm running an earlier attempt's job again (`requeued`: the record is that attempt's);
 a `timeout` record of a job cancelled or preempted (`stopped`); Slurm's state of a job without a record;
@@ -65,6 +65,13 @@ def judge(
         # damaged since, and the run it speaks for has ended; "pending" never would.
         return Judged("failed", f"{entry.output_dir}/{RESULT_FILE} cannot be read ({unreadable})", "damaged")
     return judged
+
+
+def asks_slurm(entry: ManifestEntry, record: Mapping[str, Any] | None) -> bool:
+    """Whether Slurm's state of the entry's job can change what `judge` says of it: not for a config the
+    manifest decided, nor for a record that finished or was interrupted, nor without a job."""
+    return (entry.job_id is not None and entry.status in ("submitted", "exported")
+            and (record is None or record.get("status") not in ("ok", "interrupted")))  # fmt: skip
 
 
 def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state: str | None) -> Judged:

@@ -1046,6 +1046,12 @@ def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[Pla
     hand; a value that does not parse) is ValueError naming its line, or, given `bad`, named there
     ("line N: why") and left out, so that the other rows are read."""
     rows = []
+
+    def left_out(why: str) -> None:
+        if bad is None:
+            raise ValueError(f"{path}, {why}") from None  # the line says it; csv's or the parse's context adds nothing
+        bad.append(why)
+
     with Path(path).open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         start = 2  # the line the next row starts on (a quoted field may hold line breaks)
@@ -1055,10 +1061,7 @@ def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[Pla
             except StopIteration:
                 break
             except csv.Error as exc:  # an unbalanced quote, say: nothing after it reads as rows
-                why = f"line {start} on: {exc}; the rest of the file is not read"
-                if bad is None:
-                    raise ValueError(f"{path}, {why}") from None
-                bad.append(why)
+                left_out(f"line {start} on: {exc}; the rest of the file is not read")
                 break
             try:
                 # DictReader gives a short row's missing fields None, and a long row's extra ones the key None.
@@ -1067,9 +1070,6 @@ def read_plan_csv(path: str | Path, *, bad: list[str] | None = None) -> list[Pla
                     raise ValueError(f"{n} fields where the header names {len(reader.fieldnames or ())}")
                 rows.append(PlanRow(**{k: _parse(k, v) for k, v in record.items() if k in PlanRow.__dataclass_fields__}))
             except (ValueError, TypeError) as exc:
-                why = f"line {start}: {exc}"
-                if bad is None:
-                    raise ValueError(f"{path}, {why}") from None
-                bad.append(why)
+                left_out(f"line {start}: {exc}")
             start = reader.line_num + 1
     return rows
