@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from launchers.queue import is_live, read_states
-from train.contract import RESULT_FILE, SEARCH_FILE, read_manifest
+from train.contract import MANIFEST_FILE, RESULT_FILE, SEARCH_FILE, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "model.seq_length=128",
@@ -69,16 +69,16 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
     cal = out / "calibration.json"
     subprocess.run([sys.executable, "-m", "launchers", "calibrate", *MODEL, *SEARCH, *cluster, "search.nodes=[1,2]",
                     "--min-seconds", str(min_seconds), "--out", str(cal)], cwd=REPO, check=True)  # fmt: skip
-    held = {}
-    for nodes in (1, 2):
-        sweep = out / f"nodes{nodes}"
-        subprocess.run([sys.executable, "-m", "train", "-m", "hydra/sweeper=layouts", "hydra/launcher=slurm",
-                        "+hydra.launcher.sbatch_args.hold=''", "cluster.array_parallelism=1", *MODEL, *SEARCH,
-                        *cluster, f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}",
-                        f"hardware.calibration={cal}", f"hydra.sweep.dir={sweep}"],
-                       cwd=REPO, check=True, capture_output=True)  # fmt: skip
-        held[nodes] = [str(e.job_id) for e in read_manifest(sweep) if e.job_id is not None]
-    run_alternately(held[1], held[2])
+    try:
+        for nodes in (1, 2):
+            subprocess.run([sys.executable, "-m", "train", "-m", "hydra/sweeper=layouts", "hydra/launcher=slurm",
+                            "+hydra.launcher.sbatch_args.hold=''", "cluster.array_parallelism=1", *MODEL, *SEARCH,
+                            *cluster, f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}",
+                            f"hardware.calibration={cal}", f"hydra.sweep.dir={out / f'nodes{nodes}'}"],
+                           cwd=REPO, check=True, capture_output=True)  # fmt: skip
+        run_alternately(*(held_jobs(out / f"nodes{nodes}") for nodes in (1, 2)))
+    finally:
+        cancel_held(out)
     rows = []
     for nodes in (1, 2):
         sweep = out / f"nodes{nodes}"
@@ -95,6 +95,27 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
                       f"cv {record['sec_per_iter_cv']:.0%}")
             rows.append((nodes, _label(key), predicted[key], float(record["sec_per_iter"]), spread))
     return rows
+
+
+def held_jobs(sweep: Path) -> list[str]:
+    """The Slurm job ids a sweep directory's manifest names (none where it has no manifest)."""
+    if not (sweep / MANIFEST_FILE).is_file():
+        return []
+    return [str(e.job_id) for e in read_manifest(sweep) if e.job_id is not None]
+
+
+def cancel_held(out: Path) -> None:
+    """Cancel every job of `out`'s searches that is still queued.
+
+    A run stopped between submission and its last measurement (Ctrl-C, a failed second search, a
+    timeout) would otherwise leave its held jobs in the cluster for ever, where the next test that
+    waits for an empty queue finds them (a CI killed during this run made two Slurm tests of the
+    next CI fail so). Jobs that have ended are not asked about."""
+    jobs = [job for nodes in (1, 2) for job in held_jobs(out / f"nodes{nodes}")]
+    states = read_states(jobs) if jobs else {}
+    live = [job for job in jobs if is_live(states.get(job, "PENDING"))]
+    if live:
+        subprocess.run(["scancel", *live], check=False, capture_output=True)
 
 
 def run_alternately(*queues: list[str], timeout_s: float = 600.0) -> None:

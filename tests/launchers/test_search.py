@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 from omegaconf import OmegaConf
 
+from launchers.queue import is_live, read_states
 from tests.bench import bench_time_model
 from tests.launchers.test_plan import read_rows, run_train
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
@@ -192,6 +193,26 @@ def test_a_search_whose_launch_is_refused_leaves_the_directory_as_it_was(
     (tmp_path / "empty").mkdir()
     assert slurm_search(tmp_path / "empty", "cluster.partition=nosuch").returncode == EXIT_USAGE
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_the_benchs_held_jobs_are_cancelled_when_it_stops_before_releasing_them(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # bench_time_model queues its searches' jobs held and releases them one at a time; stopped in
+    # between, its `finally` must leave none of them in the cluster (they would stay held for ever).
+    queued = slurm_search(tmp_path / "nodes1", f"cluster.partition={slurm_cluster.partition}", "search.top_k=2",
+                          "+hydra.launcher.sbatch_args.hold=''")  # fmt: skip
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    jobs = bench_time_model.held_jobs(tmp_path / "nodes1")
+    try:
+        assert len(jobs) == 2
+        held = read_states(jobs)
+        assert all(state == "PENDING (JobHeldUser)" for state in held.values()), held
+        bench_time_model.cancel_held(tmp_path)  # nodes2 was never made: nothing to read there
+        states = read_states(jobs)
+    finally:
+        subprocess.run(["scancel", *jobs], check=False, capture_output=True)
+    assert set(states) == set(jobs) and not any(is_live(state) for state in states.values()), states
 
 
 def slurm_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
