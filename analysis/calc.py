@@ -321,7 +321,7 @@ def planned_layout(run: RunConfig, devices: int, stack: str | None = None) -> Ru
     the batch, a rank out of memory) would be a number for nothing."""
     run = resolve_auto_micro_batch(run, world_size=devices)
     by = _as_run_by(run, stack)
-    broken = validate(by, world_size=devices)
+    broken = validate(by, world_size=devices, world_fixed=True)
     if broken:
         engine = Engine(by.parallelism.engine).value
         runs_as = f" (stack={stack} is what python -m train runs with parallelism.engine={engine})" if by is not run else ""

@@ -86,7 +86,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
             raise
         _refuse(str(bad_env), hydra_cfg)
     world_size = run_world(run.parallelism, launch)
-    violations = validate(run, world_size=world_size)
+    violations = validate(run, world_size=world_size, world_fixed=launch is not None)
     if violations:
         infeasible = InfeasibleConfig(violations)
         if multirun:

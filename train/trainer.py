@@ -165,7 +165,7 @@ def run_training(
     progress = Progress(run_dir=output_dir)
     path = output_dir / RESULT_FILE
     launch = distributed.launch_from_env(os.environ)
-    violations = validate(run, world_size=1 if launch is None else launch.world_size)
+    violations = validate(run, world_size=1 if launch is None else launch.world_size, world_fixed=launch is not None)
     if violations:
         refused = InfeasibleConfig(violations)
         if launch is None or launch.rank == 0:

@@ -313,6 +313,26 @@ def test_predict_plans_the_layout_as_the_dry_run_does(capsys: pytest.CaptureFixt
             "zero_stage=0 recompute=none offload=none stack=megasweep") in capsys.readouterr().out  # fmt: skip
 
 
+def test_a_layout_too_large_for_its_devices_is_told_fixes_on_those_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    # The memory rule's advice kept dp (the dry run's choice: tp=4 there is 32 devices), which calc then
+    # refused for its devices; here a larger tp or pp takes its devices from dp, and each fix runs.
+    args = ("model=gpt_2.7b", "hardware=a100_40gb", "parallelism.precision=bf16", "parallelism.global_batch_size=64",
+            "devices=8", "predict=true")  # fmt: skip
+    assert main([*args, "parallelism.dp=8"]) == 2
+    err = capsys.readouterr().err
+    assert ("Each of these alone would fit (the 8 devices kept, overrides as Hydra takes them): "
+            "parallelism.tp=4 parallelism.dp=2, parallelism.pp=4 parallelism.dp=2.") in err, err  # fmt: skip
+    for fix in (["parallelism.tp=4", "parallelism.dp=2"], ["parallelism.pp=4", "parallelism.dp=2"]):
+        assert main([*args, *fix]) == 0, capsys.readouterr().err
+    # dp left to the devices: the fix is the degree alone.
+    assert main(list(args)) == 2
+    assert "(the 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in (
+        capsys.readouterr().err
+    )
+    assert main([*args, "parallelism.tp=4"]) == 0
+    capsys.readouterr()
+
+
 def test_two_predictions_that_differ_say_how_their_layouts_differ(capsys: pytest.CaptureFixture[str]) -> None:
     # Sequence parallelism and the stack priced change the prediction; the printed layout was the same line.
     lines = {}

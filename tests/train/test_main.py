@@ -558,6 +558,18 @@ def test_a_launchers_variable_that_is_not_a_number_is_one_line(tmp_path: Path) -
     assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_memory_advice_under_a_launcher_keeps_its_world(tmp_path: Path) -> None:
+    # Under torchrun or srun the world is the launcher's: the memory rule's fixes take their devices
+    # from dp (tp=2 with dp=8 kept would need 16 of the 8 devices).
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}
+    proc = subprocess.run([sys.executable, "-m", "train", f"hydra.run.dir={tmp_path / 'run'}", "model=gpt_2.7b",
+                           "hardware=a100_40gb", "parallelism.precision=bf16", "parallelism.global_batch_size=64"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stderr[-2000:]
+    assert "parallelism.dp=8," in proc.stderr
+    assert "(the 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in proc.stderr
+
+
 def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:
     # Hydra makes outputs/<date>/<time>/.hydra before the task runs: a refused run left it, and the
     # directories above it, behind; a directory that holds more than that (a finished run's) stays.

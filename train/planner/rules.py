@@ -1013,9 +1013,12 @@ def _check_precision(par: ParallelismConfig, hw: HardwareConfig) -> Violation | 
     )
 
 
-def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> list[str]:
-    """The mildest single change of each memory knob that makes the estimate fit, dp kept, and that
-    breaks no rule the layout keeps.
+def _memory_fixes(
+    m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int, world: int | None = None
+) -> list[str]:
+    """The mildest single change of each memory knob that makes the estimate fit, dp kept (or, given
+    `world`, that many devices kept: a larger tp or pp then takes its devices from dp), and that breaks
+    no rule the layout keeps.
 
     Knobs: larger tp (within a node), larger pp, higher ZeRO stage, more recompute, smaller micro-batch.
     """
@@ -1042,12 +1045,33 @@ def _memory_fixes(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp
                 fixes.append(f"parallelism.{key}={shown}")
                 return
 
+    def first_on_world(key: str, candidates: Sequence[int], world: int) -> None:
+        # The devices are given (a measured run's, an allocation's): the degree comes out of dp, so
+        # the estimate and the rules see the smaller dp, and a dp the user set changes with it.
+        for value in candidates:
+            changed = replace(par, tp=value) if key == "tp" else replace(par, pp=value)
+            new_dp, rest = divmod(world, changed.tp * changed.pp)
+            if rest or new_dp < 1:
+                continue
+            if par.dp is not None:
+                changed = replace(changed, dp=new_dp)
+            if (_knob_rules_broken(m, changed, hw, new_dp) <= broken
+                    and not predicts_oom(estimated_memory(m, changed, new_dp, hw), hw)):  # fmt: skip
+                fixes.append(f"parallelism.{key}={value}" + (f" parallelism.dp={new_dp}" if par.dp is not None else ""))
+                return
+
     fixes: list[str] = []
     # Only changes the engine can run: DeepSpeed is data parallel only, native ZeRO stops at 1.
     deepspeed = par.engine == Engine.deepspeed
     if not deepspeed:
-        first("tp", [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0])
-        first("pp", [p for p in valid_pp(m) if p > par.pp])
+        tps = [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0]
+        pps = [p for p in valid_pp(m) if p > par.pp]
+        if world is None:
+            first("tp", tps)
+            first("pp", pps)
+        else:
+            first_on_world("tp", tps, world)
+            first_on_world("pp", pps, world)
     first("zero_stage", list(range(par.zero_stage + 1, 4 if deepspeed else 2)))
     order = [Recompute.none, Recompute.selective, Recompute.full]
     first("recompute", order[order.index(Recompute(par.recompute)) + 1 :])
@@ -1070,14 +1094,17 @@ def _knob_rules_broken(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfi
     return {v.rule for v in checks if v is not None}
 
 
-def _check_memory(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int) -> Violation | None:
+def _check_memory(
+    m: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, dp: int, world: int | None = None
+) -> Violation | None:
     estimate = estimated_memory(m, par, dp, hw)
     if not predicts_oom(estimate, hw):
         return None
     usable = usable_bytes(hw) / GIB
-    fixes = _memory_fixes(m, par, hw, dp)
+    fixes = _memory_fixes(m, par, hw, dp, world)
+    kept = f"dp={dp} kept" if world is None else f"the {world} devices kept"
     if fixes:
-        advice = f"Each of these alone would fit (dp={dp} kept, overrides as Hydra takes them): {', '.join(fixes)}."
+        advice = f"Each of these alone would fit ({kept}, overrides as Hydra takes them): {', '.join(fixes)}."
     else:
         advice = (
             "No single change of a larger tp or pp, a higher zero_stage, more recompute or a smaller "
@@ -1154,10 +1181,12 @@ def resolve_auto_micro_batch(run: RunConfig, *, world_size: int | None = None) -
     return _check_micro_batch_auto(run, dp)[0]
 
 
-def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation]:
+def validate(run: RunConfig, *, world_size: int | None = None, world_fixed: bool = False) -> list[Violation]:
     """Every rule the run breaks, in RULES order; [] means the layout can start.
 
     world_size None means "not known yet": dp is then parallelism.dp, or 1 when that is null.
+    world_fixed: world_size is given, not the layout's choice (a measured run's devices, a launcher's
+    world), so the memory rule's advice keeps it rather than dp.
     micro_batch_size=auto is first replaced by the planner's largest fitting size
     (train.planner.micro_batch.resolve_micro_batch), and the rules check that size; when none fits, the
     `micro_batch_auto` rule says why and the batch and memory rules are not evaluated.
@@ -1239,7 +1268,7 @@ def validate(run: RunConfig, *, world_size: int | None = None) -> list[Violation
     if (batch_ok and positive is None and zero is None and hardware_bad is None and par.pp <= m.num_layers
             and _vocab_ok(m) and _known_precision(par)):  # fmt: skip
         assert dp is not None
-        out.append(_check_memory(m, par, hw, dp))
+        out.append(_check_memory(m, par, hw, dp, world_size if world_fixed else None))
     # Rules are evaluated in dependency order; reports come in RULES order.
     return sorted((v for v in out if v is not None), key=lambda v: RULES.index(v.rule))
 
