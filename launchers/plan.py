@@ -2,8 +2,9 @@
 
     python -m train -m model=gpt_1.3b,gpt_13b parallelism.tp=1,2,4,8 hydra/launcher=plan
 
-prints the feasible configs, fastest predicted first (at most hydra.launcher.top of them; parameters,
-predicted memory per device, GEMM quantization efficiency, FLOPs and time per iteration), the
+prints the feasible configs, fastest predicted first (at most hydra.launcher.top of them, each
+work's fastest in turn; parameters, predicted memory per device, GEMM quantization efficiency,
+FLOPs and time per iteration), the
 infeasible ones counted by the rule they break with one example each, and a summary line; plan.csv
 in the sweep directory (hydra.sweep.dir) gets every row. The console stays a screenful however
 many configs the sweep holds: the file is where all of them are.
@@ -18,6 +19,7 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -55,9 +57,18 @@ from train.planner.plan import (
     plan_run,
     rank_predictions,
     table_order,
+    work_key,
 )
 
-__all__ = ["PlanLauncher", "PlanSummary", "format_plan_report", "plan_sweep", "progress_printer", "summarize"]
+__all__ = [
+    "PlanLauncher",
+    "PlanSummary",
+    "format_plan_report",
+    "plan_sweep",
+    "progress_printer",
+    "shown_in_turn",
+    "summarize",
+]
 
 DEFAULT_TOP = 30
 """Feasible rows the console shows by default: a screenful (rows)."""
@@ -131,15 +142,16 @@ def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: in
     then the infeasible configs by rule with one example each. Its length depends on `top` and the
     number of rules, never on the number of configs."""
     feasible = table_order([r for r in rows if r.feasible])
-    shown = feasible if top is None else feasible[:top]
+    shown = feasible if top is None else shown_in_turn(feasible, top)
     lines = []
     if shown:
         lines.append(format_plan_table(shown))
     if not feasible:
         lines.append("no feasible config")
     elif len(shown) < len(feasible):
+        slower = "slower than the shown ones of their work" if len(_by_work(shown)) > 1 else "slower"
         lines.append(
-            f"... {len(feasible) - len(shown):,} more feasible config(s), slower or unpredicted, in {csv_name} "
+            f"... {len(feasible) - len(shown):,} more feasible config(s), {slower} or unpredicted, in {csv_name} "
             f"(hydra.launcher.top=N shows N, null all)"
         )
     lines += _unpredicted_lines(feasible)
@@ -148,6 +160,32 @@ def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: in
         for c in summary.by_rule:
             lines.append(f"  [{c.rule or 'other'}] e.g. {c.example.overrides or '(no overrides)'}: {c.message}")
     return "\n".join(lines)
+
+
+def _by_work(rows: Sequence[PlanRow]) -> dict[tuple[str, int, int], list[PlanRow]]:
+    """The rows of each work (train.planner.plan.work_key), in their order; works by first appearance."""
+    works: dict[tuple[str, int, int], list[PlanRow]] = {}
+    for row in rows:
+        works.setdefault(work_key(row), []).append(row)
+    return works
+
+
+def shown_in_turn(feasible: Sequence[PlanRow], top: int) -> list[PlanRow]:
+    """The `top` rows the console shows of feasible rows in table order: each work's fastest in turn
+    (every work's first, then every work's second, ...), listed work by work.
+
+    Ranks are per work (a 13B model's layouts are not slower versions of a 350M model's), so the `top`
+    fastest of all would be the small model's alone, and the table would not show the large one's best
+    layout at all. Works are listed in the order of their fastest rows."""
+    works = _by_work(feasible)
+    if len(works) <= 1:
+        return list(feasible[:top])
+    taken: set[int] = set()
+    for turn in itertools.zip_longest(*works.values()):
+        for row in turn:
+            if row is not None and len(taken) < top:
+                taken.add(id(row))
+    return [row for rows in works.values() for row in rows if id(row) in taken]
 
 
 SHOWN_NOTES = 3
@@ -230,7 +268,8 @@ class PlanLauncher(SweepLauncher):
 
     Options (hydra.launcher.*): world_size (devices each config is planned for; null: dp
     from the config, or 1), csv_name (file in the sweep directory), table (print the feasible
-    rows and the infeasible ones by rule), top (feasible rows printed, fastest first; null: all),
+    rows and the infeasible ones by rule), top (feasible rows printed, each work's fastest in turn:
+    shown_in_turn; null: all),
     progress_every (a stderr line every this many configs; 0: none), append (plan
     into a directory that holds a launched sweep, adding to its plan.csv; without it such a
     directory is refused: launchers.sweepdir). Exits non-zero (NothingFeasible) when no

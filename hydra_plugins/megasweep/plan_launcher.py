@@ -25,7 +25,7 @@ class PlanLauncherConf:
     table: bool = True
     """Print the feasible configs (fastest first) and the infeasible ones counted by rule to stdout."""
     top: int | None = _plan.DEFAULT_TOP
-    """Feasible rows printed, fastest predicted first; null prints all; plan.csv has every row (rows)."""
+    """Feasible rows printed, each work's fastest predicted in turn; null prints all; plan.csv has every row (rows)."""
     progress_every: int = 2000
     """A progress line on stderr every this many configs; 0 for none (configs)."""
     append: bool = False

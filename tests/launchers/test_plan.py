@@ -14,7 +14,7 @@ import pytest
 from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
-from launchers.plan import plan_sweep
+from launchers.plan import plan_sweep, shown_in_turn
 from train.contract import EXIT_USAGE, ManifestEntry, PlanRow, read_plan_csv, write_manifest
 from train.planner.plan import format_plan_table, plan_run, table_order
 
@@ -190,14 +190,22 @@ def test_top_limits_the_table_and_infeasible_configs_are_counted_by_rule(tmp_pat
     infeasible = [r for r in rows if not r.feasible]
     assert len(feasible) > 3 and infeasible
 
-    # The three fastest feasible rows, fastest first, and nothing else of the rows.
-    shown = table_order(feasible)[:3]
-    assert all(r.pred_sec_per_iter > 0 for r in shown)
-    assert [r.pred_sec_per_iter for r in shown] == sorted(r.pred_sec_per_iter for r in shown)
-    assert max(r.pred_sec_per_iter for r in shown) <= min(r.pred_sec_per_iter for r in feasible if r not in shown)
+    # Three rows: each model's fastest in turn (the two models' rank 1, then gpt_350m's rank 2), listed
+    # model by model, fastest first; the three fastest of all were gpt_350m's alone.
+    shown = [r for model in ("gpt_350m", "gpt_13b") for r in table_order(feasible) if r.model == model]
+    shown = [r for r in shown if r.pred_rank <= (2 if r.model == "gpt_350m" else 1)]
+    assert [(r.model, r.pred_rank) for r in shown] == [("gpt_350m", 1), ("gpt_350m", 2), ("gpt_13b", 1)]
     assert format_plan_table(shown) + "\n" in proc.stdout
     assert proc.stdout.count("\nok ") == 3 and "INFEASIBLE" not in proc.stdout
-    assert f"... {len(feasible) - 3} more feasible config(s)" in proc.stdout
+    assert f"... {len(feasible) - 3} more feasible config(s), slower than the shown ones of their work" in proc.stdout
+    # A work with fewer rows leaves its turns to the others; top 0 shows none, a top past them all every row.
+    ordered = table_order(feasible)
+    large = [r for r in ordered if r.model == "gpt_13b"]
+    small = [r for r in ordered if r.model == "gpt_350m"]
+    assert len(small) >= 4 and len(large) >= 2
+    assert shown_in_turn(table_order(small + large[:2]), 6) == small[:4] + large[:2]
+    assert shown_in_turn(ordered, 0) == [] and shown_in_turn(ordered, len(ordered) + 5) == small + large
+    assert shown_in_turn(small, 2) == small[:2]
 
     # One count per rule, as plan.csv's reasons have them, most common first.
     expected: dict[str, int] = {}

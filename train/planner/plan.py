@@ -190,6 +190,12 @@ def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = 
     )
 
 
+def work_key(row: PlanRow) -> tuple[str, int, int]:
+    """What makes two rows the same work, whose layouts are ranked against each other: the model,
+    the global batch (samples) and the sequence length (tokens)."""
+    return (row.model, row.global_batch_size, row.seq_length)
+
+
 def rank_predictions(rows: Sequence[PlanRow]) -> list[PlanRow]:
     """The rows in their order, each feasible predicted one ranked (pred_rank, 1 = fastest) among
     the rows that do the same work: the same model, global batch and sequence length (a longer
@@ -197,7 +203,7 @@ def rank_predictions(rows: Sequence[PlanRow]) -> list[PlanRow]:
     groups: dict[tuple[str, int, int], list[int]] = {}
     for i, row in enumerate(rows):
         if row.feasible and math.isfinite(row.pred_sec_per_iter):
-            groups.setdefault((row.model, row.global_batch_size, row.seq_length), []).append(i)
+            groups.setdefault(work_key(row), []).append(i)
     ranks = dict.fromkeys(range(len(rows)), 0)
     for members in groups.values():
         for rank, i in enumerate(sorted(members, key=lambda i: rows[i].pred_sec_per_iter), start=1):
@@ -376,4 +382,5 @@ __all__ = [
     "rank_predictions",
     "table_order",
     "time_prediction",
+    "work_key",
 ]
