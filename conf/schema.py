@@ -314,7 +314,7 @@ class TrainingConfig:
     warmup_iters: int = 2
     """Leading iterations excluded from the reported medians (iterations)."""
     log_interval: int = 1
-    """Iterations between console log lines (iterations)."""
+    """Iterations between console log lines, each the mean of the iterations it covers, as Megatron's (iterations)."""
     lr: float = 3.0e-4
     """Peak learning rate (per step)."""
     lr_warmup_iters: int = 0

@@ -27,7 +27,7 @@ from conf.schema import Precision, RunConfig
 from train import flopcheck, memory, power, profiling
 from train.data import TokenSource, get_batch
 from train.engine import Batch, StepResult
-from train.metrics import IterationStats, format_log_line
+from train.metrics import IterationStats, format_log_line, interval_stats
 from train.model import IGNORE_INDEX, LossSum, lm_loss_sum
 from train.optim import lr_at, set_lr
 from train.planner import flops, shapes
@@ -68,6 +68,7 @@ def train(
     profiler = profiling.StepProfiler.for_steps(tr.profile_steps, run_dir=progress.run_dir, rank=rank.global_rank)
     ckpt, resumed, consumed = resume(run, s.engine, rank=rank, progress=progress, output_dir=output_dir)
     measured_from = max(tr.warmup_iters, resumed) + 1  # the first measured iteration of this process
+    line_from = len(progress.iterations)  # the first iteration the next console line covers
     for iteration in range(resumed + 1, tr.train_iters + 1):
         fault_hooks(rank.global_rank, iteration)
         if iteration == measured_from:
@@ -80,7 +81,8 @@ def train(
         progress.iterations.append(stats)
         above_peak = note_above_peak(stats, progress)
         if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters or above_peak):
-            print(format_log_line(stats), flush=True)
+            print(format_log_line(interval_stats(progress.iterations[line_from:])), flush=True)
+            line_from = len(progress.iterations)
             if above_peak:
                 print(f"warning: {above_peak}", flush=True)
         sink(stats)

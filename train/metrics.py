@@ -6,6 +6,7 @@ the record they go into (train.contract.RunRecord) is scrubbed of credentials he
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -76,6 +77,34 @@ def format_log_line(s: IterationStats) -> str:
         f" max memory (GiB): {s.max_mem_gib:.2f}",
     ]
     return " |".join(fields) + " |"
+
+
+def interval_stats(window: Sequence[IterationStats]) -> IterationStats:
+    """The figures of a log line that covers several iterations (training.log_interval > 1), as
+    Megatron-LM averages them over its interval: time per iteration, throughput, TFLOPs and MFU from
+    the interval's total time (so they agree with each other), the loss averaged; the counters, the
+    learning rate, loss scale, grad norm and batch are the last iteration's, and nan_iters the
+    interval's count. One iteration's line is that iteration's."""
+    last = window[-1]
+    if len(window) == 1:
+        return last
+    seconds = sum(s.elapsed_s for s in window)
+
+    def time_weighted(values: list[float | None]) -> float | None:
+        # FLOPs over the interval / its time: a mean of per-iteration rates would overweight fast ones.
+        if any(v is None for v in values) or seconds <= 0:
+            return None
+        return sum(v * s.elapsed_s for v, s in zip(values, window, strict=True) if v is not None) / seconds
+
+    return dataclasses.replace(
+        last,
+        elapsed_s=seconds / len(window),
+        loss=statistics.fmean(s.loss for s in window),
+        nan_iters=sum(s.nan_iters for s in window),
+        samples_per_s=sum(s.global_batch_size for s in window) / seconds if seconds > 0 else last.samples_per_s,
+        tflops=time_weighted([s.tflops for s in window]),
+        mfu=time_weighted([s.mfu for s in window]),
+    )
 
 
 def tflops_text(tflops: float) -> str:

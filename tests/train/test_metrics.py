@@ -12,6 +12,7 @@ from train.metrics import (
     IterationStats,
     allowlisted_env,
     format_log_line,
+    interval_stats,
     median_after_warmup,
     redact_values,
     scrub,
@@ -100,6 +101,23 @@ def test_log_line_layout() -> None:
     assert tiny == ["0.000449", "0.4000", "0.0000"]
     for value in parse_megatron_line(line).values():
         assert re.fullmatch(NUMBER + "%?|n/a", value), value
+
+
+def test_a_line_over_several_iterations_averages_them_as_megatron_does() -> None:
+    # training.log_interval=2: the line was the second iteration's alone (its time, its loss).
+    first = _stats(iteration=1, elapsed_s=1.0, loss=4.0, samples_per_s=2048.0, tflops=30.0, mfu=0.3, learning_rate=1e-4)
+    second = _stats(iteration=2, elapsed_s=3.0, loss=2.0, samples_per_s=2048 / 3, tflops=10.0, mfu=0.1, nan_iters=0,
+                    learning_rate=2e-4, grad_norm=0.5)  # fmt: skip
+    line = interval_stats([first, second])
+    assert line.iteration == 2 and line.learning_rate == 2e-4 and line.grad_norm == 0.5  # the last iteration's
+    assert line.elapsed_s == pytest.approx(2.0) and line.loss == pytest.approx(3.0)
+    # Rates over the interval's whole time: 4,096 samples and 60 TFLOP in 4 s, not the mean of the two rates.
+    assert line.samples_per_s == pytest.approx(1024.0)
+    assert line.tflops == pytest.approx(15.0) and line.mfu == pytest.approx(0.15)
+    assert interval_stats([second]) is second
+    # A rate unknown for any iteration is unknown for the line; a NaN iteration counts.
+    assert interval_stats([first, _stats(mfu=None, nan_iters=1)]).mfu is None
+    assert interval_stats([first, _stats(nan_iters=1)]).nan_iters == 1
 
 
 def test_median_excludes_warmup() -> None:

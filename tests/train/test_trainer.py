@@ -254,6 +254,19 @@ def test_mixed_precision_runs(tmp_path: Path, precision: str) -> None:
     assert abs(record["losses"][0] - np.log(256)) < 0.5  # near-uniform predictions at init
 
 
+def test_log_interval_lines_cover_their_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # training.log_interval=2 printed iterations 2 and 4 with their own time and loss, as if 1 and 3 were not run.
+    run = compose_run("training.train_iters=5", "training.log_interval=2")
+    record = run_training(run, output_dir=tmp_path, overrides=[])
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(" iteration ")]
+    assert [int(x.split()[1].split("/")[0]) for x in lines] == [2, 4, 5]
+    times, losses = record["iteration_times_s"], record["losses"]
+    for line, (a, b) in zip(lines, [(0, 2), (2, 4), (4, 5)], strict=True):
+        fields = dict(part.strip().rsplit(": ", 1) for part in line.strip(" |").split(" | ")[1:])
+        assert float(fields["elapsed time per iteration (s)"]) == pytest.approx(sum(times[a:b]) / (b - a), abs=1e-3)
+        assert float(fields["lm loss"]) == pytest.approx(sum(losses[a:b]) / (b - a), rel=1e-6)
+
+
 def test_nan_loss_stops_with_nan_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = compose_run("training.lr=1e30", "training.train_iters=6", "parallelism.optimizer=torch")
     with pytest.raises(TrainingDiverged):
