@@ -57,15 +57,28 @@ register_configs()  # the primary config extends megasweep_schema, read from Hyd
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    single = HydraConfig.get().mode != RunMode.MULTIRUN
     try:
         return _main(cfg)
+    except KeyboardInterrupt:
+        _forget_interrupted_start(single)
+        raise
     except Exception:
         # Ctrl-C in start-up can surface as another exception: Python 3.11 wraps one raised in a
         # class's __set_name__ (during an import) in RuntimeError, which Hydra prints as a failed
         # job with a traceback. It is the interruption, said as such.
-        if interrupted() and HydraConfig.get().mode != RunMode.MULTIRUN:
+        if interrupted() and single:
+            _forget_interrupted_start(single)
             raise KeyboardInterrupt from None
         raise
+
+
+def _forget_interrupted_start(single: bool) -> None:
+    """A single run that Ctrl-C stopped before it wrote anything leaves no directory holding only
+    Hydra's .hydra/ (_forget_run_dir keeps any that holds more: a record says `interrupted`). Not
+    under a launcher's ranks, where another rank may be starting into the directory."""
+    if single and not ({"RANK", "SLURM_PROCID"} & os.environ.keys()):
+        _forget_run_dir(HydraConfig.get())
 
 
 def _main(cfg: DictConfig) -> dict[str, Any]:

@@ -455,6 +455,35 @@ def test_ctrl_c_in_start_up_of_a_single_run_is_one_line_and_a_record(tmp_path: P
     assert record is not None and record["status"] == "interrupted" and record["iterations_run"] == 0
 
 
+# Ctrl-C after Hydra made the run directory and saved .hydra/ there, before the run wrote anything
+# (here: while the rules' advice is read).
+INTERRUPTED_BEFORE_THE_RUN = (
+    "import runpy, sys\n"
+    "import train.planner.rules\n"
+    "def stopped(*args, **kwargs):\n"
+    "    raise KeyboardInterrupt\n"
+    "train.planner.rules.advise = stopped\n"
+    "sys.argv = ['train', *sys.argv[1:]]\n"
+    "runpy.run_module('train', run_name='__main__')\n"
+)
+
+
+def test_ctrl_c_before_a_single_run_wrote_anything_leaves_no_run_directory(tmp_path: Path) -> None:
+    # The directory was left holding only Hydra's .hydra/, which a second run then trained beside.
+    run_dir = tmp_path / "outputs" / "run"
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_BEFORE_THE_RUN, *TINY_RUN, f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_INTERRUPTED and proc.stderr.strip() == "interrupted", proc.stderr[-3000:]
+    assert not run_dir.exists() and (tmp_path / "outputs").is_dir()  # the user's directory above it stays
+    # A directory that holds more than Hydra's (a finished run's record) stays as it is.
+    run_dir.mkdir()
+    (run_dir / RESULT_FILE).write_text("{}")
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_BEFORE_THE_RUN, *TINY_RUN, f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-3000:]
+    assert (run_dir / RESULT_FILE).read_text() == "{}" and (run_dir / ".hydra").is_dir()
+
+
 # A sweep's composition that Ctrl-C stops, and whose cleanup then fails (as OmegaConf's did on a half-copied
 # config), under Hydra's own reporting; `failing` is the same error without a Ctrl-C.
 REPLACED_INTERRUPT = """
