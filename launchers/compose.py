@@ -1064,7 +1064,7 @@ class FastValidation:
         with bulk_allocation():
             for done, overrides in enumerate(jobs, start=1):
                 run = composer.run_config(overrides)
-                if judged and (violations := validate(run, world_size=_local_world(run))):
+                if judged and (violations := validate(run, **_local_world(run))):
                     infeasible.append((done - 1, overrides, violations))
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
@@ -1079,14 +1079,15 @@ class FastValidation:
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
 
 
-def _local_world(run: RunConfig) -> int | None:
-    """The world a job started by a launcher without its own allocation trains on, as `python -m
-    train` judges it (train.distributed.run_world): the sweep's own launcher's, else the workers it forks."""
+def _local_world(run: RunConfig) -> dict[str, Any]:
+    """validate's world for a job started by a launcher without its own allocation, as `python -m
+    train` judges it (train.distributed.run_world): the sweep's own launcher's (fixed: a fix keeps it),
+    else the workers it forks."""
     try:
         launch = launch_from_env(os.environ)
     except ValueError:  # each job refuses the variable in its own words
         launch = None
-    return run_world(run.parallelism, launch)
+    return {"world_size": run_world(run.parallelism, launch), "world_fixed": launch is not None}
 
 
 def _refusal(infeasible: Sequence[tuple[int, Sequence[str], list[Violation]]], total: int) -> str:

@@ -138,22 +138,18 @@ def summarize(rows: Sequence[PlanRow], composer: FastComposer, plan_seconds: flo
 
 
 def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: int | None, csv_name: str) -> str:
-    """What the console shows of a plan: the `top` fastest feasible rows (None: all) under a header,
-    then the infeasible configs by rule with one example each. Its length depends on `top` and the
-    number of rules, never on the number of configs."""
+    """What the console shows of a plan: `top` feasible rows (None: all), each work's fastest in turn
+    (shown_in_turn), under a header, then the infeasible configs by rule with one example each. Its
+    length depends on `top` and the number of rules, never on the number of configs."""
     feasible = table_order([r for r in rows if r.feasible])
-    shown = feasible if top is None else shown_in_turn(feasible, top)
+    shown = shown_in_turn(feasible, len(feasible) if top is None else top)
     lines = []
     if shown:
         lines.append(format_plan_table(shown))
     if not feasible:
         lines.append("no feasible config")
     elif len(shown) < len(feasible):
-        slower = "slower than the shown ones of their work" if len(_by_work(shown)) > 1 else "slower"
-        lines.append(
-            f"... {len(feasible) - len(shown):,} more feasible config(s), {slower} or unpredicted, in {csv_name} "
-            f"(hydra.launcher.top=N shows N, null all)"
-        )
+        lines.append(_more_line(feasible, shown, csv_name))
     lines += _unpredicted_lines(feasible)
     if summary.infeasible:
         lines.append(summary.rules_line())
@@ -162,30 +158,48 @@ def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: in
     return "\n".join(lines)
 
 
-def _by_work(rows: Sequence[PlanRow]) -> dict[tuple[str, int, int], list[PlanRow]]:
-    """The rows of each work (train.planner.plan.work_key), in their order; works by first appearance."""
-    works: dict[tuple[str, int, int], list[PlanRow]] = {}
-    for row in rows:
-        works.setdefault(work_key(row), []).append(row)
+def _by_work(rows: Sequence[PlanRow]) -> dict[tuple[str, int, int], list[int]]:
+    """The indices of each work's rows (train.planner.plan.work_key), in their order; works by first
+    appearance."""
+    works: dict[tuple[str, int, int], list[int]] = {}
+    for i, row in enumerate(rows):
+        works.setdefault(work_key(row), []).append(i)
     return works
 
 
 def shown_in_turn(feasible: Sequence[PlanRow], top: int) -> list[PlanRow]:
-    """The `top` rows the console shows of feasible rows in table order: each work's fastest in turn
-    (every work's first, then every work's second, ...), listed work by work.
+    """The `top` rows the console shows of feasible rows in table order: each work's fastest predicted
+    in turn (every work's first, then every work's second, ...), then unpredicted ones in table order
+    if places are left; listed work by work, in the order of the works' fastest rows.
 
     Ranks are per work (a 13B model's layouts are not slower versions of a 350M model's), so the `top`
-    fastest of all would be the small model's alone, and the table would not show the large one's best
-    layout at all. Works are listed in the order of their fastest rows."""
-    works = _by_work(feasible)
-    if len(works) <= 1:
-        return list(feasible[:top])
+    fastest of all were the small model's alone, and the table did not show the large one's best
+    layout at all."""
+    works = _by_work(feasible).values()
+    predicted = [[i for i in rows if feasible[i].pred_rank > 0] for rows in works]
     taken: set[int] = set()
-    for turn in itertools.zip_longest(*works.values()):
-        for row in turn:
-            if row is not None and len(taken) < top:
-                taken.add(id(row))
-    return [row for rows in works.values() for row in rows if id(row) in taken]
+    for turn in itertools.zip_longest(*predicted):
+        for i in turn:
+            if i is not None and len(taken) < top:
+                taken.add(i)
+    # Unpredicted rows only where no predicted one is left: a '-' row never pushes out a prediction.
+    unpredicted = (i for i in range(len(feasible)) if i not in taken)
+    taken.update(itertools.islice(unpredicted, max(0, top - len(taken))))
+    return [feasible[i] for rows in works for i in rows if i in taken]
+
+
+def _more_line(feasible: Sequence[PlanRow], shown: Sequence[PlanRow], csv_name: str) -> str:
+    """What the console says of the feasible rows it leaves out: how many, and which works it shows
+    nothing of."""
+    works = _by_work(feasible)
+    line = f"... {len(feasible) - len(shown):,} more feasible config(s)"
+    if len(works) == 1:
+        line += ", slower or unpredicted,"
+    else:
+        unseen = len(works.keys() - {work_key(row) for row in shown})
+        line += ", each slower than its work's shown ones or unpredicted"
+        line += f" ({unseen} work(s) with none shown)," if unseen else ","
+    return f"{line} in {csv_name} (hydra.launcher.top=N shows N, null all)"
 
 
 SHOWN_NOTES = 3
@@ -231,7 +245,8 @@ def plan_sweep(
         for done, overrides in enumerate(job_overrides, start=1):
             run = composer.run_config(overrides)
             tic = time.perf_counter()
-            rows.append(plan_run(run, world_size=world_size, overrides=join_overrides(overrides)))
+            rows.append(plan_run(run, world_size=world_size, world_fixed=world_size is not None,
+                                 overrides=join_overrides(overrides)))  # fmt: skip
             planning += time.perf_counter() - tic
             if progress is not None:
                 progress(done, total)

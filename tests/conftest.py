@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,7 +232,23 @@ def slurm_cluster() -> Iterator[SlurmClusterInfo]:
     # else (cluster-up then leaves it alone).
     patch = pytest.MonkeyPatch()
     patch.setenv("SLURM_CONF", str(info.slurm_conf))
+    _cancel_stale_held_jobs()
     try:
         yield info
     finally:
         patch.undo()
+
+
+def _cancel_stale_held_jobs() -> None:
+    """Cancel this user's jobs held in the tests' cluster (JobHeldUser) before any Slurm test.
+
+    The tests that hold jobs release or cancel them themselves, in a `finally`; a run killed outright
+    (SIGKILL, or SIGTERM, which skips a `finally`) cannot, and its held jobs stayed queued for ever:
+    the next run's tests that wait for an empty queue failed on them. The cluster is the tests' own
+    (slurm/cluster-up.sh), so nothing held there at a session's start is anyone else's."""
+    listed = subprocess.run(["squeue", "--me", "-h", "-r", "-t", "PD", "-o", "%i|%r"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    held = [job for job, _, reason in (line.partition("|") for line in listed.stdout.split()) if reason == "JobHeldUser"]
+    if held:
+        subprocess.run(["scancel", *held], capture_output=True, timeout=60)
+        print(f"conftest: cancelled {len(held)} held job(s) an earlier killed run left: {' '.join(held)}", file=sys.stderr)

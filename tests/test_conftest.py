@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import SlurmClusterInfo
+from launchers.queue import is_live, read_states
+from tests.conftest import SlurmClusterInfo, _cancel_stale_held_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,6 +80,22 @@ def test_a_failed_slurm_test_reports_what_the_cluster_was_doing(slurm_cluster: S
     assert re.search(rf"^{job}\|RUNNING\|None\|.*\|node\d\|megasweep-stuck$", proc.stdout, re.M), proc.stdout
     assert f"scontrol show job {job}:" in proc.stdout and f"last 30 lines of {tmp_path}/stuck-{job}.out:" in proc.stdout
     assert "\nstill working\n" in proc.stdout and "slurmctld.log:" in proc.stdout
+
+
+def test_held_jobs_a_killed_run_left_are_cancelled_before_the_slurm_tests(slurm_cluster: SlurmClusterInfo) -> None:
+    # A held job (as bench_time_model's, of a run killed before its `finally`) stayed queued for ever,
+    # and the next CI's tests that wait for an empty queue failed on it. A job merely pending stays.
+    def submit(*flags: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", *flags, "-J", "megasweep-stale", "-o", "/dev/null", "--wrap", "true"],
+                              check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    held, later = submit("--hold"), submit("--begin=now+1hour")
+    try:
+        _cancel_stale_held_jobs()
+        states = read_states([held, later])
+        assert not is_live(states[held]) and states[later].startswith("PENDING"), states
+    finally:
+        subprocess.run(["scancel", held, later], check=False, timeout=30)
 
 
 def test_one_worker_modules_name_test_files_with_a_module_fixture() -> None:

@@ -76,8 +76,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 def _forget_interrupted_start(single: bool) -> None:
     """A single run that Ctrl-C stopped before it wrote anything leaves no directory holding only
     Hydra's .hydra/ (_forget_run_dir keeps any that holds more: a record says `interrupted`). Not
-    under a launcher's ranks, where another rank may be starting into the directory."""
-    if single and not ({"RANK", "SLURM_PROCID"} & os.environ.keys()):
+    under a launcher's ranks, where another rank may be starting into the directory (as _refuse's
+    `lone`)."""
+    try:
+        lone = launch_from_env(os.environ) is None
+    except LaunchEnvError:
+        lone = False
+    if single and lone:
         _forget_run_dir(HydraConfig.get())
 
 

@@ -68,7 +68,7 @@ def train(
     profiler = profiling.StepProfiler.for_steps(tr.profile_steps, run_dir=progress.run_dir, rank=rank.global_rank)
     ckpt, resumed, consumed = resume(run, s.engine, rank=rank, progress=progress, output_dir=output_dir)
     measured_from = max(tr.warmup_iters, resumed) + 1  # the first measured iteration of this process
-    line_from = len(progress.iterations)  # the first iteration the next console line covers
+    line_from, skipped_before = len(progress.iterations), progress.skipped  # where the next console line starts
     for iteration in range(resumed + 1, tr.train_iters + 1):
         fault_hooks(rank.global_rank, iteration)
         if iteration == measured_from:
@@ -81,8 +81,8 @@ def train(
         progress.iterations.append(stats)
         above_peak = note_above_peak(stats, progress)
         if rank.lead and (iteration % tr.log_interval == 0 or stats.nan_iters or iteration == tr.train_iters or above_peak):
-            print(format_log_line(interval_stats(progress.iterations[line_from:])), flush=True)
-            line_from = len(progress.iterations)
+            print(format_log_line(interval_stats(progress.iterations[line_from:], skipped_before=skipped_before)), flush=True)
+            line_from, skipped_before = len(progress.iterations), progress.skipped
             if above_peak:
                 print(f"warning: {above_peak}", flush=True)
         sink(stats)
@@ -362,9 +362,10 @@ def utilization(tflops: float | None, progress: Progress, what: str) -> float | 
 
 def note_above_peak(stats: IterationStats, progress: Progress) -> str | None:
     """The log's warning for an iteration faster than the peak allows (None for any other), naming
-    both figures.
+    both figures and the iteration (a line under training.log_interval > 1 gives its interval's mean,
+    which may be below the peak).
 
-    The log line still shows the ratio above 100%: a hidden MFU reads as 'not measured', while the
+    The log line still shows its ratio, above 100% too: a hidden MFU reads as 'not measured', while the
     real news is that the peak is too low. The record says it once (above_peak_warning)."""
     if stats.mfu is None or stats.mfu <= 1.0 or stats.tflops is None:
         return None

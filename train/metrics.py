@@ -79,16 +79,20 @@ def format_log_line(s: IterationStats) -> str:
     return " |".join(fields) + " |"
 
 
-def interval_stats(window: Sequence[IterationStats]) -> IterationStats:
+def interval_stats(window: Sequence[IterationStats], *, skipped_before: int = 0) -> IterationStats:
     """The figures of a log line that covers several iterations (training.log_interval > 1), as
-    Megatron-LM averages them over its interval: time per iteration, throughput, TFLOPs and MFU from
-    the interval's total time (so they agree with each other), the loss averaged; the counters, the
-    learning rate, loss scale, grad norm and batch are the last iteration's, and nan_iters the
-    interval's count. One iteration's line is that iteration's."""
+    Megatron-LM's training_log averages them over its interval: time per iteration, throughput, TFLOPs
+    and MFU from the interval's total time (so they agree with each other), the loss averaged over the
+    iterations that updated the model (an fp16 overflow's skipped step is left out; every loss where
+    all were skipped); the counters, learning rate, loss scale, grad norm and batch are the last
+    iteration's, and nan_iters the interval's count. `skipped_before`: the skipped-iteration counter
+    before the window. One iteration's line is that iteration's."""
     last = window[-1]
     if len(window) == 1:
         return last
     seconds = sum(s.elapsed_s for s in window)
+    counters = [skipped_before, *(s.skipped_iters for s in window)]
+    updated = [s.loss for s, before in zip(window, counters, strict=False) if s.skipped_iters == before]
 
     def time_weighted(values: list[float | None]) -> float | None:
         # FLOPs over the interval / its time: a mean of per-iteration rates would overweight fast ones.
@@ -99,7 +103,7 @@ def interval_stats(window: Sequence[IterationStats]) -> IterationStats:
     return dataclasses.replace(
         last,
         elapsed_s=seconds / len(window),
-        loss=statistics.fmean(s.loss for s in window),
+        loss=statistics.fmean(updated or [s.loss for s in window]),
         nan_iters=sum(s.nan_iters for s in window),
         samples_per_s=sum(s.global_batch_size for s in window) / seconds if seconds > 0 else last.samples_per_s,
         tflops=time_weighted([s.tflops for s in window]),

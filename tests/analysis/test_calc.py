@@ -320,13 +320,13 @@ def test_a_layout_too_large_for_its_devices_is_told_fixes_on_those_devices(capsy
             "devices=8", "predict=true")  # fmt: skip
     assert main([*args, "parallelism.dp=8"]) == 2
     err = capsys.readouterr().err
-    assert ("Each of these alone would fit (the 8 devices kept, overrides as Hydra takes them): "
+    assert ("Each of these changes alone would fit (the world of 8 devices kept, overrides as Hydra takes them): "
             "parallelism.tp=4 parallelism.dp=2, parallelism.pp=4 parallelism.dp=2.") in err, err  # fmt: skip
     for fix in (["parallelism.tp=4", "parallelism.dp=2"], ["parallelism.pp=4", "parallelism.dp=2"]):
         assert main([*args, *fix]) == 0, capsys.readouterr().err
     # dp left to the devices: the fix is the degree alone.
     assert main(list(args)) == 2
-    assert "(the 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in (
+    assert "(the world of 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in (
         capsys.readouterr().err
     )
     assert main([*args, "parallelism.tp=4"]) == 0

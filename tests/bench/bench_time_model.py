@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from launchers.queue import is_live, read_states
-from train.contract import MANIFEST_FILE, RESULT_FILE, SEARCH_FILE, read_manifest
+from train.contract import RESULT_FILE, SEARCH_FILE, manifest_path, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4", "model.seq_length=128",
@@ -41,6 +41,8 @@ MODEL = ("model.num_layers=4", "model.hidden_size=256", "model.num_attention_hea
 # of 6-20 at 0.28 s), so 8 iterations with 2 of warm-up timed mostly that phase; 5 of warm-up and
 # 15 timed measure what the model predicts.
 SEARCH = ("search.micro_batch_sizes=[1,2]", "search.recompute=[none,full]", "search.zero_stages=[0]")
+NODE_COUNTS = (1, 2)
+"""The node counts searched and measured, each a sweep directory nodes<N> of the run's."""
 PER_NODE_COUNT = 6
 """Layouts measured per node count (12 in all)."""
 TARGET_MAE = 0.15
@@ -70,17 +72,17 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
     subprocess.run([sys.executable, "-m", "launchers", "calibrate", *MODEL, *SEARCH, *cluster, "search.nodes=[1,2]",
                     "--min-seconds", str(min_seconds), "--out", str(cal)], cwd=REPO, check=True)  # fmt: skip
     try:
-        for nodes in (1, 2):
+        for nodes in NODE_COUNTS:
             subprocess.run([sys.executable, "-m", "train", "-m", "hydra/sweeper=layouts", "hydra/launcher=slurm",
                             "+hydra.launcher.sbatch_args.hold=''", "cluster.array_parallelism=1", *MODEL, *SEARCH,
                             *cluster, f"search.nodes=[{nodes}]", f"search.top_k={PER_NODE_COUNT}",
                             f"hardware.calibration={cal}", f"hydra.sweep.dir={out / f'nodes{nodes}'}"],
                            cwd=REPO, check=True, capture_output=True)  # fmt: skip
-        run_alternately(*(held_jobs(out / f"nodes{nodes}") for nodes in (1, 2)))
+        run_alternately(*(held_jobs(out / f"nodes{nodes}") for nodes in NODE_COUNTS))
     finally:
         cancel_held(out)
     rows = []
-    for nodes in (1, 2):
+    for nodes in NODE_COUNTS:
         sweep = out / f"nodes{nodes}"
         with (sweep / SEARCH_FILE).open(newline="") as f:
             predicted = {r["overrides"]: float(r["pred_sec_per_iter"]) for r in csv.DictReader(f)}
@@ -99,7 +101,7 @@ def run(out: Path, cluster: tuple[str, ...] = (), min_seconds: float = 0.05) -> 
 
 def held_jobs(sweep: Path) -> list[str]:
     """The Slurm job ids a sweep directory's manifest names (none where it has no manifest)."""
-    if not (sweep / MANIFEST_FILE).is_file():
+    if not manifest_path(sweep).is_file():
         return []
     return [str(e.job_id) for e in read_manifest(sweep) if e.job_id is not None]
 
@@ -110,12 +112,15 @@ def cancel_held(out: Path) -> None:
     A run stopped between submission and its last measurement (Ctrl-C, a failed second search, a
     timeout) would otherwise leave its held jobs in the cluster for ever, where the next test that
     waits for an empty queue finds them (a CI killed during this run made two Slurm tests of the
-    next CI fail so). Jobs that have ended are not asked about."""
-    jobs = [job for nodes in (1, 2) for job in held_jobs(out / f"nodes{nodes}")]
+    next CI fail so; a kill no `finally` sees is the tests' cluster fixture's to mend). Ended jobs
+    are left alone; scancel's refusal is said, not swallowed."""
+    jobs = [job for nodes in NODE_COUNTS for job in held_jobs(out / f"nodes{nodes}")]
     states = read_states(jobs) if jobs else {}
     live = [job for job in jobs if is_live(states.get(job, "PENDING"))]
     if live:
-        subprocess.run(["scancel", *live], check=False, capture_output=True)
+        done = subprocess.run(["scancel", *live], check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"bench_time_model: scancel {' '.join(live)} failed: {done.stderr.strip()}", file=sys.stderr)
 
 
 def run_alternately(*queues: list[str], timeout_s: float = 600.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import re
@@ -14,7 +15,7 @@ import pytest
 from hydra.core.utils import JobStatus
 
 from launchers.compose import FastComposer
-from launchers.plan import plan_sweep, shown_in_turn
+from launchers.plan import _more_line, plan_sweep, shown_in_turn
 from train.contract import EXIT_USAGE, ManifestEntry, PlanRow, read_plan_csv, write_manifest
 from train.planner.plan import format_plan_table, plan_run, table_order
 
@@ -197,7 +198,7 @@ def test_top_limits_the_table_and_infeasible_configs_are_counted_by_rule(tmp_pat
     assert [(r.model, r.pred_rank) for r in shown] == [("gpt_350m", 1), ("gpt_350m", 2), ("gpt_13b", 1)]
     assert format_plan_table(shown) + "\n" in proc.stdout
     assert proc.stdout.count("\nok ") == 3 and "INFEASIBLE" not in proc.stdout
-    assert f"... {len(feasible) - 3} more feasible config(s), slower than the shown ones of their work" in proc.stdout
+    assert f"... {len(feasible) - 3} more feasible config(s), each slower than its work's shown ones or unpredicted, in" in proc.stdout
     # A work with fewer rows leaves its turns to the others; top 0 shows none, a top past them all every row.
     ordered = table_order(feasible)
     large = [r for r in ordered if r.model == "gpt_13b"]
@@ -206,6 +207,15 @@ def test_top_limits_the_table_and_infeasible_configs_are_counted_by_rule(tmp_pat
     assert shown_in_turn(table_order(small + large[:2]), 6) == small[:4] + large[:2]
     assert shown_in_turn(ordered, 0) == [] and shown_in_turn(ordered, len(ordered) + 5) == small + large
     assert shown_in_turn(small, 2) == small[:2]
+    # A row without a prediction never pushes out another work's predicted one; it fills places left.
+    unpredicted = dataclasses.replace(small[2], pred_rank=0, pred_sec_per_iter=math.nan)
+    mixed = table_order([*small[:2], unpredicted, *large[:3]])
+    assert shown_in_turn(mixed, 5) == [*small[:2], *large[:3]]
+    assert shown_in_turn(mixed, 6) == [*small[:2], unpredicted, *large[:3]]
+    # A work the table shows nothing of is said, not left out without a word.
+    assert "(1 work(s) with none shown), in plan.csv" in _more_line(ordered, shown_in_turn(ordered, 1), "plan.csv")
+    assert "slower or unpredicted, in plan.csv" in _more_line(small, small[:1], "plan.csv")
+
 
     # One count per rule, as plan.csv's reasons have them, most common first.
     expected: dict[str, int] = {}
@@ -225,6 +235,19 @@ def test_top_limits_the_table_and_infeasible_configs_are_counted_by_rule(tmp_pat
     for rule, example in zip(printed, examples, strict=True):
         overrides = example.split(" e.g. ", 1)[1].split(": ", 1)[0]
         assert any(reason.startswith(f"[{rule}]") for reason in by_overrides[overrides].reasons)
+
+
+def test_a_plan_for_a_given_world_advises_memory_fixes_on_that_world(tmp_path: Path) -> None:
+    # hydra.launcher.world_size=8: a fix that kept dp=8 (tp=4: 32 devices) was refused when planned again.
+    args = ("-m", "model=gpt_2.7b", "hardware=a100_40gb", "parallelism.precision=bf16", "parallelism.global_batch_size=64",
+            "parallelism.dp=8", "hydra/launcher=plan", "hydra.launcher.world_size=8")  # fmt: skip
+    proc = run_train(*args, f"hydra.sweep.dir={tmp_path / 'a'}")
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    (row,) = read_plan_csv(tmp_path / "a" / "plan.csv")
+    assert ("(the world of 8 devices kept, overrides as Hydra takes them): parallelism.tp=4 parallelism.dp=2, "
+            "parallelism.pp=4 parallelism.dp=2.") in row.reasons[0], row.reasons  # fmt: skip
+    proc = run_train(*args, "parallelism.tp=4", "parallelism.dp=2", f"hydra.sweep.dir={tmp_path / 'b'}")
+    assert proc.returncode == 0 and read_plan_csv(tmp_path / "b" / "plan.csv")[0].feasible, proc.stderr
 
 
 def test_console_output_stays_bounded_for_a_large_plan(tmp_path: Path) -> None:

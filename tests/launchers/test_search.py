@@ -216,8 +216,8 @@ def test_the_benchs_held_jobs_are_cancelled_when_it_stops_before_releasing_them(
 
 
 def slurm_search(sweep_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """local_search's search of TINY's layouts, handed to the Slurm launcher (the tests refuse it or
-    launch nothing: no job is queued)."""
+    """local_search's search of TINY's layouts, handed to the Slurm launcher (the tests refuse it,
+    launch nothing, or hold what they queue and cancel it)."""
     return local_search(sweep_dir, "search.micro_batch_sizes=[1]", "search.top_k=1", "hydra/launcher=slurm", *args)
 
 

@@ -596,7 +596,7 @@ def test_memory_advice_under_a_launcher_keeps_its_world(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr[-2000:]
     assert "parallelism.dp=8," in proc.stderr
-    assert "(the 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in proc.stderr
+    assert "(the world of 8 devices kept, overrides as Hydra takes them): parallelism.tp=4, parallelism.pp=4." in proc.stderr
 
 
 def test_a_refused_single_run_leaves_no_run_directory(tmp_path: Path) -> None:

@@ -118,6 +118,13 @@ def test_a_line_over_several_iterations_averages_them_as_megatron_does() -> None
     # A rate unknown for any iteration is unknown for the line; a NaN iteration counts.
     assert interval_stats([first, _stats(mfu=None, nan_iters=1)]).mfu is None
     assert interval_stats([first, _stats(nan_iters=1)]).nan_iters == 1
+    # An fp16 overflow's skipped step updated nothing: its loss is left out of the mean, as Megatron's.
+    overflow = _stats(iteration=3, loss=100.0, skipped_iters=1)
+    assert interval_stats([first, overflow]).loss == pytest.approx(4.0)
+    assert interval_stats([overflow, _stats(iteration=4, loss=6.0, skipped_iters=1)]).loss == pytest.approx(6.0)
+    again = _stats(iteration=4, loss=50.0, skipped_iters=2)
+    assert interval_stats([overflow, again]).loss == pytest.approx(75.0)  # none updated: every loss
+    assert interval_stats([overflow, _stats(loss=6.0, skipped_iters=1)], skipped_before=1).loss == pytest.approx(53.0)
 
 
 def test_median_excludes_warmup() -> None:

@@ -114,14 +114,18 @@ def _shape_key(par: ParallelismConfig) -> ParallelismConfig:
     return ParallelismConfig(tp=par.tp, micro_batch_size=par.mbs, precision=par.precision)
 
 
-def plan_run(run: RunConfig, *, world_size: int | None = None, overrides: str = "") -> PlanRow:
-    """The plan of one config on world_size devices (None: dp from the config, or 1).
+def plan_run(
+    run: RunConfig, *, world_size: int | None = None, world_fixed: bool = False, overrides: str = ""
+) -> PlanRow:
+    """The plan of one config on world_size devices (None: dp from the config, or 1); world_fixed: those
+    devices are given (hydra.launcher.world_size, a search's node count), so a fix's advice keeps them
+    (validate).
 
     micro_batch_size=auto is planned at the size validation resolves it to (the row shows it).
     """
     run = resolve_auto_micro_batch(run, world_size=world_size)
     m, par, hw = run.model, run.parallelism, run.hardware
-    violations: list[Violation] = validate(run, world_size=world_size)
+    violations: list[Violation] = validate(run, world_size=world_size, world_fixed=world_fixed)
     rules = {v.rule for v in violations}
     dp = shown_dp(par, world_size)
     # An `auto` that found no size (or a bad string) leaves nothing to estimate memory or shapes for.

@@ -1102,9 +1102,9 @@ def _check_memory(
         return None
     usable = usable_bytes(hw) / GIB
     fixes = _memory_fixes(m, par, hw, dp, world)
-    kept = f"dp={dp} kept" if world is None else f"the {world} devices kept"
+    kept = f"dp={dp} kept" if world is None else f"the world of {world} device{'s' * (world != 1)} kept"
     if fixes:
-        advice = f"Each of these alone would fit ({kept}, overrides as Hydra takes them): {', '.join(fixes)}."
+        advice = f"Each of these changes alone would fit ({kept}, overrides as Hydra takes them): {', '.join(fixes)}."
     else:
         advice = (
             "No single change of a larger tp or pp, a higher zero_stage, more recompute or a smaller "
@@ -1191,6 +1191,8 @@ def validate(run: RunConfig, *, world_size: int | None = None, world_fixed: bool
     (train.planner.micro_batch.resolve_micro_batch), and the rules check that size; when none fits, the
     `micro_batch_auto` rule says why and the batch and memory rules are not evaluated.
     """
+    if world_fixed and world_size is None:
+        raise ValueError("validate(world_fixed=True) needs the world_size it keeps")
     m, hw = run.model, run.hardware
     out: list[Violation | None] = []
     positive, bad = _check_positive(run, world_size)

@@ -158,7 +158,7 @@ def search_layouts(run: RunConfig, search: SearchConfig) -> SearchResult:
         count += 1
         candidate = dataclasses.replace(run, parallelism=par)
         overrides = layout_overrides(par)
-        row = plan_run(candidate, world_size=devices, overrides=join_overrides(overrides))
+        row = plan_run(candidate, world_size=devices, world_fixed=True, overrides=join_overrides(overrides))
         if row.feasible:
             feasible.append(Candidate(candidate, row, overrides))
             continue

@@ -9,6 +9,7 @@ import pickle
 import re
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -917,6 +918,34 @@ def test_memory_fixes_break_no_rule_the_layout_keeps() -> None:
             broken = {x.rule for x in validate(dataclasses.replace(run, parallelism=fixed))}
             assert "memory" not in broken and broken <= kept, (tp, pp, v, sp, mbs, seq, key, value, broken - kept)
     assert advised > 50
+
+
+def test_memory_fixes_on_a_fixed_world_keep_it_and_break_no_rule() -> None:
+    # analysis.calc's devices or a launcher's world: a fix that kept dp (tp=2 with dp=2 on 4 devices)
+    # needed more devices than there are. Each fix (a degree, with dp where the user set it) runs there.
+    base = compose_run("model=gpt_2.7b", "hardware=a100_40gb", "parallelism.global_batch_size=96")
+    advised = 0
+    for tp, pp, v, sp, mbs, dp_given in itertools.product((1, 2), (1, 2), (1, 2), (False, True), (4, 8), (False, True)):
+        par = dataclasses.replace(base.parallelism, tp=tp, pp=pp, virtual_stages=v, sequence_parallel=sp and tp > 1,
+                                  micro_batch_size=mbs, dp=8 // (tp * pp) if dp_given else None)  # fmt: skip
+        run = dataclasses.replace(base, parallelism=par)
+        violations = validate(run, world_size=8, world_fixed=True)
+        memory = [x for x in violations if x.rule == "memory"]
+        if not memory or "alone would fit" not in memory[0].message:
+            continue
+        assert "(the world of 8 devices kept," in memory[0].message
+        kept = {x.rule for x in violations}
+        for fix in memory[0].message.split("): ", 1)[1].rstrip(".").split(", "):
+            advised += 1
+            change = dict(re.findall(r"parallelism\.(\w+)=(\w+)", fix))
+            assert ("dp" in change) == (dp_given and bool({"tp", "pp"} & change.keys())), fix
+            values: dict[str, Any] = {k: type(getattr(par, k) or 1)(value) for k, value in change.items()}
+            fixed = dataclasses.replace(par, **values)
+            broken = {x.rule for x in validate(dataclasses.replace(run, parallelism=fixed), world_size=8, world_fixed=True)}
+            assert "memory" not in broken and broken <= kept, (tp, pp, v, sp, mbs, dp_given, fix, broken - kept)
+    assert advised > 20
+    with pytest.raises(ValueError, match="needs the world_size"):
+        validate(base, world_fixed=True)
 
 
 def test_gpt3_on_one_gpu_has_no_single_fix() -> None:
