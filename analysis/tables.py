@@ -755,10 +755,11 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _seed_figure(v: float) -> str:
-    """Two decimals as seed 004 writes its cells ('349.86', '0.72'); below 0.01 three significant
-    figures instead ('2.82e-05'): a tiny model on a CPU does ~1e-5 TFLOP/s, which two decimals would
-    print as a zero that reads as 'not measured'."""
-    return f"{v:.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.2e}"
+    """Two decimals as seed 004 writes its cells ('349.86', '0.72'); below 0.1 three significant
+    figures instead ('2.82e-05', '1.09e-02'): a tiny model on a CPU does ~1e-5 TFLOP/s, which two
+    decimals would print as a zero that reads as 'not measured', and 0.0109 beside 0.00923 printed
+    as '0.01' beside '9.23e-03', one significant figure against three."""
+    return f"{v:.2f}" if v == 0 or abs(v) >= 0.1 else f"{v:.2e}"
 
 
 def _zero_cell(row: pd.Series) -> str:

@@ -87,6 +87,7 @@ from launchers.sweepdir import (
 )
 from train.contract import EXIT_FAILED, EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
 from train.distributed import launch_from_env, run_world
+from train.planner.layout import Layout, LayoutError
 from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import Violation, validate
 
@@ -1061,11 +1062,14 @@ class FastValidation:
         total = len(jobs)
         every = self.progress_every
         infeasible = []
+        checkpoints: dict[tuple[str, ...], list[tuple[int, Sequence[str]]]] = {}
         with bulk_allocation():
             for done, overrides in enumerate(jobs, start=1):
                 run = composer.run_config(overrides)
                 if judged and (violations := validate(run, **_local_world(run))):
                     infeasible.append((done - 1, overrides, violations))
+                if (shared := _shared_checkpoint_key(run)) is not None:
+                    checkpoints.setdefault(shared, []).append((done - 1, overrides))
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
                     stats = composer.stats()
@@ -1076,7 +1080,39 @@ class FastValidation:
                     sys.stderr.flush()
         if infeasible:
             raise UsageError(_refusal(infeasible, total))
+        if clashes := [configs for configs in checkpoints.values() if len(configs) > 1]:
+            raise UsageError(_checkpoint_refusal(clashes))
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
+
+
+def _shared_checkpoint_key(run: RunConfig) -> tuple[str, ...] | None:
+    """Where a config that checkpoints into a training.checkpoint_dir of the user's keeps its layout's
+    checkpoints (train.checkpoint: <checkpoint_dir>/<layout>/step_N), or None for one that does not
+    (no save_interval, or each run's own directory)."""
+    tr, par = run.training, run.parallelism
+    if not (tr.checkpoint_dir and isinstance(tr.save_interval, int) and tr.save_interval > 0):
+        return None
+    try:
+        dp = Layout.of(par, _local_world(run)["world_size"]).dp
+    except (LayoutError, TypeError):
+        return None  # the rules refuse the layout in their own words
+    place = str(Path(tr.checkpoint_dir).expanduser().absolute())
+    return (place, str(dp), str(par.tp), str(par.pp), str(par.zero_stage), str(par.virtual_stages))
+
+
+def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[int, Sequence[str]]]]) -> str:
+    """One paragraph for configs of a sweep that would save into, and resume from, one directory."""
+    (first, first_overrides), (second, second_overrides) = clashes[0][:2]
+    more = sum(len(c) for c in clashes) - 2
+    return (
+        f"configs {first} ({' '.join(first_overrides) or 'no overrides'}) and {second} "
+        f"({' '.join(second_overrides) or 'no overrides'}) have one training.checkpoint_dir and one layout, "
+        "so they would save their checkpoints into one directory and each resume from the other's (a run "
+        "of more iterations would train on from a shorter one's last step, a run of another lr on its "
+        f"weights){f', and {more} more config(s) alike' if more else ''}; nothing was run. Leave "
+        "training.checkpoint_dir out (each config then checkpoints in its own run directory), or sweep it "
+        "with the configs."
+    )
 
 
 def _local_world(run: RunConfig) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from train.contract import (
     unwritable,
     unwritable_below,
 )
-from train.distributed import LaunchEnvError, launch_from_env, run_world
+from train.distributed import LaunchEnvError, how_it_ended, launch_from_env, run_world
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted, note_interrupt
 
@@ -319,7 +319,7 @@ def spawn_workers(
                 raise RuntimeError(message)
             print(message, file=sys.stderr)
             sys.exit(EXIT_FAILED)
-        message = f"worker rank {result.failed_rank} exited with {result.failed_code} ({_record_note(output_dir)})"
+        message = f"worker rank {result.failed_rank} {how_it_ended(result.failed_code)} ({_record_note(output_dir)})"
         if multirun:
             raise RuntimeError(message)
         if result.failed_code == EXIT_USAGE:

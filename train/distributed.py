@@ -297,6 +297,20 @@ def destroy_process_group() -> None:
 # Local spawn (in the parent).
 
 
+def how_it_ended(code: int | None) -> str:
+    """A worker's end in words: 'exited with code N', or for a negative status (os.waitpid's way of
+    saying a signal ended it) the signal, named; SIGKILL is what the kernel's out-of-memory killer
+    sends when host memory runs out ("exited with -9" named no cause)."""
+    if code is None or code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    oom = ", as the kernel's out-of-memory killer does when host memory runs out" if -code == signal.SIGKILL else ""
+    return f"was killed by {name} (signal {-code}{oom})"
+
+
 @dataclass(frozen=True)
 class SpawnResult:
     """How a local spawn ended: 0 when every worker exited 0."""

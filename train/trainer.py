@@ -188,13 +188,13 @@ def run_training(
             write_oom_report(run, rank=rank, progress=progress, output_dir=output_dir, message=message or "")
         status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank, since=started)
         progress.warnings += sinks.errors()
-        record = build_record(
+        said, record = len(progress.warnings), build_record(
             progress.run or run, rank=rank, progress=progress, status=status, message=message,
             overrides=overrides, started=started, wall_s=time.perf_counter() - t0,
         )
         own = record  # W&B's run is this attempt's: its own figures, not those of a record kept
         if rank.lead:
-            record = _write_unless_kept(path, record, progress, failure)
+            record = _write_unless_kept(path, record, progress, failure, unsaid=own["warnings"][said:])
         if progress.run is not None and progress.run != run:  # micro_batch_size=auto, sized by setup
             wandb.reconfigure(**_wandb_identity(progress.run, rank))
         sinks.finish(summary=_summary_figures(own), ok=status == "ok")
@@ -212,7 +212,7 @@ def run_training(
 
 
 def _write_unless_kept(
-    path: Path, record: dict[str, Any], progress: Progress, failure: BaseException | None
+    path: Path, record: dict[str, Any], progress: Progress, failure: BaseException | None, *, unsaid: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Write `record` to `path` and return it, unless `path` holds the record of a finished run (`ok`;
     with sec/it, see below) and this attempt trained no iteration, either because a resume found the
@@ -222,8 +222,15 @@ def _write_unless_kept(
     returned, and stderr says so. Refused, the attempt keeps any `ok` record, figures or not (a resume
     whose few iterations were all warm-up measured none): an `error` that trained nothing said the run
     that had finished had failed. Any other record (an attempt stopped after its last checkpoint, say)
-    is replaced as before."""
+    is replaced as before.
+
+    `unsaid`: the record's warnings no console line gave yet (what its figures lack and why: nothing
+    measured after a resume's warm-up, a ramp-up that never reached the batch), said first on stderr:
+    in result.json alone, an `ok` run without sec/it said nothing of why."""
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
+
+    for warning in unsaid:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     finished = record["status"] == "ok" and progress.resumed_from_step is not None
     refused = isinstance(failure, CheckpointMismatch)
@@ -482,7 +489,7 @@ def record_worker_failure(
     and said so, _write_unless_kept); any other failure (an uncaught exception exits 1) replaces it.
     """
     path = Path(output_dir) / RESULT_FILE
-    cause = f"worker rank {failed_rank} exited with code {failed_code}; the other workers were ended"
+    cause = f"worker rank {failed_rank} {distributed.how_it_ended(failed_code)}; the other workers were ended"
     written = _read_record(path)
     # Rank 0's record of this launch; one from before it (an earlier run in the directory: rank 0 was
     # ended before it wrote) says nothing of this launch, and its `nan` read as this one's outcome.

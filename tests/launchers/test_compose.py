@@ -294,6 +294,28 @@ def test_a_refused_launch_leaves_no_directory_above_its_sweep_directory(tmp_path
         assert list(tmp_path.iterdir()) == []
 
 
+def test_configs_that_would_share_a_checkpoint_directory_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    # A sweep of train_iters=4,8 (or two lrs) with one training.checkpoint_dir: the second config resumed
+    # from the first's last step and was recorded ok, 4 of its iterations and all its figures another's.
+    repo = Path(__file__).resolve().parents[2]
+
+    def sweep(*overrides: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "train", "-m", "model=tiny", "training.save_interval=2",
+                               *overrides, "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                              cwd=repo, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    shared = f"training.checkpoint_dir={tmp_path / 'ckpt'}"
+    for swept in ("training.train_iters=4,8", "training.lr=1e-4,3e-4"):
+        proc = sweep(shared, swept)
+        assert proc.returncode == EXIT_USAGE, proc.stderr
+        assert proc.stderr.startswith("error: configs 0 (") and "have one training.checkpoint_dir and one layout" in proc.stderr
+        assert not (tmp_path / "sweep").exists()
+    # Other layouts keep their checkpoints apart under one directory; without one, each run has its own.
+    assert sweep(shared, "parallelism.pp=1,2").returncode == 0
+    shutil.rmtree(tmp_path / "sweep")
+    assert sweep("training.train_iters=4,8").returncode == 0
+
+
 def test_hydras_basic_launcher_runs_no_config_of_a_sweep_that_has_an_infeasible_one(tmp_path: Path) -> None:
     # It has no manifest to list an infeasible config as skipped: before, the feasible configs ran, then
     # the sweep ended in the infeasible one's traceback and exit status 1. The rules judge each config

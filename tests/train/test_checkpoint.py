@@ -371,4 +371,6 @@ def test_a_resumed_attempt_that_measures_nothing_says_why(tmp_path: Path) -> Non
     assert record["iterations_run"] == 1 and record["measured_iterations"] == 0 and record["sec_per_iter"] is None
     assert any(w.startswith("no iteration was measured: this attempt ran 1 iteration(s), all within "
                             "training.warmup_iters=1") for w in record["warnings"]), record["warnings"]  # fmt: skip
+    # ... and the console says so too: an `ok` run without sec/it was said in result.json alone.
+    assert "warning: no iteration was measured: this attempt ran 1 iteration(s)" in second.stderr, second.stderr[-3000:]
 

@@ -25,6 +25,7 @@ from train.distributed import (
     LaunchEnvError,
     first_host,
     free_port,
+    how_it_ended,
     launch_from_env,
     slurm_master_port,
     spawn_local,
@@ -332,6 +333,16 @@ def test_free_port_is_bindable() -> None:
 
 
 @pytest.mark.slow
+def test_a_worker_a_signal_ended_is_said_so() -> None:
+    # A worker the kernel's OOM killer ended was "exited with -9", a status no process exits with.
+    assert how_it_ended(17) == "exited with code 17"
+    assert how_it_ended(-9) == (
+        "was killed by SIGKILL (signal 9, as the kernel's out-of-memory killer does when host memory runs out)"
+    )
+    assert how_it_ended(-15) == "was killed by SIGTERM (signal 15)"
+    assert how_it_ended(-200) == "was killed by signal 200"
+
+
 def test_killed_worker_ends_the_run_with_an_error_record(tmp_path: Path) -> None:
     # Rank 1 exits abruptly at the start of iteration 2: rank 0 is then blocked in (or entering)
     # a collective. The run must end well within the collective timeout, with an error record.
@@ -355,7 +366,7 @@ def test_killed_worker_ends_the_run_with_an_error_record(tmp_path: Path) -> None
     )
     assert time.monotonic() - start < 100, "ended by the collective timeout, not by the supervisor"
     assert proc.returncode != 0
-    assert "worker rank 1 exited with 17" in proc.stderr
+    assert "worker rank 1 exited with code 17" in proc.stderr
     record = json.loads((tmp_path / "result.json").read_text())
     assert record["status"] == "error"
     assert record["message"].startswith("worker rank 1 exited with code 17")

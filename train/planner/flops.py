@@ -53,7 +53,7 @@ class ImpossibleUtilization(ValueError):
         self.peak_tflops = peak_tflops
         self.ratio = tflops_per_device / peak_tflops
         super().__init__(
-            f"{what} would be {self.ratio:.1%}: {tflops_per_device:.2f} TFLOP/s per device against a "
+            f"{what} would be {self.ratio:.1%}: {tflops_per_device:.4g} TFLOP/s per device against a "
             f"dense peak of {peak_tflops:g} TFLOP/s; no device exceeds its peak, so the seconds per "
             f"iteration, the device count, the batch size or the peak is wrong (utilization must be <= 100%)"
         )

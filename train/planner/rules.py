@@ -577,6 +577,12 @@ def _check_hardware(hw: HardwareConfig) -> Violation | None:
             out_of("non_negative", name, v)
     if hw.device_pattern is not None and _pattern(hw.device_pattern) is None:
         out_of("pattern", "device_pattern", hw.device_pattern)
+    # Both sane alone, but nothing left to use: the memory rule then said "exceeds the usable -1.50 GiB"
+    # and advised devices with more memory.
+    if ("hardware.memory_gib" not in bad and _number(hw.memory_reserve_gib) and hw.memory_reserve_gib >= 0
+            and hw.memory_reserve_gib >= hw.memory_gib):  # fmt: skip
+        out_of("reserve", "memory_gib", hw.memory_gib)
+        bad["hardware.memory_reserve_gib"] = hw.memory_reserve_gib
     ranges = "; ".join(_HARDWARE_RANGES[kind] for kind in _HARDWARE_RANGES if kind in broken)
     return _when_any(
         "hardware_figures",
@@ -591,6 +597,7 @@ _HARDWARE_RANGES = {
     "fragmentation": "allocator_fragmentation is a share from 0 up to, not including, 1",
     "positive": "memory_gib, peaks, SM counts and bandwidths are positive (or, but for memory_gib, null: unknown)",
     "non_negative": "reserves, overheads and latencies are 0 or more",
+    "reserve": "memory_reserve_gib is less than memory_gib: the rest is what a rank can use",
     "pattern": "device_pattern is a Python regular expression (or null)",
 }
 """What each range of _check_hardware's figures is, in the words its refusal gives the ones broken."""

@@ -151,6 +151,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
              hw.comm_latency_us, hw.kernel_overhead_us)  # fmt: skip
     if (not all(0 < x <= 1 for x in shares) or not all(x is None or x > 0 for x in rates)
             or not all(x >= 0 for x in costs) or not hw.memory_gib > 0 or not 0 <= hw.allocator_fragmentation < 1
+            or hw.memory_reserve_gib >= hw.memory_gib
             or not (hw.attention_efficiency is None or 0 < hw.attention_efficiency <= 1)):
         broken.add("hardware_figures")
     if hw.device_pattern is not None:
@@ -1069,6 +1070,10 @@ def test_a_hardware_figure_out_of_range_is_told_its_own_range_only() -> None:
     assert memory.startswith("hardware.memory_gib=-1.0: out of range for hardware ")
     assert "memory_gib, peaks, SM counts and bandwidths are positive" in memory
     assert "efficiencies" not in memory and "reserves" not in memory and "device_pattern" not in memory
+    # Sane alone, nothing left together: it was the memory rule's "exceeds the usable -1.50 GiB".
+    reserve = message(memory_gib=0.5, memory_reserve_gib=2.0)
+    assert reserve.startswith("hardware.memory_gib=0.5, hardware.memory_reserve_gib=2.0: out of range for hardware ")
+    assert "memory_reserve_gib is less than memory_gib" in reserve and "positive" not in reserve
     both = message(gemm_efficiency=2.0, comm_latency_us=-1.0)
     assert "are shares of a datasheet figure, above 0 and at most 1; reserves, overheads and latencies are 0" in both
     assert "allocator_fragmentation is" not in both and "positive" not in both
