@@ -15,14 +15,16 @@ grouped by allocation (launchers/allocation.py), and each group becomes one arra
   --signal=USR1@<lead> as the launcher submits its arrays (launchers.submit.signal_lead_s), and
   --open-mode=append as submitit does, so that a requeued task's Slurm log keeps its earlier
   attempts (Slurm truncates it otherwise); a --sbatch-arg requeue/signal/open-mode replaces them;
+- a few lines of bash that read the task's row of <name>.tasks.tsv beside it (tab-separated:
+  array task id, config index, output dir (relative to the sweep dir), cluster.max_retries,
+  count of env entries, KEY=VALUE env entries of this config alone, overrides) and record the
+  task's job id in <sweep dir>/.megasweep/jobs/<config index>, first, so that a task whose
+  setup fails is its config's failed job;
 - the cluster's setup lines, and `export` lines for the environment all its tasks share:
   cluster.env, and WANDB_RUN_GROUP=<sweep dir name> for configs whose logger.wandb_group is
   unset, so that W&B groups the runs under the sweep's name as for a launcher-run sweep
   (launchers.submit.run_env);
-- a few lines of bash that read the task's row of <name>.tasks.tsv beside it (tab-separated:
-  array task id, config index, output dir (relative to the sweep dir), cluster.max_retries,
-  count of env entries, KEY=VALUE env entries of this config alone, overrides), record the
-  task's job id in <sweep dir>/.megasweep/jobs/<config index>, and run
+- the config's own environment, and
   `srun --kill-on-bad-exit=1 python -m launchers.job --output-dir <sweep dir>/<index>
   --max-retries N -- python -m train <overrides> hydra.run.dir=<sweep dir>/<index>`.
   launchers.job is the launcher's own in-job wrapper (TrainCommand): a trainer
@@ -275,6 +277,23 @@ def render_script(
     lines += [_sbatch_line(k, v or None) for k, v in robust.items() if k not in sbatch_args]
     lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
     lines += ["", "set -euo pipefail"]
+    lines += [
+        "",
+        f"TASKS={shlex.quote(str(tasks))}",
+        f"SWEEP_DIR={shlex.quote(str(sweep_dir))}",
+        'task="${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a job array}"',
+        "line=$(awk -F'\\t' -v id=\"$task\" '$1 == id { print; exit }' \"$TASKS\")",
+        'if [[ -z "$line" ]]; then echo "megasweep: no row for array task $task in $TASKS" >&2; exit 1; fi',
+        "IFS=$'\\t' read -r -a fields <<< \"$line\"",
+        'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
+        # First, before cluster.setup: a task whose setup line fails is then a failed job of its config
+        # for status and `rerun --failed`, where it was a config no job had started, pending for ever.
+        "# This task's job id, for `python -m launchers status` and the analysis (see the manifest).",
+        f'jobs="$SWEEP_DIR/{EXPORTED_JOBS_DIR}"',
+        'mkdir -p "$jobs"',
+        'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.$config.$$"',
+        'mv -f "$jobs/.$config.$$" "$jobs/$config"',
+    ]
     if opt.setup:
         lines += ["", "# cluster.setup", *setup_lines(opt.setup)]
     if shared_env:
@@ -285,21 +304,9 @@ def render_script(
     entry = shlex.join(["-m", module, *entry_args])
     lines += [
         "",
-        f"TASKS={shlex.quote(str(tasks))}",
-        f"SWEEP_DIR={shlex.quote(str(sweep_dir))}",
-        f'PYTHON="${{MEGASWEEP_PYTHON:-{python}}}"',
-        'task="${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a job array}"',
-        "line=$(awk -F'\\t' -v id=\"$task\" '$1 == id { print; exit }' \"$TASKS\")",
-        'if [[ -z "$line" ]]; then echo "megasweep: no row for array task $task in $TASKS" >&2; exit 1; fi',
-        "IFS=$'\\t' read -r -a fields <<< \"$line\"",
-        'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
         'for kv in "${fields[@]:5:n_env}"; do export "$kv"; done',
         'args=("${fields[@]:5+n_env}")',
-        "# This task's job id, for `python -m launchers status` and the analysis (see the manifest).",
-        f'jobs="$SWEEP_DIR/{EXPORTED_JOBS_DIR}"',
-        'mkdir -p "$jobs"',
-        'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.$config.$$"',
-        'mv -f "$jobs/.$config.$$" "$jobs/$config"',
+        f'PYTHON="${{MEGASWEEP_PYTHON:-{python}}}"',
         # Slurm's log of the task holds every attempt (--open-mode=append): say where each begins.
         'echo "megasweep: array task $task runs config $config (attempt ${SLURM_RESTART_COUNT:-0}): ${args[*]}"',
         f'{srun} "$PYTHON" -m launchers.job --output-dir "$SWEEP_DIR/$out" --max-retries "$retries" -- \\',

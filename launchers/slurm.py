@@ -77,6 +77,15 @@ GENERIC_TIME_LIMIT_MIN = 60
 """Slurm time limit of a generic job unless sbatch_args sets `time` (submitit's own default is 5)."""
 
 
+def job_error_words(error: object) -> str:
+    """The last line of a failed job's error, as submitit gives it: its trace's last line (the
+    exception), not the log paths submitit appends after the trace ("- .../7631_0_0_log.out" said
+    nothing of why), nor its dashed rules."""
+    text = str(error).split("You can check full logs", 1)[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip().strip("-")]
+    return lines[-1] if lines else type(error).__name__
+
+
 def failed_jobs_text(failed: Sequence[tuple[ManifestEntry, JobReturn]], sweep_dir: Path, total: int) -> str:
     """The paragraph a waiting launch ends with when some of its jobs failed: each failure's reason."""
     reasons = []
@@ -85,9 +94,7 @@ def failed_jobs_text(failed: Sequence[tuple[ManifestEntry, JobReturn]], sweep_di
         why = record.get("message") if record else None
         if not why:  # no record (killed, or the job never started): the job's own error, last line
             # _return_value: the property raises a failed job's exception instead of returning it.
-            error = r._return_value
-            lines = str(error).strip().splitlines()
-            why = lines[-1] if lines else type(error).__name__
+            why = job_error_words(r._return_value)
         reasons.append(f"config {e.index}: {why}")
     more = f"; {len(failed) - 5} more" if len(failed) > 5 else ""
     return f"{len(failed)} of {total} configs failed: {'; '.join(reasons)}{more}. {failed_configs_hint(sweep_dir)}"

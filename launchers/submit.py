@@ -519,12 +519,11 @@ def submit_configs(
                 if on_queued is not None:
                     with signals_held(TERMINAL_STOP_SIGNALS):
                         on_queued(sorted(entries, key=lambda e: e.index))
-            print(
-                f"slurm: stopped ({name}) after {done} of {len(pieces)} arrays; the manifest lists what was "
-                f"queued, the rest as interrupted (python -m launchers rerun {sweep_dir} --failed submits them)",
-                file=sys.stderr,
-                flush=True,
-            )
+            # Stopped during the last sbatch, every array was queued: nothing is left to rerun.
+            rest = (f"the manifest lists what was queued, the rest as interrupted (python -m launchers rerun "
+                    f"{sweep_dir} --failed submits them)" if done < len(pieces) else
+                    f"every array was queued; they run without the launcher (python -m launchers status {sweep_dir})")  # fmt: skip
+            print(f"slurm: stopped ({name}) after {done} of {len(pieces)} arrays; {rest}", file=sys.stderr, flush=True)
             signal.raise_signal(held[0])  # its own handler again: the end (or KeyboardInterrupt) it means
     entries.sort(key=lambda e: e.index)
     return Submission(entries=entries, jobs=jobs, arrays=arrays)

@@ -18,6 +18,7 @@ from launchers.submit import load_launch_file
 from launchers.sweepdir import SweepDirError
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
 from train.contract import (
+    EXIT_FAILED,
     EXIT_USAGE,
     LOG_FILE,
     RESULT_FILE,
@@ -137,6 +138,25 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         assert record["env"]["SLURM_ARRAY_JOB_ID"] == job
         assert record["env"]["SLURM_ARRAY_TASK_ID"] == str(task)
         assert record["env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_task_whose_setup_fails_is_its_configs_failed_job(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # The task recorded its job id after cluster.setup: a failed setup line left the config "no job
+    # started yet", pending for ever, and `rerun --failed` found nothing to rerun.
+    export_cli(tmp_path, "su", 'cluster.setup=["echo setup-ran","false"]')
+    sweep_dir = tmp_path / "sweep"
+    submitted = subprocess.run(["sbatch", "--parsable", str(tmp_path / "scripts" / "su.sbatch")],
+                               capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        wait_until("the task to end", lambda: base_state(read_states([f"{job}_0"]).get(f"{job}_0", "")) == "FAILED")
+    finally:
+        subprocess.run(["scancel", job], timeout=30, check=False)
+    status = subprocess.run([sys.executable, "-m", "launchers", "status", str(sweep_dir)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert status.returncode == EXIT_FAILED, status.stdout + status.stderr
+    assert "0/1 finished" not in status.stdout and "1 failed" in status.stdout and f"{job}_0" in status.stdout
+    assert "error: cluster.setup line failed (exit 1): false" in (sweep_dir / SLURM_LOG_DIR / f"{job}_0.out").read_text()
 
 
 def test_a_requeued_task_keeps_its_stopped_attempt_and_log_and_a_cancelled_one_is_not_requeued(
@@ -367,6 +387,17 @@ def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(opt
     proc = refused_export(tmp_path, option, "training.lr=1e-4,2e-4")
     assert proc.stderr.startswith(f"error: {option}: ") and "whole number of at least 1" in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("option", "words"), [("time=1", "from cluster.time_limit_min"),
+                                              ("array=0-5", "one task per config"), ("o=log.txt", "Slurm log")])  # fmt: skip
+def test_an_sbatch_option_megasweep_sets_itself_is_refused(option: str, words: str, tmp_path: Path) -> None:
+    # --sbatch-arg time=1 wrote a second --time that Slurm took (1 minute, the USR1 warning 120 s before
+    # it) under a console saying 20 min; array=0-5 queued tasks past the configs, which had no row.
+    proc = refused_export(tmp_path, "--sbatch-arg", option)
+    name = option.split("=")[0]
+    assert proc.stderr.startswith(f"error: --sbatch-arg {name}: megasweep sets this sbatch option itself, ")
+    assert words in proc.stderr and list(tmp_path.iterdir()) == []
 
 
 def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from omegaconf import open_dict, read_write
+from submitit.core.utils import FailedJobError
 
 from conf import CONFIG_DIR
 from launchers.compose import FastComposer
+from launchers.slurm import job_error_words
 from launchers.submit import (
     LaunchSettings,
     SubdirNamer,
@@ -366,6 +368,19 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     assert record.exists() and "scontrol" not in other.stderr
 
 
+def test_a_failed_jobs_words_are_its_error_not_submitits_log_paths() -> None:
+    # A task that exited 17 before its record was "config 0:   - /tmp/s9/.submitit/7631_0/7631_0_0_log.out".
+    error = FailedJobError(
+        "Job (task=0) failed during processing with trace:\n----------------------\nTraceback (most recent call last):\n"
+        '  File "launchers/job.py", line 9, in __call__\nRuntimeError: python -m train exited with status 17 before '
+        "writing result.json\n----------------------\nYou can check full logs with 'job.stderr(0)' and 'job.stdout(0)'"
+        "or at paths:\n  - /tmp/s9/.submitit/7631_0/7631_0_0_log.err\n  - /tmp/s9/.submitit/7631_0/7631_0_0_log.out"
+    )
+    assert job_error_words(error) == "RuntimeError: python -m train exited with status 17 before writing result.json"
+    assert job_error_words(RuntimeError("one line")) == "one line"
+    assert job_error_words(RuntimeError("")) == "RuntimeError"
+
+
 def test_wait_reports_a_failing_job_as_a_failed_sweep(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
@@ -556,7 +571,8 @@ def test_ctrl_c_of_the_terminal_while_sbatch_runs_waits_for_it(slurm_cluster: Sl
             os.killpg(launcher.pid, signal.SIGKILL)
         subprocess.run(["scancel", "--name=ctrlc-sbatch"], timeout=30, check=False)
     assert launcher.returncode == 130, err
-    assert "slurm: stopped (SIGINT) after 1 of 1 arrays" in err and "Traceback" not in err, err
+    assert "slurm: stopped (SIGINT) after 1 of 1 arrays; every array was queued" in err and "Traceback" not in err, err
+    assert "rerun" not in err  # nothing was left out to rerun
     assert [e.status for e in entries] == ["submitted", "submitted"], entries
     # One line while the array waits whole ("ArrayTaskId=0-1"), one per task once they start.
     assert tasks and all(f"ArrayJobId={array} " in task and "Reason=JobHeld" not in task for task in tasks), tasks
