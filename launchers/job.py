@@ -89,7 +89,26 @@ class TrainCommand:
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
+        elif code != 0:
+            self._end_if_requeued_by_slurm(os.environ, Path(self.output_dir) / RESULT_FILE)
         return code
+
+    def _end_if_requeued_by_slurm(self, environ: Mapping[str, str], result: Path) -> None:
+        """Never return when Slurm has requeued this job (`scontrol requeue`, a preemption) of a run
+        without a checkpoint: its SIGTERM stopped the trainer, which failed, and the job runs again
+        from the start. This attempt's failure is not the job's outcome: raised here, submitit kept it
+        as the job's result, and a waiting launch (hydra.launcher.wait=true) reported the config failed,
+        exit 1, while the next attempt went on to finish it."""
+        job, restarts = slurm_job_id(environ), _restarts(environ)
+        if not (job and requeued_by_slurm(job, restarts)):
+            return
+        lead = _task(environ) == 0
+        if lead:
+            self._keep_attempt_record(result, restarts)
+        print(f"slurm: {job} was requeued by Slurm itself: this attempt's failure is not the job's outcome; "
+              "the next attempt trains again (from the last checkpoint, if any)", flush=True)  # fmt: skip
+        sys.stderr.flush()
+        os._exit(EXIT_REQUEUE if lead else 0)
 
     def log_path(self, environ: Mapping[str, str]) -> Path:
         """This srun task's log in the run directory (see the module docstring)."""

@@ -4,7 +4,9 @@ and does when the trainer stopped for a requeue and cluster.max_retries are used
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +15,16 @@ import pytest
 from launchers.job import requeued_by_slurm
 from launchers.queue import read_states
 from launchers.status import sweep_status, unresolved_failures
-from tests.launchers.test_slurm_launcher import result, sweep, wait_until
+from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_until
 from tests.launchers.test_status import status_table
-from train.contract import LOG_FILE, SUBMITIT_DIR, attempt_result_name, read_manifest
+from train.contract import (
+    EXIT_REQUEUE,
+    LOG_FILE,
+    RESULT_FILE,
+    SUBMITIT_DIR,
+    attempt_result_name,
+    read_manifest,
+)
 from train.preemption import SLOW_FIRST_ATTEMPT_ENV
 
 if TYPE_CHECKING:
@@ -41,6 +50,25 @@ def test_requeued_by_slurm_reads_the_jobs_restart_count(slurm_cluster: SlurmClus
         # Counted at once: the attempt that Slurm stops for the requeue (SLURM_RESTART_COUNT 0) sees it.
         assert requeued_by_slurm(job, 0)
         assert not requeued_by_slurm(job, 1)
+        # A trainer without a checkpoint that the requeue's SIGTERM stopped (143): its wrapper ends the
+        # attempt without a result (submitit kept the failure as the job's, and a waiting launch exited
+        # 1 while the next attempt finished the config), its record kept aside; not when not requeued.
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / RESULT_FILE).write_text('{"status": "timeout"}')
+        stand_in = ("import sys; from launchers.job import TrainCommand; "
+                    f"code = TrainCommand(argv=(sys.executable, '-c', 'raise SystemExit(143)'), cwd={str(tmp_path)!r}, "
+                    f"output_dir={str(run_dir)!r}).run(); print('returned', code)")  # fmt: skip
+        for restarts, ends in (("0", True), ("1", False)):
+            env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": restarts, "SLURM_PROCID": "0"}
+            proc = subprocess.run([sys.executable, "-c", stand_in], env=env, cwd=REPO, capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+            if ends:
+                assert proc.returncode == EXIT_REQUEUE and "returned" not in proc.stdout, proc.stdout + proc.stderr
+                assert f"slurm: {job} was requeued by Slurm itself" in proc.stdout
+                assert (run_dir / attempt_result_name(0)).exists() and not (run_dir / RESULT_FILE).exists()
+            else:
+                assert proc.returncode == 0 and "returned 143" in proc.stdout, proc.stdout + proc.stderr
     finally:
         subprocess.run(["scancel", job], check=False, timeout=30)
     # A job scontrol does not know: no requeue to speak of, the job ends as it would.
@@ -94,10 +122,8 @@ def test_a_requeued_attempt_keeps_the_record_its_killed_predecessor_left(
     (CI, 2026-11-26: 7 s after `scontrol requeue` on a loaded node); the next attempt's task 0 keeps it
     before its trainer starts, instead of the next record overwriting it. Slurm's side is what it sets
     in the task's environment (SLURM_RESTART_COUNT, SLURM_PROCID); the trainer here is a stand-in."""
-    import sys
 
     from launchers.job import TrainCommand
-    from train.contract import RESULT_FILE
 
     left = {"status": "timeout", "iterations_run": 3}
     (tmp_path / RESULT_FILE).write_text(json.dumps(left))
