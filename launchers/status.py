@@ -458,7 +458,25 @@ def changed_overrides(old: Sequence[str], changes: Sequence[str]) -> tuple[str, 
     so that a rerun's new config and the same config in a sweep or a dry run have the same overrides
     (analysis matches a dry run's rows to the manifest's configs by them)."""
     keys = {parse_override(text).key_or_group for text in changes}
-    return (*(o for o in old if parse_override(o).key_or_group not in keys), *map(_as_swept, changes))
+    return (*(o for o in old if parse_override(o).key_or_group not in keys), *_kept_additions(old, changes))
+
+
+def _kept_additions(old: Sequence[str], changes: Sequence[str]) -> list[str]:
+    """`changes` as swept, where a key the config added (`+cluster.env.X=1`, as cluster.env's variables
+    are given) stays added: a plain `cluster.env.X=2` changes it (it was refused as "no such key", the
+    `+` dropped with the old override), and `~cluster.env.X` removes it by leaving the addition out
+    (it was refused as deleting a key that, the addition dropped, did not exist)."""
+    added = {o.key_or_group for o in map(parse_override, old) if o.is_add() or o.is_force_add()}
+    out = []
+    for text in changes:
+        change = parse_override(text)
+        if change.key_or_group in added:
+            if change.is_delete():
+                continue
+            if not (change.is_add() or change.is_force_add()):
+                text = f"+{text}"
+        out.append(_as_swept(text))
+    return out
 
 
 def _as_swept(text: str) -> str:

@@ -442,6 +442,8 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
 def test_a_changed_rerun_spells_its_changes_as_a_sweep_does() -> None:
     # A rerun's `training.lr=1e-4` was kept as typed, where a sweep or a dry run of the same config lists
     # `training.lr=0.0001`: the analysis then showed the dry run's row as a second config, never launched.
+    from conf import CONFIG_DIR
+    from launchers.compose import FastComposer
     from launchers.status import changed_overrides
 
     old = ("training.lr=0.0003", "model=tiny", "cluster.gres=nosuch:1")
@@ -449,6 +451,17 @@ def test_a_changed_rerun_spells_its_changes_as_a_sweep_does() -> None:
         "model=tiny", "training.lr=0.0001", "cluster.gres=null", "~logger.tensorboard")  # fmt: skip
     swept = run_train_expand("training.lr=1e-4")
     assert changed_overrides((), ["training.lr=1e-4"]) == (swept,)
+    # A key the sweep added (`+cluster.env.X`, as cluster.env's variables are given) stays added when changed,
+    # and goes with its addition when deleted: both were refused, the `+` dropped with the old override.
+    added = ("model=tiny", "+cluster.env.MEGASWEEP_FAULT_EXIT=0:2")
+    assert changed_overrides(added, ["cluster.env.MEGASWEEP_FAULT_EXIT=none"]) == (
+        "model=tiny", "+cluster.env.MEGASWEEP_FAULT_EXIT=none")  # fmt: skip
+    assert changed_overrides(added, ["~cluster.env.MEGASWEEP_FAULT_EXIT"]) == ("model=tiny",)
+    assert changed_overrides(added, ["++cluster.env.MEGASWEEP_FAULT_EXIT=1"]) == (
+        "model=tiny", "++cluster.env.MEGASWEEP_FAULT_EXIT=1")  # fmt: skip
+    for overrides in (changed_overrides(added, ["cluster.env.MEGASWEEP_FAULT_EXIT=none"]),
+                      changed_overrides(added, ["~cluster.env.MEGASWEEP_FAULT_EXIT"])):  # fmt: skip
+        assert FastComposer.from_config_dir(CONFIG_DIR).run_config(list(overrides)).model.name == "tiny"
 
 
 def run_train_expand(text: str) -> str:
