@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from launchers.queue import base_state, parse_states
-from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name
+from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name, write_json_atomic
+from train.preemption import REQUEUE_ADVICE
 
 __all__ = ["TrainCommand", "cancelled", "main", "requeued_by_slurm", "slurm_job_id"]
 
@@ -132,6 +133,8 @@ class TrainCommand:
         if not self._next_attempt_comes(job, restarts, lead):
             if kept is not None and kept.exists():
                 os.replace(kept, result)
+            if lead:
+                _not_requeued(result)
             return
         # No return value, no exception: submitit would pickle either as this job's result, and a
         # waiting launcher would take the stopped attempt's outcome for the job's.
@@ -226,6 +229,23 @@ class TrainCommand:
 
 ALREADY_REQUEUED = "Job is pending execution"
 """scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
+
+
+def _not_requeued(result: Path) -> None:
+    """A stopped run's record whose job ends here says what resumes it: its "requeue to resume" was
+    written before anyone knew that no requeue would come (cluster.max_retries used up, a cancel, a
+    refused scontrol), and status and the analysis showed it as the advice."""
+    try:
+        record = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return
+    message = record.get("message") if isinstance(record, dict) else None
+    if isinstance(message, str) and message.endswith(REQUEUE_ADVICE):
+        record["message"] = message.removesuffix(REQUEUE_ADVICE) + (
+            "this job was not requeued (its Slurm log says why); python -m launchers rerun <its sweep "
+            "directory> --failed resumes it from there"
+        )
+        write_json_atomic(result, record)
 
 
 def _task(environ: Mapping[str, str]) -> int:

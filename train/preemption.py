@@ -138,6 +138,11 @@ def await_record(path: Path, *, since: datetime, timeout_s: float = 30.0) -> Non
         time.sleep(0.05)
 
 
+REQUEUE_ADVICE = "requeue to resume"
+"""How a stopped run's record ends its message: what its checkpoint is for. A job that is then not
+requeued says what resumes it instead (launchers.job)."""
+
+
 def checkpoint_boundary(
     ckpt: Checkpointer,
     engine: Engine,
@@ -168,7 +173,7 @@ def checkpoint_boundary(
         where = "" if stop.signal else " (on another rank)"
         raise TrainingPreempted(
             f"received {received}{where}; stopped after step {step} of {last_step} with a checkpoint "
-            f"in {ckpt.dir}: requeue to resume"
+            f"in {ckpt.dir}: {REQUEUE_ADVICE}"
         )
 
 

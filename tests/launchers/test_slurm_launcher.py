@@ -34,6 +34,7 @@ from launchers.submit import (
 )
 from launchers.sweepdir import UsageError
 from train.contract import EXIT_REQUEUE, EXIT_USAGE, ManifestEntry, read_manifest
+from train.preemption import REQUEUE_ADVICE
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -338,7 +339,8 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     # What an exported script's srun task runs: `python -m launchers.job ... -- <trainer>`.
     record = tmp_path / "result.json"
     # A trainer stopped for a requeue: its `timeout` record written, then EXIT_REQUEUE.
-    stop = [sys.executable, "-c", f"import sys; open({str(record)!r}, 'w').write('{{\"status\": \"timeout\"}}'); sys.exit({EXIT_REQUEUE})"]
+    stopped = {"status": "timeout", "message": f"received SIGUSR1; stopped after step 4 of 8 with a checkpoint in /c: {REQUEUE_ADVICE}"}
+    stop = [sys.executable, "-c", f"import json, sys; json.dump({stopped!r}, open({str(record)!r}, 'w')); sys.exit({EXIT_REQUEUE})"]
 
     def wrapper(max_retries: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         args = ["--output-dir", str(tmp_path), "--max-retries", str(max_retries), "--", *stop]
@@ -356,6 +358,10 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     assert given_up.returncode == EXIT_REQUEUE
     assert "max_retries=1 requeue(s) are used up (1 done)" in given_up.stderr
     assert record.exists() and not (tmp_path / "result.attempt1.json").exists()
+    # ... and says what resumes it: "requeue to resume" was the advice status and the analysis showed.
+    assert json.loads(record.read_text())["message"] == (
+        "received SIGUSR1; stopped after step 4 of 8 with a checkpoint in /c: this job was not requeued (its Slurm "
+        "log says why); python -m launchers rerun <its sweep directory> --failed resumes it from there")  # fmt: skip
     # A retry left, but Slurm does not know the job: the record is put back, the task fails.
     unknown = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "0"})
     assert unknown.returncode == EXIT_REQUEUE
