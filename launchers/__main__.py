@@ -2,15 +2,15 @@
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
-Exit status (train.contract): 0; EXIT_FAILED when `status` finds failed, interrupted or refused
+Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, interrupted or refused
 configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again, or when
 sbatch refuses every config a rerun resubmits;
-EXIT_INTERRUPTED when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock) or a
-calibration; EXIT_USAGE, after one paragraph on stderr,
+130 (EXIT_INTERRUPTED) when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock) or a
+calibration; 2 (EXIT_USAGE), after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
 rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported), or a rerun
 whose field=value changes found no failure to apply to (each one rerun already);
-EXIT_BROKEN_PIPE, quietly, when stdout's reader went away (`... status DIR | head`)."""
+141 (EXIT_BROKEN_PIPE), quietly, when stdout's reader went away (`... status DIR | head`)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,18 @@ def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> tuple[str, bool
         return f" to rerun: each failed one is rerun already with {' '.join(overrides)} ({shown})", True
     ignored = f"; {' '.join(overrides)} not applied: rerun those configs' failures to change them" if overrides else ""
     return f" to rerun: each failed one is rerun already ({shown}){ignored}", False
+
+
+def _swept(text: str) -> bool:
+    """Whether `text` is a sweep (`a=1,2`, `a=range(3)`); one Hydra cannot parse is not (its check says why)."""
+    from hydra.errors import HydraException
+
+    from launchers.compose import parse_override
+
+    try:
+        return parse_override(text).is_sweep_override()
+    except HydraException:
+        return False
 
 
 def _hydra_override(text: str) -> bool:
@@ -171,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {' '.join(hydra)}: rerun --failed takes changes of the configs' fields (field=value, "
               "e.g. training.lr=1e-4 or parallelism.micro_batch_size=2), not Hydra's or the launcher's options; "
               "the configs rerun with the launch settings they were launched with", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if args.command == "rerun" and (swept := [o for o in overrides if _swept(o)]):
+        # Composition's own words ("sweep with -m") pointed at a flag rerun does not take.
+        print(f"error: {' '.join(swept)}: rerun --failed gives each failed config one value per field changed; "
+              "to try several, launch them as a sweep (python -m train -m ... hydra.sweep.dir=<new dir>)",
+              file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     if (problem := override_problem(overrides, own_options=own_options)) is not None:
         print(f"error: {problem}", file=sys.stderr)

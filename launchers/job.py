@@ -47,7 +47,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from launchers.queue import base_state, parse_states
-from train.contract import EXIT_REQUEUE, RESULT_FILE, attempt_result_name, rank_log_name, write_json_atomic
+from train.contract import (
+    EXIT_REQUEUE,
+    RESULT_FILE,
+    attempt_result_name,
+    previous_result_name,
+    rank_log_name,
+    write_json_atomic,
+)
 from train.preemption import REQUEUE_ADVICE
 
 __all__ = ["TrainCommand", "cancelled", "main", "requeued_by_slurm", "slurm_job_id"]
@@ -86,6 +93,8 @@ class TrainCommand:
         # while the trainer still saves its checkpoint and record, which then goes unkept.
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             _outlive(signum)
+        if _task(os.environ) == 0:
+            _keep_other_jobs_record(Path(self.output_dir) / RESULT_FILE, os.environ)
         self._begin_requeued_attempt(os.environ)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
@@ -229,6 +238,28 @@ class TrainCommand:
 
 ALREADY_REQUEUED = "Job is pending execution"
 """scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
+
+
+def _keep_other_jobs_record(result: Path, environ: Mapping[str, str]) -> None:
+    """Set aside, as result.<its job id>.json (as `rerun --failed` does), a record another Slurm job
+    wrote into this run's directory: an exported script submitted twice ran its configs again, and the
+    second job's record replaced the first's, measured figures and all, without a word. A requeue of
+    this job (the same id) is not another's: _begin_requeued_attempt keeps that one."""
+    ours = slurm_job_id(environ)
+    try:
+        record = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return
+    env = record.get("env") if isinstance(record, dict) else None
+    theirs = slurm_job_id(env) if isinstance(env, dict) else ""
+    if not (ours and theirs) or theirs == ours:
+        return
+    aside, n = result.with_name(previous_result_name(theirs)), 1
+    while aside.exists():
+        n += 1
+        aside = result.with_name(f"{Path(previous_result_name(theirs)).stem}.{n}.json")
+    os.replace(result, aside)
+    print(f"slurm: {result} was job {theirs}'s record; kept as {aside.name}", flush=True)
 
 
 def _not_requeued(result: Path) -> None:

@@ -561,8 +561,11 @@ def index_ranges(indices: Sequence[int]) -> str:
 
 
 def job_words(piece: Sequence[ConfigSpec], key: ArrayKey) -> str:
-    """One array's configs and shape, in words, for a message."""
-    return f"config(s) {index_ranges([s.index for s in piece])} ({key.allocation.words()})"
+    """One array's configs and shape, in words, for a message; with the memory asked for per node, when
+    the cluster config asks for some (a refusal for memory no node has named everything but it)."""
+    mem = key.options.mem_per_node_gb
+    asked = f", cluster.mem_per_node_gb={mem}" if mem is not None else ""
+    return f"config(s) {index_ranges([s.index for s in piece])} ({key.allocation.words()}{asked})"
 
 
 def submitit_script(executor: Any, *, array: int = 1) -> str | None:

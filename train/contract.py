@@ -289,6 +289,8 @@ class RunRecord:
     hfu: float | None
     max_mem_gib: float | None
     max_mem_gib_per_rank: list[float]
+    """Each rank's peak memory (GiB), gathered after the last step; empty where a run of several ranks
+    stopped before it (max_mem_gib is then the highest rank's so far)."""
     max_mem_source: str | None
     peak_tflops: float | None
     peak_source: str | None

@@ -225,11 +225,12 @@ def _write_unless_kept(
     is replaced as before.
 
     `unsaid`: the record's warnings no console line gave yet (what its figures lack and why: nothing
-    measured after a resume's warm-up, a ramp-up that never reached the batch), said first on stderr:
-    in result.json alone, an `ok` run without sec/it said nothing of why."""
+    measured after a resume's warm-up, a ramp-up that never reached the batch), said first on stderr for
+    a run that finished: in result.json alone, an `ok` run without sec/it said nothing of why. A run
+    stopped early says so in its own line, and lacks figures for that reason."""
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
 
-    for warning in unsaid:
+    for warning in unsaid if record["status"] == "ok" else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     finished = record["status"] == "ok" and progress.resumed_from_step is not None
@@ -437,7 +438,10 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             above += f"; dropped from {cal['cache_file']}, so the next run on this host measures it again"
         progress.warnings.append(above)
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
-    per_rank = progress.max_mem_per_rank or ([] if mem is None else [mem])
+    # Every rank's peak is gathered after the last step; a run stopped before it knows only the highest
+    # rank's so far (the log line's), which is one rank's figure only on one rank: a list of one for a
+    # world of two read as a per-rank list.
+    per_rank = progress.max_mem_per_rank or ([mem] if mem is not None and layout.world_size == 1 else [])
     spread = medians.sec_spread
     return {
         "flops_per_iteration": fpi,
@@ -455,7 +459,7 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
         "tflops_per_device_megatron_eq3": medians.tflops_per_device_megatron_eq3,
         "mfu": utilization(medians.tflops_per_device, progress, "MFU"),
         "hfu": utilization(medians.tflops_per_device_hardware, progress, "HFU"),
-        "max_mem_gib": max(per_rank, default=None),
+        "max_mem_gib": max(per_rank, default=mem),
         "max_mem_gib_per_rank": per_rank,
     }
 

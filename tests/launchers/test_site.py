@@ -314,3 +314,17 @@ def test_a_later_batch_of_a_sweep_is_judged_by_sbatch_as_it_is_queued(slurm_clus
     first, second = read_manifest(sweep_dir / "manifest.jsonl")
     assert (first.status, second.status) == ("submitted", "refused")
     assert second.reason is not None and "Invalid generic resource" in second.reason
+
+
+def test_a_jobs_words_name_the_memory_it_asks_for() -> None:
+    # Slurm's refusal of cluster.mem_per_node_gb=999999 described the job by its nodes, tasks, GPUs and
+    # minutes: everything but the memory that made Slurm refuse it.
+    from launchers.allocation import Allocation, ArrayKey
+    from launchers.submit import ConfigSpec, job_words
+
+    shape = Allocation(nodes=1, tasks_per_node=1, gpus_per_node=0, time_limit_min=20)
+    for mem, said in ((999999, ", cluster.mem_per_node_gb=999999)"), (None, "0 GPU(s)/node, 20 min)")):
+        options = SbatchOptions(partition=None, account=None, qos=None, gres=None, constraint=None, cpus_per_task=1,
+                                mem_per_node_gb=mem, array_parallelism=1, setup=())  # fmt: skip
+        key = ArrayKey(shape, options)
+        assert job_words([ConfigSpec(3, (), "3", key, ())], key).endswith(said)

@@ -847,3 +847,23 @@ def test_an_unreadable_manifest_is_one_line_not_a_traceback(tmp_path: Path) -> N
             assert "manifest.jsonl: cannot be read (Permission denied)" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         shutil.rmtree(sweep_dir, ignore_errors=True)
+
+
+def test_the_commands_help_gives_exit_statuses_as_numbers() -> None:
+    # `python -m launchers --help` named them EXIT_FAILED, EXIT_USAGE...: a script's author needs the numbers.
+    import launchers.__main__ as cli
+    from train.contract import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+
+    doc = cli.__doc__ or ""
+    for code, name in ((EXIT_FAILED, "EXIT_FAILED"), (EXIT_INTERRUPTED, "EXIT_INTERRUPTED"), (EXIT_USAGE, "EXIT_USAGE"),
+                       (EXIT_BROKEN_PIPE, "EXIT_BROKEN_PIPE")):  # fmt: skip
+        assert f"{code} ({name})" in doc, name
+
+
+def test_a_rerun_given_a_sweep_value_says_to_launch_a_sweep(tmp_path: Path) -> None:
+    # It said "one config takes one value (sweep with -m)", a flag rerun does not take.
+    proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(tmp_path), "--failed", "training.seed=3,4"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and proc.stderr.startswith(
+        "error: training.seed=3,4: rerun --failed gives each failed config one value per field changed"
+    ), proc.stderr

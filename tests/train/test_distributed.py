@@ -371,3 +371,5 @@ def test_killed_worker_ends_the_run_with_an_error_record(tmp_path: Path) -> None
     assert record["status"] == "error"
     assert record["message"].startswith("worker rank 1 exited with code 17")
     assert record["world"]["world_size"] == 2 and len(record["losses"]) == 1  # iteration 1 ran
+    # Stopped before every rank's peak was gathered: no list of one figure posing as two ranks'.
+    assert record["max_mem_gib_per_rank"] == [] and record["max_mem_gib"] > 0, record["max_mem_gib_per_rank"]
