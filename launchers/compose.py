@@ -1088,14 +1088,18 @@ class FastValidation:
 def _shared_checkpoint_key(run: RunConfig) -> tuple[str, ...] | None:
     """Where a config that checkpoints into a training.checkpoint_dir of the user's keeps its layout's
     checkpoints (train.checkpoint: <checkpoint_dir>/<layout>/step_N), or None for one that does not
-    (no save_interval, or each run's own directory)."""
+    (no save_interval, each run's own directory, or a config its rules keep from running). A relative
+    directory is taken from where the sweep is launched, as the jobs start there."""
     tr, par = run.training, run.parallelism
     if not (tr.checkpoint_dir and isinstance(tr.save_interval, int) and tr.save_interval > 0):
         return None
+    world = _local_world(run)
+    if validate(run, **world):
+        return None  # it never runs: skipped (or refused) for its own rules
     try:
-        dp = Layout.of(par, _local_world(run)["world_size"]).dp
+        dp = Layout.of(par, world["world_size"]).dp
     except (LayoutError, TypeError):
-        return None  # the rules refuse the layout in their own words
+        return None
     place = str(Path(tr.checkpoint_dir).expanduser().absolute())
     return (place, str(dp), str(par.tp), str(par.pp), str(par.zero_stage), str(par.virtual_stages))
 

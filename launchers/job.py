@@ -49,13 +49,12 @@ from typing import Any, BinaryIO
 from launchers.queue import base_state, parse_states
 from train.contract import (
     EXIT_REQUEUE,
+    REQUEUE_ADVICE,
     RESULT_FILE,
     attempt_result_name,
-    previous_result_name,
     rank_log_name,
     write_json_atomic,
 )
-from train.preemption import REQUEUE_ADVICE
 
 __all__ = ["TrainCommand", "cancelled", "main", "requeued_by_slurm", "slurm_job_id"]
 
@@ -86,15 +85,14 @@ class TrainCommand:
 
     def run(self) -> int:
         """Run the trainer and return its exit status; on EXIT_REQUEUE, requeue this job while
-        retries remain (and then never return)."""
+        retries remain (and then never return); on another failure of an attempt Slurm has requeued
+        itself, never return either (_end_if_requeued_by_slurm)."""
         env = {**os.environ, **dict(self.env)}
         # Slurm's USR1 warning, and the SIGTERM of a requeue, a preemption or the time limit, reach
         # every process of the step; their default action would kill this one (the task's wrapper)
         # while the trainer still saves its checkpoint and record, which then goes unkept.
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             _outlive(signum)
-        if _task(os.environ) == 0:
-            _keep_other_jobs_record(Path(self.output_dir) / RESULT_FILE, os.environ)
         self._begin_requeued_attempt(os.environ)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
         if code == EXIT_REQUEUE:
@@ -240,28 +238,6 @@ ALREADY_REQUEUED = "Job is pending execution"
 """scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 
-def _keep_other_jobs_record(result: Path, environ: Mapping[str, str]) -> None:
-    """Set aside, as result.<its job id>.json (as `rerun --failed` does), a record another Slurm job
-    wrote into this run's directory: an exported script submitted twice ran its configs again, and the
-    second job's record replaced the first's, measured figures and all, without a word. A requeue of
-    this job (the same id) is not another's: _begin_requeued_attempt keeps that one."""
-    ours = slurm_job_id(environ)
-    try:
-        record = json.loads(result.read_text())
-    except (OSError, ValueError):
-        return
-    env = record.get("env") if isinstance(record, dict) else None
-    theirs = slurm_job_id(env) if isinstance(env, dict) else ""
-    if not (ours and theirs) or theirs == ours:
-        return
-    aside, n = result.with_name(previous_result_name(theirs)), 1
-    while aside.exists():
-        n += 1
-        aside = result.with_name(f"{Path(previous_result_name(theirs)).stem}.{n}.json")
-    os.replace(result, aside)
-    print(f"slurm: {result} was job {theirs}'s record; kept as {aside.name}", flush=True)
-
-
 def _not_requeued(result: Path) -> None:
     """A stopped run's record whose job ends here says what resumes it: its "requeue to resume" was
     written before anyone knew that no requeue would come (cluster.max_retries used up, a cancel, a
@@ -273,8 +249,8 @@ def _not_requeued(result: Path) -> None:
     message = record.get("message") if isinstance(record, dict) else None
     if isinstance(message, str) and message.endswith(REQUEUE_ADVICE):
         record["message"] = message.removesuffix(REQUEUE_ADVICE) + (
-            "this job was not requeued (its Slurm log says why); python -m launchers rerun <its sweep "
-            "directory> --failed resumes it from there"
+            f"this job was not requeued (its Slurm log says why); python -m launchers rerun {result.parent.parent} "
+            "--failed resumes it from there (where that is the sweep's directory)"
         )
         write_json_atomic(result, record)
 

@@ -74,7 +74,7 @@ from conf import CONFIG_DIR
 from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses, slurm_mem
 from launchers.compose import FastComposer, parse_override
-from launchers.site import check_sbatch_scripts, check_site, license_totals
+from launchers.site import check_own_options, check_sbatch_scripts, check_site, license_totals
 from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
@@ -278,22 +278,26 @@ def render_script(
     lines += [_sbatch_line(k, v or None) for k, v in robust.items() if k not in sbatch_args]
     lines += [_sbatch_line(k, v if v != "" else None) for k, v in sbatch_args.items()]
     lines += ["", "set -euo pipefail"]
-    lines += [
-        "",
+    # The task's row, read before cluster.setup (to record its job id) and again after it: a sourced
+    # site profile may set names such as `task`, `out` or `config` in this shell.
+    row = [
         f"TASKS={shlex.quote(str(tasks))}",
         f"SWEEP_DIR={shlex.quote(str(sweep_dir))}",
         'task="${SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is a job array}"',
         "line=$(awk -F'\\t' -v id=\"$task\" '$1 == id { print; exit }' \"$TASKS\")",
         'if [[ -z "$line" ]]; then echo "megasweep: no row for array task $task in $TASKS" >&2; exit 1; fi',
         "IFS=$'\\t' read -r -a fields <<< \"$line\"",
-        'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
+    ]
+    lines += [
+        "",
+        *row,
         # First, before cluster.setup: a task whose setup line fails is then a failed job of its config
         # for status and `rerun --failed`, where it was a config no job had started, pending for ever.
         "# This task's job id, for `python -m launchers status` and the analysis (see the manifest).",
         f'jobs="$SWEEP_DIR/{EXPORTED_JOBS_DIR}"',
         'mkdir -p "$jobs"',
-        'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.$config.$$"',
-        'mv -f "$jobs/.$config.$$" "$jobs/$config"',
+        'printf \'%s_%s\\n\' "$SLURM_ARRAY_JOB_ID" "$task" > "$jobs/.${fields[1]}.$$"',
+        'mv -f "$jobs/.${fields[1]}.$$" "$jobs/${fields[1]}"',
     ]
     if opt.setup:
         lines += ["", "# cluster.setup", *setup_lines(opt.setup)]
@@ -305,6 +309,8 @@ def render_script(
     entry = shlex.join(["-m", module, *entry_args])
     lines += [
         "",
+        *row,
+        'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
         'for kv in "${fields[@]:5:n_env}"; do export "$kv"; done',
         'args=("${fields[@]:5+n_env}")',
         f'PYTHON="${{MEGASWEEP_PYTHON:-{python}}}"',
@@ -366,6 +372,7 @@ def export_sweep(
         skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
         # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what
         # it could never run is refused now, not when the scripts are submitted by hand.
+        check_own_options(sbatch_args, option="--sbatch-arg {name}")
         check_site((s.key for s in specs), sbatch_args)
         size = max_array_size or read_max_array_size()
         totals = license_totals() if any(s.key.options.core_license for s in specs) else None

@@ -47,6 +47,7 @@ __all__ = [
     "PartitionInfo",
     "SbatchVerdict",
     "SiteOptionError",
+    "check_own_options",
     "check_sbatch_scripts",
     "check_site",
     "check_site_options",
@@ -313,16 +314,26 @@ MEGASWEEPS_OWN: dict[str, str] = {
     "array": "one task per config, throttled by cluster.array_parallelism (tasks past the configs had no row)",
     "a": "one task per config, throttled by cluster.array_parallelism",
     "time": _TIME, "t": _TIME,
-    "nodes": _SHAPE, "N": _SHAPE, "ntasks": _SHAPE, "n": _SHAPE, "ntasks-per-node": _SHAPE,
+    "nodes": _SHAPE, "N": _SHAPE, "ntasks": _SHAPE, "n": _SHAPE, "ntasks-per-node": _SHAPE, "tasks-per-node": _SHAPE,
+    "gpus-per-node": _SHAPE, "gpus": _SHAPE, "G": _SHAPE,
     "cpus-per-task": "from cluster.cpus_per_task: set that instead", "c": "from cluster.cpus_per_task: set that instead",
     "output": _LOG, "o": _LOG, "error": _LOG, "e": _LOG,
     "chdir": "to where the sweep was launched from, which each config's overrides are relative to",
     "D": "to where the sweep was launched from",
 }  # fmt: skip
 """sbatch options a launcher's own (hydra.launcher.sbatch_args, --sbatch-arg) may not set: megasweep
-derives them, and one given too was a second #SBATCH line that Slurm took (a --time=1 below the 20
-minutes said, with the USR1 warning 120 s before a 60 s limit; an --array past the configs), each
-with why."""
+derives them, and one given too took the place of megasweep's (a --time=1 below the 20 minutes said,
+with the USR1 warning 120 s before a 60 s limit; an --array past the configs), each with why."""
+
+
+def check_own_options(sbatch_args: Mapping[str, Any] | None, *, option: str) -> None:
+    """SiteOptionError for an sbatch option (a launch's hydra.launcher.sbatch_args, an export's --sbatch-arg,
+    each named by `option`) that megasweep derives itself (MEGASWEEPS_OWN), however it is spelled
+    (submitit writes cpus_per_task as --cpus-per-task). Asked where the user gives the options, not of a
+    rerun, which takes the ones its launch recorded and cannot leave one out."""
+    for name in sbatch_args or {}:
+        if (why := MEGASWEEPS_OWN.get(str(name).lstrip("-").replace("_", "-"))) is not None:
+            raise SiteOptionError(f"{option.format(name=name)}: megasweep sets this sbatch option itself, {why}. Leave it out.")
 
 
 def check_site(
@@ -331,12 +342,6 @@ def check_site(
     """check_site_options, then check_site_shapes, for the jobs of `keys`; a partition, account or QoS
     among `sbatch_args` (the launcher's own sbatch options, each named by `option`) is what the jobs ask for,
     over the cluster config's, and is checked as such (it went to sbatch unchecked)."""
-    for name in sbatch_args or {}:
-        if (why := MEGASWEEPS_OWN.get(name)) is not None:
-            raise SiteOptionError(
-                f"{option.format(name=name)}: megasweep sets this sbatch option itself, {why}; an option given "
-                "beside it was a second #SBATCH line that Slurm took over megasweep's. Leave it out."
-            )
     given = {name: str(v) for name in ("partition", "account", "qos") if (v := (sbatch_args or {}).get(name))}
     keys = [dataclasses.replace(k, options=_asked(k.options, given)) for k in keys] if given else list(keys)
     check_site_options((k.options for k in keys), fields={name: option.format(name=name) for name in given})

@@ -36,7 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.site import SiteOptionError, check_site
+from launchers.site import SiteOptionError, check_own_options, check_site
 from launchers.submit import (
     LaunchFailed,
     LaunchSettings,
@@ -291,6 +291,7 @@ class SlurmLauncher(SweepLauncher):
             check_indices_free(old, planned, sweep_dir)
             check_output_dirs(merge_entries(old, planned))
             try:
+                check_own_options(settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
                 check_site((s.key for s in specs), settings.sbatch_args, option="hydra.launcher.sbatch_args.{name}")
             except SiteOptionError as exc:
                 if initial_job_idx:

@@ -466,15 +466,20 @@ def _kept_additions(old: Sequence[str], changes: Sequence[str]) -> list[str]:
     are given) stays added: a plain `cluster.env.X=2` changes it (it was refused as "no such key", the
     `+` dropped with the old override), and `~cluster.env.X` removes it by leaving the addition out
     (it was refused as deleting a key that, the addition dropped, did not exist)."""
-    added = {o.key_or_group for o in map(parse_override, old) if o.is_add() or o.is_force_add()}
+    parsed = list(map(parse_override, old))
+    added = {o.key_or_group for o in parsed if o.is_add()}
+    forced = {o.key_or_group for o in parsed if o.is_force_add()}  # `++`: set or added, so it may be the base's
     out = []
     for text in changes:
         change = parse_override(text)
+        plain = not (change.is_delete() or change.is_add() or change.is_force_add())
         if change.key_or_group in added:
             if change.is_delete():
                 continue
-            if not (change.is_add() or change.is_force_add()):
+            if plain:
                 text = f"+{text}"
+        elif change.key_or_group in forced and plain:
+            text = f"++{text}"
         out.append(_as_swept(text))
     return out
 

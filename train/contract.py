@@ -62,6 +62,9 @@ from train.metrics import scrub_overrides
 # File names
 
 RESULT_FILE = "result.json"
+REQUEUE_ADVICE = "requeue to resume"
+"""How a record of a run stopped with a checkpoint ends its message (train.preemption): what the
+checkpoint is for. A job that is then not requeued says what resumes it instead (launchers.job)."""
 PLAN_FILE = "plan.csv"
 SEARCH_FILE = "search.csv"
 """The layouts a search ranked (the first search's, when one was added later: see appended_name)."""

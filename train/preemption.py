@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conf.schema import RunConfig
+from train.contract import REQUEUE_ADVICE
 from train.planner.batch import BatchSchedule
 from train.planner.layout import Rank
 from train.signals import SLURM_STOP_SIGNALS, signals_to
@@ -137,10 +138,6 @@ def await_record(path: Path, *, since: datetime, timeout_s: float = 30.0) -> Non
                 return
         time.sleep(0.05)
 
-
-REQUEUE_ADVICE = "requeue to resume"
-"""How a stopped run's record ends its message: what its checkpoint is for. A job that is then not
-requeued says what resumes it instead (launchers.job)."""
 
 
 def checkpoint_boundary(

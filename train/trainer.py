@@ -438,9 +438,7 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
             above += f"; dropped from {cal['cache_file']}, so the next run on this host measures it again"
         progress.warnings.append(above)
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
-    # Every rank's peak is gathered after the last step; a run stopped before it knows only the highest
-    # rank's so far (the log line's), which is one rank's figure only on one rank: a list of one for a
-    # world of two read as a per-rank list.
+    # Gathered after the last step; before it, the highest rank's so far is no list of every rank's.
     per_rank = progress.max_mem_per_rank or ([mem] if mem is not None and layout.world_size == 1 else [])
     spread = medians.sec_spread
     return {

@@ -310,8 +310,11 @@ def test_configs_that_would_share_a_checkpoint_directory_are_refused_before_anyt
         assert proc.returncode == EXIT_USAGE, proc.stderr
         assert proc.stderr.startswith("error: configs 0 (") and "have one training.checkpoint_dir and one layout" in proc.stderr
         assert not (tmp_path / "sweep").exists()
-    # Other layouts keep their checkpoints apart under one directory; without one, each run has its own.
+    # Other layouts keep their checkpoints apart under one directory; without one, each run has its own;
+    # a config its rules keep from running (a negative lr) shares nothing.
     assert sweep(shared, "parallelism.pp=1,2").returncode == 0
+    shutil.rmtree(tmp_path / "sweep")
+    assert sweep(shared, "training.lr=1e-4,-1.0").returncode == 0
     shutil.rmtree(tmp_path / "sweep")
     assert sweep("training.train_iters=4,8").returncode == 0
 

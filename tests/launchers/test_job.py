@@ -23,7 +23,6 @@ from train.contract import (
     RESULT_FILE,
     SUBMITIT_DIR,
     attempt_result_name,
-    previous_result_name,
     read_manifest,
 )
 from train.preemption import SLOW_FIRST_ATTEMPT_ENV
@@ -153,25 +152,3 @@ def test_a_requeued_attempt_keeps_the_record_its_killed_predecessor_left(
     assert attempt("1") == 0 and json.loads((tmp_path / attempt_result_name(0)).read_text()) == left
     assert attempt("0") == 0 and not (tmp_path / attempt_result_name(-1)).exists()
 
-
-def test_a_record_another_job_left_is_kept_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An exported script submitted twice: the second job's run replaced the first's record (its measured
-    figures) without a word. It is kept as result.<first job>.json, as `rerun --failed` keeps one."""
-    from launchers.job import TrainCommand
-
-    first = {"status": "ok", "sec_per_iter": 0.25, "env": {"SLURM_ARRAY_JOB_ID": "7651", "SLURM_ARRAY_TASK_ID": "0"}}
-    (tmp_path / RESULT_FILE).write_text(json.dumps(first))
-    write_ok = f"import json; json.dump({{'status': 'ok'}}, open({str(tmp_path / RESULT_FILE)!r}, 'w'))"
-    command = TrainCommand(argv=(sys.executable, "-c", write_ok), cwd=str(tmp_path), output_dir=str(tmp_path))
-    for name, value in (("SLURM_ARRAY_JOB_ID", "7652"), ("SLURM_ARRAY_TASK_ID", "0"), ("SLURM_RESTART_COUNT", "0"),
-                        ("SLURM_PROCID", "0")):  # fmt: skip
-        monkeypatch.setenv(name, value)
-    assert command.run() == 0
-    assert json.loads((tmp_path / previous_result_name("7651_0")).read_text()) == first
-    assert json.loads((tmp_path / RESULT_FILE).read_text()) == {"status": "ok"}
-    # This job's own record (a requeue's predecessor) is not another's: it stays for the requeue to keep.
-    own = {"status": "timeout", "env": {"SLURM_ARRAY_JOB_ID": "7652", "SLURM_ARRAY_TASK_ID": "0"}}
-    (tmp_path / RESULT_FILE).write_text(json.dumps(own))
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert command.run() == 0 and not (tmp_path / previous_result_name("7652_0")).exists()
-    assert json.loads((tmp_path / attempt_result_name(0)).read_text()) == own

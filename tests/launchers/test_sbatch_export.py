@@ -14,6 +14,7 @@ from hydra.errors import HydraException
 
 from launchers.queue import base_state, read_states
 from launchers.sbatch import expand_sweep, export_sweep
+from launchers.site import check_site
 from launchers.submit import load_launch_file
 from launchers.sweepdir import SweepDirError
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
@@ -390,7 +391,8 @@ def test_an_array_option_below_1_is_refused_naming_it_and_nothing_is_written(opt
 
 
 @pytest.mark.parametrize(("option", "words"), [("time=1", "from cluster.time_limit_min"),
-                                              ("array=0-5", "one task per config"), ("o=log.txt", "Slurm log")])  # fmt: skip
+                                              ("array=0-5", "one task per config"), ("o=log.txt", "Slurm log"),
+                                              ("cpus_per_task=16", "from cluster.cpus_per_task")])  # fmt: skip
 def test_an_sbatch_option_megasweep_sets_itself_is_refused(option: str, words: str, tmp_path: Path) -> None:
     # --sbatch-arg time=1 wrote a second --time that Slurm took (1 minute, the USR1 warning 120 s before
     # it) under a console saying 20 min; array=0-5 queued tasks past the configs, which had no row.
@@ -398,6 +400,8 @@ def test_an_sbatch_option_megasweep_sets_itself_is_refused(option: str, words: s
     name = option.split("=")[0]
     assert proc.stderr.startswith(f"error: --sbatch-arg {name}: megasweep sets this sbatch option itself, ")
     assert words in proc.stderr and list(tmp_path.iterdir()) == []
+    # Asked where options are given, not of check_site, which a rerun asks with its launch's recorded ones.
+    check_site([], {name: "1"})
 
 
 def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:

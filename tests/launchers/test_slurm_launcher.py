@@ -33,8 +33,7 @@ from launchers.submit import (
     submit_configs,
 )
 from launchers.sweepdir import UsageError
-from train.contract import EXIT_REQUEUE, EXIT_USAGE, ManifestEntry, read_manifest
-from train.preemption import REQUEUE_ADVICE
+from train.contract import EXIT_REQUEUE, EXIT_USAGE, REQUEUE_ADVICE, ManifestEntry, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -361,7 +360,8 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     # ... and says what resumes it: "requeue to resume" was the advice status and the analysis showed.
     assert json.loads(record.read_text())["message"] == (
         "received SIGUSR1; stopped after step 4 of 8 with a checkpoint in /c: this job was not requeued (its Slurm "
-        "log says why); python -m launchers rerun <its sweep directory> --failed resumes it from there")  # fmt: skip
+        f"log says why); python -m launchers rerun {tmp_path.parent} --failed resumes it from there (where that is the "
+        "sweep's directory)")  # fmt: skip
     # A retry left, but Slurm does not know the job: the record is put back, the task fails.
     unknown = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "0"})
     assert unknown.returncode == EXIT_REQUEUE

@@ -459,8 +459,14 @@ def test_a_changed_rerun_spells_its_changes_as_a_sweep_does() -> None:
     assert changed_overrides(added, ["~cluster.env.MEGASWEEP_FAULT_EXIT"]) == ("model=tiny",)
     assert changed_overrides(added, ["++cluster.env.MEGASWEEP_FAULT_EXIT=1"]) == (
         "model=tiny", "++cluster.env.MEGASWEEP_FAULT_EXIT=1")  # fmt: skip
+    # `++` (a key the base may hold already): a change keeps its `++`, a deletion deletes.
+    forced = ("model=tiny", "cluster=generic_gpu", "++cluster.env.NCCL_DEBUG=INFO")
+    assert changed_overrides(forced, ["cluster.env.NCCL_DEBUG=WARN"])[-1] == "++cluster.env.NCCL_DEBUG=WARN"
+    assert changed_overrides(forced, ["~cluster.env.NCCL_DEBUG"])[-1] == "~cluster.env.NCCL_DEBUG"
     for overrides in (changed_overrides(added, ["cluster.env.MEGASWEEP_FAULT_EXIT=none"]),
-                      changed_overrides(added, ["~cluster.env.MEGASWEEP_FAULT_EXIT"])):  # fmt: skip
+                      changed_overrides(added, ["~cluster.env.MEGASWEEP_FAULT_EXIT"]),
+                      changed_overrides(forced, ["cluster.env.NCCL_DEBUG=WARN"]),
+                      changed_overrides(forced, ["~cluster.env.NCCL_DEBUG"])):  # fmt: skip
         assert FastComposer.from_config_dir(CONFIG_DIR).run_config(list(overrides)).model.name == "tiny"
 
 

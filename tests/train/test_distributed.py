@@ -332,7 +332,6 @@ def test_free_port_is_bindable() -> None:
         s.bind(("127.0.0.1", port))
 
 
-@pytest.mark.slow
 def test_a_worker_a_signal_ended_is_said_so() -> None:
     # A worker the kernel's OOM killer ended was "exited with -9", a status no process exits with.
     assert how_it_ended(17) == "exited with code 17"
@@ -343,6 +342,7 @@ def test_a_worker_a_signal_ended_is_said_so() -> None:
     assert how_it_ended(-200) == "was killed by signal 200"
 
 
+@pytest.mark.slow
 def test_killed_worker_ends_the_run_with_an_error_record(tmp_path: Path) -> None:
     # Rank 1 exits abruptly at the start of iteration 2: rank 0 is then blocked in (or entering)
     # a collective. The run must end well within the collective timeout, with an error record.
