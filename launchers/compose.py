@@ -85,7 +85,7 @@ from launchers.sweepdir import (
     sweep_lock,
     writable_dir,
 )
-from train.contract import EXIT_FAILED, EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry
+from train.contract import EXIT_FAILED, EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry, layout_key
 from train.distributed import launch_from_env, run_world
 from train.planner.layout import Layout, LayoutError
 from train.planner.plan import count_by_rule, rule_example
@@ -1062,14 +1062,19 @@ class FastValidation:
         total = len(jobs)
         every = self.progress_every
         infeasible = []
-        checkpoints: dict[tuple[str, ...], list[tuple[int, Sequence[str]]]] = {}
+        checkpoints: dict[str, list[tuple[int, Sequence[str]]]] = {}
         with bulk_allocation():
             for done, overrides in enumerate(jobs, start=1):
                 run = composer.run_config(overrides)
-                if judged and (violations := validate(run, **_local_world(run))):
-                    infeasible.append((done - 1, overrides, violations))
-                if (shared := _shared_checkpoint_key(run)) is not None:
-                    checkpoints.setdefault(shared, []).append((done - 1, overrides))
+                saves = _saves_into_own_dir(run)
+                if judged or saves:
+                    world = _local_world(run)
+                    violations = validate(run, **world)
+                    if judged and violations:
+                        infeasible.append((done - 1, overrides, violations))
+                    # A config its rules keep from running (skipped or refused) shares nothing.
+                    if saves and not violations and (place := _checkpoint_place(run, world["world_size"])):
+                        checkpoints.setdefault(place, []).append((done - 1, overrides))
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
                     stats = composer.stats()
@@ -1085,23 +1090,24 @@ class FastValidation:
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
 
 
-def _shared_checkpoint_key(run: RunConfig) -> tuple[str, ...] | None:
-    """Where a config that checkpoints into a training.checkpoint_dir of the user's keeps its layout's
-    checkpoints (train.checkpoint: <checkpoint_dir>/<layout>/step_N), or None for one that does not
-    (no save_interval, each run's own directory, or a config its rules keep from running). A relative
-    directory is taken from where the sweep is launched, as the jobs start there."""
+def _saves_into_own_dir(run: RunConfig) -> bool:
+    """Whether the config checkpoints into a training.checkpoint_dir of the user's (not its run's own)."""
+    tr = run.training
+    return bool(tr.checkpoint_dir) and isinstance(tr.save_interval, int) and tr.save_interval > 0
+
+
+def _checkpoint_place(run: RunConfig, world_size: int | None) -> str | None:
+    """Where such a config keeps its layout's checkpoints (<checkpoint_dir>/<layout_key>), None where its
+    layout has no dp. A relative directory is taken from where the sweep is launched, as the jobs
+    start there."""
     tr, par = run.training, run.parallelism
-    if not (tr.checkpoint_dir and isinstance(tr.save_interval, int) and tr.save_interval > 0):
-        return None
-    world = _local_world(run)
-    if validate(run, **world):
-        return None  # it never runs: skipped (or refused) for its own rules
     try:
-        dp = Layout.of(par, world["world_size"]).dp
+        dp = Layout.of(par, world_size).dp
     except (LayoutError, TypeError):
         return None
-    place = str(Path(tr.checkpoint_dir).expanduser().absolute())
-    return (place, str(dp), str(par.tp), str(par.pp), str(par.zero_stage), str(par.virtual_stages))
+    root = Path(str(tr.checkpoint_dir)).expanduser().absolute()
+    return str(root / layout_key(dp=dp, tp=par.tp, pp=par.pp, zero_stage=par.zero_stage,
+                                 virtual_stages=par.virtual_stages))  # fmt: skip
 
 
 def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[int, Sequence[str]]]]) -> str:

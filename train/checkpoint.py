@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conf.schema import RunConfig, TokenDtype, to_plain_dict
-from train.contract import CHECKPOINT_DIR, write_json_atomic
+from train.contract import CHECKPOINT_DIR, layout_key, write_json_atomic
 from train.data import token_dtype
 from train.dp import DistributedOptimizer
 
@@ -83,12 +83,6 @@ class Resumed:
     path: Path
     skipped: tuple[str, ...] = ()
     """Newer checkpoints that could not be read, each 'path: why', passed over for this one."""
-
-
-def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int, virtual_stages: int = 1) -> str:
-    # Interleaving puts other layers on each rank: its own key, and the keys of runs without it unchanged.
-    chunks = f"-vpp{virtual_stages}" if virtual_stages > 1 else ""
-    return f"dp{dp}-tp{tp}-pp{pp}-zero{zero_stage}{chunks}"
 
 
 def checkpoint_root(run: RunConfig, output_dir: Path) -> Path:

@@ -93,6 +93,15 @@ TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
 """A run's checkpoint root in its run directory when training.checkpoint_dir is not set (train.checkpoint)."""
 
+
+def layout_key(*, dp: int, tp: int, pp: int, zero_stage: int, virtual_stages: int = 1) -> str:
+    """The directory under the checkpoint root that holds one layout's checkpoints ("dp2-tp1-pp1-zero1"):
+    the checkpointer writes it, and a sweep's check of configs sharing a checkpoint_dir compares it."""
+    # Interleaving puts other layers on each rank: its own key, and the keys of runs without it unchanged.
+    chunks = f"-vpp{virtual_stages}" if virtual_stages > 1 else ""
+    return f"dp{dp}-tp{tp}-pp{pp}-zero{zero_stage}{chunks}"
+
+
 OOM_REPORT_GLOB = "oom.rank*.json"
 LOG_FILE = "train.log"
 """A run's console output (rank 0's, or all ranks' of a local spawn), in its run directory."""
