@@ -33,7 +33,7 @@ from conf.schema import GROUP_SCHEMAS, is_field, takes_list, unknown_override, w
 if TYPE_CHECKING:
     from hydra.core.override_parser.types import Override
 
-__all__ = ["argparse_hint", "override_problem"]
+__all__ = ["argparse_hint", "missing_option_line", "override_problem"]
 
 
 def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> str | None:
@@ -210,10 +210,27 @@ def _unknown_option(group: str, override: Override, text: str, *, options: list[
         if option == "null" and own_group:
             return _no_group(group, text)
         if option not in options and "${" not in option:
-            close = difflib.get_close_matches(option, options, n=3)
-            hint = f"did you mean {' or '.join(close)}? " if close else ""
-            return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"
+            return _not_an_option(group, option, options, text)
     return None
+
+
+def _not_an_option(group: str, option: str, options: Sequence[str], text: str) -> str:
+    close = difflib.get_close_matches(option, options, n=3)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"{group}={option} is not a {group} config; {hint}options: {', '.join(options)} (override '{text}')"
+
+
+def missing_option_line(exc: Exception) -> str | None:
+    """The one line _unknown_option gives, for Hydra's MissingConfigException of a group option its
+    search path lacks: where the options are not conf/'s own (a rerun of a sweep launched with a config
+    directory of its own, an export's --config-dir), only composing finds it, and Hydra's words for it
+    run to thirty lines. None for any other exception."""
+    from hydra.errors import MissingConfigException
+
+    if not isinstance(exc, MissingConfigException) or not exc.options or "/" not in (exc.missing_cfg_file or ""):
+        return None
+    group, _, option = str(exc.missing_cfg_file).rpartition("/")
+    return _not_an_option(group, option, list(exc.options), f"{group}={option}")
 
 
 def argparse_hint(message: str, parser: argparse.ArgumentParser) -> str:

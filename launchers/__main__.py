@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from conf.overrides import argparse_hint, override_problem
+from conf.overrides import argparse_hint, missing_option_line, override_problem
 from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
 from train.contract import (
     EXIT_FAILED,
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
         entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only)
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a manifest or launch record that cannot be read (permissions, an I/O error)
         print(f"error: {exc.filename or args.sweep_dir}: cannot be read ({exc.strerror or exc})", file=sys.stderr)
@@ -324,7 +324,7 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
             test_only=args.test_only,
         )
     except (HydraException, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # waiting for the sweep's lock, say: nothing was written (the lock is why)
         print("sbatch: interrupted before the export finished (the sweep's manifest lists none of its configs)",

@@ -34,6 +34,7 @@ __all__ = [
     "base_state",
     "LIVE_STATES",
     "RUNNING_STATES",
+    "STUCK_REASONS",
     "ended_outcome",
     "expand_job_ids",
     "is_live",
@@ -41,6 +42,7 @@ __all__ = [
     "not_a_time_limit",
     "parse_states",
     "read_states",
+    "stuck_reason",
 ]
 
 RUNNING_STATES = frozenset(
@@ -87,6 +89,30 @@ def is_live(state: str) -> bool:
 
 def is_running(state: str) -> bool:
     return base_state(state) in RUNNING_STATES
+
+
+STUCK_REASONS = {
+    "JobHeldUser": "held; `scontrol release <job>` lets it start",
+    "JobHeldAdmin": "held by root or an administrator; only they can release it (`scontrol release <job>`)",
+    "BadConstraints": "no node meets what it asks (features, gres or memory) as the cluster stands now",
+    "PartitionTimeLimit": "its time limit is above the partition's, lowered since it was queued",
+    "PartitionNodeLimit": "it asks more nodes than the partition now allows",
+    "InvalidAccount": "its account is no longer valid",
+    "InvalidQOS": "its QOS is no longer valid",
+    "AccountNotAllowed": "its account may no longer use the partition",
+    "QOSNotAllowed": "its QOS may no longer use the partition",
+    "DependencyNeverSatisfied": "a job it depends on ended in a way it waits for no longer",
+}
+"""squeue's reasons (Slurm's job_reason_codes) that no amount of waiting clears: a job pending for one
+of them starts only once someone releases it or changes the request or the cluster. Others (Priority,
+Resources, Licenses, ...) clear by themselves."""
+
+
+def stuck_reason(state: str) -> str | None:
+    """STUCK_REASONS' words for a pending job squeue holds for one of them ('PENDING (JobHeldUser)');
+    None otherwise."""
+    reason = state.partition("(")[2].rstrip(")").strip()
+    return STUCK_REASONS.get(reason) if base_state(state) == "PENDING" else None
 
 
 def not_a_time_limit(state: str) -> str | None:

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
-from launchers.queue import read_states
+from launchers.queue import read_states, stuck_reason
 from launchers.site import check_site
 from launchers.states import judge, local_launchers
 from launchers.submit import (
@@ -297,6 +297,7 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
     lines += _moved_lines(statuses)
+    lines += _stuck_lines(statuses)
     lines += [
         f"log of failed config {s.index}{'' if s.rerun_as is None else f' (rerun as config {s.rerun_as})'}: "
         f"{s.log or _no_log(s)}"
@@ -333,6 +334,23 @@ def _moved_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
             f"sweep directory moved: the jobs of {len(indices)} config(s) ({shown}) were launched into {there} and "
             f"write their records and logs there, not in this directory. {fix} (once they failed, or after "
             "scancel) with `python -m launchers rerun --failed <this directory>`."
+        )
+    return lines
+
+
+def _stuck_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
+    """One line per squeue reason that keeps pending configs from ever starting by themselves (a held
+    job, a request the cluster no longer meets): `pending` alone reads as a wait that will end."""
+    by_reason: dict[str, list[ConfigStatus]] = {}
+    for s in statuses:
+        if s.state == "pending" and s.slurm_state is not None and (words := stuck_reason(s.slurm_state)):
+            by_reason.setdefault(f"{s.slurm_state.partition('(')[2].rstrip(')')}: {words}", []).append(s)
+    lines = []
+    for reason, stuck in by_reason.items():
+        shown = ", ".join(f"{s.index} (job {s.job_id})" for s in stuck[:10]) + (", ..." if len(stuck) > 10 else "")
+        lines.append(
+            f"{len(stuck)} pending config(s) will not start as things stand: {shown}; squeue says {reason}. "
+            "Or scancel them and `python -m launchers rerun --failed <this directory>` (changed fields after it)."
         )
     return lines
 

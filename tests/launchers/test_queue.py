@@ -16,6 +16,7 @@ from launchers.queue import (
     is_running,
     parse_states,
     read_states,
+    stuck_reason,
 )
 from tests.conftest import SlurmClusterInfo
 
@@ -83,3 +84,11 @@ def test_states_of_live_array_tasks_and_ended_jobs(slurm_cluster: SlurmClusterIn
             break
         time.sleep(1)
     assert read_states([f"{held}_1"])[f"{held}_1"] == "CANCELLED"
+
+
+def test_a_reason_no_wait_clears_is_told_from_one_that_does() -> None:
+    assert stuck_reason("PENDING (JobHeldUser)") == "held; `scontrol release <job>` lets it start"
+    assert stuck_reason("PENDING (BadConstraints)") is not None
+    # Waits that end by themselves, and a running job, are not stuck.
+    for state in ("PENDING (Priority)", "PENDING (Licenses)", "PENDING (Resources)", "PENDING", "RUNNING"):
+        assert stuck_reason(state) is None, state

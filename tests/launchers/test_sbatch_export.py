@@ -332,6 +332,18 @@ def test_an_unknown_key_gets_did_you_mean_and_nothing_is_written(tmp_path: Path)
     assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
 
 
+def test_an_option_its_config_dir_lacks_is_one_line_with_that_dirs_options(tmp_path: Path) -> None:
+    # With a --config-dir of its own only composing finds an unknown group option, and Hydra's words
+    # for it ran to thirty lines; the line names the options of that directory.
+    config_dir = tmp_path / "conf"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "conf", config_dir, ignore=shutil.ignore_patterns("*.py"))
+    (config_dir / "model" / "mine.yaml").write_text((config_dir / "model" / "tiny.yaml").read_text())
+    proc = refused_export(tmp_path, f"--config-dir={config_dir}", "model=mien")
+    assert proc.stderr.startswith("error: model=mien is not a model config; did you mean mine? options: "), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "tiny" in proc.stderr
+    assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
+
+
 def test_a_hydra_override_is_refused_as_an_export_refuses_it_not_as_a_launchers_field(tmp_path: Path) -> None:
     # Before: "hydra.launcher.top is not a field of hydra/launcher=basic; hydra/launcher=plan has a
     # field like it", and with hydra/launcher=plan added, the export refused it all the same.

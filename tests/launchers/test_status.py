@@ -873,3 +873,30 @@ def test_a_rerun_given_a_sweep_value_says_to_launch_a_sweep(tmp_path: Path) -> N
     assert proc.returncode == EXIT_USAGE and proc.stderr.startswith(
         "error: training.seed=3,4: rerun --failed gives each failed config one value per field changed"
     ), proc.stderr
+
+
+def test_a_changed_rerun_naming_an_option_no_group_has_is_one_line(tmp_path: Path) -> None:
+    # A launch may have its own config directory, so only composing finds it: Hydra's thirty lines.
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", "hydra.launcher.python=/bin/false",
+                    f"hydra.sweep.dir={sweep_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "model=gpt_13bb"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: model=gpt_13bb is not a model config; did you mean gpt_13b"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert [e.status for e in read_manifest(sweep_dir)] == ["failed"]  # nothing queued
+
+
+def test_status_says_which_pending_configs_no_wait_will_start(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # A held job read "pending  PENDING (JobHeldUser)", as a wait that ends by itself.
+    sweep_dir = tmp_path / "sweep"
+    sweep(sweep_dir, "training.lr=1e-3,2e-3", "+hydra.launcher.sbatch_args.hold=''")
+    jobs = [e.job_id for e in read_manifest(sweep_dir)]
+    try:
+        text = status_table(sweep_dir)
+        assert f"2 pending config(s) will not start as things stand: 0 (job {jobs[0]}), 1 (job {jobs[1]}); " \
+               "squeue says JobHeldUser: held; `scontrol release <job>` lets it start." in text, text
+        assert text.splitlines()[-1].startswith("[....")  # the bar stays the last line
+    finally:
+        subprocess.run(["scancel", *{str(j).split("_")[0] for j in jobs}], timeout=60, check=False)

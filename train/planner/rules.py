@@ -478,7 +478,8 @@ def _check_training(tr: TrainingConfig) -> list[Violation]:
                 "train_iters",
                 bad,
                 f"{listed}: a run takes at least one optimizer step and logs every log_interval of them. "
-                f"Use training.train_iters and training.log_interval of 1 or more (e.g. train_iters=10).",
+                f"Use training.train_iters and training.log_interval of 1 or more (e.g. "
+                f"{', '.join(f'{k}=10' for k in bad)}).",
             )
         )
     warm: dict[str, object] = {"training.warmup_iters": tr.warmup_iters, "training.lr_warmup_iters": tr.lr_warmup_iters}

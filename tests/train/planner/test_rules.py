@@ -713,6 +713,14 @@ def test_hidden_not_divisible_by_heads_lists_heads_and_hidden_sizes() -> None:
     assert hiddens == [88, 96, 104, 112]
 
 
+def test_a_step_count_below_one_gives_an_example_of_the_field_it_names() -> None:
+    # log_interval=0 was told "e.g. train_iters=10", a field it had not set.
+    v = _one(make_run(training={"log_interval": 0}))
+    assert v.rule == "train_iters" and v.message.endswith("(e.g. training.log_interval=10).")
+    v = _one(make_run(training={"train_iters": 0}))
+    assert v.message.endswith("(e.g. training.train_iters=10).")
+
+
 def test_warmups_longer_than_the_run() -> None:
     # Timing warm-up: at least one measured iteration must remain.
     v = _one(make_run(training={"train_iters": 5, "warmup_iters": 5}))
