@@ -457,7 +457,7 @@ def analyse(argv: Sequence[str]) -> int:
     if planned:
         print()
         print(f"Planned, not run ({planned} feasible config(s) of a dry run, never launched; "
-              f"the fastest predicted first, with the plan's predictions):")
+              f"each work's fastest predicted first, with the plan's predictions):")
         print(planned_markdown(df, limit=CONSOLE_ROWS))
     missing = df["outcome"].isin(MISSING)
     if missing.any():

@@ -389,6 +389,14 @@ def _work_groups(df: pd.DataFrame) -> tuple[Any, bool]:
     return groups, df.loc[df["gbs"].notna(), "hardware"].nunique(dropna=False) > 1
 
 
+def work_ids(df: pd.DataFrame) -> pd.Series:
+    """Each row's work as the recommendation groups it (model, hardware, global batch, sequence length,
+    model shape), numbered; NaN for a row that gives no global batch. For the tables that list rows
+    of several works, whose times are not comparable (planned_markdown)."""
+    groups, _ = _work_groups(df)
+    return groups.ngroup().reindex(df.index)
+
+
 def _qualifying(group: pd.DataFrame, masks: dict[str, pd.Series]) -> pd.Series:
     ok = (group["outcome"] == "ok") & (group["sec_per_iter"] > 0)
     for mask in masks.values():

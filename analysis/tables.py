@@ -368,8 +368,12 @@ _PLANNED_COLUMNS = (
 
 
 def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> str:
-    """The configs a dry run planned and nobody ran, fastest predicted first, with the plan's
-    predictions: what to launch, and what to expect of it. '' when there are none."""
+    """The configs a dry run planned and nobody ran, with the plan's predictions: what to launch, and
+    what to expect of it. '' when there are none. Work by work (launchers.plan.shown_in_turn's order):
+    each work's fastest predicted first, and within `limit` every work's fastest in turn, then every
+    work's second...: ranked over all, a small model's layouts filled the table and a large one's
+    fastest was not in it."""
+    from analysis.recommend import work_ids  # it builds on this module's formatting
     # Narrowed before columns are added: the loaded table has ~200 columns in as many blocks, and a
     # column added to it made pandas print a PerformanceWarning (a highly fragmented frame) on the
     # console of an analysis that mixes a plan directory with result sweeps.
@@ -381,8 +385,19 @@ def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> 
     planned = planned.assign(_pred=pred.astype(float), _mfu=mfu.astype(float))
     planned = planned.sort_values(["_pred", *[c for c in TIE_BREAK if c in planned.columns]], kind="mergesort",
                                   na_position="last")
+    work = work_ids(df).reindex(planned.index).fillna(-1)
+    # Predicted rows turn by turn (a work's n-th fastest in the n-th turn); an unpredicted row only
+    # where no predicted one is left.
+    turn = planned.groupby(work, sort=False).cumcount().where(planned["_pred"].notna(), len(planned))
+    chosen = turn.sort_values(kind="mergesort").index[: len(planned) if limit is None else limit]
+    several = work.nunique() > 1
     more = _more_line(len(planned), limit, "results.csv")
-    planned = planned if limit is None else planned.head(limit)
+    if more and several:
+        more = more.replace("more in", "more, each slower than its work's shown ones or unpredicted, in")
+    # Listed work by work, in the order of the works' fastest rows.
+    order = planned.groupby(work, sort=False).ngroup()
+    planned = planned.loc[planned.index.isin(chosen)]
+    planned = planned.iloc[np.argsort(order[planned.index].to_numpy(), kind="stable")]
     table = pd.DataFrame(
         {
             **_layout_cells(planned),

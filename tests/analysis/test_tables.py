@@ -380,6 +380,35 @@ def test_console_listings_are_bounded_and_say_where_the_rest_is(tmp_path: Path) 
     assert len(planned) == 2 + 2 + 1 and planned[-1] == "... 1 more in results.csv"
 
 
+def test_planned_configs_of_several_works_are_listed_work_by_work_each_fastest_in_turn(tmp_path: Path) -> None:
+    # Ranked over all, the 350M model's ten fastest layouts took every place of a table of ten, and the
+    # 13B model's fastest was not in it (the dry run's console shows each work's in turn).
+    from analysis.tables import planned_markdown
+    from tests.launchers.test_plan import run_train
+
+    sweep = tmp_path / "plan"
+    planned = run_train("-m", "model=gpt_350m,gpt_13b", "hardware=a100_80gb", "parallelism.tp=1,2,4,8",
+                        "parallelism.pp=1,2,4", "parallelism.dp=8", "parallelism.micro_batch_size=1,2,4",
+                        "parallelism.global_batch_size=512", "hydra/launcher=plan", "hydra.launcher.table=false",
+                        f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    df = load_sweeps([sweep], queue=None).table
+    every = planned_markdown(df, limit=None).splitlines()[2:]
+    shown = planned_markdown(df, limit=4).splitlines()
+    assert shown[-1].startswith("... ") and "each slower than its work's shown ones or unpredicted" in shown[-1]
+    def model(line: str) -> str:
+        return next(word for word in line.split() if word.startswith("model="))
+
+    rows = shown[2:-1]
+    models, preds = [model(line) for line in rows], [float(line.split("|")[9]) for line in rows]
+    # Two of each, the smaller's first (its fastest is the faster), each work's fastest first.
+    assert models == ["model=gpt_350m"] * 2 + ["model=gpt_13b"] * 2, models
+    assert preds[0] <= preds[1] and preds[2] <= preds[3] and preds[0] < preds[2]
+    # They are each work's two fastest: its first rows in the whole listing.
+    for name in set(models):
+        assert [line for line in rows if model(line) == name] == [line for line in every if model(line) == name][:2]
+
+
 def test_err_has_the_sign_of_calibrate_and_the_gpu_report() -> None:
     # The H100 record call4 gpt_1.3b mbs 8 none gbs 32: 1.278 s/it measured, 0.996 predicted. REPORT.md
     # and `python -m analysis calibrate` print -22.1% (predicted too fast); results.md printed +28.4%.
