@@ -327,6 +327,8 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
     if not failed.empty:
         counts = failed["outcome"].value_counts()
         kinds = ", ".join(f"{int(counts[o])} {OUTCOME_TEXT[o]}" for o in FAILED if o in counts.index)
+        rerun = int(failed["rerun_as"].notna().sum()) if "rerun_as" in failed.columns else 0
+        kinds += f"; {rerun} of them rerun with changed fields" if rerun else ""
         notes.append(f"{len(failed)} did not finish ({kinds})")
     missing = int(group["outcome"].isin(MISSING).sum())
     if missing:
@@ -354,7 +356,7 @@ _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
     "sweep", *_SHAPE, "config.hardware.memory_gib", "device_mismatch", "config.cluster.name",
-    "config.cluster.exclusive", "config.cluster.core_license",
+    "config.cluster.exclusive", "config.cluster.core_license", "rerun_as",
 )  # fmt: skip
 """The columns recommend reads."""
 

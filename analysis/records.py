@@ -84,6 +84,7 @@ from train.contract import (
     read_manifest,
     read_plan_csv,
     recorded_overrides,
+    reruns_of,
     resolve_exported,
     split_overrides,
 )
@@ -143,10 +144,11 @@ CORE_COLUMNS: tuple[str, ...] = (
     "job_id",
     "queue_state",  # Slurm's state of a missing run's job (squeue / sacct), '' when unknown
     "manifest_index",
+    "rerun_as",  # the manifest index of the config that reruns this failed one with changed fields (NaN: none)
 )
 
 WHOLE_CORE_COLUMNS = ("nodes", "devices", "dp", "tp", "pp", "mbs", "gbs", "seq_length", "size_params",
-                      "neighbour_jobs", "manifest_index")  # fmt: skip
+                      "neighbour_jobs", "manifest_index", "rerun_as")  # fmt: skip
 """CORE_COLUMNS that count (nodes, degrees, samples, tokens, parameters, jobs): a row without one (a
 skipped or pending config) makes the column float in the table, and results.csv writes them whole."""
 
@@ -865,6 +867,7 @@ def _latest_plan_rows(plan: pd.DataFrame) -> pd.DataFrame:
 
 def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
     keys = [overrides_key(e.overrides) for e in entries]
+    rerun_as = reruns_of(entries)
     return pd.DataFrame(
         {
             "manifest_index": [e.index for e in entries],
@@ -877,6 +880,7 @@ def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
             "m_reason": [e.reason or "" for e in entries],
             "job_id": [e.job_id or "" for e in entries],
             "m_nodes": [float(e.nodes) if e.nodes is not None else np.nan for e in entries],
+            "rerun_as": [float(rerun_as.get(e.index, np.nan)) for e in entries],
         }
     )
 

@@ -238,7 +238,11 @@ def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     beside = [f"beside {n} other job(s)" if n else "" for n in neighbours]
     # Its first sentence: which config, which device (results.csv keeps what it means for the figures).
     mismatch = [m.split(". ", 1)[0] for m in _col_text(df, "device_mismatch")]
-    parts = [df["date"].fillna("").astype(str).tolist(), beside, mismatch, varying_overrides(df).tolist(), reason]
+    # A failed config rerun with changed fields is dealt with (status says it too): said before its reason.
+    rerun_as = pd.to_numeric(df["rerun_as"], errors="coerce") if "rerun_as" in df.columns else pd.Series(math.nan, df.index)
+    rerun = [f"rerun as config {int(r)}" if r == r else "" for r in rerun_as.tolist()]
+    parts = [df["date"].fillna("").astype(str).tolist(), beside, mismatch, varying_overrides(df).tolist(), rerun,
+             reason]  # fmt: skip
     if multi_sweep:
         parts.insert(0, df["sweep"].astype(str).tolist())
     # The non-empty parts of each row, joined: one Python pass, not a pandas where() per part.
@@ -261,7 +265,7 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 
 _RESULTS_COLUMNS = (
     "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter",
-    "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "device_mismatch", "date", "overrides",
+    "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "device_mismatch", "date", "overrides", "rerun_as",
 )  # fmt: skip
 """What results_table reads."""
 

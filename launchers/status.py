@@ -96,6 +96,7 @@ from train.contract import (
     previous_result_name,
     read_manifest,
     record_matches,
+    reruns_of,
     resolve_exported,
     write_manifest,
 )
@@ -219,7 +220,7 @@ def sweep_status(
     # A changed rerun the rules refused (`skipped`) never ran: it stands for nothing, and the config it
     # was to rerun stays a failure for status and for the next `rerun --failed`.
     elsewhere = _launched_elsewhere(sweep_dir)
-    rerun_as = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
+    rerun_as = reruns_of(entries)
     refused_reruns = {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status == "skipped"}
     local = local_launchers(sweep_dir)
     out = []

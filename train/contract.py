@@ -826,6 +826,13 @@ def manifest_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / MANIFEST_FILE
 
 
+def reruns_of(entries: Iterable[ManifestEntry]) -> dict[int, int]:
+    """Each failed config's index -> the index of the config that reruns it with changed fields
+    (`rerun --failed <overrides>`, ManifestEntry.rerun_of). A changed rerun the rules refused
+    (`skipped`) never ran and stands for nothing: its failed config stays a failure."""
+    return {e.rerun_of: e.index for e in entries if e.rerun_of is not None and e.status != "skipped"}
+
+
 def read_manifest(path: str | Path) -> list[ManifestEntry]:
     """Entries of a manifest file (or of <dir>/manifest.jsonl when given a directory), in file order.
 

@@ -373,6 +373,25 @@ def test_a_local_sweep_stopped_by_ctrl_c_is_interrupted_not_pending(tmp_path: Pa
     assert summary_line(df) == "2 configs: 2 interrupted"
 
 
+def test_a_failed_config_rerun_with_changed_fields_says_so_as_status_does(sweep: Path) -> None:
+    # Status said "rerun as config N"; the analysis listed the failure as if nothing had been done.
+    entries = read_manifest(sweep / "manifest.jsonl")
+    (failed,) = [e for e in entries if e.output_dir == "runs/6"]
+    rerun = ManifestEntry(len(entries), (*failed.overrides, "training.lr=1e-4"), "rerun", "submitted", None, "2000_0",
+                          {"nodes": 1}, rerun_of=failed.index)  # fmt: skip
+    refused = ManifestEntry(len(entries) + 1, ("training.lr=-1",), "refused", "skipped", "[training_values] ...",
+                            rerun_of=entries[0].index)  # fmt: skip
+    write_manifest([*entries, rerun, refused], sweep / "manifest.jsonl")
+    df = load_sweeps([sweep], queue=None).table.set_index("manifest_index")
+    # The skipped rerun stands for nothing (as status judges it): config 0 has none.
+    assert df.loc[failed.index, "rerun_as"] == rerun.index and df["rerun_as"].notna().sum() == 1
+    row = results_table(df.reset_index())
+    (note,) = [n for n in row["Notes"] if f"rerun as config {rerun.index}" in n]
+    assert "; rerun as config" in note and note.index("rerun as config") < note.index("Error")
+    text = format_recommendations(recommend(df.reset_index()))
+    assert "did not finish (" in text and "1 of them rerun with changed fields)" in text
+
+
 def test_skipped_and_refused_configs_of_a_launched_sweep_carry_their_layout(tmp_path: Path) -> None:
     # A launched sweep has no plan.csv: its skipped and refused configs are planned from its configs,
     # as a plan directory's are, and their rows told apart by their layout.
