@@ -1062,19 +1062,19 @@ class FastValidation:
         total = len(jobs)
         every = self.progress_every
         infeasible = []
-        checkpoints: dict[str, list[tuple[int, Sequence[str]]]] = {}
+        checkpoints = CheckpointPlaces()
         with bulk_allocation():
             for done, overrides in enumerate(jobs, start=1):
                 run = composer.run_config(overrides)
-                saves = _saves_into_own_dir(run)
+                saves = checkpoints.wanted(run)
                 if judged or saves:
                     world = _local_world(run)
                     violations = validate(run, **world)
                     if judged and violations:
                         infeasible.append((done - 1, overrides, violations))
                     # A config its rules keep from running (skipped or refused) shares nothing.
-                    if saves and not violations and (place := _checkpoint_place(run, world["world_size"])):
-                        checkpoints.setdefault(place, []).append((done - 1, overrides))
+                    if saves and not violations:
+                        checkpoints.add(f"config {done - 1}", overrides, run, world["world_size"])
                 # Long batches say they are alive: the first jobs of each group choice are the slow ones.
                 if every > 0 and total > every and (done % every == 0 or done == total):
                     stats = composer.stats()
@@ -1085,15 +1085,34 @@ class FastValidation:
                     sys.stderr.flush()
         if infeasible:
             raise UsageError(_refusal(infeasible, total))
-        if clashes := [configs for configs in checkpoints.values() if len(configs) > 1]:
-            raise UsageError(_checkpoint_refusal(clashes))
+        checkpoints.refuse_clashes(outcome="nothing was run")
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
 
 
-def _saves_into_own_dir(run: RunConfig) -> bool:
-    """Whether the config checkpoints into a training.checkpoint_dir of the user's (not its run's own)."""
-    tr = run.training
-    return bool(tr.checkpoint_dir) and isinstance(tr.save_interval, int) and tr.save_interval > 0
+class CheckpointPlaces:
+    """The configs of one launch (a sweep, an export, a changed rerun) that checkpoint into a
+    training.checkpoint_dir of the user's, by where their layout's checkpoints go: two configs in one
+    place would save into one directory and each resume from the other's, so such a launch is refused."""
+
+    def __init__(self) -> None:
+        self._places: dict[str, list[tuple[str, Sequence[str]]]] = {}
+
+    @staticmethod
+    def wanted(run: RunConfig) -> bool:
+        """Whether the config checkpoints into a training.checkpoint_dir of the user's (not its run's own)."""
+        tr = run.training
+        return bool(tr.checkpoint_dir) and isinstance(tr.save_interval, int) and tr.save_interval > 0
+
+    def add(self, name: str, overrides: Sequence[str], run: RunConfig, world_size: int | None) -> None:
+        """Note a feasible config (one its rules keep from running shares nothing) of `world_size` ranks,
+        `name` as the refusal names it ('config 3')."""
+        if self.wanted(run) and (place := _checkpoint_place(run, world_size)):
+            self._places.setdefault(place, []).append((name, overrides))
+
+    def refuse_clashes(self, *, outcome: str) -> None:
+        """UsageError when two configs noted share a place; `outcome`: what the refusal left undone."""
+        if clashes := [configs for configs in self._places.values() if len(configs) > 1]:
+            raise UsageError(_checkpoint_refusal(clashes, outcome))
 
 
 def _checkpoint_place(run: RunConfig, world_size: int | None) -> str | None:
@@ -1110,16 +1129,16 @@ def _checkpoint_place(run: RunConfig, world_size: int | None) -> str | None:
                                  virtual_stages=par.virtual_stages))  # fmt: skip
 
 
-def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[int, Sequence[str]]]]) -> str:
+def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[str, Sequence[str]]]], outcome: str) -> str:
     """One paragraph for configs of a sweep that would save into, and resume from, one directory."""
     (first, first_overrides), (second, second_overrides) = clashes[0][:2]
     more = sum(len(c) for c in clashes) - 2
     return (
-        f"configs {first} ({' '.join(first_overrides) or 'no overrides'}) and {second} "
+        f"{first} ({' '.join(first_overrides) or 'no overrides'}) and {second} "
         f"({' '.join(second_overrides) or 'no overrides'}) have one training.checkpoint_dir and one layout, "
         "so they would save their checkpoints into one directory and each resume from the other's (a run "
         "of more iterations would train on from a shorter one's last step, a run of another lr on its "
-        f"weights){f', and {more} more config(s) alike' if more else ''}; nothing was run. Leave "
+        f"weights){f', and {more} more config(s) alike' if more else ''}; {outcome}. Leave "
         "training.checkpoint_dir out (each config then checkpoints in its own run directory), or sweep it "
         "with the configs."
     )

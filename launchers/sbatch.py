@@ -367,7 +367,7 @@ def export_sweep(
         first = first_index(sweep_dir, append=append, options=CLI_OPTIONS, replace_skipped=True)
         old = read_manifest(manifest_path(sweep_dir)) if manifest_path(sweep_dir).exists() else []
         specs, skipped_entries = plan_configs(
-            composer, jobs, first, array_parallelism=array_parallelism
+            composer, jobs, first, array_parallelism=array_parallelism, undone="nothing was exported or written"
         )
         skipped = [SkippedConfig(e.index, e.overrides, e.reason or "") for e in skipped_entries]
         # Where this machine's Slurm answers (the cluster the scripts are for, on its login node), what

@@ -565,7 +565,8 @@ def _changed_specs(
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """The failed configs with `changes`, planned as new configs from index 0 (the n-th failed config's
     is index n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
-    return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], 0)
+    return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], 0,
+                        undone="nothing was rerun", name=lambda n: f"the rerun of config {failed[n].index}")
 
 
 def _placed(

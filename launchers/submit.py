@@ -72,7 +72,7 @@ from launchers.allocation import (
     job_licenses,
     slurm_mem,
 )
-from launchers.compose import FastComposer, parse_override
+from launchers.compose import CheckpointPlaces, FastComposer, parse_override
 from launchers.job import TrainCommand
 from launchers.site import check_sbatch_scripts, license_totals
 from launchers.sweepdir import RunsFailed, UsageError
@@ -215,8 +215,12 @@ def plan_configs(
     *,
     array_parallelism: int | None = None,
     subdir: SubdirNamer | None = None,
+    undone: str = "nothing was submitted",
+    name: Callable[[int], str] = "config {}".format,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
+    Two feasible ones that would checkpoint into one directory refuse them all (UsageError ending in
+    `undone`: what the refusal leaves undone, each named by `name` of its index; CheckpointPlaces).
 
     Config i's output directory is `subdir(initial_job_idx + i, overrides)` (see subdir_namer);
     without `subdir`, `<initial_job_idx + i>`, as Hydra's default hydra.sweep.subdir
@@ -224,6 +228,7 @@ def plan_configs(
     """
     specs: list[ConfigSpec] = []
     skipped: list[ManifestEntry] = []
+    checkpoints = CheckpointPlaces()
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         run = composer.run_config(overrides)
@@ -240,6 +245,7 @@ def plan_configs(
                 )
             )
             continue
+        checkpoints.add(name(index), overrides, run, key.allocation.tasks)
         env = tuple(sorted((str(k), str(v)) for k, v in run.cluster.env.items()))
         specs.append(
             ConfigSpec(
@@ -252,6 +258,9 @@ def plan_configs(
                 wandb_group=run.logger.wandb_group,
             )
         )
+    # A sweep's own check found these before (FastValidation); an export's or a changed rerun's configs
+    # are planned here alone.
+    checkpoints.refuse_clashes(outcome=undone)
     if subdir is not None:
         check_output_dirs([*specs, *skipped])
     return specs, skipped

@@ -308,7 +308,8 @@ def test_configs_that_would_share_a_checkpoint_directory_are_refused_before_anyt
     for swept in ("training.train_iters=4,8", "training.lr=1e-4,3e-4"):
         proc = sweep(shared, swept)
         assert proc.returncode == EXIT_USAGE, proc.stderr
-        assert proc.stderr.startswith("error: configs 0 (") and "have one training.checkpoint_dir and one layout" in proc.stderr
+        assert proc.stderr.startswith("error: config 0 (") and "have one training.checkpoint_dir and one layout" in proc.stderr
+        assert ") and config 1 (" in proc.stderr and "; nothing was run." in proc.stderr
         assert not (tmp_path / "sweep").exists()
     # Other layouts keep their checkpoints apart under one directory; without one, each run has its own;
     # a config its rules keep from running (a negative lr) shares nothing.

@@ -344,6 +344,16 @@ def test_an_option_its_config_dir_lacks_is_one_line_with_that_dirs_options(tmp_p
     assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
 
 
+def test_an_export_of_configs_that_would_share_a_checkpoint_directory_is_refused(tmp_path: Path) -> None:
+    # The launch refused them; an export wrote their scripts, and the second run resumed from the first.
+    proc = refused_export(tmp_path, f"training.checkpoint_dir={tmp_path / 'ckpt'}", "training.save_interval=2",
+                          "training.lr=1e-4,3e-4")  # fmt: skip
+    assert proc.stderr.startswith("error: config 0 (") and ") and config 1 (" in proc.stderr, proc.stderr
+    assert "have one training.checkpoint_dir and one layout" in proc.stderr
+    assert "; nothing was exported or written." in proc.stderr
+    assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
+
+
 def test_a_hydra_override_is_refused_as_an_export_refuses_it_not_as_a_launchers_field(tmp_path: Path) -> None:
     # Before: "hydra.launcher.top is not a field of hydra/launcher=basic; hydra/launcher=plan has a
     # field like it", and with hydra/launcher=plan added, the export refused it all the same.

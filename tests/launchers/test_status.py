@@ -900,3 +900,19 @@ def test_status_says_which_pending_configs_no_wait_will_start(slurm_cluster: Slu
         assert text.splitlines()[-1].startswith("[....")  # the bar stays the last line
     finally:
         subprocess.run(["scancel", *{str(j).split("_")[0] for j in jobs}], timeout=60, check=False)
+
+
+def test_a_changed_rerun_whose_configs_would_share_a_checkpoint_directory_is_refused(tmp_path: Path) -> None:
+    # Two failed configs (two lrs) rerun into one training.checkpoint_dir: the second resumed from the first.
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run([sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=local", "hydra.launcher.python=/bin/false",
+                    "training.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep_dir}"],
+                   cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    before = (sweep_dir / "manifest.jsonl").read_text()
+    proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed",
+                           f"training.checkpoint_dir={tmp_path / 'ckpt'}", "training.save_interval=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: the rerun of config 0 (") and ") and the rerun of config 1 (" in proc.stderr
+    assert "; nothing was rerun." in proc.stderr
+    assert (sweep_dir / "manifest.jsonl").read_text() == before
