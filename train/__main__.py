@@ -36,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from conf import CONFIG_DIR, register_configs
 from conf.overrides import override_problem
-from conf.schema import OptimizerImpl, RunConfig, to_run_config
+from conf.schema import RunConfig, to_run_config
 from train.contract import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -214,15 +214,13 @@ def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
     judge a layout anywhere; these need the machine): None when it can. `probe_cuda` false in a
     parent about to fork its workers: asking CUDA there would poison the fork (each worker's first
     CUDA call would fail), so they find a missing device themselves."""
-    hw, par, tr = run.hardware, run.parallelism, run.training
+    hw, tr = run.hardware, run.training
     if hw.device_type == "cuda" and probe_cuda:
         import torch
 
         if not torch.cuda.is_available():
             return (f"hardware={hw.name} needs CUDA, and no CUDA device is visible here: run on a GPU node, or "
                     "choose a CPU hardware config (hardware=cpu)")  # fmt: skip
-    if OptimizerImpl(par.optimizer) == OptimizerImpl.apex and hw.device_type != "cuda":
-        return "parallelism.optimizer=apex: apex FusedAdam runs on GPUs only; use auto or torch_fused on a CPU"
     where = tr.checkpoint_dir
     if tr.save_interval > 0 and where is not None and Path(where).exists() and not Path(where).is_dir():
         return f"training.checkpoint_dir={where} is a file, not a directory: name a directory (made if missing)"

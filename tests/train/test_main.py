@@ -86,6 +86,8 @@ def draw_layout(rng: random.Random) -> Draw:
     ramp: list[int] | None = pick(
         "ramp", lambda: rng.choice([None, [step, step, 2 * step]]), lambda: [rng.randint(0, 6) for _ in range(3)]
     )
+    if wild_knob != "ramp" and ramp is not None and gbs <= step:
+        ramp = None  # a valid ramp starts below the global batch (after the draw: the seeds keep their draws)
     zero = pick("zero", lambda: rng.choice([0, 1, 2, 3] if deepspeed else [0, 1]), lambda: rng.randint(0, 3))
     offloads = ["none"] + (["optimizer"] if deepspeed and zero else []) + (["params"] if deepspeed and zero == 3 else [])
     offload = pick("offload", lambda: rng.choice(offloads), lambda: rng.choice(["optimizer", "params"]))
@@ -537,7 +539,9 @@ def test_ctrl_c_that_another_error_replaced_on_its_way_out_is_still_interrupted(
     ("override", "words"),
     [
         ("hardware=h100_sxm", "hardware=h100_sxm needs CUDA, and no CUDA device is visible here"),
-        ("parallelism.optimizer=apex", "parallelism.optimizer=apex: apex FusedAdam runs on GPUs only"),
+        # A rule (the dry run refuses it too), said as the rules say it.
+        ("parallelism.optimizer=apex", "infeasible config: [apex_needs_cuda] parallelism.optimizer=apex with "
+         "hardware.device_type=cpu: apex FusedAdam runs on CUDA devices only"),
         ("training.checkpoint_dir={file}", "training.checkpoint_dir={file} is a file, not a directory"),
         # Under a file: no directory can be made there (it trained save_interval steps, then a traceback).
         ("training.checkpoint_dir={file}/ckpt", "training.checkpoint_dir={file}/ckpt: cannot write there (Not a directory)"),

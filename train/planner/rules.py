@@ -36,6 +36,7 @@ from conf.schema import (
     HardwareConfig,
     ModelConfig,
     Offload,
+    OptimizerImpl,
     ParallelismConfig,
     Precision,
     Recompute,
@@ -84,6 +85,7 @@ RULES: tuple[str, ...] = (
     "sequence_parallel_native_only",
     "virtual_stages_native_only",
     "precision_supported",
+    "apex_needs_cuda",
     "micro_batch_auto",
     "memory",
 )
@@ -790,21 +792,33 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
         problems.append(f"increment {incr} must be positive")
     elif incr % step:
         problems.append(f"increment {incr} is not a multiple of micro_batch_size x dp = {step}")
+    # A ramp that ramps nothing: Megatron divides the ramp samples by the increments (none when start
+    # is the global batch) and the samples consumed by the ramp samples per increment (0), and fails.
     if start > gbs:
         problems.append(f"start {start} exceeds global_batch_size={gbs}")
+    elif start == gbs:
+        problems.append(f"start {start} is global_batch_size={gbs}, so there is nothing to ramp")
     elif incr > 0 and (gbs - start) % incr:
         problems.append(f"global_batch_size - start = {gbs} - {start} = {gbs - start} is not a multiple of increment {incr}")
+    if samples == 0:
+        problems.append("ramp samples 0 ramps over no samples")
     if not problems:
         return None
-    if gbs % step == 0:
-        # A neighbourhood of the given start, not every multiple up to a global batch of millions.
+    samples = samples or 1_000_000
+    if gbs % step == 0 and gbs > step:
+        # A neighbourhood of the given start, not every multiple up to a global batch of millions; each
+        # below the global batch.
         k = max(1, start // step)
-        starts = [j * step for j in range(max(1, k - 6), min(gbs // step, k + 6) + 1)]
+        starts = [j * step for j in range(max(1, k - 6), min(gbs // step - 1, k + 6) + 1)]
         suggestion = (
-            f"Valid start and increment are multiples of {step} that keep (global_batch_size - start) a "
-            f"multiple of the increment, e.g. [{step}, {step}, {samples}] or start in "
-            f"{_fmt(_nearest(starts, start, 6))} with increment {step}."
+            f"Valid start and increment are multiples of {step} below global_batch_size that keep "
+            f"(global_batch_size - start) a multiple of the increment, with ramp samples above 0, e.g. "
+            f"[{step}, {step}, {samples}] or start in {_fmt(_nearest(starts, start, 6))} with increment {step}. "
+            "Or null for no ramp-up."
         )
+    elif gbs % step == 0:
+        suggestion = (f"global_batch_size={gbs} is one micro-batch per replica: no smaller batch to start from. "
+                      "Use null for no ramp-up, or a larger global_batch_size.")  # fmt: skip
     else:
         suggestion = f"First make global_batch_size={gbs} a multiple of micro_batch_size x dp = {step}."
     return Violation(
@@ -1018,6 +1032,20 @@ def _check_precision(par: ParallelismConfig, hw: HardwareConfig) -> Violation | 
         f"parallelism.precision={precision.value} is not supported by {hw.name} "
         f"(hardware.peak_tflops_{precision.value}=null: the device has no dense {precision.value} "
         f"matmul peak). {alternatives}",
+    )
+
+
+def _check_apex(par: ParallelismConfig, hw: HardwareConfig) -> Violation | None:
+    # Judged from the config alone, so the dry run refuses it too: a CPU sweep's apex configs were
+    # planned ok, then each run refused them.
+    if par.optimizer != OptimizerImpl.apex or hw.device_type == "cuda":
+        return None
+    valid = ", ".join(o.value for o in OptimizerImpl if o != OptimizerImpl.apex)
+    return Violation(
+        "apex_needs_cuda",
+        {"parallelism.optimizer": "apex", "hardware.device_type": hw.device_type},
+        f"parallelism.optimizer=apex with hardware.device_type={hw.device_type}: apex FusedAdam runs on CUDA "
+        f"devices only. Valid optimizer on {hw.device_type}: {valid}.",
     )
 
 
@@ -1273,6 +1301,7 @@ def validate(run: RunConfig, *, world_size: int | None = None, world_fixed: bool
     if ok("parallelism.virtual_stages"):
         out.append(_check_virtual_stages_engine(par))
     out.append(_check_precision(par, hw))
+    out.append(_check_apex(par, hw))
 
     # The estimate needs sane shapes and a known dp; structural problems are reported first.
     if (batch_ok and positive is None and zero is None and hardware_bad is None and par.pp <= m.num_layers

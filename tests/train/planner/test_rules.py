@@ -130,6 +130,8 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("deepspeed_checkpoint")
     if deepspeed and p.precision == Precision.fp16 and hw.device_type == "cpu":
         broken.add("deepspeed_fp16_on_cpu")
+    if p.optimizer == OptimizerImpl.apex and hw.device_type != "cuda":
+        broken.add("apex_needs_cuda")
     if not deepspeed and p.zero_stage in (2, 3):
         broken.add("native_zero_stage")
     if not deepspeed and p.offload != Offload.none:
@@ -239,9 +241,9 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
             if len(ramp) != 3 or any(not isinstance(v, int) or v < 0 for v in ramp):
                 broken.add("rampup_batch_size")
             else:
-                start, incr, _ = ramp
-                if (start <= 0 or incr <= 0 or start % step or incr % step or start > p.global_batch_size
-                        or (p.global_batch_size - start) % incr):
+                start, incr, samples = ramp
+                if (start <= 0 or incr <= 0 or start % step or incr % step or start >= p.global_batch_size
+                        or (p.global_batch_size - start) % incr or samples == 0):
                     broken.add("rampup_batch_size")
         # Megatron's interleaved schedule: every step's micro-batches in whole groups of pp.
         if interleaved and p.pp > 1:
@@ -566,9 +568,13 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         dp, mbs = draw(st.integers(1, 4)), draw(st.integers(1, 2))
         step = dp * mbs
         world = dp
-        kind = draw(st.sampled_from(["start", "increment", "landing", "length"]))
+        kind = draw(st.sampled_from(["start", "increment", "landing", "length", "nothing", "no samples"]))
         gbs = step * draw(st.integers(4, 8))
-        if kind == "start" and step > 1:
+        if kind == "nothing":  # Megatron divides by the increments, none here
+            ramp = [gbs, step, 100]
+        elif kind == "no samples":
+            ramp = [step, step, 0]
+        elif kind == "start" and step > 1:
             ramp = [step + draw(st.integers(1, step - 1)), step, 100]
         elif kind == "increment" and step > 1:
             ramp = [step, step + draw(st.integers(1, step - 1)), 100]
@@ -610,6 +616,9 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
         precision = draw(st.sampled_from(list(Precision)))
         par = {"precision": precision}
         hw = {f"peak_tflops_{precision.value}": None}
+    elif rule == "apex_needs_cuda":
+        par = {"optimizer": OptimizerImpl.apex, "engine": draw(st.sampled_from(list(Engine)))}
+        hw = {"device_type": draw(st.sampled_from(["cpu", "mps"]))}
     elif rule == "memory":
         hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
     elif rule == "micro_batch_size":
@@ -882,6 +891,26 @@ def test_rampup_needs_three_values_and_exact_landing() -> None:
     assert validate(make_run(par={"global_batch_size": 10, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]})) == []
     v = _one(make_run(par={"global_batch_size": 12, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]}))
     assert "global_batch_size - start = 12 - 2 = 10 is not a multiple of increment 4" in v.message
+
+
+def test_apex_is_refused_off_cuda_naming_the_optimizers_that_run_there() -> None:
+    # It was refused only by `python -m train`, on the machine: the dry run planned it ok.
+    v = _one(make_run(par={"optimizer": OptimizerImpl.apex}, hw={"device_type": "cpu"}))
+    assert v.rule == "apex_needs_cuda" and v.message.endswith("Valid optimizer on cpu: auto, torch_fused, torch.")
+    assert validate(make_run(par={"optimizer": OptimizerImpl.apex})) == []  # on CUDA it is the user's to ask
+
+
+def test_a_ramp_that_ramps_nothing_is_refused_as_megatron_would_fail_on_it() -> None:
+    # [4, 4, 0] and a start at the global batch ran without a ramp (the record still said the ramp asked);
+    # Megatron divides by the ramp samples per increment and by the increments.
+    for ramp, words in (([4, 4, 0], "ramp samples 0 ramps over no samples"),
+                        ([16, 4, 100], "start 16 is global_batch_size=16, so there is nothing to ramp")):  # fmt: skip
+        v = _one(make_run(par={"global_batch_size": 16, "micro_batch_size": 4, "rampup_batch_size": ramp}))
+        assert v.rule == "rampup_batch_size" and words in v.message, v.message
+        assert "e.g. [4, 4, " in v.message and "start in 4, 8, 12 with increment 4" in v.message
+    # One micro-batch per replica: nothing smaller to start from.
+    v = _one(make_run(par={"global_batch_size": 4, "micro_batch_size": 4, "rampup_batch_size": [4, 4, 100]}))
+    assert "no smaller batch to start from" in v.message
 
 
 def test_memory_violation_reports_gib_and_fixes_that_fit() -> None:
