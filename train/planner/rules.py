@@ -1097,17 +1097,17 @@ def _memory_fixes(
                 return
 
     fixes: list[str] = []
-    # Only changes the engine can run: DeepSpeed is data parallel only, native ZeRO stops at 1.
+    # Only changes the engine can run: DeepSpeed runs no pipeline here (rule deepspeed_no_pipeline; any
+    # tp), native ZeRO stops at 1.
     deepspeed = par.engine == Engine.deepspeed
-    if not deepspeed:
-        tps = [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0]
-        pps = [p for p in valid_pp(m) if p > par.pp]
-        if world is None:
-            first("tp", tps)
-            first("pp", pps)
-        else:
-            first_on_world("tp", tps, world)
-            first_on_world("pp", pps, world)
+    tps = [t for t in valid_tp(m) if t > par.tp and hw.devices_per_node % t == 0]
+    pps = [] if deepspeed else [p for p in valid_pp(m) if p > par.pp]
+    if world is None:
+        first("tp", tps)
+        first("pp", pps)
+    else:
+        first_on_world("tp", tps, world)
+        first_on_world("pp", pps, world)
     first("zero_stage", list(range(par.zero_stage + 1, 4 if deepspeed else 2)))
     order = [Recompute.none, Recompute.selective, Recompute.full]
     first("recompute", order[order.index(Recompute(par.recompute)) + 1 :])
@@ -1139,11 +1139,12 @@ def _check_memory(
     usable = usable_bytes(hw) / GIB
     fixes = _memory_fixes(m, par, hw, dp, world)
     kept = f"dp={dp} kept" if world is None else f"the world of {world} device{'s' * (world != 1)} kept"
+    split = "tp" if par.engine == Engine.deepspeed else "tp or pp"  # DeepSpeed runs no pipeline here
     if fixes:
         advice = f"Each of these changes alone would fit ({kept}, overrides as Hydra takes them): {', '.join(fixes)}."
     else:
         advice = (
-            "No single change of a larger tp or pp, a higher zero_stage, more recompute or a smaller "
+            f"No single change of a larger {split}, a higher zero_stage, more recompute or a smaller "
             "micro_batch_size fits: combine them, or use devices with more memory."
         )
     recompute = Recompute(par.recompute).value
@@ -1165,7 +1166,7 @@ def _check_memory(
         f"hardware.memory_reserve_gib={hw.memory_reserve_gib}) with parallelism.tp={par.tp}, "
         f"parallelism.pp={par.pp}, parallelism.dp={dp}, parallelism.zero_stage={par.zero_stage}, "
         f"parallelism.recompute={recompute}, parallelism.micro_batch_size={par.mbs}. "
-        f"Larger tp or pp, a higher zero_stage, recompute or a smaller micro_batch_size reduce it. {advice}",
+        f"Larger {split}, a higher zero_stage, recompute or a smaller micro_batch_size reduce it. {advice}",
     )
 
 

@@ -958,6 +958,19 @@ def test_memory_fixes_break_no_rule_the_layout_keeps() -> None:
     assert advised > 50
 
 
+def test_a_deepspeed_layout_is_advised_a_larger_tp_never_a_pipeline() -> None:
+    # DeepSpeed runs any tp (deepspeed_no_pipeline's own words), yet its advice offered none, and its text
+    # offered pp, which it refuses.
+    base = compose_run("model=gpt_2.7b", "hardware=a100_40gb", "parallelism.global_batch_size=96",
+                       "parallelism.dp=2", "parallelism.engine=deepspeed", "parallelism.micro_batch_size=4")  # fmt: skip
+    v = _one(base)
+    assert v.rule == "memory" and "Larger tp, a higher zero_stage" in v.message and " pp" not in v.message.split(". ", 1)[1]
+    fixes = dict(re.findall(r"parallelism\.(\w+)=(\w+)", v.message.split("alone would fit")[1]))
+    assert "tp" in fixes and "pp" not in fixes, v.message
+    fixed = dataclasses.replace(base.parallelism, tp=int(fixes["tp"]))
+    assert validate(dataclasses.replace(base, parallelism=fixed)) == []
+
+
 def test_memory_fixes_on_a_fixed_world_keep_it_and_break_no_rule() -> None:
     # analysis.calc's devices or a launcher's world: a fix that kept dp (tp=2 with dp=2 on 4 devices)
     # needed more devices than there are. Each fix (a degree, with dp where the user set it) runs there.
