@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from conf.schema import AUTO_MICRO_BATCH, RunConfig, requested_micro_batch
 from train.planner.memory import GIB, estimated_memory, predicts_oom, usable_bytes
 
-DEFAULT_CANDIDATES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_CANDIDATES: tuple[int, ...] = tuple(range(1, 129))
+"""Every size up to 128, not its powers of two alone: of global_batch_size=6 on one replica, 3 and 6
+split it too, and `auto` is the largest size predicted to fit (valid_micro_batches keeps those the
+batch rules accept)."""
 
 
 @dataclass(frozen=True)

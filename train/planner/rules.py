@@ -1184,6 +1184,11 @@ def _check_micro_batch_string(par: ParallelismConfig) -> Violation | None:
 
 def _check_micro_batch_auto(run: RunConfig, dp: int) -> tuple[RunConfig, Violation | None]:
     """(run with `auto` replaced by the planner's largest fitting size, None), or (run, why none fits)."""
+    gbs = run.parallelism.global_batch_size
+    if isinstance(gbs, int) and gbs >= 1 and gbs % dp:
+        # No size splits it, whatever memory there is: the batch rule (global_batch_divisible) says so,
+        # with the global batches that would split, at any size.
+        return replace(run, parallelism=replace(run.parallelism, micro_batch_size=1)), None
     try:
         resolved, _ = resolve_micro_batch(run, dp=dp)
     except ValueError as exc:

@@ -84,7 +84,9 @@ def test_planner_reports_none_when_nothing_fits() -> None:
 
 def test_planner_only_considers_sizes_that_split_the_global_batch() -> None:
     run = _compose("parallelism.global_batch_size=12")
-    assert valid_micro_batches(run, dp=2) == [1, 2]
+    # Every size that splits it, not its powers of two alone (auto took 2 of 6 per replica, where 3 and 6 fit).
+    assert valid_micro_batches(run, dp=2) == [1, 2, 3, 6]
+    assert largest_fitting_micro_batch(run, dp=2)[0] == 6
     assert valid_micro_batches(run, dp=2, candidates=(3, 6, 5)) == [3, 6]
     mbs, reason = largest_fitting_micro_batch(run, dp=4, candidates=(2, 4))
     assert mbs is None and "divides" in reason

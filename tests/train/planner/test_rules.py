@@ -221,11 +221,14 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
         broken.add("whole_nodes")
     if mbs == "auto" and dp is not None and not bad and not {"vocab_padding", "hardware_figures"} & broken \
             and p.zero_stage in (0, 1, 2, 3) and p.pp <= m.num_layers:
-        # The largest power of two up to 128 that splits the global batch and fits, by direct estimate.
+        # The largest size up to 128 that splits the global batch and fits, by direct estimate; where no
+        # size splits it (gbs not a multiple of dp), the batch rule says so at any size.
         fused = p.optimizer != OptimizerImpl.torch
-        fitting = [c for c in (1, 2, 4, 8, 16, 32, 64, 128) if p.global_batch_size % (c * dp) == 0
+        fitting = [c for c in range(1, 129) if p.global_batch_size % (c * dp) == 0
                    and estimate_memory(m, dataclasses.replace(p, micro_batch_size=c), dp=dp, hardware=hw,
                                        fused_optimizer=fused).needed <= usable_bytes(hw)]
+        if p.global_batch_size % dp:
+            fitting = [1]
         if not fitting:
             broken.add("micro_batch_auto")
             return broken
@@ -624,13 +627,9 @@ def break_one(draw: st.DrawFn, rule: str) -> tuple[RunConfig, int | None, set[st
     elif rule == "micro_batch_size":
         par = {"micro_batch_size": draw(st.sampled_from(["big", "8", "Auto", "max"]))}
     elif rule == "micro_batch_auto":
-        # Too little memory for even one sample, or a global batch no candidate size splits.
-        if draw(st.booleans()):
-            hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
-            par = {"micro_batch_size": "auto"}
-        else:
-            par = {"micro_batch_size": "auto", "global_batch_size": 3, "dp": 2}
-            world = 2
+        # Too little memory for even one sample (a global batch no size splits is global_batch_divisible's).
+        hw = {"memory_gib": draw(st.sampled_from([1e-5, 1e-4]))}
+        par = {"micro_batch_size": "auto"}
     else:
         raise AssertionError(rule)
     return make_run(model, par, hw, training, cluster), world, expected
@@ -891,6 +890,13 @@ def test_rampup_needs_three_values_and_exact_landing() -> None:
     assert validate(make_run(par={"global_batch_size": 10, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]})) == []
     v = _one(make_run(par={"global_batch_size": 12, "micro_batch_size": 1, "rampup_batch_size": [2, 4, 100]}))
     assert "global_batch_size - start = 12 - 2 = 10 is not a multiple of increment 4" in v.message
+
+
+def test_auto_on_a_global_batch_no_size_splits_names_the_batch_rule() -> None:
+    # It said "no candidate micro_batch_size divides ...: free memory with a larger tp or pp", where no
+    # size and no memory could help.
+    v = _one(make_run(par={"micro_batch_size": "auto", "global_batch_size": 6}), world_size=4)
+    assert v.rule == "global_batch_divisible" and "Valid global_batch_size near 6: 4, 8, 12, 16." in v.message
 
 
 def test_apex_is_refused_off_cuda_naming_the_optimizers_that_run_there() -> None:
