@@ -91,9 +91,12 @@ def _hydra_problem(
 ) -> str | None:
     """One line when `hydra/launcher=` or `hydra/sweeper=` names no option, or `hydra.launcher.<field>=`
     or `hydra.sweeper.<field>=` no field of the chosen one; None for the rest of Hydra's keys, for
-    keys added with + (Hydra's to refuse), and for options a search path may add (not own_options)."""
+    an existing field's key added with + (Hydra's to refuse), and for options a search path may add (not
+    own_options). A field the chosen option lacks is refused added too: the launcher's constructor
+    failed on it, exit status 1."""
     parts = key.replace("/", ".").split(".")
-    if len(parts) < 2 or parts[1] not in _HYDRA_PLUGINS or override.is_add() or override.is_force_add():
+    added = override.is_add() or override.is_force_add()
+    if len(parts) < 2 or parts[1] not in _HYDRA_PLUGINS or (added and len(parts) < 3):
         return None
     group = f"hydra/{parts[1]}"
     if len(parts) == 2 and "/" in key:
@@ -106,6 +109,16 @@ def _hydra_problem(
         return None  # an unknown option is said of its own override
     field = parts[2]
     fields = _hydra_fields(group, chosen)
+    if field in fields and len(parts) > 3:
+        # A key of a mapping field (hydra.launcher.sbatch_args.time=5): Hydra refuses one it does not
+        # have yet (their defaults have none) unless added, with OmegaConf's words and exit status 1.
+        mapping = typing.get_origin(_hydra_field_hint(group, chosen, field)) is dict
+        if mapping and not added:
+            return (f"hydra.{parts[1]}.{field} is a mapping of your own keys: add one with '+', "
+                    f"+{text} (override '{text}')")  # fmt: skip
+        return None
+    if field in fields and added:
+        return None
     if field in fields:
         # Hydra would refuse a value of the wrong type while composing, with exit status 1.
         return _wrong_values(key, override, text, hint=_hydra_field_hint(group, chosen, field))

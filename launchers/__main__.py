@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        raise  # stdout's reader went away (`status DIR | head`): exit_on_broken_pipe's, not a read error
     except OSError as exc:  # a manifest or launch record that cannot be read (permissions, an I/O error)
         print(f"error: {exc.filename or args.sweep_dir}: cannot be read ({exc.strerror or exc})", file=sys.stderr)
         return EXIT_USAGE

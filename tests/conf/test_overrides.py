@@ -30,7 +30,7 @@ def test_a_misspelt_key_an_unknown_option_and_a_wrong_value_each_get_one_line() 
     assert override_problem(["parallelism=l_dp2"], own_options=False) is None
     assert override_problem(["parallelism.tpp=2"], own_options=False) is not None
     # Hydra's other keys and group paths are left to Hydra.
-    assert override_problem(["hydra.run.dir=x", "hydra/job_logging=stdout", "+hydra.launcher.extra=1"]) is None
+    assert override_problem(["hydra.run.dir=x", "hydra/job_logging=stdout", "+hydra.job.env_set.A=1"]) is None
     # A section given one value, a field deleted, a whole number Hydra read as a float: Hydra refused each
     # while merging, exit 1 and its hint of a stack trace.
     section = override_problem(["training=foo"])
@@ -52,7 +52,7 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     # Hydra says each of these with exit status 1 (a failed run), and its message for a misspelt field
     # suggests adding it with '+', which the launcher's structured config then rejects.
     assert override_problem(["hydra/launcher=slurm", "hydra.launcher.append=true", "hydra/sweeper=layouts"]) is None
-    assert override_problem(["hydra.launcher.sbatch_args.exclusive=", "hydra/launcher=slurm"]) is None
+    assert override_problem(["+hydra.launcher.sbatch_args.exclusive=", "hydra/launcher=slurm"]) is None
     launcher = override_problem(["hydra/launcher=slurmm"])
     assert launcher is not None and launcher.startswith("hydra/launcher=slurmm is not a hydra/launcher config; did you mean slurm?")
     assert "options: basic, local, plan, slurm" in launcher  # Hydra's own option and megasweep's
@@ -78,6 +78,14 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     wait = override_problem(["hydra/launcher=slurm", "hydra.launcher.wait=maybe"])
     assert wait is not None and wait.startswith("hydra.launcher.wait=maybe is not true or false")
     assert override_problem(["hydra/launcher=plan", "hydra.launcher.top=null", "hydra.launcher.table=false"]) is None
+    # A key of a mapping field, which Hydra refuses unless added (OmegaConf's "not in struct", exit 1) ...
+    mapped = override_problem(["hydra/launcher=slurm", "hydra.launcher.sbatch_args.comment=x"])
+    assert mapped == ("hydra.launcher.sbatch_args is a mapping of your own keys: add one with '+', "
+                      "+hydra.launcher.sbatch_args.comment=x (override 'hydra.launcher.sbatch_args.comment=x')")  # fmt: skip
+    assert override_problem(["hydra/launcher=slurm", "+hydra.launcher.sbatch_args.comment=x"]) is None
+    # ... and a field the launcher lacks, added: its constructor's TypeError, exit 1.
+    lacking = override_problem(["hydra/launcher=plan", "+hydra.launcher.sbatch_args.comment=x"])
+    assert lacking is not None and lacking.startswith("hydra.launcher.sbatch_args is not a field of hydra/launcher=plan")
     # A list field given a bare value, or an item of the wrong type, ended in Hydra's six-line merge
     # error (exit 1); and the natural `search.nodes=1,2,4` was refused as "lists several values" alone.
     assert override_problem(["search.nodes=4"]) == (

@@ -201,6 +201,13 @@ def test_a_tool_whose_reader_went_away_exits_141_quietly(tmp_path: Path) -> None
     assert plan.returncode == 0, plan.stderr
     analysis = [sys.executable, "-m", "analysis", str(tmp_path / "plan"), "--no-plots", "-o", str(tmp_path / "out")]
     assert _with_reader_gone(analysis) == (contract.EXIT_BROKEN_PIPE, b"")
+    # `python -m launchers status <dir> | head` said "error: <dir>: cannot be read (Broken pipe)", exit 2.
+    sweep = subprocess.run([sys.executable, "-m", "train", "-m", "training.lr=1e-4,2e-4", "hydra/launcher=local",
+                            "hydra.launcher.python=/bin/false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                           cwd=Path(__file__).resolve().parents[2], capture_output=True, timeout=120)  # fmt: skip
+    assert (tmp_path / "sweep" / contract.MANIFEST_FILE).exists(), sweep.stderr
+    status = [sys.executable, "-m", "launchers", "status", "--ok-if-failed", str(tmp_path / "sweep")]
+    assert _with_reader_gone(status) == (contract.EXIT_BROKEN_PIPE, b"")
 
 
 @pytest.mark.parametrize(
