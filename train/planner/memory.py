@@ -345,7 +345,15 @@ def stage_memory(
         raise ValueError(f"stage must be in [0, {par.pp}), got {stage}")
     stack = Stack(stack) if stack is not None else stack_of(par)
     traits = TRAITS[stack]
-    fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch if fused_optimizer is None else fused_optimizer
+    if fused_optimizer is not None:
+        fused = fused_optimizer
+    elif stack == Stack.deepspeed:
+        # megasweep's DeepSpeed engine steps with DeepSpeed's FusedAdam on a GPU, and with torch's AdamW
+        # on a CPU (train.ds_config: torch_adam, deepspeed/runtime/engine.py's basic optimizer), whose
+        # single-tensor loop makes temporaries (an offloaded step runs on the host: no device memory).
+        fused = hardware is None or hardware.device_type != "cpu" or Offload(par.offload) != Offload.none
+    else:
+        fused = OptimizerImpl(par.optimizer) != OptimizerImpl.torch
     m = micro_batches if micro_batches is not None else _micro_batches(par, dp)
     tensors = _stage_tensors(model, par.tp, stage, par.pp)
     if traits.states == "megasweep":
@@ -541,9 +549,23 @@ def _deepspeed_states(
     if par.zero_stage >= 2 and dp > 1:
         gradients = min(c * total, c * total / dp + _ZERO_GRAD_BUCKET_MODULES * largest_module * c)
     optimizer, master = 8.0 * total / n, _FP32 * total / n
+    if par.zero_stage == 0 and c == _FP32:
+        # No ZeRO and no mixed precision: DeepSpeed wraps no optimizer around the base one, which steps
+        # the fp32 weights themselves (deepspeed/runtime/engine.py, _configure_optimizer).
+        master = 0.0
     transients: list[tuple[str, float]] = []
     if offload != Offload.none:
         optimizer = master = 0.0  # and the step runs on the host
+    elif par.zero_stage == 0 and not fused:
+        # No flat partition: the gradients' all-reduce flattens a bucket of them (engine.py's
+        # allreduce_bucket, at any dp), and torch's AdamW steps one tensor at a time, its temporaries
+        # (sqrt(v) and its bias-corrected quotient) the size of the tensor it steps; a 16-bit run's
+        # wrapper first copies every gradient to fp32 (runtime/fp16/unfused_optimizer.py).
+        if norm_copy:
+            transients.append(("gradient-norm copy", norm_copy * tensors.largest))
+        transients.append(("gradients flattened for the all-reduce", c * min(DEEPSPEED_REDUCE_BUCKET, total)))
+        fp32_grads = _FP32 * total if c != _FP32 else 0.0
+        transients.append(("unfused AdamW's per-tensor temporaries", fp32_grads + 2 * _FP32 * tensors.largest))
     else:
         partition = total / n
         if norm_copy:

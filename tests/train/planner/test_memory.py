@@ -264,12 +264,38 @@ def test_deepspeed_zero3_gathers_two_modules_and_zero2_reduces_one() -> None:
 def test_unfused_adam_temporaries_sit_beside_the_fp32_gradient() -> None:
     fused = dict(estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=1), dp=4,
                                  stack=Stack.deepspeed).transients)
-    unfused = dict(estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=1, optimizer="torch"), dp=4,
-                                   stack=Stack.deepspeed).transients)
+    unfused = dict(estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=1), dp=4, stack=Stack.deepspeed,
+                                   fused_optimizer=False).transients)
     assert unfused["fp32 gradient partition and unfused Adam's temporaries"] == 12 * P / 4
     assert set(unfused) - set(fused) == {"fp32 gradient partition and unfused Adam's temporaries"}
     native = estimate_memory(HAND, par(optimizer="torch"), dp=1)
     assert dict(native.transients) == {"foreach Adam's sqrt(v)": 4 * P}
+
+
+def test_deepspeed_steps_with_torchs_adamw_on_a_cpu_one_tensor_at_a_time_without_zero() -> None:
+    # train.ds_config gives DeepSpeed torch's AdamW on a CPU (FusedAdam is a CUDA kernel): the planner
+    # counted a fused step, 0.66 of a measured ZeRO-1 peak at dp=1 (a 109M GPT, fp32).
+    cpu, gpu = HardwareConfig(device_type="cpu"), HardwareConfig(device_type="cuda")
+
+    def transients(hw: HardwareConfig, **kw: object) -> dict[str, float]:
+        return dict(estimate_memory(HAND, par(**kw), dp=1, hardware=hw, stack=Stack.deepspeed).transients)
+
+    assert transients(cpu, zero_stage=1)["fp32 gradient partition and unfused Adam's temporaries"] == 12 * P
+    assert "fp32 gradient partition and unfused Adam's temporaries" not in transients(gpu, zero_stage=1)
+    # Offloaded, the step runs on the host: nothing of it on the device.
+    assert "fp32 gradient partition and unfused Adam's temporaries" not in transients(
+        cpu, zero_stage=1, engine=Engine.deepspeed, offload=Offload.optimizer)
+    # Without ZeRO torch's AdamW steps each weight: temporaries of the largest, and in fp32 no master copy
+    # (DeepSpeed wraps no optimizer around it).
+    zero0 = transients(cpu, zero_stage=0)
+    assert zero0["unfused AdamW's per-tensor temporaries"] == 8 * max(p.numel for p in stage_params(HAND))
+    assert zero0["gradients flattened for the all-reduce"] == 4 * P
+    fp32 = estimate_memory(HAND, par(zero_stage=0), dp=1, hardware=cpu, stack=Stack.deepspeed)
+    assert fp32.master == 0 and fp32.optimizer == 8 * P
+    bf16 = estimate_memory(HAND, par(zero_stage=0, precision=Precision.bf16), dp=1, hardware=cpu, stack=Stack.deepspeed)
+    assert bf16.master == 4 * P
+    assert dict(bf16.transients)["unfused AdamW's per-tensor temporaries"] == 4 * P + 8 * max(
+        p.numel for p in stage_params(HAND))
 
 
 # ----------------------------------------------------------------------------- overheads, peak, OOM

@@ -88,6 +88,14 @@ def _pos(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _fused_step(p: ParallelismConfig, hw: HardwareConfig) -> bool:
+    """Whether the step is a fused Adam: DeepSpeed's FusedAdam on a GPU and torch's AdamW on a CPU
+    (train.ds_config), offloaded or not on the device; the native engine's as par.optimizer says."""
+    if p.engine == Engine.deepspeed:
+        return hw.device_type != "cpu" or p.offload != Offload.none
+    return p.optimizer != OptimizerImpl.torch
+
+
 def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     """Every rule the run breaks, by direct arithmetic (no cascade suppression)."""
     m, p, hw, tr = run.model, run.parallelism, run.hardware, run.training
@@ -223,7 +231,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
             and p.zero_stage in (0, 1, 2, 3) and p.pp <= m.num_layers:
         # The largest size up to 128 that splits the global batch and fits, by direct estimate; where no
         # size splits it (gbs not a multiple of dp), the batch rule says so at any size.
-        fused = p.optimizer != OptimizerImpl.torch
+        fused = _fused_step(p, hw)
         fitting = [c for c in range(1, 129) if p.global_batch_size % (c * dp) == 0
                    and estimate_memory(m, dataclasses.replace(p, micro_batch_size=c), dp=dp, hardware=hw,
                                        fused_optimizer=fused).needed <= usable_bytes(hw)]
@@ -258,7 +266,7 @@ def broken_rules(run: RunConfig, world_size: int | None) -> set[str]:
     if bad or "hardware_figures" in broken:
         return broken  # the memory estimate needs every size positive and the device's figures sane
     if dp is not None and p.zero_stage in (0, 1, 2, 3) and "vocab_padding" not in broken:
-        fused = p.optimizer != OptimizerImpl.torch
+        fused = _fused_step(p, hw)
         if estimate_memory(m, p, dp=dp, hardware=hw, fused_optimizer=fused).needed > usable_bytes(hw):
             broken.add("memory")
     return broken
