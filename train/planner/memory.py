@@ -359,7 +359,10 @@ def stage_memory(
     if traits.states == "megasweep":
         states = _megasweep_states(model, tensors, par, dp=dp, stage=stage, fused=fused)
     else:
-        states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes)
+        # On a CPU the host is the device: what ZeRO offloads stays in the same memory.
+        host_is_device = hardware is not None and hardware.device_type == "cpu"
+        states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes,
+                                   offload=Offload.none if host_is_device else Offload(par.offload))  # fmt: skip
     acts = _activations_cached(model, _cache_key(par), traits, stage, _in_flight_key(par, stage, m))
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
@@ -532,12 +535,12 @@ def _megasweep_states(
 
 
 def _deepspeed_states(
-    tensors: _StageTensors, par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int
+    tensors: _StageTensors, par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int, offload: Offload
 ) -> _States:
+    """`offload`: what ZeRO moves off the device (par.offload, or none where the host is the device)."""
     total = tensors.numel
     c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
     n = dp if par.zero_stage >= 1 else 1
-    offload = Offload(par.offload)
     largest_module = tensors.largest_module
     weights = float(c * total)
     if par.zero_stage == 3:

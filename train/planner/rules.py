@@ -1334,6 +1334,16 @@ def advise(run: RunConfig) -> list[Advisory]:
                 "FLOPs with torch's FlopCounterMode on any engine.",
             )
         )
+    if par.offload != Offload.none and hw.device_type == "cpu":
+        offload = Offload(par.offload).value
+        notes.append(
+            Advisory(
+                "ignored_option",
+                {"parallelism.offload": offload, "hardware.device_type": "cpu"},
+                f"parallelism.offload={offload} on hardware.device_type=cpu moves ZeRO's states to the host, "
+                "which is this device: it saves no memory (the memory figures count them here) and adds copies.",
+            )
+        )
     return [n for n in notes if n is not None]
 
 

@@ -27,6 +27,7 @@ from conf.schema import (
     ParallelismConfig,
     Precision,
     Recompute,
+    RunConfig,
 )
 from train.planner.inventory import stage_buckets, stage_params
 from train.planner.memory import (
@@ -296,6 +297,25 @@ def test_deepspeed_steps_with_torchs_adamw_on_a_cpu_one_tensor_at_a_time_without
     assert bf16.master == 4 * P
     assert dict(bf16.transients)["unfused AdamW's per-tensor temporaries"] == 4 * P + 8 * max(
         p.numel for p in stage_params(HAND))
+
+
+def test_on_a_cpu_what_zero_offloads_stays_in_the_same_memory() -> None:
+    # The host is the device: offload=optimizer was predicted to free 1.6 GiB of a 109M GPT that
+    # measured 0.4 GiB less (a run the plan accepted at 1.08 GiB peaked at 3.75).
+    cpu, gpu = HardwareConfig(device_type="cpu"), HardwareConfig(device_type="cuda")
+    def states(hw: HardwareConfig, off: Offload, zero: int) -> tuple[float, float, float]:
+        e = estimate_memory(HAND, par(zero_stage=zero, offload=off, engine=Engine.deepspeed), dp=2, hardware=hw)
+        return e.weights, e.optimizer, e.master
+
+    for offload, zero in ((Offload.optimizer, 1), (Offload.params, 3)):
+        assert states(cpu, offload, zero) == states(cpu, Offload.none, zero)
+        assert states(gpu, offload, zero)[1:] == (0, 0) and states(gpu, Offload.none, zero)[1] > 0
+    # And the dry run says so, where the layout runs.
+    from train.planner.rules import advise
+
+    run = RunConfig(parallelism=par(zero_stage=1, offload=Offload.optimizer, engine=Engine.deepspeed), hardware=cpu)
+    assert [a.rule for a in advise(run)] == ["ignored_option"] and "it saves no memory" in advise(run)[0].message
+    assert advise(replace(run, hardware=gpu)) == []
 
 
 # ----------------------------------------------------------------------------- overheads, peak, OOM
