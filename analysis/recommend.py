@@ -745,7 +745,9 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
                 f"{r.runner_up.label}: {_figures(r.runner_up)}; {_noise_text(r)}"
             )
         else:
-            lines.append("- margin: none; it is the only run that qualifies")
+            # Its runs may be several, pooled: what stands alone is the layout.
+            alone = "run" if r.best.runs <= 1 else f"layout (its {r.best.runs} runs pooled)"
+            lines.append(f"- margin: none; it is the only {alone} that qualifies")
         if not r.decided:
             lines += _repeat_advice(r)
         lines += _neighbour_notes(r)

@@ -344,7 +344,7 @@ def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
         planned = int((df["outcome"] == "planned").sum())
         if planned:
             return f"Nothing launched and unfinished: the {planned} planned config(s) were never launched."
-        return "Nothing missing: every config has a result or was skipped."
+        return "Nothing missing: no config is pending or running (what failed is in the results above)."
     missing = missing.sort_values(["sweep", "manifest_index", "run_dir", "config_key"], kind="mergesort")
     more = _more_line(len(missing), limit, "results.md")
     missing = missing if limit is None else missing.head(limit)

@@ -280,7 +280,7 @@ class ClusterConfig:
     array_parallelism: int = 256
     """Most tasks of one array running at once (the %N throttle) (tasks)."""
     max_retries: int = 2
-    """Requeues allowed after preemption or time limit, per task."""
+    """Requeues allowed after preemption or time limit, per task, of a run that checkpoints (training.save_interval > 0)."""
     setup: list[str] = field(default_factory=list)
     """Shell lines run before the job's command (module loads, venv activation); one that exits non-zero stops the job."""
     env: dict[str, str] = field(default_factory=dict)

@@ -241,8 +241,9 @@ def render_script(
         f"# Results: {sweep_dir}/<config index>/result.json; Slurm logs: {sweep_dir / SLURM_LOG_DIR}/; "
         f"each run's own log: <config index>/{LOG_FILE}",
         f"# Progress: python -m launchers status {shlex.quote(str(sweep_dir))}",
-        "# A run stopped by Slurm's USR1 warning checkpoints and its task requeues itself, up to the",
-        "# config's cluster.max_retries times, as in a launcher-run sweep.",
+        "# A run that checkpoints (training.save_interval > 0) and is stopped by Slurm's USR1 warning saves",
+        "# and its task requeues itself, up to the config's cluster.max_retries times, as in a launcher-run",
+        "# sweep; a run that does not checkpoint ends there, recorded `timeout`.",
         _sbatch_line("job-name", name),
         _sbatch_line("array", f"0-{count - 1}%{throttle}"),
         _sbatch_line("nodes", alloc.nodes),
@@ -307,9 +308,10 @@ def render_script(
     # A rank that fails ends its peers at once, as in the launcher's jobs; srun_args given later win.
     srun = shlex.join(["srun", "--unbuffered", "--kill-on-bad-exit=1", *srun_args])
     entry = shlex.join(["-m", module, *entry_args])
+    if opt.setup:  # read again: a sourced site profile may have set `task`, `line` or `fields` here
+        lines += ["", "# The task's row again, as cluster.setup may have left the names above otherwise", *row]
     lines += [
         "",
-        *row,
         'config="${fields[1]}" out="${fields[2]}" retries="${fields[3]}" n_env="${fields[4]}"',
         'for kv in "${fields[@]:5:n_env}"; do export "$kv"; done',
         'args=("${fields[@]:5+n_env}")',

@@ -380,6 +380,13 @@ def check_override_keys(argv: list[str]) -> str | None:
         and not any(a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or [])
         and "searchpath" not in (CONFIG_DIR / "config.yaml").read_text(encoding="utf-8")
     )
+    launcher = [o for o in args.overrides or [] if o.lstrip("+~").split("=", 1)[0] == "hydra/launcher"]
+    trains = not (args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion)
+    if launcher and trains:
+        # Hydra uses a launcher only for -m: a plan meant as a dry run trained here, and a Slurm launch
+        # trained on the login node.
+        return (f"{launcher[-1]}: a launcher runs a sweep, which -m asks for (python -m train -m ...); "
+                "without it this one run would train here")  # fmt: skip
     return override_problem(args.overrides or [], own_options=own_options)
 
 

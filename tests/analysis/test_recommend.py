@@ -143,6 +143,8 @@ def test_runs_of_one_layout_are_one_candidate_never_each_others_runner_up(tmp_pa
     text = format_recommendations([rec])
     assert "runner-up" not in text and "median of 2 runs" in text
     assert "compared 1 qualifying layout(s) from 2 runs (runs of one layout pooled)" in text
+    # It said "the only run that qualifies" of two runs.
+    assert "- margin: none; it is the only layout (its 2 runs pooled) that qualifies" in text
 
 
 def test_layouts_repeated_across_two_whole_sweeps_are_pooled(tmp_path: Path) -> None:

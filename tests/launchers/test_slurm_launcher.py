@@ -164,12 +164,16 @@ def test_infeasible_configs_are_skipped_and_two_time_limits_give_two_arrays(
 
     results = wait_for_results(sweep_dir, submitted)
     assert [r["status"] for r in results] == ["ok", "ok"]
-    limits = {
-        row[0]: row[1]
-        for e in submitted
-        for row in sacct("-X", "-j", str(e.job_id).split("_")[0], "--format=JobID,TimelimitRaw")
-    }
-    assert sorted(limits.values()) == ["10", "5"], limits
+    def limits() -> dict[str, str]:
+        return {
+            row[0]: row[1]
+            for e in submitted
+            for row in sacct("-X", "-j", str(e.job_id).split("_")[0], "--format=JobID,TimelimitRaw")
+        }
+
+    # Accounting may list a job before slurmdbd has its time limit (an empty field under load).
+    wait_until("sacct to give both jobs' time limits", lambda: len(got := limits()) == 2 and all(got.values()), 60)
+    assert sorted(limits().values()) == ["10", "5"], limits()
 
 
 def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
