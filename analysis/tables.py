@@ -397,7 +397,9 @@ def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> 
     several = work.nunique() > 1
     more = _more_line(len(planned), limit, "results.csv")
     if more and several:
-        more = more.replace("more in", "more, each slower than its work's shown ones or unpredicted, in")
+        unseen = work.nunique() - work[chosen].nunique()
+        what = f" ({unseen} work(s) have no row here)" if unseen else ""
+        more = more.replace("more in", f"more, each slower than its work's shown ones or unpredicted{what}, in")
     # Listed work by work, in the order of the works' fastest rows.
     order = planned.groupby(work, sort=False).ngroup()
     planned = planned.loc[planned.index.isin(chosen)]

@@ -112,10 +112,11 @@ def _hydra_problem(
     if field in fields and len(parts) > 3:
         # A key of a mapping field (hydra.launcher.sbatch_args.time=5): Hydra refuses one it does not
         # have yet (their defaults have none) unless added, with OmegaConf's words and exit status 1.
+        # A config of the user's (own_options false) may hold the key already: then it is Hydra's to take.
         mapping = typing.get_origin(_hydra_field_hint(group, chosen, field)) is dict
-        if mapping and not added:
-            return (f"hydra.{parts[1]}.{field} is a mapping of your own keys: add one with '+', "
-                    f"+{text} (override '{text}')")  # fmt: skip
+        if mapping and not added and own_options:
+            return (f"hydra.{parts[1]}.{field} is a mapping of your own keys, which Hydra sets only with '++' "
+                    f"(or adds with '+'): ++{text} (override '{text}')")  # fmt: skip
         return None
     if field in fields and added:
         return None

@@ -282,7 +282,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
     statuses = sweep_status(sweep_dir)
-    print(format_status(statuses))
+    print(format_status(statuses, sweep_dir=sweep_dir))
     failed = unresolved_failures(statuses)
     if not failed or ok_if_failed:
         return EXIT_OK

@@ -1089,6 +1089,13 @@ class FastValidation:
         log.debug(f"Checked that {total} configs compose in {time.perf_counter() - tic:.2f} s")
 
 
+CHECKPOINT_FIX = (
+    "Leave training.checkpoint_dir out (each config then checkpoints in its own run directory), or give each "
+    "config its own (sweep it with the configs)"
+)
+"""CheckpointPlaces' advice where the configs come from a sweep's overrides (a launch, an export)."""
+
+
 class CheckpointPlaces:
     """The configs of one launch (a sweep, an export, a changed rerun) that checkpoint into a
     training.checkpoint_dir of the user's, by where their layout's checkpoints go: two configs in one
@@ -1109,10 +1116,11 @@ class CheckpointPlaces:
         if self.wanted(run) and (place := _checkpoint_place(run, world_size)):
             self._places.setdefault(place, []).append((name, overrides))
 
-    def refuse_clashes(self, *, outcome: str) -> None:
-        """UsageError when two configs noted share a place; `outcome`: what the refusal left undone."""
+    def refuse_clashes(self, *, outcome: str, fix: str = CHECKPOINT_FIX) -> None:
+        """UsageError when two configs noted share a place; `outcome`: what the refusal left undone,
+        `fix`: what the user can change in the command refused."""
         if clashes := [configs for configs in self._places.values() if len(configs) > 1]:
-            raise UsageError(_checkpoint_refusal(clashes, outcome))
+            raise UsageError(_checkpoint_refusal(clashes, outcome, fix))
 
 
 def _checkpoint_place(run: RunConfig, world_size: int | None) -> str | None:
@@ -1129,7 +1137,7 @@ def _checkpoint_place(run: RunConfig, world_size: int | None) -> str | None:
                                  virtual_stages=par.virtual_stages))  # fmt: skip
 
 
-def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[str, Sequence[str]]]], outcome: str) -> str:
+def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[str, Sequence[str]]]], outcome: str, fix: str) -> str:
     """One paragraph for configs of a sweep that would save into, and resume from, one directory."""
     (first, first_overrides), (second, second_overrides) = clashes[0][:2]
     more = sum(len(c) for c in clashes) - 2
@@ -1138,9 +1146,7 @@ def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[str, Sequence[str]]]], 
         f"({' '.join(second_overrides) or 'no overrides'}) have one training.checkpoint_dir and one layout, "
         "so they would save their checkpoints into one directory and each resume from the other's (a run "
         "of more iterations would train on from a shorter one's last step, a run of another lr on its "
-        f"weights){f', and {more} more config(s) alike' if more else ''}; {outcome}. Leave "
-        "training.checkpoint_dir out (each config then checkpoints in its own run directory), or sweep it "
-        "with the configs."
+        f"weights){f', and {more} more config(s) alike' if more else ''}; {outcome}. {fix}."
     )
 
 

@@ -95,7 +95,7 @@ STUCK_REASONS = {
     "JobHeldUser": "held; `scontrol release <job>` lets it start",
     "JobHeldAdmin": "held by root or an administrator; only they can release it (`scontrol release <job>`)",
     "BadConstraints": "no node meets what it asks (features, gres or memory) as the cluster stands now",
-    "PartitionTimeLimit": "its time limit is above the partition's, lowered since it was queued",
+    "PartitionTimeLimit": "its time limit is above the partition's",
     "PartitionNodeLimit": "it asks more nodes than the partition now allows",
     "InvalidAccount": "its account is no longer valid",
     "InvalidQOS": "its QOS is no longer valid",

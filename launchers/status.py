@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import itertools
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,7 +277,9 @@ def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
     return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
 
 
-def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_chars: int = 100) -> str:
+def format_status(
+    statuses: Sequence[ConfigStatus], *, width: int = 40, detail_chars: int = 100, sweep_dir: str = "<sweep dir>"
+) -> str:
     """One row per config (only the overrides that differ between configs), then counts and a bar."""
     varying = _varying_overrides(statuses)
     rows = [("index", "state", "job", "overrides", "detail")]
@@ -298,7 +301,7 @@ def format_status(statuses: Sequence[ConfigStatus], *, width: int = 40, detail_c
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
     lines += _moved_lines(statuses)
-    lines += _stuck_lines(statuses)
+    lines += _stuck_lines(statuses, sweep_dir)
     lines += [
         f"log of failed config {s.index}{'' if s.rerun_as is None else f' (rerun as config {s.rerun_as})'}: "
         f"{s.log or _no_log(s)}"
@@ -339,7 +342,7 @@ def _moved_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
     return lines
 
 
-def _stuck_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
+def _stuck_lines(statuses: Sequence[ConfigStatus], sweep_dir: str) -> list[str]:
     """One line per squeue reason that keeps pending configs from ever starting by themselves (a held
     job, a request the cluster no longer meets): `pending` alone reads as a wait that will end."""
     by_reason: dict[str, list[ConfigStatus]] = {}
@@ -351,7 +354,8 @@ def _stuck_lines(statuses: Sequence[ConfigStatus]) -> list[str]:
         shown = ", ".join(f"{s.index} (job {s.job_id})" for s in stuck[:10]) + (", ..." if len(stuck) > 10 else "")
         lines.append(
             f"{len(stuck)} pending config(s) will not start as things stand: {shown}; squeue says {reason}. "
-            "Or scancel them and `python -m launchers rerun --failed <this directory>` (changed fields after it)."
+            f"Otherwise scancel them, then `python -m launchers rerun --failed {shlex.quote(sweep_dir)}` (with the "
+            "fields to change after it)."
         )
     return lines
 
@@ -566,7 +570,9 @@ def _changed_specs(
     """The failed configs with `changes`, planned as new configs from index 0 (the n-th failed config's
     is index n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
     return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], 0,
-                        undone="nothing was rerun", name=lambda n: f"the rerun of config {failed[n].index}")
+                        undone="nothing was rerun", name=lambda n: f"the rerun of config {failed[n].index}",
+                        fix="Leave training.checkpoint_dir out of the changes (each rerun then checkpoints in its own "
+                            "run directory)")  # fmt: skip
 
 
 def _placed(

@@ -72,7 +72,7 @@ from launchers.allocation import (
     job_licenses,
     slurm_mem,
 )
-from launchers.compose import CheckpointPlaces, FastComposer, parse_override
+from launchers.compose import CHECKPOINT_FIX, CheckpointPlaces, FastComposer, parse_override
 from launchers.job import TrainCommand
 from launchers.site import check_sbatch_scripts, license_totals
 from launchers.sweepdir import RunsFailed, UsageError
@@ -217,10 +217,12 @@ def plan_configs(
     subdir: SubdirNamer | None = None,
     undone: str = "nothing was submitted",
     name: Callable[[int], str] = "config {}".format,
+    fix: str = CHECKPOINT_FIX,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
     Two feasible ones that would checkpoint into one directory refuse them all (UsageError ending in
-    `undone`: what the refusal leaves undone, each named by `name` of its index; CheckpointPlaces).
+    `undone`: what the refusal leaves undone, each named by `name` of its index, `fix` the way out;
+    CheckpointPlaces).
 
     Config i's output directory is `subdir(initial_job_idx + i, overrides)` (see subdir_namer);
     without `subdir`, `<initial_job_idx + i>`, as Hydra's default hydra.sweep.subdir
@@ -260,7 +262,7 @@ def plan_configs(
         )
     # A sweep's own check found these before (FastValidation); an export's or a changed rerun's configs
     # are planned here alone.
-    checkpoints.refuse_clashes(outcome=undone)
+    checkpoints.refuse_clashes(outcome=undone, fix=fix)
     if subdir is not None:
         check_output_dirs([*specs, *skipped])
     return specs, skipped

@@ -380,12 +380,14 @@ def check_override_keys(argv: list[str]) -> str | None:
         and not any(a.split("=", 1)[0].lstrip("+~").startswith("hydra.searchpath") for a in args.overrides or [])
         and "searchpath" not in (CONFIG_DIR / "config.yaml").read_text(encoding="utf-8")
     )
-    launcher = [o for o in args.overrides or [] if o.lstrip("+~").split("=", 1)[0] == "hydra/launcher"]
-    trains = not (args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion)
-    if launcher and trains:
-        # Hydra uses a launcher only for -m: a plan meant as a dry run trained here, and a Slurm launch
-        # trained on the login node.
-        return (f"{launcher[-1]}: a launcher runs a sweep, which -m asks for (python -m train -m ...); "
+    overrides = args.overrides or []
+    plugins = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in ("hydra/launcher", "hydra/sweeper")]
+    multirun = args.multirun or any(o.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for o in overrides)
+    trains = not (multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion)
+    if plugins and trains:
+        # Hydra uses a launcher and a sweeper only for -m: a plan meant as a dry run trained here, a Slurm
+        # launch trained on the login node, a layout search trained the default layout.
+        return (f"{plugins[-1]}: a launcher or sweeper runs a sweep, which -m asks for (python -m train -m ...); "
                 "without it this one run would train here")  # fmt: skip
     return override_problem(args.overrides or [], own_options=own_options)
 

@@ -77,16 +77,27 @@ def auto_micro_batch(
     step_fn: Callable[[int], object],
     candidates: Sequence[int] = DEFAULT_CANDIDATES,
 ) -> AutoMicroBatch:
-    """The planner's prediction, then the probe from the prediction down over the valid candidates.
+    """The planner's prediction, then the probe from the prediction down the valid candidates'
+    halving_ladder.
 
-    When the planner predicts that nothing fits, the probe still tries every valid size (the
-    prediction can be pessimistic too: its reserve is a guess); it then decides.
+    When the planner predicts that nothing fits, the probe still walks the ladder from the largest
+    valid size (the prediction can be pessimistic too: its reserve is a guess); it then decides.
     """
     predicted, reason = largest_fitting_micro_batch(run, dp=dp, candidates=candidates)
     valid = valid_micro_batches(run, dp=dp, candidates=candidates)
-    sizes = [c for c in valid if predicted is None or c <= predicted]
-    chosen, log = probe_micro_batch(step_fn, sizes)
+    chosen, log = probe_micro_batch(step_fn, halving_ladder([c for c in valid if predicted is None or c <= predicted]))
     return AutoMicroBatch(micro_batch_size=chosen, predicted=predicted, reason=reason, probe=log)
+
+
+def halving_ladder(sizes: Sequence[int]) -> list[int]:
+    """The largest of `sizes`, then each time the largest at most half the last: each attempt of the
+    probe may run out of memory, and every size that splits a batch of 120 is sixteen of them where
+    the ladder is seven (120, 60, 30, 15, 6, 3, 1)."""
+    ladder: list[int] = []
+    for size in sorted(set(sizes), reverse=True):
+        if not ladder or 2 * size <= ladder[-1]:
+            ladder.append(size)
+    return ladder
 
 
 @contextmanager

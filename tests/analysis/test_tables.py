@@ -404,6 +404,9 @@ def test_planned_configs_of_several_works_are_listed_work_by_work_each_fastest_i
     # Two of each, the smaller's first (its fastest is the faster), each work's fastest first.
     assert models == ["model=gpt_350m"] * 2 + ["model=gpt_13b"] * 2, models
     assert preds[0] <= preds[1] and preds[2] <= preds[3] and preds[0] < preds[2]
+    # A limit below the works' count names the works it leaves without a row.
+    one = planned_markdown(df, limit=1).splitlines()[-1]
+    assert "(1 work(s) have no row here)" in one, one
     # They are each work's two fastest: its first rows in the whole listing.
     for name in set(models):
         assert [line for line in rows if model(line) == name] == [line for line in every if model(line) == name][:2]

@@ -80,9 +80,13 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     assert override_problem(["hydra/launcher=plan", "hydra.launcher.top=null", "hydra.launcher.table=false"]) is None
     # A key of a mapping field, which Hydra refuses unless added (OmegaConf's "not in struct", exit 1) ...
     mapped = override_problem(["hydra/launcher=slurm", "hydra.launcher.sbatch_args.comment=x"])
-    assert mapped == ("hydra.launcher.sbatch_args is a mapping of your own keys: add one with '+', "
-                      "+hydra.launcher.sbatch_args.comment=x (override 'hydra.launcher.sbatch_args.comment=x')")  # fmt: skip
+    assert mapped == ("hydra.launcher.sbatch_args is a mapping of your own keys, which Hydra sets only with '++' "
+                      "(or adds with '+'): ++hydra.launcher.sbatch_args.comment=x "
+                      "(override 'hydra.launcher.sbatch_args.comment=x')")  # fmt: skip
     assert override_problem(["hydra/launcher=slurm", "+hydra.launcher.sbatch_args.comment=x"]) is None
+    assert override_problem(["hydra/launcher=slurm", "++hydra.launcher.sbatch_args.comment=x"]) is None
+    # A --config-dir of the user's may set the key: Hydra's to take, not refused here.
+    assert override_problem(["hydra/launcher=slurm", "hydra.launcher.sbatch_args.comment=x"], own_options=False) is None
     # ... and a field the launcher lacks, added: its constructor's TypeError, exit 1.
     lacking = override_problem(["hydra/launcher=plan", "+hydra.launcher.sbatch_args.comment=x"])
     assert lacking is not None and lacking.startswith("hydra.launcher.sbatch_args is not a field of hydra/launcher=plan")

@@ -896,7 +896,8 @@ def test_status_says_which_pending_configs_no_wait_will_start(slurm_cluster: Slu
     try:
         text = status_table(sweep_dir)
         assert f"2 pending config(s) will not start as things stand: 0 (job {jobs[0]}), 1 (job {jobs[1]}); " \
-               "squeue says JobHeldUser: held; `scontrol release <job>` lets it start." in text, text
+               "squeue says JobHeldUser: held; `scontrol release <job>` lets it start. Otherwise scancel them, " \
+               f"then `python -m launchers rerun --failed {sweep_dir}`" in text, text
         assert text.splitlines()[-1].startswith("[....")  # the bar stays the last line
     finally:
         subprocess.run(["scancel", *{str(j).split("_")[0] for j in jobs}], timeout=60, check=False)
@@ -914,5 +915,5 @@ def test_a_changed_rerun_whose_configs_would_share_a_checkpoint_directory_is_ref
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error: the rerun of config 0 (") and ") and the rerun of config 1 (" in proc.stderr
-    assert "; nothing was rerun." in proc.stderr
+    assert "; nothing was rerun. Leave training.checkpoint_dir out of the changes" in proc.stderr
     assert (sweep_dir / "manifest.jsonl").read_text() == before

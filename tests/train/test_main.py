@@ -646,12 +646,21 @@ def test_what_a_spawns_workers_cannot_use_is_one_line(override: str, words: str,
     assert sum(line.startswith(words) for line in proc.stderr.splitlines()) == 1, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("launcher", ["plan", "slurm", "local"])
-def test_a_launcher_without_minus_m_is_refused_before_anything_trains(launcher: str, tmp_path: Path) -> None:
-    # Hydra uses a launcher only for -m: `python -m train hydra/launcher=plan` trained here, silently.
-    proc = subprocess.run([sys.executable, "-m", "train", f"hydra/launcher={launcher}", f"hydra.run.dir={tmp_path / 'run'}",
-                           *TINY_RUN], cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+@pytest.mark.parametrize("plugin", ["hydra/launcher=plan", "hydra/launcher=slurm", "hydra/launcher=local",
+                                    "hydra/sweeper=layouts"])
+def test_a_launcher_without_minus_m_is_refused_before_anything_trains(plugin: str, tmp_path: Path) -> None:
+    # Hydra uses them only for -m: `python -m train hydra/launcher=plan` trained here, silently.
+    proc = subprocess.run([sys.executable, "-m", "train", plugin, f"hydra.run.dir={tmp_path / 'run'}", *TINY_RUN],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == EXIT_USAGE, proc.stderr[-2000:]
-    assert proc.stderr.strip() == (f"error: hydra/launcher={launcher}: a launcher runs a sweep, which -m asks for "
+    assert proc.stderr.strip() == (f"error: {plugin}: a launcher or sweeper runs a sweep, which -m asks for "
                                    "(python -m train -m ...); without it this one run would train here")  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+def test_hydra_mode_multirun_is_a_sweep_as_minus_m_is(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "train", "hydra.mode=MULTIRUN", "hydra/launcher=plan",
+                           f"hydra.sweep.dir={tmp_path / 'plan'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "plan" / "plan.csv").exists()

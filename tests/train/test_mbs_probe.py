@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conf.schema import ModelConfig, ParallelismConfig, RunConfig
-from train.mbs_probe import auto_micro_batch, probe_micro_batch, simulated_memory_limit
+from train.mbs_probe import auto_micro_batch, halving_ladder, probe_micro_batch, simulated_memory_limit
 from train.planner.memory import GIB, estimate_memory
 
 from .test_distributed import run_train
@@ -191,3 +191,10 @@ def test_trainer_walks_down_under_a_memory_limit_and_completes(
     assert "simulated memory limit" in chosen["probed"][0]["message"]
     assert record["config"]["parallelism"]["micro_batch_size"] == 2
     assert record["iterations_run"] == 3 and all(math.isfinite(x) for x in record["losses"])
+
+
+def test_the_probe_halves_down_the_sizes_that_split_the_batch() -> None:
+    # Every size that splits a batch of 120 is sixteen attempts, each of which may run out of memory.
+    divisors = [c for c in range(1, 121) if 120 % c == 0]
+    assert halving_ladder(divisors) == [120, 60, 30, 15, 6, 3, 1]
+    assert halving_ladder([8, 4, 2, 1]) == [8, 4, 2, 1] and halving_ladder([]) == []

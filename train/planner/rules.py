@@ -808,7 +808,7 @@ def _check_rampup(par: ParallelismConfig, dp: int) -> Violation | None:
     if gbs % step == 0 and gbs > step:
         # A neighbourhood of the given start, not every multiple up to a global batch of millions; each
         # below the global batch.
-        k = max(1, start // step)
+        k = min(max(1, start // step), gbs // step - 1)
         starts = [j * step for j in range(max(1, k - 6), min(gbs // step - 1, k + 6) + 1)]
         suggestion = (
             f"Valid start and increment are multiples of {step} below global_batch_size that keep "
@@ -1139,7 +1139,7 @@ def _check_memory(
     usable = usable_bytes(hw) / GIB
     fixes = _memory_fixes(m, par, hw, dp, world)
     kept = f"dp={dp} kept" if world is None else f"the world of {world} device{'s' * (world != 1)} kept"
-    split = "tp" if par.engine == Engine.deepspeed else "tp or pp"  # DeepSpeed runs no pipeline here
+    split = _splits(par)
     if fixes:
         advice = f"Each of these changes alone would fit ({kept}, overrides as Hydra takes them): {', '.join(fixes)}."
     else:
@@ -1182,6 +1182,11 @@ def _check_micro_batch_string(par: ParallelismConfig) -> Violation | None:
     )
 
 
+def _splits(par: ParallelismConfig) -> str:
+    """The degrees that split a model across devices on par's engine: DeepSpeed runs no pipeline here."""
+    return "tp" if par.engine == Engine.deepspeed else "tp or pp"
+
+
 def _check_micro_batch_auto(run: RunConfig, dp: int) -> tuple[RunConfig, Violation | None]:
     """(run with `auto` replaced by the planner's largest fitting size, None), or (run, why none fits)."""
     gbs = run.parallelism.global_batch_size
@@ -1196,7 +1201,7 @@ def _check_micro_batch_auto(run: RunConfig, dp: int) -> tuple[RunConfig, Violati
             "micro_batch_auto",
             {"parallelism.micro_batch_size": AUTO_MICRO_BATCH, "parallelism.dp": dp},
             f"{exc} (with parallelism.dp={dp}). Give an explicit micro_batch_size, or free memory with "
-            f"a larger tp or pp, a higher zero_stage or recompute.",
+            f"a larger {_splits(run.parallelism)}, a higher zero_stage or recompute.",
         )
     return resolved, None
 

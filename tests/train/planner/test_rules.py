@@ -922,6 +922,9 @@ def test_a_ramp_that_ramps_nothing_is_refused_as_megatron_would_fail_on_it() -> 
         v = _one(make_run(par={"global_batch_size": 16, "micro_batch_size": 4, "rampup_batch_size": ramp}))
         assert v.rule == "rampup_batch_size" and words in v.message, v.message
         assert "e.g. [4, 4, " in v.message and "start in 4, 8, 12 with increment 4" in v.message
+    # A start far above the global batch still gets starts to choose from.
+    v = _one(make_run(par={"global_batch_size": 16, "micro_batch_size": 1, "rampup_batch_size": [100, 1, 1000]}))
+    assert "start in 10, 11, 12, 13, 14, 15 with increment 1" in v.message, v.message
     # One micro-batch per replica: nothing smaller to start from.
     v = _one(make_run(par={"global_batch_size": 4, "micro_batch_size": 4, "rampup_batch_size": [4, 4, 100]}))
     assert "no smaller batch to start from" in v.message
@@ -983,6 +986,11 @@ def test_a_deepspeed_layout_is_advised_a_larger_tp_never_a_pipeline() -> None:
     assert "tp" in fixes and "pp" not in fixes, v.message
     fixed = dataclasses.replace(base.parallelism, tp=int(fixes["tp"]))
     assert validate(dataclasses.replace(base, parallelism=fixed)) == []
+    # micro_batch_size=auto's advice alike.
+    auto = dataclasses.replace(base, parallelism=dataclasses.replace(base.parallelism, micro_batch_size="auto"),
+                               hardware=dataclasses.replace(base.hardware, memory_gib=1.0))  # fmt: skip
+    (none_fits,) = [x for x in validate(auto) if x.rule == "micro_batch_auto"]
+    assert "free memory with a larger tp, a higher zero_stage" in none_fits.message
 
 
 def test_memory_fixes_on_a_fixed_world_keep_it_and_break_no_rule() -> None:
