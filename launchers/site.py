@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import getpass
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ __all__ = [
     "PartitionInfo",
     "SbatchVerdict",
     "SiteOptionError",
+    "check_slurm_conf",
     "check_own_options",
     "check_sbatch_scripts",
     "check_site",
@@ -336,12 +338,24 @@ def check_own_options(sbatch_args: Mapping[str, Any] | None, *, option: str) -> 
             raise SiteOptionError(f"{option.format(name=name)}: megasweep sets this sbatch option itself, {why}. Leave it out.")
 
 
+def check_slurm_conf() -> None:
+    """SiteOptionError when SLURM_CONF names no file: each Slurm command then retries until its timeout
+    (a launch waited five minutes, then called every config refused by sbatch)."""
+    path = os.environ.get("SLURM_CONF")
+    if path and not os.path.isfile(path):
+        raise SiteOptionError(
+            f"SLURM_CONF={path}: no such file, so no Slurm command can read the cluster's configuration; "
+            "point it at this cluster's slurm.conf, or unset it for Slurm's default; nothing was queued or written"
+        )
+
+
 def check_site(
     keys: Iterable[ArrayKey], sbatch_args: Mapping[str, Any] | None = None, *, option: str = "--sbatch-arg {name}"
 ) -> None:
     """check_site_options, then check_site_shapes, for the jobs of `keys`; a partition, account or QoS
     among `sbatch_args` (the launcher's own sbatch options, each named by `option`) is what the jobs ask for,
     over the cluster config's, and is checked as such (it went to sbatch unchecked)."""
+    check_slurm_conf()
     given = {name: str(v) for name in ("partition", "account", "qos") if (v := (sbatch_args or {}).get(name))}
     keys = [dataclasses.replace(k, options=_asked(k.options, given)) for k in keys] if given else list(keys)
     check_site_options((k.options for k in keys), fields={name: option.format(name=name) for name in given})

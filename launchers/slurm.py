@@ -36,7 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.site import SiteOptionError, check_own_options, check_site
+from launchers.site import SiteOptionError, check_own_options, check_site, check_slurm_conf
 from launchers.submit import (
     LaunchFailed,
     LaunchSettings,
@@ -274,6 +274,7 @@ class SlurmLauncher(SweepLauncher):
         """Plan and submit a batch, the sweep directory locked from the claim of its indices until the
         manifest lists them (launchers.sweepdir.sweep_lock); (its entries, the submission)."""
         assert self.config is not None and self.hydra_context is not None
+        check_slurm_conf()  # before settings() asks Slurm its MaxArraySize (a 30 s wait for nothing)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         settings = self.settings()
         path = manifest_path(sweep_dir)

@@ -328,3 +328,21 @@ def test_a_jobs_words_name_the_memory_it_asks_for() -> None:
                                 mem_per_node_gb=mem, array_parallelism=1, setup=())  # fmt: skip
         key = ArrayKey(shape, options)
         assert job_words([ConfigSpec(3, (), "3", key, ())], key).endswith(said)
+
+
+def test_a_slurm_conf_that_names_no_file_is_one_line_at_once(tmp_path: Path) -> None:
+    # Each Slurm command retried to its timeout: a launch waited five minutes, then called every config
+    # refused by sbatch (exit 1), and an export alike.
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "nosuch.conf")}
+    words = f"error: SLURM_CONF={tmp_path / 'nosuch.conf'}: no such file, so no Slurm command can read"
+    commands = (
+        [sys.executable, "-m", "train", "-m", *TINY, "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        [sys.executable, "-m", "launchers", "sbatch", f"--out-dir={tmp_path / 'scripts'}",
+         f"--sweep-dir={tmp_path / 'exported'}", *TINY],
+    )  # fmt: skip
+    for command in commands:
+        tic = time.monotonic()
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == EXIT_USAGE and proc.stderr.startswith(words), proc.stderr
+        assert time.monotonic() - tic < 20  # no Slurm command waited for its timeout
+    assert list(tmp_path.iterdir()) == []
