@@ -137,11 +137,11 @@ class TrainCommand:
         # Aside first: Slurm's SIGKILL follows its SIGTERM (a requeue, a preemption) within KillWait
         # seconds, and asking scontrol and sacct below takes time. Put back if the job ends here.
         kept = self._keep_attempt_record(result, restarts) if lead else None
-        if not self._next_attempt_comes(job, restarts, lead):
+        if (why := self._next_attempt_comes(job, restarts, lead)) is not None:
             if kept is not None and kept.exists():
                 os.replace(kept, result)
             if lead:
-                _not_requeued(result)
+                _not_requeued(result, self.log_path(environ), why)
             return
         # No return value, no exception: submitit would pickle either as this job's result, and a
         # waiting launcher would take the stopped attempt's outcome for the job's.
@@ -152,10 +152,12 @@ class TrainCommand:
         # the job (which then ended FAILED). Task 0 leaving non-zero still fails a job it did not requeue.
         os._exit(EXIT_REQUEUE if lead else 0)
 
-    def _next_attempt_comes(self, job: str, restarts: int, lead: bool) -> bool:
-        """Whether the job runs again: Slurm requeued it itself, or task 0 requeued it (retries remain)."""
+    def _next_attempt_comes(self, job: str, restarts: int, lead: bool) -> str | None:
+        """None when the job runs again (Slurm requeued it itself, or task 0 requeued it: retries remain);
+        else why it does not, as the task's log and the record say it."""
         if not lead:  # task 0 decides and requeues for all: the others ask no more than they did
-            return restarts < self.max_retries or (bool(job) and requeued_by_slurm(job, restarts))
+            comes = restarts < self.max_retries or (bool(job) and requeued_by_slurm(job, restarts))
+            return None if comes else "task 0 decides"
         if job and requeued_by_slurm(job, restarts):
             # `scontrol requeue`, a preemption: the next attempt runs whatever max_retries says, and
             # resumes from the checkpoint.
@@ -166,13 +168,13 @@ class TrainCommand:
             )
             print(f"slurm: {job} was requeued by Slurm itself{beyond}: the next attempt resumes from the checkpoint",
                   flush=True)  # fmt: skip
-            return True
+            return None
         if job and cancelled(job):
             # scancel's SIGTERM stops a checkpointing trainer as a time limit's does; a requeue now
             # would bring back the job its user has just cancelled.
             print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record stands",
                   file=sys.stderr, flush=True)  # fmt: skip
-            return False
+            return f"job {job} was cancelled (scancel)"
         if restarts >= self.max_retries:
             print(
                 f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
@@ -180,8 +182,8 @@ class TrainCommand:
                 file=sys.stderr,
                 flush=True,
             )
-            return False
-        return self._requeue(job, restarts)
+            return f"cluster.max_retries={self.max_retries} requeue(s) are used up ({restarts} done)"
+        return None if self._requeue(job, restarts) else f"scontrol requeue {job} failed (its Slurm log says why)"
 
     def _begin_requeued_attempt(self, environ: Mapping[str, str]) -> None:
         """A requeued attempt's task 0 says it runs again, and keeps aside the record the attempt before it
@@ -238,20 +240,27 @@ ALREADY_REQUEUED = "Job is pending execution"
 """scontrol requeue's words for a job that Slurm has requeued already (and that waits to run again)."""
 
 
-def _not_requeued(result: Path) -> None:
-    """A stopped run's record whose job ends here says what resumes it: its "requeue to resume" was
-    written before anyone knew that no requeue would come (cluster.max_retries used up, a cancel, a
-    refused scontrol), and status and the analysis showed it as the advice."""
+def _not_requeued(result: Path, log: Path, why: str) -> None:
+    """A stopped run's record and task log, whose job ends here, say what resumes it: their "requeue to
+    resume" was written before anyone knew that no requeue would come (`why`: cluster.max_retries used
+    up, a cancel, a refused scontrol), and status, the analysis and the log's last line showed it as
+    the advice. Both say why, where the user reads first (the reason was only in submitit's log)."""
+    advice = (
+        f"this job was not requeued ({why}); python -m launchers rerun {result.parent.parent} --failed resumes "
+        "it from there (where that is the sweep's directory)"
+    )
+    try:
+        with open(log, "a") as out:
+            out.write(f"megasweep: {advice}\n")
+    except OSError:
+        pass  # the record below is what status and the analysis read
     try:
         record = json.loads(result.read_text())
     except (OSError, ValueError):
         return
     message = record.get("message") if isinstance(record, dict) else None
     if isinstance(message, str) and message.endswith(REQUEUE_ADVICE):
-        record["message"] = message.removesuffix(REQUEUE_ADVICE) + (
-            f"this job was not requeued (its Slurm log says why); python -m launchers rerun {result.parent.parent} "
-            "--failed resumes it from there (where that is the sweep's directory)"
-        )
+        record["message"] = message.removesuffix(REQUEUE_ADVICE) + advice
         write_json_atomic(result, record)
 
 

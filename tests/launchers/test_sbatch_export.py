@@ -216,6 +216,8 @@ def test_a_requeued_task_keeps_its_stopped_attempt_and_log_and_a_cancelled_one_i
     # Its wrapper says why it did not requeue, unless KillWait's SIGKILL ended it first (srun then says
     # the task was killed: CI, 2026-11-26, while the trainer still saved its checkpoint).
     assert f"{cancelled} was cancelled (scancel): not requeued" in out or "task 0: Killed" in out, out
+    if "task 0: Killed" not in out:  # and the last line of its train.log, where the user reads first
+        assert f"not requeued (job {cancelled} was cancelled (scancel))" in logs[1].read_text().splitlines()[-1]
     table = cli("launchers", "status", str(sweep_dir), "--ok-if-failed").stdout
     assert "2/2 finished: 0 pending, 0 running, 1 done, 1 failed" in table, table
     assert "cancelled (Slurm state CANCELLED), not a time limit" in table, table

@@ -33,7 +33,7 @@ from launchers.submit import (
     submit_configs,
 )
 from launchers.sweepdir import UsageError
-from train.contract import EXIT_REQUEUE, EXIT_USAGE, REQUEUE_ADVICE, ManifestEntry, read_manifest
+from train.contract import EXIT_REQUEUE, EXIT_USAGE, LOG_FILE, REQUEUE_ADVICE, ManifestEntry, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -361,16 +361,20 @@ def test_in_job_wrapper_command_gives_up_or_fails_to_requeue_honestly(
     assert given_up.returncode == EXIT_REQUEUE
     assert "max_retries=1 requeue(s) are used up (1 done)" in given_up.stderr
     assert record.exists() and not (tmp_path / "result.attempt1.json").exists()
-    # ... and says what resumes it: "requeue to resume" was the advice status and the analysis showed.
+    # ... and says why and what resumes it: "requeue to resume" was the advice status and the analysis
+    # showed, and the last line of train.log (the reason was only in submitit's log).
+    advice = (
+        "this job was not requeued (cluster.max_retries=1 requeue(s) are used up (1 done)); python -m launchers "
+        f"rerun {tmp_path.parent} --failed resumes it from there (where that is the sweep's directory)")  # fmt: skip
     assert json.loads(record.read_text())["message"] == (
-        "received SIGUSR1; stopped after step 4 of 8 with a checkpoint in /c: this job was not requeued (its Slurm "
-        f"log says why); python -m launchers rerun {tmp_path.parent} --failed resumes it from there (where that is the "
-        "sweep's directory)")  # fmt: skip
+        f"received SIGUSR1; stopped after step 4 of 8 with a checkpoint in /c: {advice}")
+    assert (tmp_path / LOG_FILE).read_text().splitlines()[-1] == f"megasweep: {advice}"
     # A retry left, but Slurm does not know the job: the record is put back, the task fails.
     unknown = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "0"})
     assert unknown.returncode == EXIT_REQUEUE
     assert "scontrol requeue 999999999 failed" in unknown.stderr
     assert record.exists() and not (tmp_path / "result.attempt0.json").exists()
+    assert "not requeued (scontrol requeue 999999999 failed" in (tmp_path / LOG_FILE).read_text().splitlines()[-1]
     # Another task with a retry left leaves the requeue to task 0 and exits 0: with the requeue's
     # status, srun (--kill-on-bad-exit) ended task 0 before it had asked Slurm (tests/launchers/test_faults.py).
     other = wrapper(1, {"SLURM_RESTART_COUNT": "0", "SLURM_JOB_ID": "999999999", "SLURM_PROCID": "1"})
