@@ -34,6 +34,7 @@ from typing import Any
 from conf.schema import Offload, Precision, RunConfig
 from train.contract import DS_CONFIG_FILE, write_json_atomic
 from train.planner.layout import Layout
+from train.planner.memory import MEGASWEEP_REDUCE_BUCKET
 from train.planner.rules import InfeasibleConfig, validate
 
 # train.optim's AdamW constants; repeated (not imported) because train.optim imports torch.
@@ -54,8 +55,9 @@ FP16_MIN_LOSS_SCALE = 1
 
 # Communication bucket sizes (elements). DeepSpeed's defaults are 5e8, sized for multi-GPU nodes;
 # 5e7 keeps the staging buffers (2 or 4 bytes per element each) small next to a benchmark model
-# on one accelerator and on a CPU test, at no measurable cost for the sizes swept here.
-REDUCE_BUCKET_SIZE = 50_000_000
+# on one accelerator and on a CPU test, at no measurable cost for the sizes swept here. The memory
+# model counts the reduce bucket (train.planner.memory._gradient_bucket), so it is defined there.
+REDUCE_BUCKET_SIZE = MEGASWEEP_REDUCE_BUCKET
 ALLGATHER_BUCKET_SIZE = 50_000_000
 STAGE3_PREFETCH_BUCKET_SIZE = 50_000_000
 STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000

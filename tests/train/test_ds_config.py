@@ -12,6 +12,7 @@ import pytest
 from conf.schema import RunConfig
 from train import ds_config
 from train.ds_config import DS_CONFIG_FILE, deepspeed_config, write_deepspeed_config
+from train.planner.memory import MEGASWEEP_REDUCE_BUCKET
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -85,6 +86,11 @@ def test_config_matches_hydra_field_by_field(overrides: list[str], dp: int) -> N
     assert zero["stage"] == par.zero_stage
     assert ("offload_optimizer" in zero) == (par.offload in ("optimizer", "params"))
     assert ("offload_param" in zero) == (par.offload == "params")
+    if par.zero_stage >= 1:
+        # The buckets the memory model counts (train.planner.memory._gradient_bucket): their size, the
+        # contiguous staging that allocates them, and their second one only with a GPU's overlap_comm.
+        assert zero["reduce_bucket_size"] == MEGASWEEP_REDUCE_BUCKET and zero["contiguous_gradients"] is True
+        assert zero["overlap_comm"] == (run.hardware.device_type == "cuda")
     for key in ("offload_optimizer", "offload_param"):
         if key in zero:
             assert zero[key]["device"] == "cpu"

@@ -235,11 +235,12 @@ def test_model_states_against_deepspeed_estimate(
     Ours counts the fp32 gradient partition as a step transient; it is added back here. The
     differences are then exactly the ones train.ds_engine.deepspeed_model_states_estimate lists:
     ours adds a reduce bucket of one largest module's 16-bit gradients (stages 2-3, N > 1),
-    stage 3 counts 20/N (DeepSpeed 18/N), and with offload ours keeps the sharded 16-bit
+    stage 3 counts 20/N (DeepSpeed 18/N) and its resident contiguous-gradient bucket
+    (reduce_bucket_size 16-bit elements), and with offload ours keeps the sharded 16-bit
     gradients on the device (2/N) where DeepSpeed counts none. Asserted exactly, then as a band.
     """
     from train.ds_engine import deepspeed_model_states_estimate
-    from train.planner.memory import estimate_memory
+    from train.planner.memory import MEGASWEEP_REDUCE_BUCKET, estimate_memory
 
     model = _model(name)
     ds = deepspeed_model_states_estimate(model, zero_stage=zero_stage, dp=dp, offload=offload)
@@ -262,15 +263,19 @@ def test_model_states_against_deepspeed_estimate(
         extra = bucket + (2 * psi / dp if zero_stage == 3 else 0)
     else:
         extra = bucket + 2 * psi / dp
+    if zero_stage == 3:  # the contiguous-gradient bucket stage3.py allocates at start-up (16-bit)
+        extra += 2 * MEGASWEEP_REDUCE_BUCKET
     # DeepSpeed truncates with int(); one byte of slack.
     assert states - ds.device_bytes == pytest.approx(extra, abs=2)
     # The stated bands (ratio ours / DeepSpeed), measured over these 3 models x 2 dp:
-    #   no offload (stages 2, 3):        1.01-1.32  (the bucket; at stage 3 also 2/N)
+    #   no offload (stage 2):            1.01-1.07  (the bucket)
+    #   no offload (stage 3):            1.12-1.44  (also 2/N and the resident 16-bit contiguous-gradient
+    #       bucket, 0.09 GiB: the most at gpt_1.3b's N=64, whose states DeepSpeed puts at 0.73 GiB)
     #   optimizer offload (stage 2):     1.03-1.21  (ours keeps the 2/N 16-bit gradient shard)
-    #   params offload (stage 3):        1.6-4.6    (both are a few largest-module working sets,
+    #   params offload (stage 3):        1.8-4.7    (both are a few largest-module working sets,
     #       so the 2/N gradient shard ours keeps dominates: DeepSpeed moves reduced gradient
     #       partitions to the host under offload, train.planner.memory does not; see the report)
-    low, high = {(2, "none"): (1.0, 1.35), (3, "none"): (1.0, 1.35), (2, "optimizer"): (1.0, 1.25)}.get(
+    low, high = {(2, "none"): (1.0, 1.35), (3, "none"): (1.0, 1.5), (2, "optimizer"): (1.0, 1.25)}.get(
         (zero_stage, offload.value), (1.5, 5.0)
     )
     assert low <= states / ds.device_bytes <= high

@@ -62,7 +62,9 @@ DeepSpeed (ZeRO stage 1/2 optimizer, deepspeed/runtime/zero/stage_1_and_2.py; mi
     (2/N) and converted to fp32 (4/N, the master's .grad during the step); with torch.optim.Adam
     (unfused) that fp32 gradient beside two fp32 temporaries (sqrt(v), the L2-decayed gradient:
     4 + 8 per N). Reduce: one bucket of reduce_bucket_size (5e8 elements, DeepSpeed's default)
-    16-bit gradients when dp > 1.
+    16-bit gradients when dp > 1. megasweep's own DeepSpeed engine (Stack.deepspeed, 5e7 elements)
+    stages every gradient through contiguous buckets instead, at any dp (_gradient_bucket): held
+    through each backward at ZeRO-1/2 (two with overlap_comm, on a GPU), resident at ZeRO-3.
     ZeRO-2 also divides the gradients (2/N) and holds one module's full gradients before
     reduce-scattering; ZeRO-3 divides the weights and gathers two modules (the one in use and the
     prefetched one). fp32: weights 4, gradients 4, the flat partition is already fp32.
@@ -175,6 +177,9 @@ _MASK = 1  # bool tensors and Megatron's dropout masks
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed's default reduce_bucket_size (elements): one 16-bit bucket of these gradients is flattened
 for the DP reduction (docs: deepspeed.ai/docs/config-json, zero_optimization.reduce_bucket_size)."""
+MEGASWEEP_REDUCE_BUCKET = 50_000_000
+"""The reduce_bucket_size megasweep's DeepSpeed engine is given (elements; train.ds_config writes it): a
+tenth of DeepSpeed's default, whose staging buffers would dwarf a benchmark model on one accelerator."""
 # Modules' worth of full parameters a ZeRO-3 rank holds gathered: the one in use and the one
 # prefetched (DeepSpeed's stage3_prefetch_bucket_size keeps the next module in flight).
 _ZERO3_GATHERED_MODULES = 2
@@ -362,7 +367,8 @@ def stage_memory(
         # On a CPU the host is the device: what ZeRO offloads stays in the same memory.
         host_is_device = hardware is not None and hardware.device_type == "cpu"
         states = _deepspeed_states(tensors, par, dp=dp, fused=fused, norm_copy=traits.grad_norm_copy_bytes,
-                                   offload=Offload.none if host_is_device else Offload(par.offload))  # fmt: skip
+                                   offload=Offload.none if host_is_device else Offload(par.offload),
+                                   bucket=_gradient_bucket(stack, par, tensors.numel, host_is_device))  # fmt: skip
     acts = _activations_cached(model, _cache_key(par), traits, stage, _in_flight_key(par, stage, m))
     resident = states.weights + states.gradients + states.optimizer + states.master
     held = acts.peak + states.gradient_buffers
@@ -534,10 +540,35 @@ def _megasweep_states(
     return _States(weights, gradients, optimizer, master, buffers, transients)
 
 
+def _gradient_bucket(stack: Stack, par: ParallelismConfig, numel: float, host_is_device: bool) -> float | None:
+    """Bytes of the contiguous-gradient bucket megasweep's DeepSpeed engine stages its reductions in
+    (train.ds_config: contiguous_gradients, and overlap_comm off a CPU), at any dp: ZeRO-1/2 allocate
+    reduce_bucket_size elements of the gradients' dtype at a backward's first gradient, a second with
+    overlap_comm, and free them at its end (deepspeed/runtime/zero/stage_1_and_2.py, setup_buckets and
+    _release_ipg_buffers); ZeRO-3 one, for good, at start-up (stage3.py). torch.empty: a GPU allocates
+    all of it; on a CPU only the pages the gradients are copied into become resident (at most this
+    stage's). None where the dp > 1 reduce bucket stands for it: ZeRO-0 (the engine's all-reduce), and
+    Megatron-DeepSpeed, whose 2022 buffers nothing here measured."""
+    if stack != Stack.deepspeed or par.zero_stage == 0:
+        return None
+    c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
+    if host_is_device:
+        return float(c * min(MEGASWEEP_REDUCE_BUCKET, numel))
+    return float(c * MEGASWEEP_REDUCE_BUCKET * (2 if par.zero_stage < 3 else 1))
+
+
 def _deepspeed_states(
-    tensors: _StageTensors, par: ParallelismConfig, *, dp: int, fused: bool, norm_copy: int, offload: Offload
+    tensors: _StageTensors,
+    par: ParallelismConfig,
+    *,
+    dp: int,
+    fused: bool,
+    norm_copy: int,
+    offload: Offload,
+    bucket: float | None = None,
 ) -> _States:
-    """`offload`: what ZeRO moves off the device (par.offload, or none where the host is the device)."""
+    """`offload`: what ZeRO moves off the device (par.offload, or none where the host is the device);
+    `bucket`: _gradient_bucket's bytes, None for the dp > 1 reduce bucket instead."""
     total = tensors.numel
     c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
     n = dp if par.zero_stage >= 1 else 1
@@ -578,9 +609,15 @@ def _deepspeed_states(
         transients.append(("fp32 gradient partition and its flat source", flat))
         if not fused:  # torch.optim.Adam beside the fp32 gradient: sqrt(v) and the L2-decayed gradient
             transients.append(("fp32 gradient partition and unfused Adam's temporaries", 3 * _FP32 * partition))
-    if dp > 1:
-        transients.append(("reduce bucket", c * min(DEEPSPEED_REDUCE_BUCKET, total)))
-    return _States(weights, gradients, optimizer, master, 0.0, tuple(transients))
+    buffers = 0.0
+    if bucket is None:
+        if dp > 1:
+            transients.append(("reduce bucket", c * min(DEEPSPEED_REDUCE_BUCKET, total)))
+    elif par.zero_stage == 3:
+        gradients += bucket  # allocated at start-up, beside the gradient partition, for good
+    else:
+        buffers = bucket  # held through each backward, beside its activations
+    return _States(weights, gradients, optimizer, master, buffers, tuple(transients))
 
 
 # ---------------------------------------------------------------------------------------------

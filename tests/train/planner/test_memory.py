@@ -31,7 +31,9 @@ from conf.schema import (
 )
 from train.planner.inventory import stage_buckets, stage_params
 from train.planner.memory import (
+    DEEPSPEED_REDUCE_BUCKET,
     GIB,
+    MEGASWEEP_REDUCE_BUCKET,
     Stack,
     communicators,
     device_reading,
@@ -246,13 +248,39 @@ def test_deepspeed_keeps_16_bit_weights_and_gradients_and_shards_adam_from_stage
         # (seed 000) at dp = 1: 2 + 2 + 12 + 4.
         assert transients["fp32 gradient partition and its flat source"] == 6 * P / dp
         assert transients["gradient-norm copy"] == 4 * min(WORD, P / dp)  # an fp32 copy of the largest slice
-        assert ("reduce bucket" in transients) == (dp > 1)
+        # Every gradient is staged through two contiguous 16-bit buckets (overlap_comm), at any dp, held
+        # through the backward beside its activations: no reduce bucket after it.
+        zero0 = estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=0), dp=dp, stack=Stack.deepspeed)
+        assert est.activations == zero0.activations + 2 * 2 * MEGASWEEP_REDUCE_BUCKET
+        assert "reduce bucket" not in transients
+
+
+def test_deepspeed_stages_gradients_through_buckets_of_the_size_its_config_gives() -> None:
+    # DeepSpeed 0.19's stage_1_and_2.py allocates reduce_bucket_size elements (torch.empty) at a backward's
+    # first gradient, at any dp, a second with overlap_comm; stage3.py one at start-up, for good.
+    cpu, gpu = HardwareConfig(device_type="cpu"), HardwareConfig(device_type="cuda")
+    for dp in (1, 4):
+        one = {hw.device_type: estimate_memory(HAND, par(zero_stage=1), dp=dp, stack=Stack.deepspeed, hardware=hw)
+               for hw in (cpu, gpu)}  # fmt: skip
+        base = {hw.device_type: estimate_memory(HAND, par(zero_stage=0), dp=dp, stack=Stack.deepspeed, hardware=hw)
+                for hw in (cpu, gpu)}  # fmt: skip
+        # fp32: 4 bytes an element. A GPU allocates the whole request, twice (overlap_comm off a CPU only);
+        # a CPU makes resident only the pages its gradients are copied into, at most the model's P.
+        assert one["cuda"].activations == base["cuda"].activations + 2 * 4 * MEGASWEEP_REDUCE_BUCKET
+        assert one["cpu"].activations == base["cpu"].activations + 4 * P
+        three = estimate_memory(HAND, par(zero_stage=3), dp=dp, stack=Stack.deepspeed, hardware=gpu)
+        assert three.activations == base["cuda"].activations  # resident instead, with the gradients
+        assert "reduce bucket" not in dict(three.transients)
+    # Megatron-DeepSpeed's 2022 buffers were not measured: its dp > 1 reduce bucket stands, at DeepSpeed's
+    # default size.
+    bloom = estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=1), dp=4, stack=Stack.megatron_deepspeed)
+    assert dict(bloom.transients)["reduce bucket"] == 2 * min(DEEPSPEED_REDUCE_BUCKET, P)
 
 
 def test_deepspeed_zero3_gathers_two_modules_and_zero2_reduces_one() -> None:
     s3 = estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=3), dp=8, stack=Stack.deepspeed)
     assert s3.weights == 2 * P / 8 + 2 * 2 * WORD  # the word embedding is the largest module
-    assert s3.gradients == 2 * P / 8 + 2 * WORD
+    assert s3.gradients == 2 * P / 8 + 2 * WORD + 2 * MEGASWEEP_REDUCE_BUCKET  # and its resident bucket
     s2 = estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=2), dp=8, stack=Stack.deepspeed)
     assert (s2.weights, s2.gradients) == (2 * P, 2 * P / 8 + 2 * WORD)
     one = estimate_memory(HAND, par(precision=Precision.bf16, zero_stage=3), dp=1, stack=Stack.deepspeed)
