@@ -78,7 +78,8 @@ def override_problem(overrides: Sequence[str], *, own_options: bool = True) -> s
 def _unparsable(text: str, bad: Exception) -> str:
     """One line for an override Hydra's grammar rejects: its reason and its grammar's page."""
     reason, _, rest = str(bad).strip().partition("\n")
-    see = rest.strip()
+    # Hydra's reason spans lines ("missing EQUAL at '<EOF>'", then its page): one line, as every refusal.
+    see = "; ".join(line.strip() for line in rest.splitlines() if line.strip())
     return f"cannot parse override '{text}': {reason.strip()}" + (f" ({see[0].lower()}{see[1:]})" if see else "")
 
 

@@ -103,6 +103,9 @@ def test_the_launcher_and_sweeper_keys_and_bad_syntax_get_one_line() -> None:
     syntax = override_problem(["model=tiny", "training.lr=["])
     assert syntax is not None and syntax.startswith("cannot parse override 'training.lr=[': no viable alternative")
     assert "override_grammar" in syntax and "\n" not in syntax
+    # Hydra's reason for a key without '=' spans three lines: one, as every refusal.
+    bare = override_problem(["training"])
+    assert bare is not None and "\n" not in bare and "missing EQUAL" in bare and "override_grammar" in bare
 
 
 @pytest.mark.parametrize(
