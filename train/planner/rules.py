@@ -725,12 +725,23 @@ def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
     )
 
 
-def _check_whole_nodes(layout: Layout, hw: HardwareConfig) -> Violation | None:
+def _check_whole_nodes(layout: Layout, hw: HardwareConfig, par: ParallelismConfig | None = None) -> Violation | None:
     dpn = hw.devices_per_node
     if layout.fills_whole_nodes(dpn):
         return None
     mp = layout.model_parallel
-    fitting = [d for d in range(1, 4 * (layout.dp + dpn) + 1) if Layout(d, layout.tp, layout.pp).fills_whole_nodes(dpn)]
+    # The dp that fill whole nodes: those within one node, and the multiples of dpn / gcd(tp x pp, dpn).
+    # Counted near the given dp, not searched up to it (a dp of 10^20 would take for ever).
+    step = dpn // math.gcd(mp, dpn)
+    k = layout.dp // step
+    fitting = set(range(1, dpn // mp + 1)) | {j * step for j in range(max(1, k - 8), k + 9)}
+    batch = ""
+    if par is not None and isinstance(mbs := requested_micro_batch(par), int) and mbs > 0:
+        # Only those a run can take: a dp that leaves the global batch undivided breaks global_batch_divisible.
+        split = {d for d in fitting if par.global_batch_size % (d * mbs) == 0}
+        if split:
+            fitting = split
+            batch = f" and global_batch_size={par.global_batch_size} with micro_batch_size={mbs}"
     return Violation(
         "whole_nodes",
         {
@@ -742,7 +753,7 @@ def _check_whole_nodes(layout: Layout, hw: HardwareConfig) -> Violation | None:
         f"parallelism.dp={layout.dp} x parallelism.tp={layout.tp} x parallelism.pp={layout.pp} = "
         f"{layout.world_size} devices do not fill whole nodes of hardware.devices_per_node={dpn} of "
         f"{hw.name} (a job gets the same number of devices on every node, and a run larger than one node "
-        f"needs all of each). Valid dp with tp x pp = {mp}: {_fmt(_nearest(fitting, layout.dp, 6))}.",
+        f"needs all of each). Valid dp with tp x pp = {mp}{batch}: {_fmt(_nearest(fitting, layout.dp, 6))}.",
     )
 
 
@@ -1125,7 +1136,7 @@ def _knob_rules_broken(m: ModelConfig, par: ParallelismConfig, hw: HardwareConfi
         _check_interleaved_micro_batches(par, dp),
         _check_global_batch(par, dp),
         _check_rampup(par, dp),
-        _check_whole_nodes(Layout(dp, par.tp, par.pp), hw),
+        _check_whole_nodes(Layout(dp, par.tp, par.pp), hw, par),
     )
     return {v.rule for v in checks if v is not None}
 
@@ -1285,7 +1296,7 @@ def validate(run: RunConfig, *, world_size: int | None = None, world_fixed: bool
         else:
             dp = Layout.of(par, None).dp
         if dp is not None and ok("hardware.devices_per_node"):
-            out.append(_check_whole_nodes(Layout(dp, par.tp, par.pp), hw))
+            out.append(_check_whole_nodes(Layout(dp, par.tp, par.pp), hw, par))
     if (requested_micro_batch(par) == AUTO_MICRO_BATCH and dp is not None and positive is None
             and hardware_bad is None and _auto_sane(run)):  # fmt: skip
         run, auto = _check_micro_batch_auto(run, dp)

@@ -759,6 +759,23 @@ def test_world_size_not_multiple_of_model_parallel() -> None:
     assert _listed(v.message, "nearest") == [45, 50]
 
 
+def test_whole_nodes_lists_only_dp_a_run_can_take_and_answers_at_once_for_any_dp() -> None:
+    # dp=12 on nodes of 8 with a global batch of 48 in micro-batches of 4: 5, 7 and 16 fill whole nodes
+    # too, but leave the batch undivided (global_batch_divisible refused each of them).
+    v = _one(make_run(par={"dp": 12, "micro_batch_size": 4, "global_batch_size": 48}))
+    assert v.rule == "whole_nodes" and "global_batch_size=48 with micro_batch_size=4" in v.message
+    listed = _listed(v.message, "Valid dp with tp x pp = 1")
+    assert listed == [1, 2, 3, 4, 6]
+    assert all(not validate(make_run(par={"dp": d, "micro_batch_size": 4, "global_batch_size": 48})) for d in listed)
+    # With tp x pp = 6 on nodes of 8: one node holds dp 1; whole nodes take multiples of 4.
+    v = _one(make_run({"num_layers": 12}, {"dp": 3, "tp": 2, "pp": 3, "micro_batch_size": 1, "global_batch_size": 96}))
+    assert _listed(v.message, "Valid dp") == [1, 4, 8, 12, 16, 24]
+    # A dp of 10^20 was searched for fitting values up to 4 x dp (analysis.calc devices=... ran for ever).
+    huge = 10**20 + 1
+    (v,) = [v for v in validate(make_run(par={"dp": huge, "global_batch_size": huge})) if v.rule == "whole_nodes"]
+    assert all(d <= 8 or d % 8 == 0 for d in _listed(v.message, "Valid dp"))
+
+
 def test_world_size_disagreeing_with_explicit_dp_lists_valid_dp() -> None:
     v = _one(make_run(par={"dp": 3, "pp": 2}), world_size=16)
     assert v.rule == "world_size"
