@@ -14,7 +14,8 @@ more measured iterations and whole nodes.
 
 Runs of one layout (same fields of _LAYOUT_COUNTS and _DISTINCT; sweeps repeat a config, or run it
 again under other overrides such as a profiler's) are one candidate, never each other's runner-up:
-their median seconds per iteration ranks it, and its noise is the larger of the spread across the
+their median seconds per iteration ranks it (and gives its TFLOPs and MFU: one iteration's work
+over that time), and its noise is the larger of the spread across the
 runs (CV of their medians) and the largest spread within one: iterations of one run vary less than
 runs do, which a within-run CV alone would hide. Runs that shared their nodes with other Slurm jobs are
 pointed out: their timings include their neighbours' load.
@@ -301,10 +302,14 @@ def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     # The run nearest its layout's median stands for it (the faster on a tie: runs are sorted).
     nearest = (runs["sec_per_iter"] - median).abs().groupby(key, sort=False).idxmin()
     noise = pooled_cv(sec.transform("std") / sec.transform("mean"), by["sec_cv"].transform("max"), counts)
+    # The rates at the pooled time: TFLOPs x s/it is one iteration's TFLOP per device, the layout's
+    # whatever its run's speed (MFU x s/it the same over the run's peak). Their own medians disagreed
+    # with the median time for an even number of runs (2.09 s/it shown beside the TFLOPs of 1.9 s/it).
+    per_iter = runs["sec_per_iter"]
     pooled = runs.assign(
         sec_per_iter=median,
-        tflops=by["tflops"].transform("median"),
-        mfu=by["mfu"].transform("median"),
+        tflops=(runs["tflops"] * per_iter).groupby(key, sort=False).transform("median") / median,
+        mfu=(runs["mfu"] * per_iter).groupby(key, sort=False).transform("median") / median,
         mem_gib=by["mem_gib"].transform("max"),
         neighbour_jobs=by["neighbour_jobs"].transform("max"),
         sec_cv=noise,
@@ -605,7 +610,7 @@ def _repeat_advice(r: Recommendation) -> list[str]:
         why = "within the noise of each other"
     if (licensed := _licensed(top)) is not None:
         lines = [
-            f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters), "
+            f"- to decide: repeat {_these(top, r.runner_up)} ({why}) with more measured iterations (training.train_iters), "
             f"as a sweep of their own on the same cluster, where {licensed} keeps the jobs running together "
             "to the host's cores (whole nodes, cluster.exclusive, would isolate nothing there), e.g. `python -m train -m "
             "hydra/launcher=slurm <its overrides> training.train_iters=<more>` (this last: Hydra keeps the last "
@@ -613,13 +618,20 @@ def _repeat_advice(r: Recommendation) -> list[str]:
         ]
     else:
         lines = [
-            f"- to decide: repeat the top {len(top)} ({why}) with more measured iterations (training.train_iters) "
+            f"- to decide: repeat {_these(top, r.runner_up)} ({why}) with more measured iterations (training.train_iters) "
             "on whole nodes (cluster.exclusive=true), as a sweep of their own, e.g. `python -m train -m "
             "hydra/launcher=slurm <its overrides> training.train_iters=<more> cluster.exclusive=true` (these two "
             "last: Hydra keeps the last value given for a key, and a run's overrides may set them):"
         ]
     lines += [f"  - {c.label}: {_repeatable(c.overrides) or '(no overrides)'} [{c.sweep}/{c.run_dir}]" for c in top]
     return lines
+
+
+def _these(top: Sequence[Candidate], runner_up: Candidate | None) -> str:
+    """How the repeat line names its configs: the best and those within its noise need not be the
+    fastest few (a slow layout whose iterations spread to the best's time is one; the runner-up,
+    outside the noise, not), and "the top 2" named a pair the margin line had not."""
+    return "the top 2" if len(top) == 2 and top[1] == runner_up else f"these {len(top)}"
 
 
 def _repeatable(overrides: str) -> str:

@@ -147,6 +147,23 @@ def test_runs_of_one_layout_are_one_candidate_never_each_others_runner_up(tmp_pa
     assert "- margin: none; it is the only layout (its 2 runs pooled) that qualifies" in text
 
 
+def test_a_pooled_layouts_tflops_and_mfu_are_its_iterations_work_over_its_median_time(tmp_path: Path) -> None:
+    # Four runs of one layout at 1, 1, 2 and 2 s/it: the median time is 1.5 s, and the TFLOPs beside it
+    # were the median of the runs' own (F/1 and F/2: 0.75 F), not F/1.5 (0.67 F).
+    sweeps = []
+    for i, sec in enumerate((1.0, 1.0, 2.0, 2.0)):
+        data = _only({"n48_pp6_mbs2": (sec, 0.01)})
+        (run,) = data["runs"]
+        run["tflops"] = 90.0 / sec  # one iteration's 90 TFLOP per device
+        sweeps.append(build_sweep(tmp_path / f"s{i}", data))
+    table = load_sweeps(sweeps, queue=None).table
+    (rec,) = recommend(table)
+    assert rec.best.runs == 4 and rec.best.sec_per_iter == pytest.approx(1.5)
+    assert rec.best.tflops == pytest.approx(60.0)
+    (peak,) = set((table["tflops"] / table["mfu"]).round(6))  # every run's: its hardware's datasheet figure
+    assert rec.best.mfu == pytest.approx(60.0 / peak)
+
+
 def test_layouts_repeated_across_two_whole_sweeps_are_pooled(tmp_path: Path) -> None:
     # The golden sweep, and again without its first config: the qualifying runs' table labels are
     # not 0..n-1, and the pooled-run counts were assigned by those labels after the rows were
@@ -319,7 +336,8 @@ def test_a_slower_run_whose_spread_reaches_the_best_leaves_no_clear_winner(tmp_p
     assert text.startswith("No clear winner for") and "Fastest for" not in text
     assert "outside the noise (CV 1.0% and 1.0%, combined 1.4%); but slower runs' iterations spread" in text
     assert "CV 25.0%), so a rerun could put one of them first" in text
-    assert "repeat the top 2 (within the noise of each other)" in text and "parallelism.pp=11" in text
+    # The best and the third, not "the top 2": the runner-up is outside the noise.
+    assert "repeat these 2 (within the noise of each other)" in text and "parallelism.pp=11" in text
 
 
 def test_the_repeat_command_leaves_a_layout_searchs_own_options_out(tmp_path: Path) -> None:
