@@ -43,6 +43,7 @@ import math
 import operator
 import os
 import re
+import shlex
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -174,9 +175,10 @@ class Sweeps:
 # Finding and parsing files
 
 
-def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
+def _result_dirs(sweep_dir: Path, sweeps: list[str] | None = None) -> list[tuple[str, str]]:
     """(directory, its path relative to sweep_dir) of every result.json below sweep_dir, in the
-    order of their paths' parts (as sorted Paths: tables are reproducible).
+    order of their paths' parts (as sorted Paths: tables are reproducible). `sweeps`, if given, gets
+    the relative path of every directory below sweep_dir that holds a sweep's manifest or plan.
 
     Strings and os.scandir, not Paths and os.walk: a sweep of 10,000 runs would spend a good part
     of its loading in pathlib, and os.walk lists every directory twice over (names, then entries).
@@ -199,6 +201,8 @@ def _result_dirs(sweep_dir: Path) -> list[tuple[str, str]]:
                     # A directory of that name too: reading it fails, and the warning says so,
                     # rather than its config reading as pending with no word why.
                     found.append((root, rel))
+                elif sweeps is not None and rel and name in (MANIFEST_FILE, PLAN_FILE):
+                    sweeps.append(rel)
                 # Hidden directories are Hydra's (.hydra) and W&B's caches: never a run's output dir.
                 elif not name.startswith(".") and entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, f"{rel}/{name}" if rel else name))
@@ -381,12 +385,13 @@ def _parse_json(data: bytes) -> Any:
 
 
 def read_records(
-    sweep_dir: Path, warnings: list[str], unreadable: dict[str, str] | None = None
+    sweep_dir: Path, warnings: list[str], unreadable: dict[str, str] | None = None, sweeps: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """Every readable result record below sweep_dir, as parsed, with its `run_dir`; a result.json
-    that is not one is left out with one line in warnings, and why by its run_dir in `unreadable`."""
+    that is not one is left out with one line in warnings, and why by its run_dir in `unreadable`;
+    the sweeps found below sweep_dir in `sweeps` (_result_dirs)."""
     records = []
-    for root, rel in _result_dirs(sweep_dir):
+    for root, rel in _result_dirs(sweep_dir, sweeps):
         path = os.path.join(root, RESULT_FILE)
         try:
             record = _parse_json(_read_file(path))
@@ -1047,8 +1052,11 @@ def load_sweep_dir(
 ) -> pd.DataFrame:
     """The rows of one sweep directory (empty frame when it holds nothing the analysis reads)."""
     unreadable: dict[str, str] = {}
-    results = _records_frame(read_records(sweep_dir, warnings, unreadable))
+    nested: list[str] = []
+    results = _records_frame(read_records(sweep_dir, warnings, unreadable, nested))
     plan_path = sweep_dir / PLAN_FILE
+    if nested and not plan_path.is_file() and not (sweep_dir / MANIFEST_FILE).is_file():
+        _refuse_sweeps_within(sweep_dir, nested)
     plan = _plan_frame(plan_path, warnings) if plan_path.is_file() else pd.DataFrame()
     man_path = sweep_dir / MANIFEST_FILE
     entries: Sequence[ManifestEntry] = ()
@@ -1084,6 +1092,21 @@ def load_sweep_dir(
     unknown = (_join_str(df, ("dp", "tp", "pp")) == "||").to_numpy()
     df["layout_key"] = key.where(~unknown, "")
     return _judge_launched(sweep_dir, df, entries, queue, warnings, unreadable) if entries else df
+
+
+def _refuse_sweeps_within(sweep_dir: Path, nested: Sequence[str]) -> None:
+    """AnalysisError for a directory that is no sweep but holds some (Hydra's multirun/<date>): read as
+    one, their records were pooled without their manifests (a config interrupted before it started,
+    a changed rerun's link, lost), and sweeps of other works counted as one."""
+    tops = sorted({rel for rel in nested if not any(rel.startswith(f"{other}/") for other in nested)},
+                  key=lambda rel: rel.split("/"))  # fmt: skip
+    paths = [shlex.quote(str(sweep_dir / rel)) for rel in tops]
+    shown = " ".join(paths[:8]) + (" ..." if len(paths) > 8 else "")
+    raise AnalysisError(
+        f"{sweep_dir} is not a sweep directory but holds {len(tops)} sweep(s) ({', '.join(tops[:8])}"
+        f"{', ...' if len(tops) > 8 else ''}), each with its own {MANIFEST_FILE} or {PLAN_FILE}: give them "
+        f"one by one, or together for one table (python -m analysis {shown})"
+    )
 
 
 def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None = read_states) -> Sweeps:

@@ -458,6 +458,28 @@ def test_bad_input_raises_analysis_error(tmp_path: Path) -> None:
         load_sweeps([tmp_path / "empty"], queue=None)
 
 
+def test_a_directory_of_sweeps_is_refused_and_each_is_named(tmp_path: Path) -> None:
+    # Hydra's multirun/<date> holds one sweep per time: read as one, their records were pooled without
+    # their manifests (an interrupted config, a rerun's link, lost), "12 configs" of four sweeps' 14.
+    parent = tmp_path / "multirun" / "2026-11-29"
+    for name in ("10-00-00", "11-30-00"):
+        build_sweep(parent / name)
+    with pytest.raises(AnalysisError) as info:
+        load_sweeps([parent], queue=None)
+    message = str(info.value)
+    assert "is not a sweep directory but holds 2 sweep(s) (10-00-00, 11-30-00)" in message
+    assert f"python -m analysis {parent / '10-00-00'} {parent / '11-30-00'}" in message
+    # From above them too: the sweeps' own directories are named, not each of their run directories.
+    with pytest.raises(AnalysisError, match=r"holds 2 sweep\(s\) \(2026-11-29/10-00-00, 2026-11-29/11-30-00\)"):
+        load_sweeps([tmp_path / "multirun"], queue=None)
+    # Each sweep, and both together, read as they did.
+    assert len(load_sweeps([parent / "10-00-00", parent / "11-30-00"], queue=None).table) == 2 * len(
+        load_sweeps([parent / "10-00-00"], queue=None).table)
+    # A sweep that holds another below it (launched into one of its directories) is still a sweep.
+    build_sweep(parent / "10-00-00" / "inner")
+    assert not load_sweeps([parent / "10-00-00"], queue=None).table.empty
+
+
 def test_a_sweep_whose_records_are_all_unreadable_says_which_and_why(tmp_path: Path) -> None:
     # The warnings about unreadable files are printed after loading; a sweep with nothing else in it
     # stops the loading, so they must be in the error, not lost behind "holds no result.json".
