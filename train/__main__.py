@@ -213,12 +213,15 @@ def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
     """Why this machine cannot start `run` as configured, found before any worker starts (the rules
     judge a layout anywhere; these need the machine): None when it can. `probe_cuda` false in a
     parent about to fork its workers: asking CUDA there would poison the fork (each worker's first
-    CUDA call would fail), so they find a missing device themselves."""
+    CUDA call would fail), so with a CUDA build of torch they find a missing device themselves."""
     hw, tr = run.hardware, run.training
-    if hw.device_type == "cuda" and probe_cuda:
+    if hw.device_type == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
+        # A build without CUDA answers without asking the driver, so a parent about to fork asks it too:
+        # left to the workers, the one that said why could be ended by the parent before it did (a run of
+        # dp=2 said only "the workers refused their input, as said above", with nothing above, exit 1).
+        if not torch.backends.cuda.is_built() or (probe_cuda and not torch.cuda.is_available()):
             return (f"hardware={hw.name} needs CUDA, and no CUDA device is visible here: run on a GPU node, or "
                     "choose a CPU hardware config (hardware=cpu)")  # fmt: skip
     where = tr.checkpoint_dir
