@@ -1145,8 +1145,8 @@ def _checkpoint_refusal(clashes: Sequence[Sequence[tuple[str, Sequence[str]]]], 
         f"{first} ({' '.join(first_overrides) or 'no overrides'}) and {second} "
         f"({' '.join(second_overrides) or 'no overrides'}) have one training.checkpoint_dir and one layout, "
         "so they would save their checkpoints into one directory and each resume from the other's (a run "
-        "of more iterations would train on from a shorter one's last step, a run of another lr on its "
-        f"weights){f', and {more} more config(s) alike' if more else ''}; {outcome}. {fix}."
+        "of more iterations would train on from a shorter one's last step; one of another lr or batch "
+        f"would refuse to start on them){f', and {more} more config(s) alike' if more else ''}; {outcome}. {fix}."
     )
 
 

@@ -91,12 +91,20 @@ def checkpoint_root(run: RunConfig, output_dir: Path) -> Path:
     )
 
 
+OPTIMIZER_FIELDS = ("lr", "lr_warmup_iters", "weight_decay", "grad_clip")
+"""training fields of the update rule: resumed under others, the record's config (and its loss curve's
+label) would describe steps that ran under the saving run's values. Checkpoints saved before they were
+fingerprinted lack them, and are resumed as before."""
+
+
 def fingerprint(run: RunConfig) -> dict[str, Any]:
-    """Config fields a resume must not change: they change the weights' shapes or the data each step
-    sees. train_iters is not among them: extending a run is a legitimate resume (the learning-rate
-    schedule then follows the new length from the resumed step on)."""
+    """Config fields a resume must not change: they change the weights' shapes, the data each step
+    sees, or how each step updates the weights (OPTIMIZER_FIELDS). train_iters is not among them:
+    extending a run is a legitimate resume (the learning-rate schedule then follows the new length
+    from the resumed step on)."""
     par, tr = run.parallelism, run.training
     return {
+        "training": {name: getattr(tr, name) for name in OPTIMIZER_FIELDS},
         "model": to_plain_dict(run)["model"],
         "micro_batch_size": par.mbs,
         "global_batch_size": par.global_batch_size,
@@ -138,6 +146,8 @@ class Checkpointer:
     committed: list[int] = field(init=False, default_factory=list)
     """Steps whose checkpoint is complete, in this attempt."""
     warnings: list[str] = field(init=False, default_factory=list)
+    other_layouts: tuple[str, ...] = field(init=False, default=())
+    """Layouts (layout_key) whose checkpoints load_latest found in `root` where this one had none."""
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -254,8 +264,8 @@ class Checkpointer:
         self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
     ) -> Resumed | None:
         """Restore the newest complete checkpoint of this layout into model, optimizer, scaler and
-        the RNGs; None when there is none. Raises CheckpointMismatch when the directory holds
-        checkpoints of another layout only, or one of another model or batch.
+        the RNGs; None when there is none (other_layouts then names those `root` holds). Raises
+        CheckpointMismatch when the newest holds another model, batch or update rule.
 
         A checkpoint that cannot be read (its files missing, truncated or not what DCP wrote) is
         passed over for the next older complete one (KEEP are kept for this), and Resumed.skipped
@@ -269,14 +279,13 @@ class Checkpointer:
             problems.append(f"{self.dir / LATEST}: {_short(exc)}")
             step = None
         if step is None and not problems:
+            # Each layout keeps its checkpoints in a directory of its own, so that a sweep of layouts can
+            # share one training.checkpoint_dir (the dry run accepts it): another layout's are left as
+            # they are, and this run starts afresh, saying so (it refused to start, the sweep's second
+            # layout failing after its first had trained).
             others = sorted(p.parent.name for p in self.root.glob(f"*/{LATEST}"))
             if others:
-                raise CheckpointMismatch(
-                    f"checkpoint directory {self.root} holds checkpoints of layout {', '.join(others)}, "
-                    f"not of this run's layout {self.dir.name}; resuming under another layout is not "
-                    "supported. Run with the layout that saved them, or start afresh with another "
-                    "training.checkpoint_dir (or run directory)."
-                )
+                self.other_layouts = tuple(others)
             return None
         # `latest` first, then the older complete ones (DCP writes .metadata last, rank 0's meta.json first).
         older = sorted((s for s in _complete_steps(self.dir) if step is None or s < step), reverse=True)
@@ -289,7 +298,9 @@ class Checkpointer:
                 problems.append(f"{path}: {_short(exc)}")
                 continue
             theirs, ours = _flat(saved), _flat(self.config)
-            changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            # A field fingerprinted since the checkpoint was saved is not a change (OPTIMIZER_FIELDS).
+            later = {f"training.{name}" for name in OPTIMIZER_FIELDS} - set(theirs)
+            changed = sorted(k for k in (set(theirs) | set(ours)) - later if theirs.get(k) != ours.get(k))
             if changed or layout != dict(self.layout):
                 raise CheckpointMismatch(
                     f"checkpoint {path} was saved by a run with other {', '.join(changed) or 'layout'} "

@@ -270,6 +270,14 @@ def resume(
     progress.checkpointer = ckpt
     resumed = ckpt.load_latest(**engine.checkpoint_state())
     if resumed is None:
+        if ckpt.other_layouts:
+            progress.warnings.append(
+                f"checkpoint directory {ckpt.root} holds checkpoints of layout {', '.join(ckpt.other_layouts)} "
+                f"only, not of this run's layout {ckpt.dir.name}: this run starts afresh (a run resumes only "
+                "its own layout's; theirs are left as they are)"
+            )
+            if rank.lead:
+                print(f"warning: {progress.warnings[-1]}", file=sys.stderr, flush=True)
         return ckpt, 0, 0
     expected = BatchSchedule.of(run.parallelism).consumed_before(resumed.step + 1)
     if resumed.consumed_samples != expected:
