@@ -228,8 +228,10 @@ _MEM_KINDS = (
 def _memory_points(df: pd.DataFrame) -> pd.DataFrame:
     """(hardware, kind, predicted, measured) of each run the memory plot draws: measured runs at their
     peak, OOM runs (no measurement) at their hardware's usable capacity."""
-    measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna()]
     oom = df[(df["outcome"] == "oom") & df["mem_pred_gib"].notna() & df["mem_capacity_gib"].notna()]
+    # An OOM run's record may keep the peak it reached before it ran out: drawn there too, it was one
+    # run twice (a "failed" square and a cross) and counted twice.
+    measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna() & ~df.index.isin(oom.index)]
     kinds = np.where(measured["outcome"] == "ok", "ok", "failed")
     points = pd.concat([
         pd.DataFrame({"kind": kinds, "y": measured["mem_gib"], "cap": measured["mem_capacity_gib"]}).assign(
@@ -254,11 +256,18 @@ def memory_figure(df: pd.DataFrame) -> Figure:
     if points.empty:
         raise NothingToPlot("no run with both a measured and a predicted peak memory")
     fig, ax = pyplot().subplots(figsize=FIGSIZE)
-    # An OOM cross sits at its capacity, which the capacity's line takes into the range anyway.
-    top = float(pd.concat([points["x"], points.loc[points["kind"] != "oom", "y"]]).max()) * 1.1
+    data_top = float(pd.concat([points["x"], points.loc[points["kind"] != "oom", "y"]]).max()) * 1.1
+    # The range shows the comparison: a capacity far above every run (a CPU's 14 GiB over runs of 0.7)
+    # squeezed the points onto the axis and y = x flat. One within reach is drawn, and an OOM cross's
+    # (it sits on it); a farther one is named in the legend only.
+    shown = points.loc[(points["cap"] <= 2 * data_top) | (points["kind"] == "oom"), "cap"]
+    top = max(data_top, float(shown.max()) * 1.05 if shown.notna().any() else 0.0)
     ax.plot([0, top], [0, top], "--", color="gray", label="prediction = measurement")
     handles: list = [ax.lines[-1]]
     caps = points.groupby("hardware", sort=False)["cap"].max()
+    # Every capacity runs of a hardware had (hardware.memory_gib set per run): the highest alone hid a
+    # run over its own smaller one.
+    levels = points.groupby("hardware", sort=False)["cap"].agg(lambda c: sorted(set(c.dropna()), reverse=True))
     # By capacity, then name: the legend's capacity entries read top-down as their lines do bottom-up.
     order = sorted(caps.index, key=lambda hw: (-caps[hw] if pd.notna(caps[hw]) else 0.0, str(hw)))
     for i, hw in enumerate(order):
@@ -271,23 +280,32 @@ def memory_figure(df: pd.DataFrame) -> Figure:
                 ax.scatter(these["x"], these["y"], color=colour, marker=marker, s=70 if oom else 36,
                            edgecolors=None if oom else "black", linewidths=2 if oom else 0.5)
         handles.append(Line2D([], [], color=colour, marker="o", linestyle="", label=f"{name} ({len(mine)} run(s))"))
-        if pd.notna(caps[hw]):
+        for cap in levels[hw]:
+            label = f"usable capacity of {hw or 'the device'}: {_gib(cap)} GiB"
+            if cap > top:
+                handles.append(Line2D([], [], color=colour, linestyle=":", linewidth=2, alpha=0.8,
+                                      label=f"{label} (above this range)"))
+                continue
             # Dotted and lighter than the points: a capacity is a limit, not a run.
-            handles.append(ax.axhline(caps[hw], color=colour, linestyle=":", linewidth=2, alpha=0.8,
-                                      label=f"usable capacity of {hw or 'the device'}: {caps[hw]:.1f} GiB"))
+            handles.append(ax.axhline(cap, color=colour, linestyle=":", linewidth=2, alpha=0.8, label=label))
     present = set(points["kind"])
     handles += [Line2D([], [], color="dimgray", marker=m, linestyle="", label=text)
                 for kind, m, text in _MEM_KINDS if kind in present]
-    cap_top = float(caps.max()) * 1.05 if caps.notna().any() else 0.0
-    ax.set_xlim(0, top)
-    ax.set_ylim(0, max(top, cap_top))
+    ax.set_xlim(0, data_top)
+    ax.set_ylim(0, top)
     ax.set_xlabel("predicted peak per device, train.planner.memory (GiB)")
     ax.set_ylabel("measured peak per device (GiB)")
     ax.grid(True, alpha=0.3)
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    # Where it covers no point: an OOM cross sits at the top of the range, as the upper left corner.
+    ax.legend(handles=handles, fontsize=8, loc="best")
     ax.set_title("Measured against predicted peak memory per device, and the usable capacity")
     fig.tight_layout()
     return fig
+
+
+def _gib(value: float) -> str:
+    """A capacity's GiB as the tables write memory: one decimal, two below 1 GiB (0.5 and 0.75 apart)."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 _FIGURES = dict(zip(PLOT_FILES, (tflops_mfu_figure, sec_vs_nodes_figure, memory_figure), strict=True))

@@ -166,6 +166,31 @@ def test_memory_plot_gives_each_hardware_its_colour_and_capacity(tmp_path: Path)
 
 
 @pytest.mark.usefixtures("close_figures")
+def test_memory_plot_draws_each_run_once_every_capacity_and_a_range_that_shows_them() -> None:
+    # CPU runs of ~0.6 GiB, one with hardware.memory_gib giving 0.5 GiB usable, and an OOM run whose
+    # record kept the 1.66 GiB it reached: it was drawn twice (a square and a cross) and counted twice,
+    # only the 14 GiB capacity was drawn, and the range ran to 14 GiB with every point on the axis.
+    runs = pd.DataFrame({
+        "hardware": ["cpu"] * 4, "outcome": ["ok", "ok", "ok", "oom"], "mem_gib": [0.6, 0.65, 0.55, 1.66],
+        "mem_pred_gib": [0.5, 0.5, 0.4, 1.2], "mem_capacity_gib": [14.0, 0.5, 14.0, 14.0],
+    })  # fmt: skip
+    fig = memory_figure(runs)
+    (ax,) = fig.axes
+    legend = _legend(fig)
+    assert "cpu (4 run(s))" in legend
+    assert sum(np.asarray(c.get_offsets()).shape[0] for c in ax.collections) == 4
+    for label in ("usable capacity of cpu: 0.50 GiB", "usable capacity of cpu: 14.0 GiB"):
+        (line,) = [ln for ln in ax.lines if ln.get_label() == label]  # the OOM cross sits on 14 GiB
+    # Without the OOM run, 14 GiB is far above every run: named, not drawn, and the range fits the runs.
+    fig = memory_figure(runs[runs["outcome"] == "ok"])
+    (ax,) = fig.axes
+    assert "usable capacity of cpu: 14.0 GiB (above this range)" in _legend(fig)
+    assert [ln.get_label() for ln in ax.lines if str(ln.get_label()).startswith("usable")] == [
+        "usable capacity of cpu: 0.50 GiB"]
+    assert 0.65 < ax.get_ylim()[1] < 1.0
+
+
+@pytest.mark.usefixtures("close_figures")
 def test_seconds_against_nodes_has_a_legend_and_units(table: pd.DataFrame) -> None:
     fig = sec_vs_nodes_figure(table)
     (ax,) = fig.axes
