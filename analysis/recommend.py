@@ -110,6 +110,8 @@ class Candidate:
     """Whether it asked for whole nodes (cluster.exclusive); None when its record does not say."""
     core_license: str | None = None
     """The Slurm license that kept it apart from other jobs' cores (cluster.core_license); None: none."""
+    job_id: str = ""
+    """Its Slurm job ('' for a run of hydra/launcher=local, or of no sweep)."""
 
     @property
     def label(self) -> str:
@@ -237,6 +239,7 @@ def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Can
         cluster=_opt_text(row.get("config.cluster.name")) or "",
         exclusive=_opt_bool(row.get("config.cluster.exclusive")),
         core_license=_opt_text(row.get("config.cluster.core_license")),
+        job_id=_opt_text(row.get("job_id")) or "",
     )
 
 
@@ -361,7 +364,7 @@ _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),
     "sweep", *_SHAPE, "config.hardware.memory_gib", "device_mismatch", "config.cluster.name",
-    "config.cluster.exclusive", "config.cluster.core_license", "rerun_as",
+    "config.cluster.exclusive", "config.cluster.core_license", "rerun_as", "job_id",
 )  # fmt: skip
 """The columns recommend reads."""
 
@@ -608,7 +611,16 @@ def _repeat_advice(r: Recommendation) -> list[str]:
     else:
         top = [r.best, *r.close][:RERUN_TOP]
         why = "within the noise of each other"
-    if (licensed := _licensed(top)) is not None:
+    if not any(c.job_id for c in top):
+        # Run on this machine (hydra/launcher=local, or no sweep): no Slurm to queue them on, no nodes
+        # to have whole; the local launcher runs a sweep's configs one after another.
+        lines = [
+            f"- to decide: repeat {_these(top, r.runner_up)} ({why}) with more measured iterations "
+            "(training.train_iters), as a sweep of their own on this machine, whose launcher runs them one "
+            "at a time, e.g. `python -m train -m hydra/launcher=local <its overrides> training.train_iters=<more>` "
+            "(this last: Hydra keeps the last value given for a key, and a run's overrides may set it):"
+        ]
+    elif (licensed := _licensed(top)) is not None:
         lines = [
             f"- to decide: repeat {_these(top, r.runner_up)} ({why}) with more measured iterations (training.train_iters), "
             f"as a sweep of their own on the same cluster, where {licensed} keeps the jobs running together "

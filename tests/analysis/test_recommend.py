@@ -24,6 +24,7 @@ from analysis.recommend import (
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
 from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, predicted_sweep_data
+from train.contract import MANIFEST_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -588,6 +589,20 @@ def test_on_the_local_cluster_the_advice_is_its_core_license_not_whole_nodes(tmp
                            "(this last: Hydra keeps the last value given for a key, and a run's overrides may set it):")
     (shared,) = _lines(rec, "- the best shared its nodes")
     assert "`cores` license (cluster.core_license) kept the jobs running together to no more CPUs" in shared
+
+
+def test_runs_of_this_machine_are_advised_the_local_launcher_not_slurm(tmp_path: Path) -> None:
+    # A hydra/launcher=local sweep (its manifest names no Slurm job): the advice was a Slurm launch on
+    # whole nodes, which such a user may not have.
+    sweep = build_sweep(tmp_path / "s", _noisy(None))
+    manifest = sweep / MANIFEST_FILE
+    entries = [json.loads(line) for line in manifest.read_text().splitlines()]
+    manifest.write_text("".join(json.dumps({**e, "job_id": None}) + "\n" for e in entries))
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table)
+    (advice,) = _lines(rec, "- to decide:")
+    assert "as a sweep of their own on this machine, whose launcher runs them one at a time" in advice
+    assert "hydra/launcher=local <its overrides> training.train_iters=<more>`" in advice
+    assert "slurm" not in advice and "whole nodes" not in advice and "license" not in advice
 
 
 def test_without_whole_nodes_or_a_license_the_advice_is_whole_nodes(tmp_path: Path) -> None:
