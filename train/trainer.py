@@ -55,6 +55,7 @@ from train.metrics import (
 from train.neighbours import NeighbourWatch, neighbour_warning
 from train.planner import flops
 from train.planner.layout import Layout, Rank
+from train.planner.memory import GIB, usable_bytes
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import TrainingPreempted, TrainingTimeout, await_record, timeout_signals
 from train.signals import SLURM_STOP_SIGNALS, signals_held
@@ -440,6 +441,8 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
     mem = max((it.max_mem_gib for it in progress.iterations), default=None)
     # Gathered after the last step; before it, the highest rank's so far is no list of every rank's.
     per_rank = progress.max_mem_per_rank or ([mem] if mem is not None and layout.world_size == 1 else [])
+    if (over := _over_capacity(run, max(per_rank, default=mem))) is not None:
+        progress.warnings.append(over)
     spread = medians.sec_spread
     return {
         "flops_per_iteration": fpi,
@@ -460,6 +463,21 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
         "max_mem_gib": max(per_rank, default=mem),
         "max_mem_gib_per_rank": per_rank,
     }
+
+
+def _over_capacity(run: RunConfig, peak_gib: float | None) -> str | None:
+    """A warning when the measured peak exceeds the usable memory the dry run judged the run against:
+    it ran, on a machine with more to spare, but did not fit the hardware config (the analysis lists it
+    as a constraint not met; the run itself said nothing)."""
+    hw = run.hardware
+    usable = usable_bytes(hw) / GIB
+    if peak_gib is None or peak_gib <= usable:
+        return None
+    return (
+        f"peak memory {peak_gib:.2f} GiB per device is above the {usable:.2f} GiB usable of hardware={hw.name} "
+        f"(memory_gib={hw.memory_gib:g} less memory_reserve_gib={hw.memory_reserve_gib:g}) that the dry run "
+        "judged it against: it would not have fitted such a device"
+    )
 
 
 def _checkpoint_summary(ckpt: Checkpointer) -> dict[str, Any]:

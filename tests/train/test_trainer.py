@@ -3,6 +3,7 @@ test_calibrate.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ from train.model import IGNORE_INDEX, build_model
 from train.optim import TORCH_FOREACH, TORCH_FUSED, build_optimizer, lr_at
 from train.planner.layout import Rank
 from train.planner.rules import InfeasibleConfig
-from train.trainer import TrainingDiverged, TrainingTimeout, run_training
+from train.trainer import TrainingDiverged, TrainingTimeout, _over_capacity, run_training
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -687,3 +688,14 @@ def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_
     fits = run_training(compose_run("hardware.device_pattern=.", "training.train_iters=3", "training.warmup_iters=1"),
                         output_dir=tmp_path / "fits", overrides=[])  # fmt: skip
     assert not [w for w in fits["warnings"] if "does not describe" in w]
+
+
+def test_a_peak_above_the_usable_memory_is_a_warning() -> None:
+    # tiny under hardware.memory_gib=0.5 (reserve 0): the dry run predicted 0.47 GiB and accepted it; the run
+    # peaked at 0.63 GiB and said nothing (only the analysis, later, called the constraint unmet).
+    run = RunConfig()
+    run = dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, memory_gib=0.5, memory_reserve_gib=0.0))
+    said = _over_capacity(run, 0.63)
+    assert said is not None and said.startswith("peak memory 0.63 GiB per device is above the 0.50 GiB usable of ")
+    assert "(memory_gib=0.5 less memory_reserve_gib=0)" in said
+    assert _over_capacity(run, 0.5) is None and _over_capacity(run, None) is None
