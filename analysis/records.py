@@ -406,8 +406,28 @@ def read_records(
                 unreadable[normalize_dir(rel or ".")] = "no 'status'"
             continue
         record["run_dir"] = normalize_dir(rel or ".")
+        if bad := [key for key in MEASURED_FIGURES if not _figure(record.get(key))]:
+            # Read as missing, as before, but said: an `ok` row with a blank sec/it and no word why.
+            warnings.append(
+                f"{Path(root) / RESULT_FILE}: " + ", ".join(f"{key}={record[key]!r}" for key in bad)
+                + f" {'is' if len(bad) == 1 else 'are'} not a number >= 0; read as missing"
+            )
+            for key in bad:
+                record[key] = None
         records.append(record)
     return records
+
+
+MEASURED_FIGURES = ("sec_per_iter", "sec_per_iter_cv", "tflops_per_device", "mfu", "max_mem_gib")
+"""The record's measured figures the tables rank and compare by: each a number >= 0, or null."""
+
+
+def _figure(value: Any) -> bool:
+    """Whether `value` reads as a measured figure: null (or NaN, Python's json's null), or a finite
+    number >= 0 (not a bool)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -480,6 +480,22 @@ def test_a_directory_of_sweeps_is_refused_and_each_is_named(tmp_path: Path) -> N
     assert not load_sweeps([parent / "10-00-00"], queue=None).table.empty
 
 
+def test_a_figure_that_is_no_number_is_a_warning_and_read_as_missing(tmp_path: Path) -> None:
+    # An `ok` record with "sec_per_iter": "fast" (or -1) was a row with a blank Sec/it beside its TFLOPs and
+    # MFU, and no word why; a JSON syntax error, by contrast, was said.
+    sweep = build_sweep(tmp_path / "s")
+    record = sweep / "runs" / "0" / RESULT_FILE
+    data = json.loads(record.read_text())
+    assert data["status"] == "ok"
+    record.write_text(json.dumps({**data, "sec_per_iter": "fast", "mfu": -1.0}))
+    loaded = load_sweeps([sweep], queue=None)
+    assert f"{record}: sec_per_iter='fast', mfu=-1.0 are not a number >= 0; read as missing" in loaded.warnings
+    row = loaded.table.set_index("manifest_index").loc[0]
+    assert math.isnan(row["sec_per_iter"]) and math.isnan(row["mfu"]) and row["tflops"] > 0
+    # The others say nothing: every golden figure is a number or null.
+    assert sum("not a number" in w for w in loaded.warnings) == 1
+
+
 def test_a_sweep_whose_records_are_all_unreadable_says_which_and_why(tmp_path: Path) -> None:
     # The warnings about unreadable files are printed after loading; a sweep with nothing else in it
     # stops the loading, so they must be in the error, not lost behind "holds no result.json".
