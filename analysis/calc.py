@@ -85,6 +85,8 @@ BOOLEANS = {"true": True, "false": False}
 USAGE = (
     "usage: python -m analysis.calc [HYDRA OVERRIDES...] sec_per_iter=<seconds> devices=<count> "
     "[convention=gemm|megatron_eq3|mpt] [output=text|json] [predict=true|false] [stack=...]\n"
+    "sec_per_iter may be left out with predict=true (the time model's seconds are then taken); "
+    "the module's docstring (pydoc analysis.calc) explains conventions, stacks and the output.\n"
     "Overrides are those of `python -m train`, e.g. model=gpt_1.3b hardware=a100_80gb parallelism.tp=2."
 )
 OVERRIDE_HINT = (
@@ -182,7 +184,8 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
         if key not in own:
             raise CalcError(
                 f"{key} is missing: analysis.calc needs both sec_per_iter=<measured seconds per training "
-                f"iteration> and devices=<number of devices the iteration ran on>, e.g. {example}."
+                f"iteration> and devices=<number of devices the iteration ran on>, e.g. {example}"
+                + (" (or predict=true for the time model's seconds)." if key == "sec_per_iter" else ".")
             )
     sec_per_iter = _parse_seconds(own["sec_per_iter"]) if "sec_per_iter" in own else math.nan
     devices = _parse_devices(own["devices"])

@@ -272,7 +272,7 @@ class ClusterConfig:
     core_license: str | None = None
     """Slurm license counting the site's real cores; each job asks for tasks x cpus_per_task of it, at most its total (--licenses; license name, null: none)."""
     time_limit_min: int = 60
-    """Wall-clock limit per job (minutes)."""
+    """Wall-clock limit per job (minutes); hydra/launcher=local ends a run at it as Slurm would (SIGTERM)."""
     cpus_per_task: int = 1
     """CPU cores per task (--cpus-per-task)."""
     mem_per_node_gb: int | None = None

@@ -74,6 +74,9 @@ class TrainCommand:
     env: tuple[tuple[str, str], ...] = ()
     max_retries: int = 0
     """Requeues allowed after the trainer stopped on Slurm's signal with a checkpoint."""
+    time_limit_s: float | None = None
+    """The time limit this command enforces itself (a local launch's cluster.time_limit_min, in
+    seconds); None where Slurm enforces it."""
 
     def __call__(self) -> dict[str, Any]:
         code = self.run()
@@ -94,7 +97,8 @@ class TrainCommand:
         for signum in (signal.SIGUSR1, signal.SIGTERM):
             _outlive(signum)
         self._begin_requeued_attempt(os.environ)
-        code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ))
+        code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ),
+                          time_limit_s=self.time_limit_s)  # fmt: skip
         if code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
         elif code != 0:
@@ -277,9 +281,17 @@ ECHO_INTERVAL_S = 0.2
 """How often the task copies what the trainer added to its log to its own output (seconds)."""
 
 
-def run_logged(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], log: Path) -> int:
+LOCAL_KILL_WAIT_S = 30.0
+"""Seconds between a local run's SIGTERM at its time limit and the SIGKILL after it: Slurm's default
+KillWait, so that a run saves its record (and checkpoint) here as it would in a job."""
+
+
+def run_logged(
+    argv: Sequence[str], *, cwd: str, env: Mapping[str, str], log: Path, time_limit_s: float | None = None
+) -> int:
     """Run `argv` with stdout and stderr appended to `log`, echoing the file to this process's stdout
-    while it runs; the exit status."""
+    while it runs; the exit status. `time_limit_s`: where no Slurm enforces cluster.time_limit_min (a
+    local launch), SIGTERM after that long and SIGKILL LOCAL_KILL_WAIT_S later, as Slurm ends a job."""
     log.parent.mkdir(parents=True, exist_ok=True)
     # Unbuffered: stdout and stderr share the file, and a line must land in it when it is printed.
     env = {**env, "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED") or "1"}
@@ -292,10 +304,23 @@ def run_logged(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], log: Pa
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace")
         with open(log, "rb") as follow, subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=out) as proc:
             follow.seek(offset)
+            begun = time.monotonic()
+            stopped: float | None = None
             try:
                 while proc.poll() is None:
                     _echo(follow, decode)
                     time.sleep(ECHO_INTERVAL_S)
+                    if time_limit_s is None:
+                        continue
+                    if stopped is None and time.monotonic() - begun >= time_limit_s:
+                        stopped = time.monotonic()
+                        said = (f"megasweep: cluster.time_limit_min reached ({time_limit_s / 60:g} min): SIGTERM, as "
+                                f"Slurm ends a job at its time limit; SIGKILL in {LOCAL_KILL_WAIT_S:g} s\n")  # fmt: skip
+                        out.write(said.encode())
+                        out.flush()
+                        proc.send_signal(signal.SIGTERM)
+                    elif stopped is not None and time.monotonic() - stopped >= LOCAL_KILL_WAIT_S:
+                        proc.kill()
             except KeyboardInterrupt:
                 # Ctrl-C: the trainer writes an `interrupted` record and exits; killing it would cut
                 # that short. It got the terminal's SIGINT too, unless only this process was

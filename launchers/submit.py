@@ -372,6 +372,8 @@ def command_for(spec: ConfigSpec, settings: LaunchSettings, sweep_dir: Path) -> 
         output_dir=str(out),
         env=run_env(spec, sweep_dir),
         max_retries=spec.max_retries,
+        # On this machine no Slurm ends the run at cluster.time_limit_min: the command does (it ran on).
+        time_limit_s=60.0 * spec.key.allocation.time_limit_min if settings.local else None,
     )
 
 

@@ -438,11 +438,7 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
         if cal is not None and forget_cached_peak(PeakCalibration.from_dict(cal)):
             above += f"; dropped from {cal['cache_file']}, so the next run on this host measures it again"
         progress.warnings.append(above)
-    mem = max((it.max_mem_gib for it in progress.iterations), default=None)
-    # Gathered after the last step; before it, the highest rank's so far is no list of every rank's.
-    per_rank = progress.max_mem_per_rank or ([mem] if mem is not None and layout.world_size == 1 else [])
-    if (over := _over_capacity(run, max(per_rank, default=mem))) is not None:
-        progress.warnings.append(over)
+    peak, per_rank = _peak_memory(run, layout, progress)
     spread = medians.sec_spread
     return {
         "flops_per_iteration": fpi,
@@ -460,9 +456,20 @@ def _figures(run: RunConfig, layout: Layout, progress: Progress) -> dict[str, An
         "tflops_per_device_megatron_eq3": medians.tflops_per_device_megatron_eq3,
         "mfu": utilization(medians.tflops_per_device, progress, "MFU"),
         "hfu": utilization(medians.tflops_per_device_hardware, progress, "HFU"),
-        "max_mem_gib": max(per_rank, default=mem),
+        "max_mem_gib": peak,
         "max_mem_gib_per_rank": per_rank,
     }
+
+
+def _peak_memory(run: RunConfig, layout: Layout, progress: Progress) -> tuple[float | None, list[float]]:
+    """The run's peak memory per device and every rank's (GiB); a warning when it passed the usable."""
+    mem = max((it.max_mem_gib for it in progress.iterations), default=None)
+    # Gathered after the last step; before it, the highest rank's so far is no list of every rank's.
+    per_rank = progress.max_mem_per_rank or ([mem] if mem is not None and layout.world_size == 1 else [])
+    peak = max(per_rank, default=mem)
+    if (over := _over_capacity(run, peak)) is not None:
+        progress.warnings.append(over)
+    return peak, per_rank
 
 
 def _over_capacity(run: RunConfig, peak_gib: float | None) -> str | None:

@@ -178,7 +178,7 @@ def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("args", "key", "hint"),
     [
-        (["devices=8"], "sec_per_iter", "missing"),
+        (["devices=8"], "sec_per_iter", "or predict=true for the time model's seconds"),
         (["sec_per_iter=1"], "devices", "missing"),
         (["sec_per_iter=-3", "devices=8"], "sec_per_iter=-3", "positive"),
         (["sec_per_iter=abc", "devices=8"], "sec_per_iter=abc", "positive"),
@@ -263,6 +263,8 @@ def test_cli_bad_input_exits_2_without_traceback() -> None:
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_main(capsys, "--help")
     assert status == 0 and "sec_per_iter" in out and "convention" in out
+    # The usage line showed sec_per_iter as always required.
+    assert "sec_per_iter may be left out with predict=true" in out
 
 
 def test_calc_does_not_import_torch() -> None:

@@ -1,8 +1,9 @@
-"""launchers.job, the wrapper inside each Slurm task, against the real local cluster: what it says
+"""launchers.job, the wrapper inside each Slurm task (and each local run), against the real local cluster: what it says
 and does when the trainer stopped for a requeue and cluster.max_retries are used up."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import launchers.job as job_module
 from launchers.job import requeued_by_slurm
 from launchers.queue import read_states
 from launchers.status import sweep_status, unresolved_failures
@@ -152,3 +154,35 @@ def test_a_requeued_attempt_keeps_the_record_its_killed_predecessor_left(
     assert attempt("1") == 0 and json.loads((tmp_path / attempt_result_name(0)).read_text()) == left
     assert attempt("0") == 0 and not (tmp_path / attempt_result_name(-1)).exists()
 
+
+
+def test_a_local_run_is_ended_at_its_time_limit_as_slurm_ends_a_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hydra/launcher=local ran a config of cluster.time_limit_min=1 on for 200 s: no Slurm ends it there.
+    monkeypatch.setattr(job_module, "LOCAL_KILL_WAIT_S", 1.0)
+    log = tmp_path / LOG_FILE
+    polite = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); time.sleep(60)"
+    code = job_module.run_logged([sys.executable, "-c", polite], cwd=str(tmp_path), env=os.environ, log=log,
+                                 time_limit_s=0.5)  # fmt: skip
+    assert code == 143
+    assert "megasweep: cluster.time_limit_min reached (0.00833333 min): SIGTERM" in log.read_text()
+    # One that outlives its SIGTERM is killed after the kill wait, as Slurm's KillWait does.
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    code = job_module.run_logged([sys.executable, "-c", stubborn], cwd=str(tmp_path), env=os.environ, log=log,
+                                 time_limit_s=0.5)  # fmt: skip
+    assert code == -9
+    # Where Slurm enforces it (no time_limit_s), nothing is sent.
+    quick = job_module.run_logged([sys.executable, "-c", "pass"], cwd=str(tmp_path), env=os.environ, log=log)
+    assert quick == 0
+
+
+def test_a_local_launchs_command_carries_its_time_limit_and_a_slurm_ones_does_not(tmp_path: Path) -> None:
+    from launchers.compose import FastComposer
+    from launchers.submit import LaunchSettings, command_for, plan_configs
+
+    composer = FastComposer.from_config_dir(REPO / "conf")
+    (spec,), _ = plan_configs(composer, [["model=tiny", "cluster.time_limit_min=3"]], 0)
+    settings = LaunchSettings(python=sys.executable, module="train", cwd=str(REPO), job_name="t", max_array_size=10)
+    assert command_for(spec, dataclasses.replace(settings, local=True), tmp_path).time_limit_s == 180.0
+    assert command_for(spec, settings, tmp_path).time_limit_s is None

@@ -404,15 +404,25 @@ def _check_vocab(m: ModelConfig, tp: int | None) -> Violation | None:
     )
 
 
-def _check_layers_pp(m: ModelConfig, pp: int) -> Violation | None:
+def _check_layers_pp(m: ModelConfig, pp: int, virtual_stages: int = 1) -> Violation | None:
     if m.num_layers % pp == 0:
         return None
+    valid = f"Valid pp for this model: {_fmt(_nearest(valid_pp(m), pp))}."
+    if isinstance(virtual_stages, int) and virtual_stages > 1:
+        # Only a pipeline of whole chunks keeps the interleaving: pp 1 or a pp the chunks do not divide broke
+        # virtual_stages_need_pp or layers_divisible_by_virtual_stages in their turn.
+        chunked = [p for p in valid_pp(m) if p > 1 and m.num_layers % (p * virtual_stages) == 0]
+        valid = (
+            f"Valid pp with parallelism.virtual_stages={virtual_stages}: {_fmt(_nearest(chunked, pp))}."
+            if chunked
+            else f"No pp splits them into virtual_stages={virtual_stages} chunks per rank: with virtual_stages=1, "
+            f"{valid[0].lower()}{valid[1:]}"
+        )
     return Violation(
         "layers_divisible_by_pp",
         {"parallelism.pp": pp, "model.num_layers": m.num_layers},
         f"model.num_layers={m.num_layers} is not a multiple of parallelism.pp={pp} (each pipeline stage "
-        f"holds the same whole number of layers). Valid pp for this model: "
-        f"{_fmt(_nearest(valid_pp(m), pp))}.",
+        f"holds the same whole number of layers). {valid}",
     )
 
 
@@ -1275,7 +1285,7 @@ def validate(run: RunConfig, *, world_size: int | None = None, world_fixed: bool
         out.append(_check_seq_tp(m, par))
     out.append(_check_vocab(m, par.tp if tp_ok else None))
     if ok("model.num_layers", "parallelism.pp"):
-        out.append(_check_layers_pp(m, par.pp))
+        out.append(_check_layers_pp(m, par.pp, par.virtual_stages))
     if ok("parallelism.pp", "parallelism.virtual_stages"):
         out.append(_check_virtual_stages_pp(par))
         if ok("model.num_layers"):

@@ -776,6 +776,23 @@ def test_whole_nodes_lists_only_dp_a_run_can_take_and_answers_at_once_for_any_dp
     assert all(d <= 8 or d % 8 == 0 for d in _listed(v.message, "Valid dp"))
 
 
+def test_layers_divisible_by_pp_offers_only_pipelines_that_keep_the_virtual_stages() -> None:
+    # pp=2 of 5 layers with virtual_stages=2 was told "Valid pp for this model: 1, 5": pp=1 breaks
+    # virtual_stages_need_pp, pp=5 layers_divisible_by_virtual_stages.
+    v = next(v for v in validate(make_run({"num_layers": 5}, {"pp": 2, "virtual_stages": 2}))
+             if v.rule == "layers_divisible_by_pp")  # fmt: skip
+    assert v.message.endswith("No pp splits them into virtual_stages=2 chunks per rank: with virtual_stages=1, "
+                              "valid pp for this model: 1, 5.")  # fmt: skip
+    v = next(v for v in validate(make_run({"num_layers": 12}, {"pp": 5, "virtual_stages": 2}))
+             if v.rule == "layers_divisible_by_pp")  # fmt: skip
+    listed = _listed(v.message, "Valid pp with parallelism.virtual_stages=2")
+    assert listed == [2, 3, 6]
+    layer_rules = {"layers_divisible_by_pp", "virtual_stages_need_pp", "layers_divisible_by_virtual_stages"}
+    for pp in listed:
+        broken = {v.rule for v in validate(make_run({"num_layers": 12}, {"pp": pp, "virtual_stages": 2}))}
+        assert not broken & layer_rules, (pp, broken)
+
+
 def test_world_size_disagreeing_with_explicit_dp_lists_valid_dp() -> None:
     v = _one(make_run(par={"dp": 3, "pp": 2}), world_size=16)
     assert v.rule == "world_size"
