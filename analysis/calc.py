@@ -554,7 +554,8 @@ def to_json(result: CalcResult) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0, or 2 for bad input with one paragraph on stderr)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if any(arg in ("-h", "--help") for arg in args_list):
+    # `help` too: a bare word is no override, and Hydra's grammar said only that it lacked its '='.
+    if any(arg in ("-h", "--help", "help") for arg in args_list):
         print(USAGE)
         return 0
     try:

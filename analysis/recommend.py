@@ -110,8 +110,9 @@ class Candidate:
     """Whether it asked for whole nodes (cluster.exclusive); None when its record does not say."""
     core_license: str | None = None
     """The Slurm license that kept it apart from other jobs' cores (cluster.core_license); None: none."""
-    job_id: str = ""
-    """Its Slurm job ('' for a run of hydra/launcher=local, or of no sweep)."""
+    slurm: bool = True
+    """Whether it ran as a Slurm job: its manifest names one, or its record looked at the job's nodes (a
+    run sbatch started by hand has no manifest); False for a run of hydra/launcher=local, or of none."""
 
     @property
     def label(self) -> str:
@@ -239,7 +240,7 @@ def _candidate(row: pd.Series, varying: tuple[tuple[str, str], ...] = ()) -> Can
         cluster=_opt_text(row.get("config.cluster.name")) or "",
         exclusive=_opt_bool(row.get("config.cluster.exclusive")),
         core_license=_opt_text(row.get("config.cluster.core_license")),
-        job_id=_opt_text(row.get("job_id")) or "",
+        slurm=bool(_opt_text(row.get("job_id"))) or _opt_float(row.get("neighbour_jobs")) is not None,
     )
 
 
@@ -611,7 +612,7 @@ def _repeat_advice(r: Recommendation) -> list[str]:
     else:
         top = [r.best, *r.close][:RERUN_TOP]
         why = "within the noise of each other"
-    if not any(c.job_id for c in top):
+    if not any(c.slurm for c in top):
         # Run on this machine (hydra/launcher=local, or no sweep): no Slurm to queue them on, no nodes
         # to have whole; the local launcher runs a sweep's configs one after another.
         lines = [

@@ -99,7 +99,12 @@ class TrainCommand:
         self._begin_requeued_attempt(os.environ)
         code = run_logged(list(self.argv), cwd=self.cwd, env=env, log=self.log_path(os.environ),
                           time_limit_s=self.time_limit_s)  # fmt: skip
-        if code == EXIT_REQUEUE:
+        if code == EXIT_REQUEUE and self.time_limit_s is not None:
+            # A local launch (its own time limit, or a kill): no Slurm job of its own to requeue. Inside an
+            # salloc, `scontrol requeue` would have requeued the user's allocation, this launch with it.
+            _not_requeued(Path(self.output_dir) / RESULT_FILE, self.log_path(os.environ),
+                          "a run of this machine: no Slurm job of its own to requeue")  # fmt: skip
+        elif code == EXIT_REQUEUE:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
         elif code != 0:
             self._end_if_requeued_by_slurm(os.environ, Path(self.output_dir) / RESULT_FILE)

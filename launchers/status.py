@@ -161,9 +161,14 @@ def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
                 f"{sweep_dir} holds a dry run ({PLAN_FILE}), not a launched sweep: nothing there runs "
                 f"or can fail (python -m analysis {sweep_dir} reads the plan)"
             )
+        # Hydra's multirun/<date> holds one sweep per time: name them rather than leave the user to look.
+        below = sorted({p.parent for pattern in (f"*/{MANIFEST_FILE}", f"*/*/{MANIFEST_FILE}")
+                        for p in sweep_dir.glob(pattern)})  # fmt: skip
+        within = (f"; it holds {len(below)} sweep(s): "
+                  + ", ".join(shlex.quote(str(p)) for p in below[:8]) + (", ..." if len(below) > 8 else "")) if below else ""  # fmt: skip
         raise NotASweep(
             f"{sweep_dir} is not a sweep directory: it has no {MANIFEST_FILE} (hydra/launcher=slurm or "
-            "local, and python -m launchers sbatch, write one)"
+            f"local, and python -m launchers sbatch, write one){within}"
         )
     return read_manifest(path)
 

@@ -9,8 +9,9 @@ On disk, for a run whose checkpoint root is R (training.checkpoint_dir, else <ru
 `latest` is written only after the whole of step_<N> is on disk, so a job killed mid-save resumes
 from the previous complete checkpoint; a step directory that `latest` does not name is ignored.
 <layout> is "dp2-tp1-pp1-zero1": a checkpoint holds this layout's shards (TP-sliced DTensors,
-pipeline stages' own layers, ZeRO-1 optimizer states of the parameters this DP rank owns), and
-resuming under another layout is refused rather than attempted.
+pipeline stages' own layers, ZeRO-1 optimizer states of the parameters this DP rank owns): a run
+resumes only its own layout's, never another's (those are left as they are, and a run whose layout
+has none starts afresh, saying so).
 
 What is saved, per rank, under one DCP state dict:
 - "model": get_model_state_dict(stage module): DTensor shards for TP, each stage's own names
@@ -63,8 +64,8 @@ KEEP = 2
 
 
 class CheckpointMismatch(ValueError):
-    """The checkpoint directory holds a checkpoint this run cannot resume from (another layout,
-    another model or batch); the message says what differs and what to do."""
+    """The checkpoint directory holds a checkpoint of this run's layout that it cannot resume from
+    (another model, batch or update rule); the message says what differs and what to do."""
 
 
 class CheckpointUnreadable(CheckpointMismatch):

@@ -218,7 +218,7 @@ def _write_unless_kept(
     """Write `record` to `path` and return it, unless `path` holds the record of a finished run (`ok`;
     with sec/it, see below) and this attempt trained no iteration, either because a resume found the
     run finished (the same command run again) or because the checkpoint directory was refused (another
-    run's: other layout, model or batch, or unreadable). Either record would replace the figures that
+    run's: other model, batch or update rule, or unreadable). Either record would replace the figures that
     run measured (sec/it, MFU, memory) with one that measured nothing; the measured one is kept and
     returned, and stderr says so. Refused, the attempt keeps any `ok` record, figures or not (a resume
     whose few iterations were all warm-up measured none): an `error` that trained nothing said the run

@@ -112,8 +112,9 @@ def test_runs_of_one_config_are_pooled_and_a_change_inside_the_noise_is_flagged(
     # after, once at 163.00. The 1.8% gain is inside that noise; the fastest duplicate alone
     # (161.96) would have read as a slow-down with no noise at all.
     data = copy.deepcopy(fixture())
-    again = copy.deepcopy(next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2"))
-    again.update(name="again", sec_per_iter=170.0)
+    first = next(r for r in data["runs"] if r["name"] == "n48_pp12_mbs2")
+    again = copy.deepcopy(first)
+    again.update(name="again", sec_per_iter=170.0, tflops=first["tflops"] * 161.96 / 170.0)  # the same work
     data["runs"].append(again)
     after = copy.deepcopy(fixture())
     next(r for r in after["runs"] if r["name"] == "n48_pp12_mbs2")["sec_per_iter"] = 163.0
@@ -123,6 +124,8 @@ def test_runs_of_one_config_are_pooled_and_a_change_inside_the_noise_is_flagged(
     )
     row = c.table[c.table["pp"] == 12].iloc[0]
     assert (row["runs_before"], row["runs_after"], row["sec_before"]) == (2, 1, pytest.approx(165.98))
+    # Its TFLOPs are one iteration's work over that median time, not the median of the runs' own.
+    assert row["tflops_before"] == pytest.approx(first["tflops"] * 161.96 / 165.98)
     across = 100 * float(np.std([161.96, 170.0], ddof=1) / 165.98)
     assert row["noise_pct"] == pytest.approx(across) and bool(row["within_noise"])
     unchanged = c.table[(c.table["pp"] == 6) & (c.table["outcome_before"] == "ok")].iloc[0]

@@ -592,9 +592,12 @@ def test_on_the_local_cluster_the_advice_is_its_core_license_not_whole_nodes(tmp
 
 
 def test_runs_of_this_machine_are_advised_the_local_launcher_not_slurm(tmp_path: Path) -> None:
-    # A hydra/launcher=local sweep (its manifest names no Slurm job): the advice was a Slurm launch on
-    # whole nodes, which such a user may not have.
-    sweep = build_sweep(tmp_path / "s", _noisy(None))
+    # A hydra/launcher=local sweep (its manifest names no Slurm job, its records looked at no job's nodes):
+    # the advice was a Slurm launch on whole nodes, which such a user may not have.
+    data = _noisy(None)
+    for run in data["runs"]:
+        run.pop("neighbours", None)
+    sweep = build_sweep(tmp_path / "s", data)
     manifest = sweep / MANIFEST_FILE
     entries = [json.loads(line) for line in manifest.read_text().splitlines()]
     manifest.write_text("".join(json.dumps({**e, "job_id": None}) + "\n" for e in entries))
@@ -603,6 +606,11 @@ def test_runs_of_this_machine_are_advised_the_local_launcher_not_slurm(tmp_path:
     assert "as a sweep of their own on this machine, whose launcher runs them one at a time" in advice
     assert "hydra/launcher=local <its overrides> training.train_iters=<more>`" in advice
     assert "slurm" not in advice and "whole nodes" not in advice and "license" not in advice
+    # Runs sbatch started by hand have no manifest, but the best's record saw its job's nodes: Slurm's advice.
+    by_hand = build_sweep(tmp_path / "t", _noisy(None))
+    (by_hand / MANIFEST_FILE).unlink()
+    (rec,) = recommend(load_sweeps([by_hand], queue=None).table)
+    assert rec.best.slurm and "hydra/launcher=slurm" in _lines(rec, "- to decide:")[0]
 
 
 def test_without_whole_nodes_or_a_license_the_advice_is_whole_nodes(tmp_path: Path) -> None:

@@ -186,3 +186,24 @@ def test_a_local_launchs_command_carries_its_time_limit_and_a_slurm_ones_does_no
     settings = LaunchSettings(python=sys.executable, module="train", cwd=str(REPO), job_name="t", max_array_size=10)
     assert command_for(spec, dataclasses.replace(settings, local=True), tmp_path).time_limit_s == 180.0
     assert command_for(spec, settings, tmp_path).time_limit_s is None
+
+
+def test_a_local_run_stopped_with_a_checkpoint_is_not_requeued_through_slurm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Its time limit's SIGTERM stops a checkpointing trainer for a requeue (EXIT_REQUEUE): the Slurm path
+    # ran `scontrol requeue` on an empty job id, and inside an salloc requeued the user's allocation.
+    monkeypatch.setenv("SLURM_JOB_ID", "999999999")  # a local sweep launched inside an allocation
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    record = tmp_path / RESULT_FILE
+    stopped = {"status": "timeout", "message": "received SIGTERM; stopped after step 4 of 8 with a checkpoint in /c: "
+               "requeue to resume"}  # fmt: skip
+    stop = [sys.executable, "-c", f"import json, sys; json.dump({stopped!r}, open({str(record)!r}, 'w')); sys.exit({EXIT_REQUEUE})"]
+    command = job_module.TrainCommand(argv=tuple(stop), cwd=str(tmp_path), output_dir=str(tmp_path), max_retries=2,
+                                      time_limit_s=600.0)  # fmt: skip
+    assert command.run() == EXIT_REQUEUE
+    out = capsys.readouterr()
+    assert "scontrol" not in out.out + out.err
+    said = "this job was not requeued (a run of this machine: no Slurm job of its own to requeue)"
+    assert said in json.loads(record.read_text())["message"]
+    assert said in (tmp_path / LOG_FILE).read_text().splitlines()[-1]

@@ -331,6 +331,14 @@ def test_status_exits_non_zero_for_failures_and_for_what_is_not_a_sweep(tmp_path
         assert proc.returncode == EXIT_USAGE, proc.stderr
         assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr and not proc.stdout
+    # Hydra's multirun/<date>, which holds sweeps: each is named.
+    for time_dir in ("10-00-00", "11-30-00"):
+        (tmp_path / "day" / time_dir).mkdir(parents=True)
+        write_manifest([], tmp_path / "day" / time_dir / "manifest.jsonl")
+    proc = status_cli(str(tmp_path / "day"))
+    assert proc.returncode == EXIT_USAGE and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.strip().endswith(f"it holds 2 sweep(s): {tmp_path / 'day' / '10-00-00'}, "
+                                        f"{tmp_path / 'day' / '11-30-00'}")  # fmt: skip
 
     # A local sweep's manifest (no job ids: Slurm is not asked): one done, one failed.
     sweep_dir = tmp_path / "sweep"

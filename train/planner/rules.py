@@ -735,6 +735,10 @@ def _check_world(par: ParallelismConfig, world_size: int) -> Violation | None:
     )
 
 
+_FACTOR_LIMIT = 10**12
+"""Largest number whose divisors the rules list (trial division up to its square root: a million steps)."""
+
+
 def _check_whole_nodes(layout: Layout, hw: HardwareConfig, par: ParallelismConfig | None = None) -> Violation | None:
     dpn = hw.devices_per_node
     if layout.fills_whole_nodes(dpn):
@@ -746,12 +750,18 @@ def _check_whole_nodes(layout: Layout, hw: HardwareConfig, par: ParallelismConfi
     k = layout.dp // step
     fitting = set(range(1, dpn // mp + 1)) | {j * step for j in range(max(1, k - 8), k + 9)}
     batch = ""
-    if par is not None and isinstance(mbs := requested_micro_batch(par), int) and mbs > 0:
+    mbs = requested_micro_batch(par) if par is not None else None
+    gbs = par.global_batch_size if par is not None else None
+    if isinstance(mbs, int) and isinstance(gbs, int) and _is_pos_int(mbs) and _is_pos_int(gbs) and gbs % mbs == 0:
         # Only those a run can take: a dp that leaves the global batch undivided breaks global_batch_divisible.
-        split = {d for d in fitting if par.global_batch_size % (d * mbs) == 0}
+        # They divide gbs / mbs: its divisors that fill whole nodes, wherever they lie (a batch too large
+        # to factor quickly keeps the near ones).
+        steps = gbs // mbs
+        pool = divisors(steps) if steps <= _FACTOR_LIMIT else fitting
+        split = {d for d in pool if steps % d == 0 and Layout(d, layout.tp, layout.pp).fills_whole_nodes(dpn)}
         if split:
             fitting = split
-            batch = f" and global_batch_size={par.global_batch_size} with micro_batch_size={mbs}"
+            batch = f" and global_batch_size={gbs} with micro_batch_size={mbs}"
     return Violation(
         "whole_nodes",
         {
