@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.recommend import model_shapes, pooled_cv
+from analysis.recommend import model_shapes, pooled_cv, rate_at_median_time
 from analysis.records import NOT_RUN, value_texts
 from analysis.tables import OUTCOME_TEXT, format_sec, format_size, format_tflops, markdown_table
 
@@ -119,10 +119,7 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape
     first["sec_cv"] = first["sec_cv"].astype(float)
     if len(runs):
         first.loc[runs.index, "sec_per_iter"] = sec.median()
-        # At the pooled time, as the recommendation gives it (analysis.recommend._pool_layouts): the median
-        # of the runs' own TFLOPs disagreed with the median time for an even number of runs.
-        work = (measured["tflops"] * measured["sec_per_iter"]).groupby(measured[key], sort=False).median()
-        first.loc[runs.index, "tflops"] = work / sec.median()
+        first.loc[runs.index, "tflops"] = rate_at_median_time(measured["tflops"], measured["sec_per_iter"], measured[key])
         first.loc[runs.index, "sec_cv"] = pooled_cv(sec.std() / sec.mean(), by["sec_cv"].max(), runs)
         first.loc[runs.index, "runs"] = runs
     if (seq := _sequence(df)) is not None:

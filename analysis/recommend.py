@@ -306,20 +306,24 @@ def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     # The run nearest its layout's median stands for it (the faster on a tie: runs are sorted).
     nearest = (runs["sec_per_iter"] - median).abs().groupby(key, sort=False).idxmin()
     noise = pooled_cv(sec.transform("std") / sec.transform("mean"), by["sec_cv"].transform("max"), counts)
-    # The rates at the pooled time: TFLOPs x s/it is one iteration's TFLOP per device, the layout's
-    # whatever its run's speed (MFU x s/it the same over the run's peak). Their own medians disagreed
-    # with the median time for an even number of runs (2.09 s/it shown beside the TFLOPs of 1.9 s/it).
-    per_iter = runs["sec_per_iter"]
     pooled = runs.assign(
         sec_per_iter=median,
-        tflops=(runs["tflops"] * per_iter).groupby(key, sort=False).transform("median") / median,
-        mfu=(runs["mfu"] * per_iter).groupby(key, sort=False).transform("median") / median,
+        tflops=key.map(rate_at_median_time(runs["tflops"], runs["sec_per_iter"], key)),
+        mfu=key.map(rate_at_median_time(runs["mfu"], runs["sec_per_iter"], key)),
         mem_gib=by["mem_gib"].transform("max"),
         neighbour_jobs=by["neighbour_jobs"].transform("max"),
         sec_cv=noise,
         _runs=counts,
     ).loc[nearest.to_numpy()]
     return pooled.sort_values(["sec_per_iter", *TIE_BREAK], kind="mergesort")
+
+
+def rate_at_median_time(rate: pd.Series, sec: pd.Series, key: pd.Series) -> pd.Series:
+    """A rate of runs (TFLOPs, MFU) pooled per layout (`key`) at the layout's median seconds per
+    iteration, by layout: rate x s/it is one iteration's work per device, the layout's whatever its
+    run's speed (MFU's over the run's peak). The median of the runs' own rates disagreed with the
+    median time for an even number of runs (2.09 s/it shown beside the TFLOPs of 1.9 s/it)."""
+    return (rate * sec).groupby(key, sort=False).median() / sec.groupby(key, sort=False).median()
 
 
 def pooled_cv(across: pd.Series, within: pd.Series, runs: pd.Series) -> np.ndarray:

@@ -7,9 +7,9 @@ become `skipped` manifest entries), then each runs as `python -m train <override
 hydra.run.dir=<sweep dir>/<subdir>` in a subprocess (hydra.sweep.subdir resolved per config as
 the Slurm launcher does: the index by default), with cluster.env exported; the trainer
 starts the processes a multi-device layout needs itself. A run still going at its
-cluster.time_limit_min gets SIGTERM, and SIGKILL 30 s later, as Slurm ends a job (it ran on). The manifest (job_id null) and the
-result.json files are those of a Slurm sweep, so `python -m launchers status` and the
-analysis read both alike. A failed config does not stop the sweep; the launcher reports
+cluster.time_limit_min gets SIGTERM, and SIGKILL 30 s later, as Slurm ends a job (it ran on).
+The manifest (job_id null) and the result.json files are those of a Slurm sweep, so `python -m
+launchers status` and the analysis read both alike. A failed config does not stop the sweep; the launcher reports
 every failure to Hydra at the end, as Hydra's own launchers do. Ctrl-C stops the sweep: the
 running config records itself `interrupted`, and the configs not yet started become
 `interrupted` manifest entries (they would otherwise read as pending for ever), as does the running

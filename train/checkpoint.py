@@ -284,9 +284,7 @@ class Checkpointer:
             # share one training.checkpoint_dir (the dry run accepts it): another layout's are left as
             # they are, and this run starts afresh, saying so (it refused to start, the sweep's second
             # layout failing after its first had trained).
-            others = sorted(p.parent.name for p in self.root.glob(f"*/{LATEST}"))
-            if others:
-                self.other_layouts = tuple(others)
+            self.other_layouts = tuple(sorted(p.parent.name for p in self.root.glob(f"*/{LATEST}")))
             return None
         # `latest` first, then the older complete ones (DCP writes .metadata last, rank 0's meta.json first).
         older = sorted((s for s in _complete_steps(self.dir) if step is None or s < step), reverse=True)

@@ -551,7 +551,7 @@ def _gradient_bucket(stack: Stack, par: ParallelismConfig, numel: float, host_is
     Megatron-DeepSpeed, whose 2022 buffers nothing here measured."""
     if stack != Stack.deepspeed or par.zero_stage == 0:
         return None
-    c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
+    c = _act_bytes(par.precision)  # the gradients' dtype
     if host_is_device:
         return float(c * min(MEGASWEEP_REDUCE_BUCKET, numel))
     return float(c * MEGASWEEP_REDUCE_BUCKET * (2 if par.zero_stage < 3 else 1))
@@ -570,7 +570,7 @@ def _deepspeed_states(
     """`offload`: what ZeRO moves off the device (par.offload, or none where the host is the device);
     `bucket`: _gradient_bucket's bytes, None for the dp > 1 reduce bucket instead."""
     total = tensors.numel
-    c = _FP32 if Precision(par.precision) == Precision.fp32 else 2
+    c = _act_bytes(par.precision)
     n = dp if par.zero_stage >= 1 else 1
     largest_module = tensors.largest_module
     weights = float(c * total)
