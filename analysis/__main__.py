@@ -30,8 +30,14 @@ entity and group default to the records' logger.* config, the group then to the 
 WANDB_MODE wins over the records' wandb_mode (offline when neither says). A failing W&B only
 warns: the local outputs are written either way.
 
-Bad input ends with one line on stderr and exit status 2; a reader that went away (`| head`) with exit
-status 141 and nothing on stderr (train.contract.EXIT_BROKEN_PIPE). No torch is imported.
+The first form's exit status (train.contract) says what a script may rely on: 0 when a layout is
+recommended (a line on stderr when configs still pending or running may change it) or the input is a
+dry run's plan, which is its own answer; with no recommendation, 3 (EXIT_UNFINISHED) while configs
+are still pending or running and 1 (EXIT_FAILED) when every run ended and none qualifies (all failed,
+or the constraints exclude every one), each with a line on stderr. The tables are written in every
+case. Bad input ends with one line on stderr and exit status 2; a reader that went away
+(`| head`) with exit status 141 and nothing on stderr (train.contract.EXIT_BROKEN_PIPE). No torch
+is imported.
 """
 
 from __future__ import annotations
@@ -55,7 +61,14 @@ from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import argparse_hint
-from train.contract import EXIT_USAGE, exit_on_broken_pipe, unwritable_below
+from train.contract import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNFINISHED,
+    EXIT_USAGE,
+    exit_on_broken_pipe,
+    unwritable_below,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -100,6 +113,9 @@ def _analyse_parser() -> argparse.ArgumentParser:
         description="Analyse megasweep sweeps. Also: `python -m analysis compare BEFORE AFTER` (two sweeps "
         "side by side; compare --help) and `python -m analysis calibrate SWEEP...` (fit the time model's "
         "efficiency factors to measured runs; calibrate --help).",
+        epilog="Exit status: 0 when a layout is recommended (or for a dry run's plan); with no recommendation, "
+        "3 while configs are still pending or running and 1 when every run ended and none qualifies; 2 for bad "
+        "input. The tables are written in every case but 2.",
     )
     p.add_argument("sweeps", nargs="*", type=Path, help="sweep directories")
     src = p.add_argument_group("W&B as the source (instead of sweep directories)")
@@ -301,15 +317,17 @@ def _plots_side_by_side(df: pd.DataFrame, out: Path) -> Plots:
     return plots_written(out, answers)
 
 
-def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
+def _tables(
+    df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path
+) -> tuple[list[Path], str, str, bool]:
     """The recommendation, results.csv, results.md, scaling.csv and zero.csv (those with rows) into out:
-    (the files written, results.md's text, the recommendation's text)."""
+    (the files written, results.md's text, the recommendation's text, whether it recommends a run)."""
     from analysis.records import write_results_csv
 
     # Started first: results.csv takes longest (every cell of every column) and needs only the table.
     csv_written = _aside(lambda: write_results_csv(df, out / "results.csv"))
     try:
-        written, md, rec_text = _reports(df, sweeps, args, out)
+        written, md, rec_text, recommended = _reports(df, sweeps, args, out)
     except BaseException:
         # results.csv is finished all the same (the child reaped, no half-written file left), as
         # when it was written first; what stopped the reports is what the user sees.
@@ -317,10 +335,12 @@ def _tables(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pat
             csv_written()
         raise
     csv_written()
-    return [out / "results.csv", *written], md, rec_text
+    return [out / "results.csv", *written], md, rec_text, recommended
 
 
-def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path) -> tuple[list[Path], str, str]:
+def _reports(
+    df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Path
+) -> tuple[list[Path], str, str, bool]:
     """_tables' files but results.csv: results.md, scaling.csv and zero.csv (those with rows)."""
     from analysis.recommend import Constraints, recommend, recommendation_text
     from analysis.tables import results_markdown, scaling_frame, scaling_markdown, zero_frame, zero_markdown
@@ -351,7 +371,7 @@ def _reports(df: pd.DataFrame, sweeps: Sweeps, args: argparse.Namespace, out: Pa
         else:
             # An earlier analysis's table, of other sweeps, would read as this one's (as plots do).
             (out / name).unlink(missing_ok=True)
-    return written, md, rec_text
+    return written, md, rec_text, bool(recs)
 
 
 def _aside(write: Callable[[], T]) -> Callable[[], T]:
@@ -430,7 +450,7 @@ def analyse(argv: Sequence[str]) -> int:
             plotting.draw(df, out)
         else:
             _forget_plots(out)
-        written, md, rec_text = _tables(df, sweeps, args, out)
+        written, md, rec_text, recommended = _tables(df, sweeps, args, out)
         plots = plotting.result() if plotting is not None else None
     finally:
         if plotting is not None:
@@ -468,7 +488,30 @@ def analyse(argv: Sequence[str]) -> int:
     if plots is not None and plots.skipped:
         print(plots.skipped_line())
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
-    return 0
+    return _exit_status(df, recommended=recommended)
+
+
+def _exit_status(df: pd.DataFrame, *, recommended: bool) -> int:
+    """What the analysis tells a script (the tables are written whatever it is): EXIT_OK when it
+    recommends a layout (a line on stderr when configs still to end may change it) or reads a dry
+    run's plan, which recommends nothing by design; else EXIT_UNFINISHED while configs are pending or
+    running, EXIT_FAILED when every run ended and none qualifies."""
+    from analysis.records import MISSING
+
+    outcomes = df["outcome"]
+    left = int(outcomes.isin(MISSING).sum())
+    wait = f"{left} config(s) still pending or running (python -m launchers status --wait waits for them)"
+    if recommended:
+        if left:
+            print(f"analysis: the recommendation may change: {wait}", file=sys.stderr)
+        return EXIT_OK
+    if outcomes.isin(("planned", "skipped")).all():
+        return EXIT_OK
+    if left:
+        print(f"analysis: no recommendation yet: {wait}", file=sys.stderr)
+        return EXIT_UNFINISHED
+    print("analysis: no recommendation: no run that ended qualifies (see above)", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _forget_plots(out: Path) -> None:

@@ -4,9 +4,10 @@
 
 Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, interrupted or refused
 configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again, or when
-sbatch refuses every config a rerun resubmits;
-130 (EXIT_INTERRUPTED) when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock) or a
-calibration; 2 (EXIT_USAGE), after one paragraph on stderr,
+sbatch refuses every config a rerun resubmits; 3 (EXIT_UNFINISHED) when `status` finds configs still
+pending or running and no failure to report (`status --wait` waits until none is);
+130 (EXIT_INTERRUPTED) when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock),
+`status --wait` or a calibration; 2 (EXIT_USAGE), after one paragraph on stderr,
 for a directory that is not a sweep, a refused directory or option, a config that does not compose, or a
 rerun or export whose every (changed) config is infeasible (nothing resubmitted or exported), or a rerun
 whose field=value changes found no failure to apply to (each one rerun already);
@@ -23,11 +24,19 @@ from pathlib import Path
 from typing import NoReturn
 
 from conf.overrides import argparse_hint, missing_option_line, override_problem
-from launchers.status import format_status, rerun_failed, sweep_status, unresolved_failures
+from launchers.status import (
+    UNFINISHED_STATES,
+    format_status,
+    rerun_failed,
+    sweep_status,
+    unresolved_failures,
+    wait_for_sweep,
+)
 from train.contract import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_UNFINISHED,
     EXIT_USAGE,
     SUBMITIT_DIR,
     ManifestError,
@@ -91,11 +100,26 @@ def _hydra_override(text: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m launchers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="table of pending / running / done / failed / skipped configs")
+    status = sub.add_parser(
+        "status", help="table of pending / running / done / failed / skipped configs",
+        description="Show where each config of a launched sweep stands. Exit status: 0 when every config "
+        "finished and none failed; 1 when configs failed, were interrupted or refused by sbatch, and no rerun "
+        "stands for them (0 with --ok-if-failed); 3 when configs are still pending or running and none of that "
+        "holds; 2 for a directory that is no launched sweep; 130 when Ctrl-C stops --wait.",
+    )  # fmt: skip
     status.add_argument("sweep_dir")
     status.add_argument(
         "--ok-if-failed", action="store_true", help="exit 0 even when configs failed (default: exit 1)"
     )
+    status.add_argument(
+        "--wait", action="store_true",
+        help="wait until no config is pending or running (a line on stderr when the counts change), then show "
+        "the table and exit as without it; Ctrl-C stops waiting (exit 130)",
+    )  # fmt: skip
+    status.add_argument(
+        "--poll", type=_positive_seconds, default=POLL_S, metavar="SECONDS",
+        help=f"with --wait, seconds between looks at Slurm and the records (default {POLL_S:g})",
+    )  # fmt: skip
     rerun = sub.add_parser(
         "rerun",
         help="resubmit configs of a sweep",
@@ -201,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "status":
-            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed)
+            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, poll_s=args.poll if args.wait else None)
         entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only)
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
@@ -212,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc.filename or args.sweep_dir}: cannot be read ({exc.strerror or exc})", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # a local sweep's rerun: the manifest says which configs were interrupted
+        if args.command == "status":  # --wait: the sweep goes on; only the waiting stopped
+            print(f"status: stopped waiting (python -m launchers status {args.sweep_dir} shows where it is)",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_INTERRUPTED
         print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not entries:
@@ -280,16 +308,43 @@ def _calibrate(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
-def _status(sweep_dir: str, *, ok_if_failed: bool) -> int:
-    statuses = sweep_status(sweep_dir)
+POLL_S = 30.0
+"""`status --wait`'s default seconds between looks: one squeue (and sacct) call per look, for every job
+of the sweep at once, is little for slurmctld at this pace (submitit's watcher asks at a like pace)."""
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0 (e.g. --poll {POLL_S:g})")
+    return value
+
+
+def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
+    """The table, and an exit status a script can act on: EXIT_FAILED for failures no rerun stands
+    for, else EXIT_UNFINISHED while configs are pending or running, else EXIT_OK. `poll_s` (--wait):
+    the table once nothing is pending or running, looked at every poll_s seconds."""
+    if poll_s is None:
+        statuses = sweep_status(sweep_dir)
+    else:
+        statuses = wait_for_sweep(sweep_dir, poll_s=poll_s, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_status(statuses, sweep_dir=sweep_dir))
     failed = unresolved_failures(statuses)
     if not failed or ok_if_failed:
+        left = sum(1 for s in statuses if s.state in UNFINISHED_STATES)
+        if left:
+            print(f"status: {left} configs still pending or running (--wait waits for them)", file=sys.stderr)
+            return EXIT_UNFINISHED
         return EXIT_OK
     # Named by their states: an interrupted or refused config did not fail, it did not run to the end.
     counts = {state: sum(1 for s in failed if s.state == state) for state in ("failed", "interrupted", "refused")}
     words = {"failed": "configs failed", "interrupted": "configs interrupted", "refused": "configs refused by sbatch"}
     said = ", ".join(f"{n} {words[state]}" for state, n in counts.items() if n)
+    if left := sum(1 for s in statuses if s.state in UNFINISHED_STATES):
+        said += f" ({left} more still pending or running)"
     print(
         f"status: {said} (python -m launchers rerun --failed {sweep_dir} resubmits "
         "them; --ok-if-failed exits 0)",

@@ -58,7 +58,8 @@ import functools
 import itertools
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,16 @@ __all__ = [
     "rerun_failed",
     "sweep_status",
     "unresolved_failures",
+    "UNFINISHED_STATES",
+    "wait_for_sweep",
 ]
 
 STATES = ("pending", "running", "done", "failed", "interrupted", "refused", "skipped")
 RERUN_STATES = frozenset({"failed", "interrupted", "refused"})
 """States `rerun --failed` resubmits (see the module docstring)."""
+UNFINISHED_STATES = frozenset({"pending", "running"})
+"""States of a config whose run is still to come or to end: `status` exits EXIT_UNFINISHED on them,
+`status --wait` waits them out."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,9 @@ class ConfigStatus:
     launched_in: str | None = None
     """The sweep directory the config's job writes to, when that is not this one (the directory was
     moved or copied after the launch) and no result of it is here; None otherwise."""
+    unsubmitted: bool = False
+    """A config of an exported array script that no task of has started: sbatch may never have been run
+    on the script, so nothing here will ever end its wait."""
 
 
 
@@ -170,7 +179,13 @@ def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
             f"{sweep_dir} is not a sweep directory: it has no {MANIFEST_FILE} (hydra/launcher=slurm or "
             f"local, and python -m launchers sbatch, write one){within}"
         )
-    return read_manifest(path)
+    entries = read_manifest(path)
+    if not entries:
+        # A launch writes its manifest before it submits anything: an empty one is a launch that
+        # stopped before its first config (or a file truncated since), not a sweep whose configs all ran.
+        raise NotASweep(f"{path} lists no config: nothing was launched into {sweep_dir} yet (a launch still "
+                        "starting, or one that stopped before its first config)")
+    return entries
 
 
 def _record(sweep_dir: Path, entry: ManifestEntry) -> tuple[dict[str, Any] | None, str, str | None]:
@@ -246,7 +261,8 @@ def sweep_status(
             detail = f"{detail} (its rerun, config {refused_reruns[e.index]}, is infeasible)"
         log = run_log(sweep_dir, e) if state == "failed" else None
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
-                                None if log is None else str(log), None if moved is None else moved[0]))  # fmt: skip
+                                None if log is None else str(log), None if moved is None else moved[0],
+                                e.status == "exported" and e.job_id is None))  # fmt: skip
     return out
 
 
@@ -280,6 +296,35 @@ def _same_dir(a: Path, b: Path) -> bool:
 def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
     """Failed, interrupted and refused configs that no rerun stands for: what makes `status` exit non-zero."""
     return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
+
+
+def wait_for_sweep(
+    sweep_dir: str | Path, *, poll_s: float, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+) -> list[ConfigStatus]:
+    """sweep_status once no config is pending or running, asked every `poll_s` seconds; `say` is told
+    a line whenever the counts change (not every poll: an overnight wait would fill a log). Slurm is
+    asked once per poll, for every job at once, as `status` asks it (squeue, then sacct)."""
+    start, said = clock(), ""
+    while True:
+        statuses = sweep_status(sweep_dir)
+        left = [s for s in statuses if s.state in UNFINISHED_STATES]
+        if not left:
+            return statuses
+        counts = {state: sum(1 for s in left if s.state == state) for state in ("running", "pending")}
+        # Exported configs without a job id stay pending until someone runs sbatch on their script.
+        exported = sum(1 for s in left if s.unsubmitted)
+        line = (f"status: waiting for {len(left)} of {len(statuses)} configs ({counts['running']} running, "
+                f"{counts['pending']} pending" + (f", {exported} of them exported and not started" if exported else "")
+                + f"); asking every {poll_s:g} s")  # fmt: skip
+        if line != said:
+            say(f"{line} [{_elapsed(clock() - start)} waited]")
+            said = line
+        time.sleep(poll_s)
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 def format_status(

@@ -183,6 +183,10 @@ EXIT_FAILED = 1
 """The run (or a config of the sweep) ran and failed; its record says why."""
 EXIT_USAGE = 2
 """Bad input or an infeasible config: nothing ran. One paragraph on stderr says why."""
+EXIT_UNFINISHED = 3
+"""`python -m launchers status` and `python -m analysis` on a sweep whose configs are still pending or
+running, none failed (status) or none yet recommendable (analysis): ask again later, or wait with
+`status --wait`. Distinct from 0, which says the sweep is over."""
 EXIT_REQUEUE = 75
 """A run stopped by Slurm's signal after its state was saved: EX_TEMPFAIL (sysexits.h, 'try again
 later'). The launcher's in-job wrapper requeues on it; the next attempt resumes."""

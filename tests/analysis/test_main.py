@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
-from tests.analysis.golden.build import build_sweep
+from tests.analysis.golden.build import build_sweep, fixture
 from tests.analysis.test_tables import zero_sweep_dir
 from tests.launchers.test_slurm_launcher import REPO
-from train.contract import EXIT_USAGE, read_manifest
+from train.contract import EXIT_FAILED, EXIT_UNFINISHED, EXIT_USAGE, read_manifest
 
 if TYPE_CHECKING:
     from tests.conftest import SlurmClusterInfo
@@ -270,7 +270,10 @@ def test_a_dry_run_added_to_a_launched_sweep_lists_its_configs_never_launched(tm
         assert planned.returncode == 0, planned.stderr
     proc = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--no-queue"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    # Nothing has run yet and two configs are still to: no recommendation yet, which a script can tell.
+    assert proc.returncode == EXIT_UNFINISHED, proc.stderr
+    assert proc.stderr.endswith("analysis: no recommendation yet: 2 config(s) still pending or running "
+                                "(python -m launchers status --wait waits for them)\n"), proc.stderr  # fmt: skip
     assert proc.stdout.startswith("3 configs: 2 pending, 1 planned, not run\n"), proc.stdout
     assert "Planned, not run (1 feasible config(s)" in proc.stdout
     assert "training.lr=0.001" in proc.stdout
@@ -327,3 +330,24 @@ def test_an_output_directory_that_cannot_be_written_is_named_by_its_option(
     # A writable -o is made only once the sweeps have loaded: a refusal leaves no empty directory.
     assert main([str(tmp_path / "no_sweep"), "-o", str(tmp_path / "new" / "out"), "--no-queue"]) == EXIT_USAGE
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+def test_the_exit_status_says_whether_a_layout_is_recommended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # It was 0 whether a layout was recommended or none could be (every run failed, the constraints left
+    # none, the sweep had yet to run): a script could not tell an answer from its absence.
+    def analyse(sweep: Path, *options: str) -> tuple[int, str]:
+        code = main([str(sweep), "--no-queue", "--no-plots", "-o", str(tmp_path / "out"), *options])
+        return code, capsys.readouterr().err
+
+    data = fixture()
+    under_way = build_sweep(tmp_path / "under_way", data)  # one config still pending
+    assert analyse(under_way) == (0, "analysis: the recommendation may change: 1 config(s) still pending or "
+                                     "running (python -m launchers status --wait waits for them)\n")  # fmt: skip
+    assert analyse(under_way, "--max-mem-gib", "0.001") == (
+        EXIT_UNFINISHED, "analysis: no recommendation yet: 1 config(s) still pending or running "
+        "(python -m launchers status --wait waits for them)\n")  # fmt: skip
+    over = build_sweep(tmp_path / "over", {**data, "runs": [r for r in data["runs"] if not r.get("pending")]})
+    assert analyse(over) == (0, "")
+    assert analyse(over, "--max-mem-gib", "0.001") == (
+        EXIT_FAILED, "analysis: no recommendation: no run that ended qualifies (see above)\n")
+    assert (tmp_path / "out" / "results.md").is_file()  # the tables are written all the same

@@ -20,6 +20,7 @@ from launchers.sweepdir import SweepDirError
 from tests.launchers.test_slurm_launcher import TINY, oversubscribe, wait_until
 from train.contract import (
     EXIT_FAILED,
+    EXIT_UNFINISHED,
     EXIT_USAGE,
     LOG_FILE,
     RESULT_FILE,
@@ -107,8 +108,10 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         ("exported", None, str(i)) for i in range(3)
     ]
     assert entries[2].reason == f"exported to {script}, array task 2"
-    before = cli("launchers", "status", str(sweep_dir)).stdout
-    assert "0/3 finished: 3 pending" in before and "no job started yet" in before, before
+    before = subprocess.run([sys.executable, "-m", "launchers", "status", str(sweep_dir)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert before.returncode == EXIT_UNFINISHED, before.stdout + before.stderr
+    assert "0/3 finished: 3 pending" in before.stdout and "no job started yet" in before.stdout, before.stdout
 
     submitted = subprocess.run(
         ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60, check=True
@@ -118,12 +121,10 @@ def test_submitted_script_runs_each_task_with_its_own_overrides(
         paths = [sweep_dir / str(i) / "result.json" for i in range(3)]
         wait_until("result.json of the 3 array tasks", lambda: all(p.exists() for p in paths))
         records: list[dict[str, Any]] = [json.loads(p.read_text()) for p in paths]
-        # status follows the hand-submitted sweep to the end, with the job ids the tasks recorded.
-        wait_until(
-            "status to show 3 done",
-            lambda: "3 done" in cli("launchers", "status", str(sweep_dir)).stdout,
-            timeout=60,
-        )
+        # status follows the hand-submitted sweep to the end, with the job ids the tasks recorded:
+        # --wait returns once Slurm and the records say no task is pending or running.
+        waited = cli("launchers", "status", "--wait", "--poll", "1", str(sweep_dir))
+        assert "3/3 finished" in waited.stdout, waited.stdout + waited.stderr
     finally:
         subprocess.run(["scancel", job], timeout=30, check=False)
     table = cli("launchers", "status", str(sweep_dir)).stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from launchers.status import ConfigStatus, format_status, sweep_status, unresolv
 from tests.launchers.test_slurm_launcher import REPO, TINY, result, sweep, wait_for_results, wait_until
 from train.contract import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_UNFINISHED,
     EXIT_USAGE,
     EXPORTED_JOBS_DIR,
     LAUNCH_FILE,
@@ -212,8 +215,16 @@ def test_a_local_config_queued_behind_another_is_pending_whatever_lies_in_its_di
     assert list(table["outcome"]) == ["running", "pending"]
 
 
+def unfinished_exit(table: str) -> int:
+    """The exit status `status` owes the table it printed, failures aside: EXIT_UNFINISHED while its last
+    line counts configs pending or running, 0 otherwise."""
+    counts = dict((state, int(n)) for n, state in re.findall(r"(\d+) (pending|running)\b", table.splitlines()[-1]))
+    return EXIT_UNFINISHED if counts["pending"] or counts["running"] else 0
+
+
 def status_table(sweep_dir: Path) -> str:
-    """`python -m launchers status --ok-if-failed <sweep_dir>`'s output (it must exit 0)."""
+    """`python -m launchers status --ok-if-failed <sweep_dir>`'s output (it must exit 0, or EXIT_UNFINISHED
+    while configs are pending or running)."""
     proc = subprocess.run(
         [sys.executable, "-m", "launchers", "status", "--ok-if-failed", str(sweep_dir)],
         cwd=REPO,
@@ -221,7 +232,7 @@ def status_table(sweep_dir: Path) -> str:
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == unfinished_exit(proc.stdout), proc.stdout + proc.stderr
     return proc.stdout
 
 
@@ -436,7 +447,7 @@ def test_rerun_failed_with_overrides_adds_the_changed_configs(slurm_cluster: Slu
         assert "cluster.gres=nosuch:1" not in added.overrides and "training.train_iters=3" not in added.overrides
         # Its rerun stands for the refused config: status no longer fails, and no second rerun.
         table = status_cli(str(sweep_dir))
-        assert table.returncode == 0, table.stdout + table.stderr
+        assert table.returncode == unfinished_exit(table.stdout), table.stdout + table.stderr
         assert "rerun as config 2: " in table.stdout
         unapplied = rerun("training.train_iters=7")
         assert unapplied.returncode == EXIT_USAGE and unapplied.stderr.strip() == (
@@ -925,3 +936,63 @@ def test_a_changed_rerun_whose_configs_would_share_a_checkpoint_directory_is_ref
     assert proc.stderr.startswith("error: the rerun of config 0 (") and ") and the rerun of config 1 (" in proc.stderr
     assert "; nothing was rerun. Leave training.checkpoint_dir out of the changes" in proc.stderr
     assert (sweep_dir / "manifest.jsonl").read_text() == before
+
+
+def test_status_exits_unfinished_while_configs_are_pending_and_wait_waits_them_out(tmp_path: Path) -> None:
+    # `status` exited 0 for a sweep still under way, as for one that was over: a script could not tell.
+    import signal
+    import time
+
+    entries = [ManifestEntry(index=i, overrides=(f"training.lr={lr}",), output_dir=str(i), status="exported")
+               for i, lr in enumerate((0.1, 0.2))]  # fmt: skip
+    write_manifest(entries, tmp_path / "manifest.jsonl")
+
+    def finish(entry: ManifestEntry) -> None:
+        (tmp_path / entry.output_dir).mkdir(exist_ok=True)
+        record = {"status": "ok", "overrides": list(entry.overrides), "message": None}
+        (tmp_path / entry.output_dir / RESULT_FILE).write_text(json.dumps(record))
+
+    finish(entries[0])
+    proc = status_cli(str(tmp_path))
+    assert proc.returncode == EXIT_UNFINISHED, proc.stdout + proc.stderr
+    assert "1/2 finished: 1 pending" in proc.stdout
+    assert proc.stderr == "status: 1 configs still pending or running (--wait waits for them)\n"
+    # --ok-if-failed is about failures: a sweep under way is still unfinished.
+    assert status_cli("--ok-if-failed", str(tmp_path)).returncode == EXIT_UNFINISHED
+
+    def wait() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "launchers", "status", "--wait", "--poll", "0.2", str(tmp_path)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    # Ctrl-C stops the waiting, not the sweep: exit 130, one line, no table, no traceback.
+    waiting = wait()
+    assert waiting.stderr is not None
+    first = waiting.stderr.readline()
+    assert first.startswith("status: waiting for 1 of 2 configs (0 running, 1 pending, 1 of them exported and not "
+                            "started); asking every 0.2 s [0:00:00 waited]"), first  # fmt: skip
+    waiting.send_signal(signal.SIGINT)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == EXIT_INTERRUPTED and not out, out + err
+    assert err == f"status: stopped waiting (python -m launchers status {tmp_path} shows where it is)\n"
+
+    # The config ends while status waits: the wait ends with the table and exit 0, having said its
+    # waiting line once (the counts did not change meanwhile).
+    waiting = wait()
+    time.sleep(1.5)  # several polls
+    assert waiting.poll() is None
+    finish(entries[1])
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, out + err
+    assert out.splitlines()[-1].endswith("2/2 finished: 0 pending, 0 running, 2 done, 0 failed, 0 refused, 0 skipped")
+    assert err.count("status: waiting for 1 of 2 configs") == 1 and len(err.splitlines()) == 1, err
+
+
+def test_status_refuses_an_empty_manifest(tmp_path: Path) -> None:
+    # It was "0/0 finished", exit 0, as if every config had run; the analysis refused it.
+    write_manifest([], tmp_path / "manifest.jsonl")
+    proc = status_cli(str(tmp_path))
+    assert proc.returncode == EXIT_USAGE and not proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr == (f"error: {tmp_path / 'manifest.jsonl'} lists no config: nothing was launched into "
+                           f"{tmp_path} yet (a launch still starting, or one that stopped before its first config)\n")  # fmt: skip
+    bad = status_cli("--wait", "--poll", "0", str(tmp_path))
+    assert bad.returncode == EXIT_USAGE and "--poll: 0 is not a number of seconds > 0" in bad.stderr, bad.stderr
