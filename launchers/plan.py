@@ -7,7 +7,10 @@ work's fastest in turn; parameters, predicted memory per device, GEMM quantizati
 FLOPs and time per iteration), the
 infeasible ones counted by the rule they break with one example each, and a summary line; plan.csv
 in the sweep directory (hydra.sweep.dir) gets every row. The console stays a screenful however
-many configs the sweep holds: the file is where all of them are.
+many configs the sweep holds: the file is where all of them are. The feasible configs' token files
+and checkpoint directories are checked here too, each distinct path once (train.paths): what a run
+would refuse at its start is a warning on stderr, not a refusal, since the runs' nodes may see
+file systems this machine does not.
 
 A plan must take seconds for 10,000 configs, so configs come from the shared
 FastComposer (at most one Hydra compose per distinct group choice, not per job) and the planner
@@ -38,7 +41,13 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.submit import check_output_dirs, merge_entries, refuse_empty_sweep, subdir_namer
+from launchers.submit import (
+    check_output_dirs,
+    merge_entries,
+    refuse_empty_sweep,
+    say_path_warnings,
+    subdir_namer,
+)
 from launchers.sweepdir import UsageError
 from train.contract import (
     PLAN_FILE,
@@ -50,6 +59,7 @@ from train.contract import (
     read_plan_csv,
     write_plan_csv,
 )
+from train.paths import PathWarnings
 from train.planner.plan import (
     RuleCount,
     format_plan_table,
@@ -231,12 +241,14 @@ def plan_sweep(
     *,
     world_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    paths: PathWarnings | None = None,
 ) -> tuple[list[PlanRow], float]:
     """Plan each job: compose its RunConfig, then `plan_run`; the row's `overrides` names the job.
 
     Returns the rows and the seconds spent in the planner. Composition errors propagate
     (ConfigCompositionException naming the override); `progress(done, total)` is called
-    after each job.
+    after each job. `paths` notes each feasible config's data and checkpoint paths, checked on this
+    machine (train.paths).
     """
     rows: list[PlanRow] = []
     total = len(job_overrides)
@@ -247,6 +259,8 @@ def plan_sweep(
             tic = time.perf_counter()
             rows.append(plan_run(run, world_size=world_size, world_fixed=world_size is not None,
                                  overrides=join_overrides(overrides)))  # fmt: skip
+            if paths is not None and rows[-1].feasible:
+                paths.note(run)
             planning += time.perf_counter() - tic
             if progress is not None:
                 progress(done, total)
@@ -361,11 +375,13 @@ class PlanLauncher(SweepLauncher):
         ]
         path = manifest_path(sweep_dir)
         check_output_dirs(merge_entries(read_manifest(path) if path.exists() else [], self.named))
+        paths = PathWarnings()
         rows, plan_seconds = plan_sweep(
             composer,
             job_overrides,
             world_size=self.world_size,
             progress=progress_printer(self.progress_every, sys.stderr),
+            paths=paths,
         )
         # Ranks compare every row planned so far: a later batch can hold a faster layout.
         self.rows = rank_predictions([*self.rows, *rows])
@@ -376,6 +392,8 @@ class PlanLauncher(SweepLauncher):
             print(format_plan_report(rows, summary, top=self.top, csv_name=self.csv_name))
         elif summary.infeasible:
             print(summary.rules_line())
+        # Warnings, not refusals: the runs' nodes may see file systems this machine does not.
+        say_path_warnings(paths)
         # A sweeper may launch in batches: later ones say which jobs they hold.
         jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
         print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)

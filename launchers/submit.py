@@ -86,6 +86,7 @@ from train.contract import (
     manifest_path,
     normalize_dir,
 )
+from train.paths import PathWarnings
 from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import RULES, InfeasibleConfig, rule_problem, validate
 from train.signals import TERMINAL_STOP_SIGNALS, signals_blocked, signals_held
@@ -219,7 +220,9 @@ def plan_configs(
     name: Callable[[int], str] = "config {}".format,
     fix: str = CHECKPOINT_FIX,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
-    """Compose and validate each job: specs of the feasible ones, skipped entries for the rest.
+    """Compose and validate each job: specs of the feasible ones, skipped entries for the rest; the
+    feasible ones' token files and checkpoint directories are checked here, each distinct path once, and
+    what a run would refuse at its start said on stderr as a warning (train.paths.PathWarnings).
     Two feasible ones that would checkpoint into one directory refuse them all (UsageError ending in
     `undone`: what the refusal leaves undone, each named by `name` of its index, `fix` the way out;
     CheckpointPlaces).
@@ -231,6 +234,7 @@ def plan_configs(
     specs: list[ConfigSpec] = []
     skipped: list[ManifestEntry] = []
     checkpoints = CheckpointPlaces()
+    paths = PathWarnings()
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         run = composer.run_config(overrides)
@@ -248,6 +252,7 @@ def plan_configs(
             )
             continue
         checkpoints.add(name(index), overrides, run, key.allocation.tasks)
+        paths.note(run)
         env = tuple(sorted((str(k), str(v)) for k, v in run.cluster.env.items()))
         specs.append(
             ConfigSpec(
@@ -265,7 +270,15 @@ def plan_configs(
     checkpoints.refuse_clashes(outcome=undone, fix=fix)
     if subdir is not None:
         check_output_dirs([*specs, *skipped])
+    say_path_warnings(paths)
     return specs, skipped
+
+
+def say_path_warnings(paths: PathWarnings) -> None:
+    """Each distinct path's warning (train.paths), one line on stderr: warnings, not refusals, since the
+    runs' nodes may see file systems this machine does not."""
+    for line in paths.warnings():
+        print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 SubdirNamer = Callable[[int, Sequence[str]], str]

@@ -15,6 +15,8 @@ import torch:
     checkpoint      DCP save and resume of a rank's shards
     failures        what a failed run's exception means: oom, timeout or error
     distributed     torchrun, srun or local workers: the process group and device mesh
+    paths           the token file and checkpoint directory judged on this machine (torch-free): the
+                    run's refusals at its start, the dry run's and the launchers' warnings before
 
     model           GPT and BERT, no parallel logic
     parallel        TP, PP, DP and ZeRO-1 applied to a model from outside
@@ -24,6 +26,7 @@ import torch:
     dp              DP reduction overlapped with backward, ZeRO-1
     optim           which Adam, the learning-rate schedule
     data            synthetic or memmapped token samples
+    tokens          a token file opened and checked (torch-free; numpy)
     ds_engine       DeepSpeed as the other engine
     ds_config       the DeepSpeed config of a run, derived from its RunConfig
 

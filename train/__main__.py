@@ -45,10 +45,10 @@ from train.contract import (
     EXIT_USAGE,
     RESULT_FILE,
     read_record,
-    unwritable,
     unwritable_below,
 )
 from train.distributed import LaunchEnvError, how_it_ended, launch_from_env, run_world
+from train.paths import checkpoint_dir_problem
 from train.planner.rules import InfeasibleConfig, advise, validate
 from train.preemption import install_interrupt_handler, interrupted, note_interrupt
 
@@ -127,7 +127,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         return spawn_workers(run, world_size=world_size, output_dir=output_dir, overrides=overrides, multirun=multirun)
     # torch is imported only here, so that `--help`, validation and dry runs stay light.
     from train.checkpoint import CheckpointMismatch
-    from train.data import DataFileError
+    from train.tokens import DataFileError
     from train.trainer import (
         TrainingDiverged,
         TrainingPreempted,
@@ -224,13 +224,9 @@ def cannot_run_here(run: RunConfig, *, probe_cuda: bool = True) -> str | None:
         if not torch.backends.cuda.is_built() or (probe_cuda and not torch.cuda.is_available()):
             return (f"hardware={hw.name} needs CUDA, and no CUDA device is visible here: run on a GPU node, or "
                     "choose a CPU hardware config (hardware=cpu)")  # fmt: skip
-    where = tr.checkpoint_dir
-    if tr.save_interval > 0 and where is not None and Path(where).exists() and not Path(where).is_dir():
-        return f"training.checkpoint_dir={where} is a file, not a directory: name a directory (made if missing)"
-    if tr.save_interval > 0 and where is not None and (why := unwritable(where)) is not None:
+    if tr.save_interval > 0 and tr.checkpoint_dir is not None:
         # Found here, not at the first save after save_interval iterations (a traceback from every rank).
-        return (f"training.checkpoint_dir={where}: cannot write there ({why}); name a directory you can "
-                "create and write, or leave it null for <run dir>/checkpoints")  # fmt: skip
+        return checkpoint_dir_problem(tr.checkpoint_dir)
     return None
 
 
@@ -240,9 +236,9 @@ def spawn_workers(
     """Run the job as `world_size` local workers; rank 0 writes the record. When a worker fails,
     the record says `error` and names it, whatever state the ended survivors left behind."""
     from train.checkpoint import CheckpointMismatch
-    from train.data import DataFileError
     from train.distributed import fork_local
     from train.setup import DeviceUnavailable
+    from train.tokens import DataFileError
     from train.trainer import (
         TrainingDiverged,
         TrainingPreempted,

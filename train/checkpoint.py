@@ -54,8 +54,8 @@ from torch import nn
 
 from conf.schema import RunConfig, TokenDtype, to_plain_dict
 from train.contract import CHECKPOINT_DIR, layout_key, write_json_atomic
-from train.data import token_dtype
 from train.dp import DistributedOptimizer
+from train.tokens import token_dtype
 
 LATEST = "latest"
 META = "meta.json"

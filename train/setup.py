@@ -30,13 +30,14 @@ from conf import hardware_options
 from conf.schema import Engine, Precision, RunConfig, is_auto_micro_batch
 from train import distributed, memory, parallel
 from train.calibrate import cached_peak
-from train.data import TokenSource, make_source
+from train.data import MemmapTokens, TokenSource, make_source
 from train.dp import GradSync
 from train.ds_config import deepspeed_config, write_deepspeed_config
 from train.engine import DeepSpeedEngine, NativeEngine
 from train.init import initialize
 from train.model import LossSum, build_model, lm_loss_sum, num_layers
 from train.optim import build_optimizer
+from train.paths import wraps_around
 from train.pipeline import StageLinks
 from train.planner import flops, rules
 from train.planner.layout import Layout, Rank
@@ -113,7 +114,7 @@ def setup(run: RunConfig, *, rank: Rank, progress: Progress) -> Setup:
     baseline = memory.process_baseline_bytes(device)  # before the model: what the process itself holds
     progress.params = total_params(run.model, rank.layout.tp)
     run, model = _sized_model(run, rank=rank, device=device, mesh=mesh, progress=progress)
-    source = make_source(run.model, seed=tr.seed, data_path=tr.data_path, data_dtype=tr.data_dtype)
+    source = token_source(run, lead=rank.lead, progress=progress)
     resolve_peak(run, device, progress)
     probe = memory.MemoryProbe(rank.global_rank, rank.coords.pp, memory.predict_rank(run, rank), baseline)
     progress.memory = probe
@@ -325,6 +326,18 @@ def check_device(run: RunConfig, device: torch.device, progress: Progress, *, le
         if lead:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
     return warning
+
+
+def token_source(run: RunConfig, *, lead: bool, progress: Progress) -> TokenSource:
+    """The run's samples (train.data.make_source). A token file holding fewer samples than the run reads
+    is read from its start again: the lead rank says so once, and the record keeps it."""
+    tr = run.training
+    source = make_source(run.model, seed=tr.seed, data_path=tr.data_path, data_dtype=tr.data_dtype)
+    if isinstance(source, MemmapTokens) and (wraps := wraps_around(source, run)) is not None:
+        progress.warnings.append(wraps)
+        if lead:
+            print(f"warning: {wraps}", file=sys.stderr, flush=True)
+    return source
 
 
 def resolve_peak(run: RunConfig, device: torch.device, progress: Progress) -> None:

@@ -76,6 +76,9 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     )  # fmt: skip
     assert proc.returncode == EXIT_FAILED
     assert "config 0 failed" in proc.stderr
+    # Said before anything ran, as a warning (a compute node may see the file): then the run refused it.
+    warned = "warning: training.data_path='/nonexistent.bin' cannot be read as a token file"
+    assert proc.stderr.count(warned) == 1 and proc.stderr.index(warned) < proc.stderr.index("config 0 failed")
     # One paragraph at the end, without Hydra's hint of a crash (set HYDRA_FULL_ERROR for a traceback).
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("1 of 2 configs failed (0); every other config ran. python -m launchers status "), proc.stderr

@@ -433,3 +433,35 @@ def test_a_calibration_file_the_time_model_cannot_read_is_each_rows_note(tmp_pat
     assert row.feasible and math.isnan(row.pred_sec_per_iter)
     assert row.pred_note == f"hardware.calibration={str(bad)!r} holds a JSON list, not a calibration file's object"
     assert plan_run(compose_run("hardware=a100_80gb"), world_size=2).pred_note == ""  # the datasheet's figures
+
+
+def test_a_dry_run_warns_of_paths_the_runs_would_refuse_once_per_path(tmp_path: Path) -> None:
+    # Each was accepted here, queued, and refused by the run at its start.
+    file = tmp_path / "a_file"
+    file.write_text("")
+    good = tmp_path / "tokens.bin"
+    good.write_bytes(bytes(2 * (80 * 256 + 1)))  # tiny: 80 samples of 257 uint16 ids, all 0
+    missing = tmp_path / "missing.bin"
+    # Two layouts for each checkpoint_dir: two configs of one layout in one directory are refused.
+    proc = run_train("-m", "model=tiny", "parallelism.tp=1,2", f"training.data_path={missing}",
+                     "training.save_interval=5", f"training.checkpoint_dir={file}/ckpt_1,{file}/ckpt_2",
+                     "hydra/launcher=plan", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # warnings, not refusals: the nodes may see other files
+    assert "TORCH_IMPORTED=False" in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 3, proc.stderr  # the missing file once for its four configs; each checkpoint_dir once
+    missing_line, *checkpoint_lines = warnings
+    assert missing_line.startswith(f"warning: training.data_path={str(missing)!r} cannot be read as a token file")
+    assert missing_line.endswith("after the sweep was queued; 4 config(s) name it]"), missing_line
+    for tp, line in zip((1, 2), checkpoint_lines, strict=True):
+        assert line.startswith(f"warning: training.checkpoint_dir={file}/ckpt_{tp}: cannot write there ({file} is a "
+                               "file)"), line  # fmt: skip
+        assert "[checked on this machine (" in line and line.endswith("; 2 config(s) name it]"), line
+    assert len(read_rows(tmp_path / "sweep" / "plan.csv")) == 4
+    # Valid paths: no warning.
+    ok = run_train("-m", "model=tiny", f"training.data_path={good}", "training.save_interval=5",
+                   f"training.checkpoint_dir={tmp_path / 'ckpt'}", "hydra/launcher=plan",
+                   f"hydra.sweep.dir={tmp_path / 'ok'}")  # fmt: skip
+    assert ok.returncode == 0 and "warning" not in ok.stderr, ok.stderr
+    assert "TORCH_IMPORTED=False" in ok.stdout  # the file was opened, numpy only
+    assert not (tmp_path / "ckpt").exists()  # judged, not made

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 
 from conf import register_configs
 from conf.schema import ModelConfig, ModelKind, OptimizerImpl, RunConfig, TokenDtype, to_run_config
-from train import loop, trainer
+from train import loop, setup, trainer
 from train.data import (
     MASK_PROBABILITY,
     DataFileError,
@@ -475,6 +475,35 @@ def test_memmap_training_run(tmp_path: Path) -> None:
     # ... and with the width it names, the same training as the uint16 file.
     wide = compose_run(f"training.data_path={tmp_path / 'u32.bin'}", "training.data_dtype=uint32")
     assert run_training(wide, output_dir=tmp_path / "u32", overrides=[])["losses"] == record["losses"]
+
+
+def test_a_token_file_shorter_than_the_run_wraps_around_and_says_so_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 5 samples of 32 + 1 tokens; 3 iterations of 4 samples read 12: the file is read from its start
+    # again, which the run did without a word.
+    path = tmp_path / "short.bin"
+    np.random.default_rng(0).integers(0, 256, size=5 * 32 + 1).astype(np.uint16).tofile(path)
+    record = run_training(compose_run(f"training.data_path={path}"), output_dir=tmp_path / "run", overrides=[])
+    assert record["status"] == "ok"
+    said = (
+        f"training.data_path={str(path)!r} holds 161 tokens (read as uint16): 5 samples of model.seq_length=32 (+1, "
+        "the last target), and the run asks for 12 (training.train_iters=3 of parallelism.global_batch_size=4): it "
+        "wraps around, reading the file from its start again after sample 5 (each sample about 2.4 times); give a "
+        "longer file, or fewer training.train_iters, for every sample to be new"
+    )
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "wraps around" in line] == [f"warning: {said}"], err
+    assert said in record["warnings"]
+    # Only the lead rank says it; every rank's record-to-be keeps it.
+    run = compose_run(f"training.data_path={path}")
+    progress = trainer.Progress()
+    setup.token_source(run, lead=False, progress=progress)
+    assert progress.warnings == [said] and capsys.readouterr().err == ""
+    # A file that holds every sample the run reads says nothing.
+    np.random.default_rng(0).integers(0, 256, size=12 * 32 + 1).astype(np.uint16).tofile(path)
+    setup.token_source(run, lead=True, progress=(enough := trainer.Progress()))
+    assert enough.warnings == [] and capsys.readouterr().err == ""
 
 
 def test_final_loss_is_the_runs_last_loss_also_after_a_resume_with_nothing_left() -> None:
