@@ -9,8 +9,12 @@
   runs on one node count only are drawn as points over that one whole-node tick.
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line and a line at each hardware's usable capacity,
-  each hardware's runs and capacity in its own colour (the marker says how a run ended): whether
-  the planner's memory model can be trusted, and how close the runs came to running out.
+  each hardware's runs and capacity in its own colour (the marker says how a run ended; a run stopped
+  before its end, timeout or interrupted, has a marker of its own: its peak is the peak so far):
+  whether the planner's memory model can be trusted, and how close the runs came to running out.
+
+The plots of speed (the first two) draw finished runs only: a stopped run's partial figures, which
+results.md shows marked, are left out of them as of the recommendation.
 
 A plot with nothing measured to draw (a dry run's directory, a sweep still running) is not written:
 write_plots says which and why, and removes a stale file of that name from an earlier analysis.
@@ -31,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.recommend import _DISTINCT, _SHAPE, _varying, model_shapes
-from analysis.records import value_texts
+from analysis.records import PARTIAL_OUTCOMES, value_texts
 from analysis.tables import TIE_BREAK, format_size, sort_results
 
 if TYPE_CHECKING:
@@ -219,6 +223,7 @@ _HW_COLOURS = tuple(f"C{i}" for i in range(10) if i != 7)
 """One colour per hardware, C7 (gray) left out: it is the y = x line's."""
 _MEM_KINDS = (
     ("ok", "o", "run ok"),
+    ("stopped", "^", "run stopped before its end (timeout, Ctrl-C): its peak so far"),
     ("failed", "s", "run failed (not OOM)"),
     ("oom", "x", "OOM (drawn at its hardware's usable capacity)"),
 )
@@ -232,7 +237,9 @@ def _memory_points(df: pd.DataFrame) -> pd.DataFrame:
     # An OOM run's record may keep the peak it reached before it ran out: drawn there too, it was one
     # run twice (a "failed" square and a cross) and counted twice.
     measured = df[df["mem_gib"].notna() & df["mem_pred_gib"].notna() & ~df.index.isin(oom.index)]
-    kinds = np.where(measured["outcome"] == "ok", "ok", "failed")
+    # A stopped run's peak is the highest until the stop: marked apart from a finished run's peak.
+    kinds = np.select([measured["outcome"] == "ok", measured["outcome"].isin(PARTIAL_OUTCOMES)], ["ok", "stopped"],
+                      "failed")  # fmt: skip
     points = pd.concat([
         pd.DataFrame({"kind": kinds, "y": measured["mem_gib"], "cap": measured["mem_capacity_gib"]}).assign(
             hardware=measured["hardware"], x=measured["mem_pred_gib"]),

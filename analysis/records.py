@@ -20,6 +20,11 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   entry, no result): planned, not run; it carries the plan's
                                   predictions (pred_sec_per_iter, pred_tflops, pred_mfu)
 
+A run stopped before its end (timeout: Slurm's time limit, a preemption, SIGTERM; interrupted:
+Ctrl-C) keeps the figures of the iterations it measured, as its record gives them: `partial` says a
+row's figures are such (PARTIAL_OUTCOMES, at least MIN_PARTIAL_ITERATIONS measured), for the tables to
+show them marked and for results.csv's readers to filter; what ranks or compares runs takes `ok` only.
+
 A launched config's outcome is the state `python -m launchers status` gives it (launchers.states.judge:
 a requeued job's old record is pending, a damaged record failed, a local launcher's config running or
 queued), in the words above: its record's kind of failure where status says failed.
@@ -105,6 +110,18 @@ MISSING = ("pending", "running")
 NOT_RUN = (*MISSING, "planned")
 """No result, and none is a failure: launched and not finished, or only planned."""
 
+PARTIAL_OUTCOMES = ("timeout", "interrupted")
+"""Outcomes of a run stopped from outside before its end (Slurm's time limit or a preemption, SIGTERM;
+Ctrl-C, SIGINT). Its record keeps the medians of the iterations it measured after warm-up, taken as a
+finished run's are (train.trainer._figures): what the config ran at until the stop, which the tables
+show marked partial (`partial`). A run that ran out of memory, diverged or failed broke on its config
+or a fault, and its figures are not shown."""
+MIN_PARTIAL_ITERATIONS = 2
+"""Measured iterations a stopped run needs for its partial figures to be shown: one iteration is a
+lone sample with no spread (the record's CV needs two, train.metrics.spread), so nothing tells a
+representative step from the one a stop, a checkpoint or a neighbour slowed; below it the row's
+figures stay blank and its Notes say how many were measured."""
+
 # The record's status -> outcome; anything unknown is a failure of some kind.
 _STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail", "interrupted": "interrupted"}
 
@@ -113,6 +130,7 @@ CORE_COLUMNS: tuple[str, ...] = (
     "source",  # result | plan | manifest: where the row comes from
     "run_dir",  # output directory relative to the sweep directory ('' when unknown)
     "outcome",  # one of OUTCOMES
+    "partial",  # True: the figures are a stopped run's (PARTIAL_OUTCOMES), of the iterations it measured before the stop
     "reason",  # why a config failed, was skipped or is missing (free text, may be empty)
     "config_key",  # sorted overrides joined by spaces: what a config is across sweeps
     "layout_key",  # model, hardware, batch and layout fields: matches configs whose overrides differ
@@ -1111,7 +1129,20 @@ def load_sweep_dir(
     # such row of a sweep would be one layout, its runs pooled.
     unknown = (_join_str(df, ("dp", "tp", "pp")) == "||").to_numpy()
     df["layout_key"] = key.where(~unknown, "")
-    return _judge_launched(sweep_dir, df, entries, queue, warnings, unreadable) if entries else df
+    df = _judge_launched(sweep_dir, df, entries, queue, warnings, unreadable) if entries else df
+    # After the judging: a stopped run's record whose job Slurm requeued is pending, not partial.
+    df["partial"] = partial_rows(df)
+    return df
+
+
+def partial_rows(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's figures are a stopped run's partial ones: its record's outcome is one of
+    PARTIAL_OUTCOMES and it measured at least MIN_PARTIAL_ITERATIONS iterations after warm-up, with a
+    time per iteration. The tables show them marked; the recommendation, scaling, ZeRO and compare
+    tables, calibrate and the plots of speed take finished (`ok`) runs only, so never these."""
+    stopped = df["outcome"].isin(PARTIAL_OUTCOMES) & (_col(df, "source", "") == "result")
+    measured = _num(df, "measured_iterations") >= MIN_PARTIAL_ITERATIONS
+    return (stopped & measured & (_num(df, "sec_per_iter") > 0)).astype(bool)
 
 
 def _refuse_sweeps_within(sweep_dir: Path, nested: Sequence[str]) -> None:
@@ -1354,9 +1385,11 @@ def _one_list_texts(nested: list[Any]) -> list[str] | None:
 __all__ = [
     "CORE_COLUMNS",
     "FAILED",
+    "MIN_PARTIAL_ITERATIONS",
     "MISSING",
     "NOT_RUN",
     "OUTCOMES",
+    "PARTIAL_OUTCOMES",
     "AnalysisError",
     "QueueLookup",
     "Sweeps",
@@ -1365,6 +1398,7 @@ __all__ = [
     "load_sweeps",
     "outcome_counts",
     "overrides_key",
+    "partial_rows",
     "prediction_error",
     "read_records",
     "sweep_labels",

@@ -17,6 +17,11 @@ Formatting conventions, as the seeds write them:
   and why is said once under the table, not on every row.
 - Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
   failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
+- A run stopped before its end (timeout, interrupted: records.PARTIAL_OUTCOMES) that measured at least
+  records.MIN_PARTIAL_ITERATIONS iterations shows what it measured: Mem says 'timeout (partial)', Sec/it,
+  CV, TFLOPs and MFU are those of its measured iterations alone, Notes say how many, where it stopped
+  and its peak memory so far, and a footnote says what they are. It keeps its place among the failures, and no Pred s/it or
+  Err (those judge the time model by finished runs). One that measured fewer says so in Notes.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.records import (
+    MIN_PARTIAL_ITERATIONS,
     MISSING,
     NOT_RUN,
+    PARTIAL_OUTCOMES,
     outcome_counts,
     prediction_error,
     value_texts,
@@ -43,6 +50,8 @@ SEED_COLUMNS = (
 )  # fmt: skip
 """The seeds' columns, plus CV (the spread of a run's timed iterations) and Pred s/it and Err (the time
 model's prediction and predicted / measured - 1), which the seeds did not show."""
+PARTIAL_TEXT = " (partial)"
+"""What follows a stopped run's outcome in Mem when its row shows the figures it measured before the stop."""
 NOT_PREDICTED = "n/a"
 """Pred s/it of a finished run the time model cannot predict (results.md says why, once)."""
 OUTCOME_TEXT = {
@@ -231,6 +240,50 @@ def _col_text(df: pd.DataFrame, name: str) -> list[str]:
     return df[name].fillna("").astype(str).tolist()
 
 
+def _numbers(df: pd.DataFrame, name: str) -> list[float]:
+    """A numeric column's values (NaN where missing: frames built before the column existed)."""
+    if name not in df.columns:
+        return [math.nan] * len(df)
+    return pd.to_numeric(df[name], errors="coerce").astype(float).tolist()
+
+
+def partial_flags(df: pd.DataFrame) -> pd.Series:
+    """records.partial_rows' verdict of each row (False where the table has no such column)."""
+    if "partial" not in df.columns:
+        return pd.Series(False, index=df.index, dtype=bool)
+    return df["partial"].fillna(False).astype(bool)
+
+
+def _count(n: float, what: str) -> str:
+    return f"{int(n)} {what}" + ("" if n == 1 else "s")
+
+
+def _stop_notes(df: pd.DataFrame) -> list[str]:
+    """For a stopped run (records.PARTIAL_OUTCOMES) that ran iterations: how many it measured, where it
+    stopped and, when its figures are shown, its peak memory so far (Mem says its outcome instead); or
+    why its figures are blank: fewer measured than records.MIN_PARTIAL_ITERATIONS. '' for other rows."""
+    stopped = df["outcome"].isin(PARTIAL_OUTCOMES).tolist()
+    partial = partial_flags(df).tolist()
+    columns = (_numbers(df, name) for name in ("measured_iterations", "iterations_run", "resumed_from_step",
+                                                "config.training.train_iters", "mem_gib"))  # fmt: skip
+    notes = []
+    for is_stopped, is_partial, measured, run, resumed, total, mem in zip(stopped, partial, *columns, strict=True):
+        ran = not _missing(run) and run > 0
+        if not is_stopped or _missing(measured) or not (ran or is_partial):
+            notes.append("")  # not stopped, or nothing ran: the reason says all there is
+            continue
+        # A resumed attempt counts its own iterations from its checkpoint's step. A record rebuilt from
+        # W&B's summary does not say how many iterations it ran.
+        at = f", stopped after {int(run + (0 if _missing(resumed) else resumed))}" if ran else ""
+        at += f" of {int(total)}" if ran and not _missing(total) else ""
+        if is_partial:
+            peak = f", peak {format_mem(mem)} so far" if not _missing(mem) else ""
+            notes.append(f"partial: {_count(measured, 'iteration')} measured{at}{peak}")
+        else:
+            notes.append(f"no figures: {_count(measured, 'iteration')} measured ({MIN_PARTIAL_ITERATIONS} needed){at}")
+    return notes
+
+
 def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     reason = df["reason"].fillna("").astype(str).tolist()
     reason = [r if len(r) <= _MAX_REASON else r[: _MAX_REASON - 3] + "..." for r in reason]
@@ -242,7 +295,7 @@ def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     rerun_as = pd.to_numeric(df["rerun_as"], errors="coerce") if "rerun_as" in df.columns else pd.Series(math.nan, df.index)
     rerun = [f"rerun as config {int(r)}" if r == r else "" for r in rerun_as.tolist()]
     parts = [df["date"].fillna("").astype(str).tolist(), beside, mismatch, varying_overrides(df).tolist(), rerun,
-             reason]  # fmt: skip
+             _stop_notes(df), reason]  # fmt: skip
     if multi_sweep:
         parts.insert(0, df["sweep"].astype(str).tolist())
     # The non-empty parts of each row, joined: one Python pass, not a pandas where() per part.
@@ -266,6 +319,7 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 _RESULTS_COLUMNS = (
     "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter",
     "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "device_mismatch", "date", "overrides", "rerun_as",
+    "partial", "measured_iterations", "iterations_run", "resumed_from_step", "config.training.train_iters",
 )  # fmt: skip
 """What results_table reads."""
 
@@ -299,17 +353,20 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
     # Narrowed before the rows are selected: a selection copies every column of what it selects from.
     done = sort_results(narrow(df, _RESULTS_COLUMNS)[~df["outcome"].isin(NOT_RUN)])
     ok = done["outcome"] == "ok"
-    mem = done["mem_gib"].map(format_mem).where(ok, done["outcome"].map(OUTCOME_TEXT))
+    # A stopped run's partial figures: shown, its outcome kept in Mem and marked there (PARTIAL_TEXT).
+    shown = ok | partial_flags(done)
+    outcome = done["outcome"].map(OUTCOME_TEXT)
+    mem = done["mem_gib"].map(format_mem).where(ok, outcome.where(~shown, outcome + PARTIAL_TEXT))
     table = pd.DataFrame(
         {
             **_layout_cells(done),
             "Mem": mem,
-            "Sec/it": done["sec_per_iter"].map(format_sec).where(ok, ""),
-            "CV": done["sec_cv"].map(format_cv).where(ok, ""),
+            "Sec/it": done["sec_per_iter"].map(format_sec).where(shown, ""),
+            "CV": done["sec_cv"].map(format_cv).where(shown, ""),
             "Pred s/it": done["pred_sec_per_iter"].map(format_sec).replace("", NOT_PREDICTED).where(ok, ""),
             "Err": prediction_error(done).map(format_err).where(ok, ""),
-            "TFLOPs": done["tflops"].map(format_tflops).where(ok, ""),
-            "MFU": _mfu_cells(done).where(ok, ""),
+            "TFLOPs": done["tflops"].map(format_tflops).where(shown, ""),
+            "MFU": _mfu_cells(done).where(shown, ""),
             "Notes": _escape(_notes(done, done["sweep"].nunique() > 1)),
         }
     )
@@ -419,10 +476,13 @@ def planned_markdown(df: pd.DataFrame, *, limit: int | None = PLANNED_SHOWN) -> 
 
 
 def summary_line(df: pd.DataFrame) -> str:
-    """'11 configs: 5 ok, 1 OOM, ..., 1 pending' in the outcomes' order."""
+    """'11 configs: 5 ok, 1 OOM, ..., 1 pending' in the outcomes' order, and how many stopped runs
+    show partial figures when some do."""
     counts = outcome_counts(df)
     parts = ", ".join(f"{n} {OUTCOME_TEXT[o]}" for o, n in counts.items())
-    return f"{len(df)} configs: {parts}"
+    partial = int(partial_flags(df).sum())
+    stopped = f"; {partial} stopped run(s) with partial figures, not ranked" if partial else ""
+    return f"{len(df)} configs: {parts}{stopped}"
 
 
 MEM_FOOTNOTE = (  # {peaks}: peak_summary of the table
@@ -434,6 +494,25 @@ MEM_FOOTNOTE = (  # {peaks}: peak_summary of the table
     "Err = Pred s/it / Sec/it - 1, the prediction's error: negative when the model predicted the run faster "
     "than it ran."
 )
+
+
+PARTIAL_FOOTNOTE = (
+    "* {outcomes}: a run stopped before its end (Slurm's time limit or a preemption, SIGTERM; Ctrl-C) "
+    "that measured at least {least} iterations after warm-up. Its Sec/it, CV, TFLOPs and MFU come from those "
+    "iterations alone, not from a finished run (Notes: how many, where it stopped, its peak memory so far): "
+    "left out of the recommendation, the scaling and ZeRO tables, compare and the plots of speed; "
+    "results.csv marks its row partial=True."
+)
+
+
+def partial_footnote(df: pd.DataFrame) -> list[str]:
+    """The footnote on stopped runs' partial figures, when the table shows some (else none)."""
+    partial = partial_flags(df)
+    if not partial.any():
+        return []
+    shown = [o for o in PARTIAL_OUTCOMES if (partial & (df["outcome"] == o)).any()]
+    outcomes = " and ".join(f"{OUTCOME_TEXT[o]}{PARTIAL_TEXT}" for o in shown)
+    return [PARTIAL_FOOTNOTE.format(outcomes=outcomes, least=MIN_PARTIAL_ITERATIONS)]
 
 
 def _peak_text(v: float) -> str:
@@ -451,7 +530,9 @@ def peak_summary(df: pd.DataFrame) -> str:
     needed = ("outcome", "peak_tflops")
     if any(c not in df.columns for c in needed):
         return "no finished run recorded its peak"
-    runs = narrow(df, _PEAK_READ)[(df["outcome"] == "ok") & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
+    # A stopped run's partial MFU divides by its peak too.
+    shown = (df["outcome"] == "ok") | partial_flags(df)
+    runs = narrow(df, _PEAK_READ)[shown & (pd.to_numeric(df["peak_tflops"], errors="coerce") > 0)]
     if runs.empty:
         return "no finished run recorded its peak"
     unknown = pd.Series("", index=runs.index, dtype=object)
@@ -498,6 +579,7 @@ def results_markdown(
         markdown_table(results_table(df), left=("Notes",)),
         "",
         MEM_FOOTNOTE.format(peaks=peak_summary(df)),
+        *partial_footnote(df),
         *prediction_notes(df),
         "",
         "## Recommendation",
@@ -579,6 +661,8 @@ def _cells_of(runs: pd.DataFrame, variant: pd.Series) -> pd.DataFrame:
     )
 
 
+_CELL_FIGURES = ("samples_per_s", "tflops", "pflops", "mfu", "sec_per_iter", "mem_gib")
+"""The measured figures of a scaling or ZeRO cell: a finished run's only."""
 _SCALING_COLUMNS = (
     "outcome", "model", "tp", "pp", "mbs", "gbs", "nodes", "devices", "samples_per_s", "tflops", "pflops", "mfu",
     "mem_gib", "mem_capacity_gib", *(name for name, _ in _VARIANT_FIELDS),
@@ -625,6 +709,11 @@ def scaling_frame(df: pd.DataFrame) -> pd.DataFrame:
     per_device = cells["samples_per_s"] / cells["devices"]
     base = per_device.where(cells["_ok"]).groupby(cells["variant"]).transform("first")
     cells["efficiency"] = per_device.where(cells["_ok"]) / base
+    # A cell without a finished run says its outcome: a stopped run's partial figures (or a diverged
+    # one's) in scaling.csv would read as that scale's throughput.
+    for name in _CELL_FIGURES:
+        if name in cells.columns:
+            cells[name] = cells[name].where(cells["_ok"])
     cols = ["variant", "scale", "nodes", "devices", "gbs", "outcome", "samples_per_s", "tflops", "pflops", "mfu",
             "mem_gib", "mem_capacity_gib", "efficiency"]
     cells = narrow(cells, cols)
@@ -769,7 +858,11 @@ def zero_frame(df: pd.DataFrame) -> pd.DataFrame:
     order = ["model", "_engine", "_zero", "_offload", "pp", "tp", "variant", "devices", "nodes", "_ok",
              "samples_per_s"]
     runs = runs.sort_values(order, ascending=[True] * 9 + [False, False], kind="mergesort", na_position="last")
-    cells = runs.drop_duplicates(["variant", "scale"], keep="first")[list(ZERO_COLUMNS)]
+    cells = runs.drop_duplicates(["variant", "scale"], keep="first").copy()
+    for name in _CELL_FIGURES:  # as in scaling_frame: a failed cell's figures are no cell's
+        if name in cells.columns:
+            cells[name] = cells[name].where(cells["_ok"])
+    cells = cells[list(ZERO_COLUMNS)]
     # Counts as integers in zero.csv ('2', not '2.0'); NaN stays empty.
     cells = cells.astype({c: "Int64" for c in ("tp", "pp", "nodes", "devices")})
     return cells.reset_index(drop=True)
@@ -817,6 +910,8 @@ def pflops_aggregate(tflops_per_device: pd.Series | float, devices: pd.Series | 
 __all__ = [
     "MEM_FOOTNOTE",
     "OUTCOME_TEXT",
+    "PARTIAL_FOOTNOTE",
+    "PARTIAL_TEXT",
     "PLANNED_SHOWN",
     "SEED_COLUMNS",
     "ZERO_COLUMNS",
@@ -832,6 +927,8 @@ __all__ = [
     "format_tflops",
     "markdown_table",
     "missing_markdown",
+    "partial_flags",
+    "partial_footnote",
     "pflops_aggregate",
     "peak_summary",
     "planned_markdown",

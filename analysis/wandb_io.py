@@ -176,6 +176,7 @@ def records_to_sweeps(records_by_sweep: Mapping[str, Sequence[Mapping[str, Any]]
     if "wandb_has_result" in table.columns:
         live = ~table["wandb_has_result"].astype(bool) & table["wandb_state"].isin(_LIVE_STATES)
         table.loc[live, "outcome"] = "running"
+        table.loc[live, "partial"] = False  # still running: its figures so far are no stopped run's
         table.loc[live, "reason"] = (
             "W&B run still " + table.loc[live, "wandb_state"].astype(str) + ", no result yet"
         )

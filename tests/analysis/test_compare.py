@@ -66,6 +66,9 @@ def test_a_run_that_did_not_finish_gets_no_ratio_and_stays_out_of_the_mean(tmp_p
     late.update(status="timeout", message="TrainingTimeout: a collective did not finish", sec_per_iter=400.0)
     before = load_sweeps([build_sweep(tmp_path / "b")], queue=None).table
     after = load_sweeps([build_sweep(tmp_path / "a", data)], queue=None).table
+    # The table shows that run's figures marked partial (the golden sweep's own timeout measured none):
+    # compare does not use them.
+    assert after.loc[after["sec_per_iter"] == 400.0, ["outcome", "partial"]].values.tolist() == [["timeout", True]]
     c = compare_sweeps(before, after)
     row = c.table[c.table["outcome_after"] == "timeout"].iloc[0]
     assert row["dp"] == 4 and row["pp"] == 12 and row["sec_after"] == 400.0

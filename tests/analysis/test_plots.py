@@ -28,7 +28,7 @@ from analysis.plots import (
     write_plots,
 )
 from analysis.records import load_sweeps
-from tests.analysis.golden.build import build_sweep, fixture, hardware_conf
+from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, stopped_sweep_data
 
 SIZE = (int(FIGSIZE[0] * DPI), int(FIGSIZE[1] * DPI))
 
@@ -283,3 +283,25 @@ def test_one_model_name_of_two_sizes_is_two_series(table: pd.DataFrame) -> None:
         "bloom_200b_l80_h14400 GBS 2048 (203B)",
         "bloom_200b_l80_h14400 GBS 2048 (51.6B)",
     ]
+
+
+@pytest.mark.usefixtures("close_figures")
+def test_a_stopped_runs_partial_figures_are_no_bar_or_point_of_speed_and_its_peak_is_marked(tmp_path: Path) -> None:
+    # Two finished runs and three stopped ones (two with partial figures, one faster than both).
+    table = load_sweeps([build_sweep(tmp_path / "s", stopped_sweep_data())], queue=None).table
+    (ax, _) = tflops_mfu_figure(table).axes
+    assert sorted(p.get_height() for p in ax.patches if isinstance(p, Rectangle)) == pytest.approx([98.43, 100.43])
+    (ax,) = sec_vs_nodes_figure(table).axes
+    drawn = sorted(float(y) for c in ax.collections for y in np.asarray(c.get_offsets(), dtype=float)[:, 1])
+    assert drawn == pytest.approx([172.36, 207.92])
+    # Their peaks so far are drawn, each with the marker of a run stopped before its end.
+    fig = memory_figure(table)
+    legend = _legend(fig)
+    assert "run stopped before its end (timeout, Ctrl-C): its peak so far" in legend
+    assert "run failed (not OOM)" not in legend
+    (ax,) = fig.axes
+    offsets = [np.asarray(c.get_offsets(), dtype=float) for c in ax.collections]
+    # One hardware: one scatter per kind, the finished runs' two points and the stopped runs' three.
+    assert sorted(len(o) for o in offsets) == [2, 3]
+    (stopped,) = (o for o in offsets if len(o) == 3)
+    assert sorted(float(y) for y in stopped[:, 1]) == [38.6, 41.0, 55.0]

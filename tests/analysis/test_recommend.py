@@ -23,7 +23,13 @@ from analysis.recommend import (
 )
 from analysis.records import load_sweeps
 from analysis.tables import format_err, format_sec
-from tests.analysis.golden.build import build_sweep, fixture, hardware_conf, predicted_sweep_data
+from tests.analysis.golden.build import (
+    build_sweep,
+    fixture,
+    hardware_conf,
+    predicted_sweep_data,
+    stopped_sweep_data,
+)
 from train.contract import MANIFEST_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +94,21 @@ def test_fastest_per_node_count_and_failures_excluded(tmp_path: Path) -> None:
     assert rec.best.sec_per_iter == 161.96 and rec.candidates == 5
     assert [(c.nodes, c.sec_per_iter) for c in rec.per_nodes] == [(40, 207.92), (44, 186.65), (48, 161.96)]
     assert rec.excluded == ("4 did not finish (1 OOM, 1 NaN, 1 timeout, 1 fail)", "1 still pending or running")
+
+
+def test_a_stopped_runs_partial_figures_are_never_recommended(tmp_path: Path) -> None:
+    # A timeout that measured 150 s/it over 47 iterations, faster than both finished runs, and an
+    # interrupted run at 180 s/it: results.md shows them marked partial; the recommendation compares the
+    # finished runs alone, and counts the stopped ones as not finished.
+    df = load_sweeps([build_sweep(tmp_path / "s", stopped_sweep_data())], queue=None).table
+    assert int(df["partial"].sum()) == 2
+    (rec,) = recommend(df)
+    assert rec.best.sec_per_iter == 172.36 and rec.candidates == 2
+    assert rec.runner_up is not None and rec.runner_up.sec_per_iter == 207.92
+    assert rec.highest_tflops.tflops == 100.43  # not the timeout's 110
+    assert rec.per_nodes and all(c.sec_per_iter in (172.36, 207.92) for c in rec.per_nodes)
+    assert rec.excluded == ("3 did not finish (2 timeout, 1 interrupted)",)
+    assert "150.00" not in recommendation_text(df, [rec])
 
 
 def test_constraints_filter_and_are_reported(tmp_path: Path) -> None:

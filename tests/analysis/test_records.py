@@ -43,6 +43,7 @@ from tests.analysis.golden.build import (
     overrides_of,
     predicted_sweep_data,
     run_config,
+    stopped_sweep_data,
 )
 from tests.train.planner.test_calibration import MODEL as CAL_MODEL
 from tests.train.planner.test_calibration import calibration
@@ -227,6 +228,9 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     assert df.loc["runs/1", "outcome"] == "timeout"
     assert [df.loc[d, "outcome"] for d in ("runs/2", "runs/3")] == ["running", "pending"]
     assert df.loc["runs/3", "reason"] == "requeued (PENDING); the last attempt's result.json status timeout: received SIGTERM"
+    # Each record kept its two measured iterations: partial figures only where the stop stands, not where
+    # the job was cancelled (fail) or runs again.
+    assert [bool(df.loc[f"runs/{i}", "partial"]) for i in range(4)] == [False, True, False, False]
 
 
 def test_a_config_whose_directory_holds_another_configs_record_is_still_listed(sweep: Path) -> None:
@@ -563,6 +567,35 @@ def test_csv_files_write_counts_as_integers(tmp_path: Path) -> None:
         scaling = list(csv.DictReader(f))
     assert scaling and all(r["nodes"].isdigit() and r["devices"].isdigit() and r["gbs"].isdigit() for r in scaling)
     assert {(r["nodes"], r["devices"]) for r in scaling} == {("40", "320"), ("44", "352"), ("48", "384")}
+
+
+def test_a_stopped_run_that_measured_iterations_is_partial_in_results_csv(tmp_path: Path) -> None:
+    # Interrupted and timed out after 9 and 47 measured iterations, and timed out after 1: the figures
+    # stay in their columns as the records give them, `partial` says which rows' they are.
+    df = load_sweeps([build_sweep(tmp_path / "s", stopped_sweep_data())], queue=None).table
+    assert df["partial"].dtype == bool
+    write_results_csv(df, tmp_path / "results.csv")
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {(r["outcome"], r["measured_iterations"]): r for r in csv.DictReader(f)}
+    assert {key: row["partial"] for key, row in rows.items()} == {
+        ("ok", "2"): "False", ("timeout", "47"): "True", ("timeout", "1"): "False", ("interrupted", "9"): "True",
+    }  # fmt: skip
+    assert rows[("timeout", "47")]["sec_per_iter"] == "150.0"
+    # What scripts want of finished runs is still outcome == ok; of every measurement, ok or partial.
+    measured = df[(df["outcome"] == "ok") | df["partial"]]
+    assert sorted(measured["sec_per_iter"]) == [150.0, 172.36, 180.0, 207.92]
+
+
+def test_a_stopped_runs_record_that_does_not_say_how_many_it_measured_is_not_partial(tmp_path: Path) -> None:
+    build_sweep(tmp_path / "s", stopped_sweep_data())
+    # A record edited by hand, or not by this trainer: nothing says its figures cover enough iterations.
+    path = tmp_path / "s" / "runs" / "3" / RESULT_FILE
+    record = json.loads(path.read_text())
+    assert record["status"] == "timeout" and record["measured_iterations"] == 47
+    del record["measured_iterations"]
+    path.write_text(json.dumps(record))
+    df = load_sweeps([tmp_path / "s"], queue=None).table.set_index("run_dir")
+    assert not df.loc["runs/3", "partial"] and df.loc["runs/2", "partial"]
 
 
 def test_cli_default_output_is_first_sweeps_analysis_dir(sweep: Path) -> None:

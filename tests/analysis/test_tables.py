@@ -25,11 +25,19 @@ from analysis.tables import (
     scaling_frame,
     scaling_markdown,
     sort_results,
+    summary_line,
     varying_overrides,
     zero_frame,
     zero_markdown,
 )
-from tests.analysis.golden.build import EXPECTED_MD, GOLDEN, build_sweep, fixture, predicted_sweep_data
+from tests.analysis.golden.build import (
+    EXPECTED_MD,
+    GOLDEN,
+    build_sweep,
+    fixture,
+    predicted_sweep_data,
+    stopped_sweep_data,
+)
 
 
 def _markdown(sweep: Path) -> str:
@@ -563,3 +571,93 @@ def test_scaling_keeps_sequence_parallel_and_interleaved_runs_of_one_layout_apar
         assert len(cell) == 2 and cell["variant"].str.contains(word).sum() == 1, cell["variant"].tolist()
         plain = cell[~cell["variant"].str.contains(word)]
         assert plain["samples_per_s"].tolist() == pytest.approx([2048 / 207.92])
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs stopped before their end (timeout, interrupted): what they measured, marked partial
+
+
+def _stopped(tmp_path: Path) -> pd.DataFrame:
+    return load_sweeps([build_sweep(tmp_path / "stopped", stopped_sweep_data())], queue=None).table
+
+
+def test_a_stopped_run_shows_what_it_measured_marked_partial(tmp_path: Path) -> None:
+    table = results_table(_stopped(tmp_path)).set_index("Mem")
+    # Finished runs first, fastest first; the stopped ones keep their place among the failures, though
+    # the timeout's 150 s/it is faster than both.
+    assert table.index.tolist() == ["45GB", "43GB", "timeout (partial)", "timeout", "interrupted (partial)"]
+    timeout = table.loc["timeout (partial)"]
+    assert timeout[["Sec/it", "CV", "TFLOPs", "MFU"]].tolist() == ["150.00", "2.0%", "110.00", "35.3%"]
+    # The time model is judged against finished runs only.
+    assert timeout[["Pred s/it", "Err"]].tolist() == ["", ""]
+    assert timeout["Notes"] == ("02-20; partial: 47 iterations measured, stopped after 48 of 100, peak 39GB so far; "
+                                "received SIGTERM; stopped before the end of training")  # fmt: skip
+    interrupted = table.loc["interrupted (partial)"]
+    assert interrupted[["Sec/it", "TFLOPs"]].tolist() == ["180.00", "99.00"]
+    assert "partial: 9 iterations measured, stopped after 10 of 100, peak 41GB so far; stopped by SIGINT" in (
+        interrupted["Notes"])
+
+
+def test_a_stopped_run_that_measured_too_few_iterations_stays_blank_and_says_why(tmp_path: Path) -> None:
+    row = results_table(_stopped(tmp_path)).set_index("Mem").loc["timeout"]
+    assert (row[["Sec/it", "CV", "Pred s/it", "Err", "TFLOPs", "MFU"]] == "").all()
+    assert row["Notes"].startswith("02-20; no figures: 1 iteration measured (2 needed), stopped after 2 of 100; ")
+
+
+def test_a_resumed_attempt_says_where_it_stopped_from_its_checkpoints_step(tmp_path: Path) -> None:
+    df = _stopped(tmp_path)
+    at = df["outcome"] == "interrupted"
+    df.loc[at, "resumed_from_step"] = 60.0
+    notes = results_table(df).set_index("Mem").loc["interrupted (partial)", "Notes"]
+    assert "partial: 9 iterations measured, stopped after 70 of 100" in notes
+
+
+def test_results_md_explains_partial_figures_once(tmp_path: Path) -> None:
+    df = _stopped(tmp_path)
+    assert summary_line(df) == "5 configs: 2 ok, 2 timeout, 1 interrupted; 2 stopped run(s) with partial figures, not ranked"
+    md = results_markdown(df, labels=["stopped"], recommendation="-")
+    (footnote,) = [line for line in md.splitlines() if line.startswith("* timeout (partial)")]
+    assert footnote.startswith("* timeout (partial) and interrupted (partial): a run stopped before its end")
+    assert "at least 2 iterations" in footnote and "partial=True" in footnote
+    # A sweep without any says nothing of them.
+    golden = load_sweeps([build_sweep(tmp_path / "golden")], queue=None).table
+    assert "(partial)" not in results_markdown(golden, labels=["golden"], recommendation="-")
+
+
+def test_scaling_cells_never_take_a_stopped_runs_figures(tmp_path: Path) -> None:
+    # Seed 004's bert 345m scaled out, its 8-node run stopped by the time limit after 47 iterations: that
+    # cell says timeout, in scaling.md and scaling.csv alike, and the efficiencies are the finished runs'.
+    data = copy.deepcopy(fixture())
+    gbs = 8192
+    data["runs"] = [
+        {"name": f"n{nodes}", "nodes": nodes, "layout": {"dp": 8 * nodes, "tp": 1, "pp": 1, "mbs": 4, "gbs": gbs},
+         "params": 345_000_000, "mem_gib": 30.0, "sec_per_iter": gbs / sps, "tflops": tflops, **stop}
+        for nodes, sps, tflops, stop in (
+            (1, 1658.93, 2.94, {}), (4, 6558.31, 2.91, {}),
+            (8, 20000.0, 4.0, {"status": "timeout", "message": "received SIGTERM", "iterations_run": 48,
+                               "measured_iterations": 47}),
+        )
+    ]  # fmt: skip
+    df = load_sweeps([build_sweep(tmp_path / "scale", data)], queue=None).table
+    assert df["partial"].tolist() == [False, False, True]
+    frame = scaling_frame(df).set_index("scale")
+    assert frame.loc["8*8", "outcome"] == "timeout"
+    assert frame.loc["8*8", ["samples_per_s", "tflops", "pflops", "mfu", "mem_gib", "efficiency"]].isna().all()
+    assert frame.loc["4*8", "efficiency"] == pytest.approx(6558.31 / 4 / 1658.93)
+    md = scaling_markdown(scaling_frame(df))
+    assert md is not None and md.splitlines()[2].rstrip(" |").endswith("timeout") and "20000" not in md
+
+
+def test_zero_cells_never_take_a_stopped_runs_figures(tmp_path: Path) -> None:
+    stopped = _zero_run("ds3_mp1_n1", 1, 1, "deepspeed", 3, status="timeout")
+    stopped.update(sec_per_iter=GBS / 900.0, tflops=1.9, mem_gib=20.0, iterations_run=20, measured_iterations=19)
+    data = copy.deepcopy(fixture())
+    data["runs"] = [_zero_run("native_mp1_n1", 1, 1, sps=1658.93, tflops=2.94), stopped]
+    df = load_sweeps([build_sweep(tmp_path / "zero", data)], queue=None).table
+    assert df["partial"].tolist() == [False, True]
+    frame = zero_frame(df)
+    (cell,) = (row for _, row in frame.iterrows() if row["engine"] == "deepspeed")
+    assert cell["variant"].endswith("(mp=1) with deepspeed zero3") and cell["outcome"] == "timeout"
+    assert cell[["samples_per_s", "tflops", "sec_per_iter", "mem_gib"]].isna().all()
+    md = zero_markdown(zero_frame(df))
+    assert md is not None and "900" not in md and md.splitlines()[3].rstrip(" |").endswith("timeout")

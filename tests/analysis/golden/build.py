@@ -86,6 +86,9 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
     flops = tflops * 1e12 * sec * world if (sec and tflops) else 1.0e18
     mem = spec.get("mem_gib")
     gbs = layout["gbs"]
+    # A stopped run's counts come from its spec (it measured some of its iterations); the others' are
+    # three run, one warm-up and two measured, or one run and none measured without figures.
+    ran = spec.get("iterations_run", 3 if sec else 1)
     record = RunRecord(
         status=status,
         message=spec.get("message"),
@@ -101,9 +104,9 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
         precision="bf16",
         flops_per_iteration={"model": flops, "hardware": flops * 4 / 3, "megatron_eq3": flops * 4 / 3},
         flops_conventions={"model": "per-GEMM", "hardware": "with recompute", "megatron_eq3": "Eq. 3"},
-        iterations_run=3 if sec else 1,
+        iterations_run=ran,
         warmup_iters=1,
-        measured_iterations=2 if sec else 0,
+        measured_iterations=spec.get("measured_iterations", 2 if sec else 0),
         skipped_iterations=0,
         final_loss=None if status == "nan" else 11.5,
         sec_per_iter=sec,
@@ -125,13 +128,16 @@ def make_record(run: RunConfig, spec: dict[str, Any], overrides: list[str]) -> d
         max_mem_source="torch.cuda.max_memory_allocated" if mem else None,
         peak_tflops=peak,
         peak_source="datasheet",
-        losses=[11.9, 11.7, 11.5] if sec else [float("nan")],
-        iteration_times_s=[sec * 1.2, sec, sec] if sec else [],
+        losses=([11.9, 11.7, 11.5] if ran == 3 else [11.5] * ran) if sec else [float("nan")],
+        iteration_times_s=[sec * 1.2] + [sec] * (ran - 1) if sec else [],
         env={"SLURM_JOB_ID": "1000", "SLURM_NNODES": str(spec["nodes"])} if "nodes" in spec else {},
         started_at=spec.get("started_at", "2022-02-25T10:00:00+00:00"),
         wall_s=600.0,
     )
-    return record.to_dict()
+    data = record.to_dict()
+    if "train_iters" in spec:
+        data["config"]["training"]["train_iters"] = spec["train_iters"]
+    return data
 
 
 def build_sweep(root: Path, data: dict[str, Any] | None = None, *, drop: tuple[str, ...] = ()) -> Path:
@@ -217,3 +223,30 @@ def predicted_sweep_data(factors: list[float]) -> tuple[dict[str, Any], list[flo
             "tflops": row.model_flops_per_iter / (sec * world) / 1e12, "mem_gib": 20.0,
         })  # fmt: skip
     return {"model": GPT, "hardware": hardware, "runs": runs}, predicted
+
+
+STOPPED_RUNS = {
+    # Faster than every finished run: a stopped run's figures must not be the recommendation.
+    "n48_pp12_mbs2": {"status": "timeout", "message": "received SIGTERM; stopped before the end of training",
+                      "sec_per_iter": 150.0, "sec_cv": 0.02, "tflops": 110.0, "mem_gib": 38.6,
+                      "iterations_run": 48, "measured_iterations": 47, "train_iters": 100},
+    "n44_pp11_mbs2": {"status": "interrupted",
+                      "message": "stopped by SIGINT (Ctrl-C) after 10 iterations; every worker was stopped",
+                      "sec_per_iter": 180.0, "tflops": 99.0, "mem_gib": 41.0,
+                      "iterations_run": 10, "measured_iterations": 9, "train_iters": 100},
+    # One iteration after the warm-up: too few to show (records.MIN_PARTIAL_ITERATIONS).
+    "n40_pp10_mbs4": {"status": "timeout", "message": "received SIGTERM; stopped before the end of training",
+                      "sec_per_iter": 200.0, "tflops": 100.0, "mem_gib": 55.0,
+                      "iterations_run": 2, "measured_iterations": 1, "train_iters": 100},
+}  # fmt: skip
+"""Three of the golden sweep's layouts as runs stopped before their end, each record keeping the figures
+of the iterations it measured after its warm-up (as train.trainer writes them on SIGTERM and Ctrl-C)."""
+
+
+def stopped_sweep_data() -> dict[str, Any]:
+    """The golden sweep's two finished seed layouts (n40_pp10_mbs2, n48_pp6_mbs2) and STOPPED_RUNS."""
+    data = fixture()
+    finished = [r for r in data["runs"] if r["name"] in ("n40_pp10_mbs2", "n48_pp6_mbs2")]
+    stopped = [{**r, **STOPPED_RUNS[r["name"]]} for r in data["runs"] if r["name"] in STOPPED_RUNS]
+    data["runs"] = finished + stopped
+    return data
