@@ -351,6 +351,8 @@ def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path
     last = other.stderr.strip().splitlines()[-1]
     assert last.startswith("error: checkpoint ") and "other seed" in last, last
     assert last.endswith(f"(nothing recorded: {tmp_path / 'run' / RESULT_FILE} is the finished run's record, kept)")
+    # Nor does stdout name it as this attempt's result (a "result:" line came before the refusal).
+    assert "result: " not in other.stdout and "result: " in again.stdout, other.stdout[-2000:]
     assert (tmp_path / "run" / RESULT_FILE).read_bytes() == measured
     # Without that record (removed; or one without figures), the resume's own record says what happened,
     # with the loss the checkpoint recorded: the run's last loss is known.
