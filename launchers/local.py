@@ -44,6 +44,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
+from launchers.entry import entry_problem
 from launchers.states import process_start
 from launchers.submit import (
     ConfigSpec,
@@ -61,7 +62,7 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
 )
-from launchers.sweepdir import check_indices_free, sweep_lock
+from launchers.sweepdir import UsageError, check_indices_free, sweep_lock
 from train.contract import (
     RESULT_FILE,
     LocalRun,
@@ -178,7 +179,7 @@ class LocalLauncher(SweepLauncher):
     Options (hydra.launcher.*): python (null: this interpreter), module (entry module of each run),
     append (add the configs to the sweep already in hydra.sweep.dir, with new indices; without it
     such a directory is refused: launchers.sweepdir). A launch with nothing to run (every config
-    infeasible) fails.
+    infeasible) fails; so does one whose python or module cannot start here (launchers.entry).
     """
 
     def __init__(self, python: str | None = None, module: str = "train", append: bool = False) -> None:
@@ -197,6 +198,10 @@ class LocalLauncher(SweepLauncher):
             return self._launch_hydra_jobs(job_overrides, initial_job_idx)
         if self._first_index is None:  # a sweep's first batch; a later one is never empty
             refuse_empty_sweep(job_overrides)
+            entry = (self.python or sys.executable, self.module, str(self.config.hydra.runtime.cwd))
+            # Every config runs here: what cannot start one cannot start any (it failed each in turn).
+            if problem := entry_problem(*entry, options=("hydra.launcher.python", "hydra.launcher.module")):
+                raise UsageError(f"{problem}. Nothing was run.")
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         settings = LaunchSettings(

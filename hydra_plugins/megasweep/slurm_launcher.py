@@ -29,7 +29,8 @@ class SlurmLauncherConf:
     srun_args: list[str] = field(default_factory=list)
     """Extra srun arguments of each job's step."""
     python: str | None = None
-    """Interpreter of the jobs; null: the one running this sweep."""
+    """Interpreter of the jobs; null: the one running this sweep. One missing here, or a module it cannot
+    import, is warned of before anything is queued (launchers.entry)."""
     module: str = "train"
     """Entry module each array task runs (`python -m <module> <overrides>`)."""
     job_name: str | None = None
