@@ -83,6 +83,8 @@ from train.contract import (
     RESULT_FILE,
     ManifestEntry,
     ManifestError,
+    OomReport,
+    PeakCalibration,
     PlanRow,
     RunRecord,
     join_overrides,
@@ -99,6 +101,7 @@ from train.planner.memory import estimated_memory
 from train.planner.plan import plan_run, time_prediction
 from train.planner.rules import device_mismatch
 from train.planner.sizes import total_params
+from train.power import PowerSummary
 
 GIB = 2**30
 _OBJECT = np.dtype(object)
@@ -1233,12 +1236,19 @@ def _whole_hints(cls: type, prefix: str) -> Iterable[str]:
             yield f"{prefix}{name}"  # not list[int]: a list is a JSON cell
 
 
+_RECORD_DICTS: dict[str, type] = {"peak_calibration": PeakCalibration, "power": PowerSummary, "oom": OomReport}
+"""RunRecord fields typed dict[str, Any] that hold one of these dataclasses (their docstrings say which):
+their counts (power.samples, peak_calibration.cores, oom.iteration) are whole numbers too."""
+
+
 @functools.cache
 def _whole_fields() -> tuple[frozenset[str], tuple[str, ...]]:
     """(columns, column prefixes) that hold whole numbers, from where the names are defined: the
     record's fields (train.contract.RunRecord; its config, conf.schema.RunConfig, flattened into
-    config.<group>.<field>) by their types, and WHOLE_CORE_COLUMNS."""
+    config.<group>.<field>) by their types, the dataclasses its dict fields hold (_RECORD_DICTS), and
+    WHOLE_CORE_COLUMNS."""
     names = [*_whole_hints(RunRecord, ""), *(f"config.{n}" for n in _whole_hints(RunConfig, ""))]
+    names += [n for field, cls in _RECORD_DICTS.items() for n in _whole_hints(cls, f"{field}.")]
     return frozenset(WHOLE_CORE_COLUMNS).union(n for n in names if not n.endswith(".")), tuple(
         n for n in names if n.endswith(".")
     )

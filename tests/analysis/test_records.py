@@ -569,6 +569,25 @@ def test_csv_files_write_counts_as_integers(tmp_path: Path) -> None:
     assert {(r["nodes"], r["devices"]) for r in scaling} == {("40", "320"), ("44", "352"), ("48", "384")}
 
 
+def test_counts_inside_a_records_dict_fields_are_written_whole(tmp_path: Path) -> None:
+    # peak_calibration.cores and power.samples were written "2.0" and "120.0" beside a skipped config:
+    # their counts were known only as the record's dict[str, Any].
+    sweep = build_sweep(tmp_path / "bloom_sweep")
+    path = sweep / "runs" / "0" / "result.json"
+    record = json.loads(path.read_text())
+    record["peak_calibration"] = {"tflops": 0.19, "cores": 2, "threads": 2, "matrix_size": 1024, "host": "h"}
+    record["power"] = {"available": True, "gpus": 8, "samples": 120, "tokens": 4096, "window_s": 30.0}
+    path.write_text(json.dumps(record))
+    df = load_sweeps([sweep], queue=None).table
+    assert df["power.samples"].dtype.kind == "f"  # the other rows lack it
+    write_results_csv(df, tmp_path / "results.csv")
+    with open(tmp_path / "results.csv", newline="") as f:
+        first = next(r for r in csv.DictReader(f) if r["run_dir"] == "runs/0")
+    assert [first[c] for c in ("peak_calibration.cores", "peak_calibration.threads", "peak_calibration.matrix_size",
+                               "power.gpus", "power.samples", "power.tokens")] == ["2", "2", "1024", "8", "120", "4096"]  # fmt: skip
+    assert (first["peak_calibration.tflops"], first["power.window_s"]) == ("0.19", "30.0")  # measurements stay floats
+
+
 def test_a_stopped_run_that_measured_iterations_is_partial_in_results_csv(tmp_path: Path) -> None:
     # Interrupted and timed out after 9 and 47 measured iterations, and timed out after 1: the figures
     # stay in their columns as the records give them, `partial` says which rows' they are.
