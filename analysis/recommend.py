@@ -520,15 +520,21 @@ def _satisfied(best: Candidate, c: Constraints, configs: int, hardware: str = ""
     out.append(f"same work as each of the {configs} config(s) of it in the sweep(s): model{hw}, GBS {best.gbs} and "
                "sequence length")  # fmt: skip
     if best.mem_gib is not None and _memory_unmet(best) is None:
-        cap = f" of {best.mem_capacity_gib:.1f} GiB usable" if best.mem_capacity_gib is not None else ""
-        out.append(f"peak memory {best.mem_gib:.1f} GiB per device{cap}")
+        cap = f" of {_gib(best.mem_capacity_gib)} GiB usable" if best.mem_capacity_gib is not None else ""
+        out.append(f"peak memory {_gib(best.mem_gib)} GiB per device{cap}")
     if c.max_nodes is not None:
         out.append(f"{best.nodes} node(s) <= {c.max_nodes} (--max-nodes)")
     if c.max_mem_gib is not None and best.mem_gib is not None:
-        out.append(f"peak memory {best.mem_gib:.1f} GiB <= {c.max_mem_gib:g} GiB (--max-mem-gib)")
+        out.append(f"peak memory {_gib(best.mem_gib)} GiB <= {c.max_mem_gib:g} GiB (--max-mem-gib)")
     if c.dp_multiple_of is not None:
         out.append(f"DP={best.dp} is a multiple of {c.dp_multiple_of} (--dp-multiple)")
     return tuple(out)
+
+
+def _gib(value: float) -> str:
+    """GiB with the digits a comparison needs: 38.6 of a GPU, but 0.53 of a small CPU run, where one
+    decimal printed "0.5 GiB <= 0.55 GiB" beside another line's "0.53 GiB"."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def _memory_unmet(c: Candidate) -> str | None:

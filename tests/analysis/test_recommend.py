@@ -547,6 +547,11 @@ def test_a_peak_above_the_device_memory_is_flagged_not_satisfied(tmp_path: Path)
     (rec,) = recommend(load_sweeps([sweep], queue=None).table)
     assert rec.best.mem_gib == 43.0 and _lines(rec, "- constraint not met:") == []
     assert "peak memory 43.0 GiB per device of 78.2 GiB usable" in _lines(rec, "- constraints satisfied:")[0]
+    # A small run's peak keeps the digits its comparison needs: "0.5 GiB <= 0.55 GiB" read as rounding.
+    _edit_record(sweep / "runs" / "0" / "result.json", max_mem_gib=0.534, max_mem_gib_per_rank=[0.5, 0.534])
+    (rec,) = recommend(load_sweeps([sweep], queue=None).table, Constraints(max_mem_gib=0.55))
+    assert "peak memory 0.53 GiB per device of 78.2 GiB usable; peak memory 0.53 GiB <= 0.55 GiB (--max-mem-gib)" in (
+        _lines(rec, "- constraints satisfied:")[0])  # fmt: skip
 
 
 def test_a_run_on_a_larger_device_than_its_config_says_is_flagged_with_why(tmp_path: Path) -> None:
