@@ -228,12 +228,14 @@ def _write_unless_kept(
     is replaced as before.
 
     `unsaid`: the record's warnings no console line gave yet (what its figures lack and why: nothing
-    measured after a resume's warm-up, a ramp-up that never reached the batch), said first on stderr for
-    a run that finished: in result.json alone, an `ok` run without sec/it said nothing of why. A run
-    stopped early says so in its own line, and lacks figures for that reason."""
+    measured after a resume's warm-up, a ramp-up that never reached the batch; what they say: a peak
+    above the usable memory or a rate above the device's peak), said first on stderr for a run that
+    finished or was stopped (its figures, partial, are shown by the analysis): in result.json alone, an
+    `ok` run without sec/it said nothing of why, and a stopped one nothing of its peak above the usable
+    memory. A run that failed (OOM, NaN, error) says why in its own line."""
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
 
-    for warning in unsaid if record["status"] == "ok" else ():
+    for warning in unsaid if record["status"] in ("ok", "timeout", "interrupted") else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     finished = record["status"] == "ok" and progress.resumed_from_step is not None

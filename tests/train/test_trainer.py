@@ -719,6 +719,19 @@ def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_
     assert not [w for w in fits["warnings"] if "does not describe" in w]
 
 
+@pytest.mark.parametrize(("status", "said"), [("ok", True), ("timeout", True), ("interrupted", True), ("oom", False)])
+def test_a_stopped_runs_warnings_on_its_figures_are_said_as_a_finished_runs_are(
+    status: str, said: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A run stopped by its time limit whose peak passed the usable memory said so in its record only:
+    # its log, unlike a finished run's, left the warning out (the analysis shows its figures, partial).
+    warning = "peak memory 0.63 GiB per device is above the 0.50 GiB usable of hardware=cpu"
+    record = {"status": status, "warnings": [warning]}
+    written = trainer._write_unless_kept(tmp_path / "result.json", record, trainer.Progress(), None, unsaid=[warning])
+    assert written == record and read_record(tmp_path)["status"] == status
+    assert (f"warning: {warning}\n" in capsys.readouterr().err) == said
+
+
 def test_a_peak_above_the_usable_memory_is_a_warning() -> None:
     # tiny under hardware.memory_gib=0.5 (reserve 0): the dry run predicted 0.47 GiB and accepted it; the run
     # peaked at 0.63 GiB and said nothing (only the analysis, later, called the constraint unmet).
