@@ -488,10 +488,10 @@ def analyse(argv: Sequence[str]) -> int:
     if plots is not None and plots.skipped:
         print(plots.skipped_line())
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
-    return _exit_status(df, recommended=recommended)
+    return _exit_status(df, recommended=recommended, sweeps=args.sweeps)
 
 
-def _exit_status(df: pd.DataFrame, *, recommended: bool) -> int:
+def _exit_status(df: pd.DataFrame, *, recommended: bool, sweeps: Sequence[Path] = ()) -> int:
     """What the analysis tells a script (the tables are written whatever it is): EXIT_OK when it
     recommends a layout (a line on stderr when configs still to end may change it) or reads a dry
     run's plan, which recommends nothing by design; else EXIT_UNFINISHED while configs are pending or
@@ -500,17 +500,19 @@ def _exit_status(df: pd.DataFrame, *, recommended: bool) -> int:
 
     outcomes = df["outcome"]
     left = int(outcomes.isin(MISSING).sum())
-    wait = f"{left} config(s) still pending or running (python -m launchers status --wait waits for them)"
+    where = shlex.quote(str(sweeps[0])) if len(sweeps) == 1 else "<sweep dir>"
+    wait = f"{left} config(s) still pending or running (python -m launchers status --wait {where} waits for them)"
     if recommended:
         if left:
             print(f"analysis: the recommendation may change: {wait}", file=sys.stderr)
         return EXIT_OK
-    if outcomes.isin(("planned", "skipped")).all():
-        return EXIT_OK
+    if (outcomes == "planned").any() and outcomes.isin(("planned", "skipped")).all():
+        return EXIT_OK  # a dry run's plan, with something feasible in it
     if left:
         print(f"analysis: no recommendation yet: {wait}", file=sys.stderr)
         return EXIT_UNFINISHED
-    print("analysis: no recommendation: no run that ended qualifies (see above)", file=sys.stderr)
+    why = "every config is infeasible (skipped)" if (outcomes == "skipped").all() else "no run that ended qualifies"
+    print(f"analysis: no recommendation: {why} (see above)", file=sys.stderr)
     return EXIT_FAILED
 
 

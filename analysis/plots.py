@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis.recommend import _DISTINCT, _SHAPE, _varying, model_shapes
+from analysis.recommend import _DISTINCT, _SHAPE, _varying, model_shapes, pooled_layout_key
 from analysis.records import PARTIAL_OUTCOMES, value_texts
 from analysis.tables import TIE_BREAK, format_size, sort_results
 
@@ -184,13 +184,9 @@ def _work_label(runs: pd.DataFrame) -> pd.Series:
 
 
 def _layout_medians(runs: pd.DataFrame) -> pd.Series:
-    """Each run's layout's median seconds per iteration (records' layout_key; a run whose layout is
-    unknown stands alone)."""
-    if "layout_key" not in runs.columns:
-        return runs["sec_per_iter"]
-    alone = pd.Series(runs.index.astype(str), index=runs.index)
-    key = runs["layout_key"].where(runs["layout_key"].fillna("") != "", "run " + alone)
-    return runs.groupby(key)["sec_per_iter"].transform("median")
+    """Each run's layout's median seconds per iteration, its layout as the recommendation pools runs
+    (recommend.pooled_layout_key: two runs that differ in virtual_stages or the optimizer are two)."""
+    return runs.groupby(pooled_layout_key(runs))["sec_per_iter"].transform("median")
 
 
 def sec_vs_nodes_figure(df: pd.DataFrame) -> Figure:

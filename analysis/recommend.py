@@ -284,8 +284,10 @@ _LAYOUT_COUNTS = ("nodes", "devices", "dp", "tp", "pp", "mbs")
 _NO_LAYOUT = "whose record does not give its layout (nodes, devices, DP, TP, PP and micro-batch, each at least 1)"
 
 
-def _layout_key(runs: pd.DataFrame) -> pd.Series:
-    """What makes runs one layout (their counts and the fields in _DISTINCT), as text, one per run."""
+def pooled_layout_key(runs: pd.DataFrame) -> pd.Series:
+    """What makes runs one layout (their counts and the fields in _DISTINCT), as text, one per run: the
+    runs the recommendation pools (records' layout_key, which matches configs across sweeps, leaves out
+    fields such as virtual_stages and the optimizer that it tells apart)."""
     cols = [c for c in (*_LAYOUT_COUNTS, *(c for c, _ in _DISTINCT)) if c in runs.columns]
     return pd.Series(["|".join(t) for t in zip(*(value_texts(runs[c]) for c in cols), strict=True)], index=runs.index)
 
@@ -293,7 +295,7 @@ def _layout_key(runs: pd.DataFrame) -> pd.Series:
 def _pool_layouts(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per layout of `runs` (one piece of work, sorted fastest first), fastest first, with
     `_runs` the runs pooled into it: see the module for the pooled figures."""
-    key = _layout_key(runs)
+    key = pooled_layout_key(runs)
     counts = key.map(key.value_counts())
     if (counts == 1).all():  # the usual sweep: nothing to pool, and no groupby over thousands of runs
         return runs.assign(_runs=1)
@@ -505,7 +507,7 @@ def _constraint_masks(group: pd.DataFrame, c: Constraints) -> dict[str, pd.Serie
         # A run that measured no memory is not above the limit: it is unknown, and said so. Judged by
         # its layout's highest peak, as the layout's runs are pooled: a run below the limit kept a
         # layout whose other run was above it, and the layout stood on its faster run alone.
-        highest = group["mem_gib"].groupby(_layout_key(group).to_numpy()).transform("max")
+        highest = group["mem_gib"].groupby(pooled_layout_key(group).to_numpy()).transform("max")
         masks[f"above {c.max_mem_gib:g} GiB per device"] = ~(highest > c.max_mem_gib)
         masks["with no measured peak memory to check against --max-mem-gib"] = group["mem_gib"].notna()
     if c.dp_multiple_of is not None:
@@ -809,6 +811,7 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
 
 
 __all__ = [
-    "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv", "recommend",
+    "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv",
+    "pooled_layout_key", "recommend",
     "recommendation_text", "unknown_work", "unqualified",
 ]  # fmt: skip

@@ -10,6 +10,7 @@ plugins defined in the `hydra_plugins` namespace package.
     bulk        the garbage collector paused while thousands of configs or records are built
     sweepdir    one sweep per directory, checked before anything is written
     site        partitions, accounts, QoS the cluster accepts
+    entry       the jobs' interpreter and entry module, checked before anything runs
     plan        hydra/launcher=plan, the dry run
     search      hydra/sweeper=layouts, the layout search
     submit      rules, allocations, job arrays via submitit, the manifest

@@ -117,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the table and exit as without it; Ctrl-C stops waiting (exit 130)",
     )  # fmt: skip
     status.add_argument(
-        "--poll", type=_positive_seconds, default=POLL_S, metavar="SECONDS",
-        help=f"with --wait, seconds between looks at Slurm and the records (default {POLL_S:g})",
+        "--poll", type=_poll_seconds, default=None, metavar="SECONDS",
+        help=f"with --wait, seconds between looks at Slurm and the records (default {POLL_S:g}, at least "
+        f"{MIN_POLL_S:g})",
     )  # fmt: skip
     rerun = sub.add_parser(
         "rerun",
@@ -191,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:  # said by the command's parser, which knows its options
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "status" and args.poll is not None and not args.wait:
+        status.error(f"--poll {args.poll:g} paces --wait, which was not given: add --wait, or leave --poll out")
     # A misspelt key, a missing group option or a value of the wrong type: the trainer's one line with
     # "did you mean", before anything composes (Hydra's words for them suggest '+key' or hide the
     # reason in an exception's cause). A rerun's sweep, or an export's --config-dir, may have group
@@ -225,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "status":
-            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, poll_s=args.poll if args.wait else None)
+            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, poll_s=(args.poll or POLL_S) if args.wait else None)
         entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only)
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
@@ -237,10 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:  # a local sweep's rerun: the manifest says which configs were interrupted
         if args.command == "status":  # --wait: the sweep goes on; only the waiting stopped
-            print(f"status: stopped waiting (python -m launchers status {args.sweep_dir} shows where it is)",
+            print(f"status: stopped waiting (python -m launchers status {shlex.quote(args.sweep_dir)} shows where it is)",
                   file=sys.stderr)  # fmt: skip
             return EXIT_INTERRUPTED
-        print(f"rerun: interrupted (python -m launchers status {args.sweep_dir} shows where it stopped)", file=sys.stderr)
+        print(f"rerun: interrupted (python -m launchers status {shlex.quote(args.sweep_dir)} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not entries:
         why, made = _already_rerun(args.sweep_dir, args.overrides)
@@ -259,14 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refused and not any(e.status == "submitted" for e in entries):
         # As a launch that sbatch refused: nothing runs, and a script must not read it as queued.
         print(f"rerun: nothing was resubmitted: sbatch refused {len(refused)} config(s) (the reasons are above); "
-              f"python -m launchers rerun --failed {args.sweep_dir} tries again once the cause is fixed", file=sys.stderr)  # fmt: skip
+              f"python -m launchers rerun --failed {shlex.quote(args.sweep_dir)} tries again once the cause is fixed", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
     here = {e.index for e in entries if e.status == "submitted" and e.job_id is None}
     if here:
         # A local sweep's configs ran to the end before this returns: say whether they failed again.
         again = [s for s in unresolved_failures(sweep_status(args.sweep_dir)) if s.index in here]
         if again:
-            print(f"rerun: {len(again)} configs failed again (python -m launchers status {args.sweep_dir})",
+            print(f"rerun: {len(again)} configs failed again (python -m launchers status {shlex.quote(args.sweep_dir)})",
                   file=sys.stderr)  # fmt: skip
             return EXIT_FAILED
     return 0
@@ -313,13 +316,18 @@ POLL_S = 30.0
 of the sweep at once, is little for slurmctld at this pace (submitit's watcher asks at a like pace)."""
 
 
-def _positive_seconds(text: str) -> float:
+MIN_POLL_S = 1.0
+"""The shortest `--poll`: each look runs squeue and sacct, which a tighter loop would have slurmctld and
+slurmdbd answer without pause."""
+
+
+def _poll_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0 (e.g. --poll {POLL_S:g})")
+    if not (math.isfinite(value) and value >= MIN_POLL_S):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= {MIN_POLL_S:g} (e.g. --poll {POLL_S:g})")
     return value
 
 
@@ -336,7 +344,11 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
     if not failed or ok_if_failed:
         left = sum(1 for s in statuses if s.state in UNFINISHED_STATES)
         if left:
-            print(f"status: {left} configs still pending or running (--wait waits for them)", file=sys.stderr)
+            # Nothing here ends the wait of a config whose exported script nobody submitted.
+            unsubmitted = sum(1 for s in statuses if s.unsubmitted and s.state in UNFINISHED_STATES)
+            never = (f"; {unsubmitted} of them exported and never started: submit their script with sbatch (their "
+                     "detail names it)") if unsubmitted else ""  # fmt: skip
+            print(f"status: {left} configs still pending or running (--wait waits for them){never}", file=sys.stderr)
             return EXIT_UNFINISHED
         return EXIT_OK
     # Named by their states: an interrupted or refused config did not fail, it did not run to the end.
@@ -346,7 +358,7 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
     if left := sum(1 for s in statuses if s.state in UNFINISHED_STATES):
         said += f" ({left} more still pending or running)"
     print(
-        f"status: {said} (python -m launchers rerun --failed {sweep_dir} resubmits "
+        f"status: {said} (python -m launchers rerun --failed {shlex.quote(sweep_dir)} resubmits "
         "them; --ok-if-failed exits 0)",
         file=sys.stderr,
     )

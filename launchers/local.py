@@ -44,7 +44,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.entry import entry_problem
+from launchers.entry import check_entry
 from launchers.states import process_start
 from launchers.submit import (
     ConfigSpec,
@@ -62,7 +62,7 @@ from launchers.submit import (
     save_launch_file,
     subdir_namer,
 )
-from launchers.sweepdir import UsageError, check_indices_free, sweep_lock
+from launchers.sweepdir import check_indices_free, sweep_lock
 from train.contract import (
     RESULT_FILE,
     LocalRun,
@@ -106,7 +106,12 @@ def run_here(
             print(f"local: [{n}/{len(specs)}] config {spec.index}: {' '.join(spec.overrides)}", flush=True)
             try:
                 marks.start(spec.index)
-                outcomes[spec.index] = (JobStatus.COMPLETED, command_for(spec, settings, sweep_dir)())
+                command = command_for(spec, settings, sweep_dir)
+                outcomes[spec.index] = (JobStatus.COMPLETED, command())
+                if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():
+                    # An entry module that is not megasweep's trainer (hydra.launcher.module): Slurm's
+                    # COMPLETED says so of a job; here the config read pending for ever.
+                    raise RuntimeError(f"`{' '.join(command.argv)}` exited with status 0 without writing {RESULT_FILE}")
             except Exception as exc:  # reported to Hydra below, after the other configs have run
                 # A Ctrl-C whose KeyboardInterrupt another error replaced on its way out (a cleanup
                 # that raised, e.g. an echo into a closed stdout) stops the sweep all the same.
@@ -200,8 +205,7 @@ class LocalLauncher(SweepLauncher):
             refuse_empty_sweep(job_overrides)
             entry = (self.python or sys.executable, self.module, str(self.config.hydra.runtime.cwd))
             # Every config runs here: what cannot start one cannot start any (it failed each in turn).
-            if problem := entry_problem(*entry, options=("hydra.launcher.python", "hydra.launcher.module")):
-                raise UsageError(f"{problem}. Nothing was run.")
+            check_entry(*entry, options=("hydra.launcher.python", "hydra.launcher.module"), here=True)
         composer = sweep_composer(self.hydra_context.config_loader, self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         settings = LaunchSettings(

@@ -74,7 +74,7 @@ from conf import CONFIG_DIR
 from conf.schema import unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses, slurm_mem
 from launchers.compose import FastComposer, parse_override
-from launchers.entry import entry_problem
+from launchers.entry import check_entry
 from launchers.site import check_own_options, check_sbatch_scripts, check_site, license_totals
 from launchers.submit import (
     ConfigSpec,
@@ -354,10 +354,8 @@ def export_sweep(
         names=("--array-parallelism", "--max-array-size"),
     )
     cwd = Path.cwd()
-    if (problem := entry_problem(python or sys.executable, module, str(cwd), options=("--python", "--module"))):
-        # The nodes run the scripts, and MEGASWEEP_PYTHON given to sbatch replaces --python there.
-        print(f"warning: {problem} (checked on this machine: the nodes may see another file system)",
-              file=sys.stderr, flush=True)  # fmt: skip
+    # The nodes run the scripts, and MEGASWEEP_PYTHON given to sbatch replaces --python there.
+    check_entry(python or sys.executable, module, str(cwd), options=("--python", "--module"), here=False)
     out_dir = (cwd / out_dir).resolve()
     sweep_dir = (cwd / (sweep_dir or Path("multirun") / "sbatch" / name)).resolve()
     custom_dir = config_dir is not None

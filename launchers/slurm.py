@@ -36,7 +36,7 @@ from launchers.compose import (
     sweep_composer,
     usage_exits,
 )
-from launchers.entry import entry_problem
+from launchers.entry import check_entry
 from launchers.site import SiteOptionError, check_own_options, check_site, check_slurm_conf
 from launchers.submit import (
     LaunchFailed,
@@ -245,9 +245,7 @@ class SlurmLauncher(SweepLauncher):
         if self._first_index is None:  # a sweep's first batch; a later one is never empty
             refuse_empty_sweep(job_overrides)
             entry = (self.python or sys.executable, self.module, str(self.config.hydra.runtime.cwd))
-            if problem := entry_problem(*entry, options=("hydra.launcher.python", "hydra.launcher.module")):
-                print(f"warning: {problem} (checked on this machine: the nodes may see another file system)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            check_entry(*entry, options=("hydra.launcher.python", "hydra.launcher.module"), here=False)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         path = manifest_path(sweep_dir)
         entries, submission = self._submit(job_overrides, initial_job_idx, sweep_dir)

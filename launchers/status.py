@@ -168,7 +168,7 @@ def read_sweep(sweep_dir: str | Path) -> list[ManifestEntry]:
         if (sweep_dir / PLAN_FILE).is_file():
             raise NotASweep(
                 f"{sweep_dir} holds a dry run ({PLAN_FILE}), not a launched sweep: nothing there runs "
-                f"or can fail (python -m analysis {sweep_dir} reads the plan)"
+                f"or can fail (python -m analysis {shlex.quote(str(sweep_dir))} reads the plan)"
             )
         # Hydra's multirun/<date> holds one sweep per time: name them rather than leave the user to look.
         below = sorted({p.parent for pattern in (f"*/{MANIFEST_FILE}", f"*/*/{MANIFEST_FILE}")
@@ -313,7 +313,9 @@ def wait_for_sweep(
         counts = {state: sum(1 for s in left if s.state == state) for state in ("running", "pending")}
         # Exported configs without a job id stay pending until someone runs sbatch on their script.
         exported = sum(1 for s in left if s.unsubmitted)
-        line = (f"status: waiting for {len(left)} of {len(statuses)} configs ({counts['running']} running, "
+        # Of the configs the bar counts: a skipped (infeasible) one never runs.
+        total = sum(1 for s in statuses if s.state != "skipped")
+        line = (f"status: waiting for {len(left)} of {total} configs ({counts['running']} running, "
                 f"{counts['pending']} pending" + (f", {exported} of them exported and not started" if exported else "")
                 + f"); asking every {poll_s:g} s")  # fmt: skip
         if line != said:
@@ -609,7 +611,7 @@ def _refuse_if_none_feasible(
                for (_, mine), (_, skipped) in zip(groups, changed, strict=True) for e in skipped]  # fmt: skip
     raise UsageError(
         f"every changed config is infeasible, so nothing was resubmitted or written, and the failed configs "
-        f"stay failed: {'; '.join(refused)}. Change other fields: python -m launchers rerun --failed {sweep_dir} "
+        f"stay failed: {'; '.join(refused)}. Change other fields: python -m launchers rerun --failed {shlex.quote(str(sweep_dir))} "
         "<field=value ...>"
     )
 

@@ -199,9 +199,7 @@ def run_training(
         if progress.run is not None and progress.run != run:  # micro_batch_size=auto, sized by setup
             wandb.reconfigure(**_wandb_identity(progress.run, rank))
         sinks.finish(summary=_summary_figures(own), ok=status == "ok")
-    # A refused attempt that kept the finished run's record wrote nothing: its error line says where
-    # that record is, and a "result:" line before it read as this attempt's.
-    if rank.lead and (failure is None or record is own):
+    if rank.lead and (failure is None or record is own):  # a refusal that kept a finished run's record wrote none
         print(f"result: {path}", flush=True)
     if failure is not None:
         if isinstance(failure, TrainingPreempted) and not rank.lead:

@@ -273,7 +273,7 @@ def test_a_dry_run_added_to_a_launched_sweep_lists_its_configs_never_launched(tm
     # Nothing has run yet and two configs are still to: no recommendation yet, which a script can tell.
     assert proc.returncode == EXIT_UNFINISHED, proc.stderr
     assert proc.stderr.endswith("analysis: no recommendation yet: 2 config(s) still pending or running "
-                                "(python -m launchers status --wait waits for them)\n"), proc.stderr  # fmt: skip
+                                f"(python -m launchers status --wait {sweep} waits for them)\n"), proc.stderr  # fmt: skip
     assert proc.stdout.startswith("3 configs: 2 pending, 1 planned, not run\n"), proc.stdout
     assert "Planned, not run (1 feasible config(s)" in proc.stdout
     assert "training.lr=0.001" in proc.stdout
@@ -342,12 +342,16 @@ def test_the_exit_status_says_whether_a_layout_is_recommended(tmp_path: Path, ca
     data = fixture()
     under_way = build_sweep(tmp_path / "under_way", data)  # one config still pending
     assert analyse(under_way) == (0, "analysis: the recommendation may change: 1 config(s) still pending or "
-                                     "running (python -m launchers status --wait waits for them)\n")  # fmt: skip
+                                     f"running (python -m launchers status --wait {under_way} waits for them)\n")  # fmt: skip
     assert analyse(under_way, "--max-mem-gib", "0.001") == (
         EXIT_UNFINISHED, "analysis: no recommendation yet: 1 config(s) still pending or running "
-        "(python -m launchers status --wait waits for them)\n")  # fmt: skip
+        f"(python -m launchers status --wait {under_way} waits for them)\n")  # fmt: skip
     over = build_sweep(tmp_path / "over", {**data, "runs": [r for r in data["runs"] if not r.get("pending")]})
     assert analyse(over) == (0, "")
     assert analyse(over, "--max-mem-gib", "0.001") == (
         EXIT_FAILED, "analysis: no recommendation: no run that ended qualifies (see above)\n")
     assert (tmp_path / "out" / "results.md").is_file()  # the tables are written all the same
+    # A plan (or launch) whose every config is infeasible is no answer either: it exited 0.
+    skipped = build_sweep(tmp_path / "skipped", {**data, "runs": [r for r in data["runs"] if r.get("status") == "skipped"]})
+    assert analyse(skipped) == (EXIT_FAILED, "analysis: no recommendation: every config is infeasible (skipped) "
+                                             "(see above)\n")  # fmt: skip

@@ -956,20 +956,23 @@ def test_status_exits_unfinished_while_configs_are_pending_and_wait_waits_them_o
     proc = status_cli(str(tmp_path))
     assert proc.returncode == EXIT_UNFINISHED, proc.stdout + proc.stderr
     assert "1/2 finished: 1 pending" in proc.stdout
-    assert proc.stderr == "status: 1 configs still pending or running (--wait waits for them)\n"
+    assert proc.stderr == ("status: 1 configs still pending or running (--wait waits for them); 1 of them exported "
+                           "and never started: submit their script with sbatch (their detail names it)\n")  # fmt: skip
     # --ok-if-failed is about failures: a sweep under way is still unfinished.
     assert status_cli("--ok-if-failed", str(tmp_path)).returncode == EXIT_UNFINISHED
 
     def wait() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "launchers", "status", "--wait", "--poll", "0.2", str(tmp_path)],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        # SIGINT as a terminal delivers it: a pytest-xdist worker's children inherit it ignored.
+        return subprocess.Popen([sys.executable, "-m", "launchers", "status", "--wait", "--poll", "1", str(tmp_path)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
     # Ctrl-C stops the waiting, not the sweep: exit 130, one line, no table, no traceback.
     waiting = wait()
     assert waiting.stderr is not None
     first = waiting.stderr.readline()
     assert first.startswith("status: waiting for 1 of 2 configs (0 running, 1 pending, 1 of them exported and not "
-                            "started); asking every 0.2 s [0:00:00 waited]"), first  # fmt: skip
+                            "started); asking every 1 s [0:00:00 waited]"), first  # fmt: skip
     waiting.send_signal(signal.SIGINT)
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == EXIT_INTERRUPTED and not out, out + err
@@ -978,7 +981,7 @@ def test_status_exits_unfinished_while_configs_are_pending_and_wait_waits_them_o
     # The config ends while status waits: the wait ends with the table and exit 0, having said its
     # waiting line once (the counts did not change meanwhile).
     waiting = wait()
-    time.sleep(1.5)  # several polls
+    time.sleep(2.5)  # several polls
     assert waiting.poll() is None
     finish(entries[1])
     out, err = waiting.communicate(timeout=60)
@@ -994,5 +997,7 @@ def test_status_refuses_an_empty_manifest(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_USAGE and not proc.stdout, proc.stdout + proc.stderr
     assert proc.stderr == (f"error: {tmp_path / 'manifest.jsonl'} lists no config: nothing was launched into "
                            f"{tmp_path} yet (a launch still starting, or one that stopped before its first config)\n")  # fmt: skip
-    bad = status_cli("--wait", "--poll", "0", str(tmp_path))
-    assert bad.returncode == EXIT_USAGE and "--poll: 0 is not a number of seconds > 0" in bad.stderr, bad.stderr
+    bad = status_cli("--wait", "--poll", "0.5", str(tmp_path))
+    assert bad.returncode == EXIT_USAGE and "--poll: 0.5 is not a number of seconds >= 1" in bad.stderr, bad.stderr
+    alone = status_cli("--poll", "5", str(tmp_path))  # it paces --wait only: alone it was ignored
+    assert alone.returncode == EXIT_USAGE and "error: --poll 5 paces --wait, which was not given" in alone.stderr
