@@ -10,7 +10,7 @@
 - memory_measured_vs_predicted.png: measured peak memory per device against train.planner.memory's
   estimate of the same config, with the y = x line and a line at each hardware's usable capacity,
   each hardware's runs and capacity in its own colour (the marker says how a run ended; a run stopped
-  before its end, timeout or interrupted, has a marker of its own: its peak is the peak so far):
+  before its end, timeout, cancelled or interrupted, has a marker of its own: its peak is the peak so far):
   whether the planner's memory model can be trusted, and how close the runs came to running out.
 
 The plots of speed (the first two) draw finished runs only: a stopped run's partial figures, which
@@ -232,7 +232,7 @@ _HW_COLOURS = tuple(f"C{i}" for i in range(10) if i != 7)
 """One colour per hardware, C7 (gray) left out: it is the y = x line's."""
 _MEM_KINDS = (
     ("ok", "o", "run ok"),
-    ("stopped", "^", "run stopped before its end (timeout, Ctrl-C): its peak so far"),
+    ("stopped", "^", "run stopped before its end (timeout, scancel, Ctrl-C): its peak so far"),
     ("failed", "s", "run failed (not OOM)"),
     ("oom", "x", "OOM (drawn at its hardware's usable capacity)"),
 )

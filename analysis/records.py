@@ -7,6 +7,9 @@ config becomes one row whose `outcome` is one of OUTCOMES:
 
     ok, oom, nan, timeout, fail   a result.json (fail = the record's 'error'), or a job Slurm ended
                                   without writing one, or a local run killed before it (manifest)
+    cancelled                     its Slurm job was cancelled (scancel): its record says so, or Slurm's
+                                  CANCELLED does over a `timeout` record (scancel's SIGTERM reads as a
+                                  time limit's to the trainer) or over a missing one
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
     interrupted                   a record that says so (Ctrl-C, SIGINT), or a local sweep's config
                                   Ctrl-C stopped before it started (manifest)
@@ -20,9 +23,9 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   entry, no result): planned, not run; it carries the plan's
                                   predictions (pred_sec_per_iter, pred_tflops, pred_mfu)
 
-A run stopped before its end (timeout: Slurm's time limit, a preemption, SIGTERM; interrupted:
-Ctrl-C) keeps the figures of the iterations it measured, as its record gives them: `partial` says a
-row's figures are such (PARTIAL_OUTCOMES, at least MIN_PARTIAL_ITERATIONS measured), for the tables to
+A run stopped before its end (timeout: Slurm's time limit, a preemption, SIGTERM; cancelled: scancel;
+interrupted: Ctrl-C) keeps the figures of the iterations it measured, as its record gives them:
+`partial` says a row's figures are such (PARTIAL_OUTCOMES, at least MIN_PARTIAL_ITERATIONS measured), for the tables to
 show them marked and for results.csv's readers to filter; what ranks or compares runs takes `ok` only.
 
 A launched config's outcome is the state `python -m launchers status` gives it (launchers.states.judge:
@@ -106,16 +109,17 @@ from train.power import PowerSummary
 GIB = 2**30
 _OBJECT = np.dtype(object)
 
-OUTCOMES = ("ok", "oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped", "pending", "running", "planned")
-FAILED = ("oom", "nan", "timeout", "fail", "interrupted", "refused", "skipped")
+OUTCOMES = ("ok", "oom", "nan", "timeout", "cancelled", "fail", "interrupted", "refused", "skipped", "pending", "running",
+            "planned")  # fmt: skip
+FAILED = ("oom", "nan", "timeout", "cancelled", "fail", "interrupted", "refused", "skipped")
 MISSING = ("pending", "running")
 """Launched, no result yet: Slurm may still give one."""
 NOT_RUN = (*MISSING, "planned")
 """No result, and none is a failure: launched and not finished, or only planned."""
 
-PARTIAL_OUTCOMES = ("timeout", "interrupted")
+PARTIAL_OUTCOMES = ("timeout", "cancelled", "interrupted")
 """Outcomes of a run stopped from outside before its end (Slurm's time limit or a preemption, SIGTERM;
-Ctrl-C, SIGINT). Its record keeps the medians of the iterations it measured after warm-up, taken as a
+scancel; Ctrl-C, SIGINT). Its record keeps the medians of the iterations it measured after warm-up, taken as a
 finished run's are (train.trainer._figures): what the config ran at until the stop, which the tables
 show marked partial (`partial`). A run that ran out of memory, diverged or failed broke on its config
 or a fault, and its figures are not shown."""
@@ -126,7 +130,8 @@ representative step from the one a stop, a checkpoint or a neighbour slowed; bel
 figures stay blank and its Notes say how many were measured."""
 
 # The record's status -> outcome; anything unknown is a failure of some kind.
-_STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "error": "fail", "interrupted": "interrupted"}
+_STATUS_OUTCOME = {"ok": "ok", "oom": "oom", "nan": "nan", "timeout": "timeout", "cancelled": "cancelled", "error": "fail",
+                   "interrupted": "interrupted"}  # fmt: skip
 
 CORE_COLUMNS: tuple[str, ...] = (
     "sweep",  # the sweep directory's label (its name; its path when names clash)
@@ -1035,7 +1040,8 @@ def _judge_launched(
     """Each launched config without an ok record, judged as `status` judges it (launchers.states.judge:
     its manifest entry, its record, Slurm's state of its job, its local launcher, a damaged record).
     Where status says failed, a record keeps the kind of failure it names (oom, nan, timeout), and a
-    job Slurm ended without one fails as its state says (ended_outcome: OUT_OF_MEMORY is oom)."""
+    job Slurm ended without one fails as its state says (ended_outcome: OUT_OF_MEMORY is oom). A cancelled
+    one (scancel) is `cancelled`, with a `timeout` record or none, as status says it."""
     launched = df["manifest_index"].notna() & (df["outcome"] != "ok") if "manifest_index" in df.columns else None
     if launched is None or not launched.any():
         return df
@@ -1065,7 +1071,7 @@ def _judge_launched(
         rows.append(i)
         outcomes.append(ended_outcome(slurm) if cause == "slurm" and state == "failed" and slurm else _OUTCOME_OF.get(state, state))
         # A job's queue state has a column of its own; the reason says what else decided.
-        reasons.append("" if cause == "slurm" and state != "failed" else detail)
+        reasons.append("" if cause == "slurm" and state in ("pending", "running") else detail)
         queue_states.append(slurm if slurm and cause in ("requeued", "stopped", "slurm") else df.at[i, "queue_state"])
     if rows:
         df.loc[rows, "outcome"], df.loc[rows, "reason"], df.loc[rows, "queue_state"] = outcomes, reasons, queue_states

@@ -17,8 +17,8 @@ Formatting conventions, as the seeds write them:
   and why is said once under the table, not on every row.
 - Rows: fastest first (seconds per iteration), then finished runs without a measurement, then
   failures by kind (OOM, NaN, timeout, fail, skipped) in a fixed order of their layout.
-- A run stopped before its end (timeout, interrupted: records.PARTIAL_OUTCOMES) that measured at least
-  records.MIN_PARTIAL_ITERATIONS iterations shows what it measured: Mem says 'timeout (partial)', Sec/it,
+- A run stopped before its end (timeout, cancelled, interrupted: records.PARTIAL_OUTCOMES) that measured
+  at least records.MIN_PARTIAL_ITERATIONS iterations shows what it measured: Mem says 'timeout (partial)', Sec/it,
   CV, TFLOPs and MFU are those of its measured iterations alone, Notes say how many, where it stopped
   and its peak memory so far, and a footnote says what they are. It keeps its place among the failures, and no Pred s/it or
   Err (those judge the time model by finished runs). One that measured fewer says so in Notes.
@@ -59,6 +59,7 @@ OUTCOME_TEXT = {
     "oom": "OOM",
     "nan": "NaN",
     "timeout": "timeout",
+    "cancelled": "cancelled",
     "fail": "fail",
     "interrupted": "interrupted",
     "refused": "refused",
@@ -68,8 +69,8 @@ OUTCOME_TEXT = {
     "planned": "planned, not run",
 }
 _ORDER = {
-    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "fail": 5, "interrupted": 5.2, "refused": 5.5, "skipped": 6, "pending": 7,
-    "running": 8,
+    "ok": 0, "oom": 2, "nan": 3, "timeout": 4, "cancelled": 4.5, "fail": 5, "interrupted": 5.2, "refused": 5.5,
+    "skipped": 6, "pending": 7, "running": 8,
     "planned": 8.5,
 }
 # Overrides whose value has its own column (key -> column): repeating them in Notes would be noise,
@@ -497,7 +498,7 @@ MEM_FOOTNOTE = (  # {peaks}: peak_summary of the table
 
 
 PARTIAL_FOOTNOTE = (
-    "* {outcomes}: a run stopped before its end (Slurm's time limit or a preemption, SIGTERM; Ctrl-C) "
+    "* {outcomes}: a run stopped before its end (Slurm's time limit or a preemption, SIGTERM; scancel; Ctrl-C) "
     "that measured at least {least} iterations after warm-up. Its Sec/it, CV, TFLOPs and MFU come from those "
     "iterations alone, not from a finished run (Notes: how many, where it stopped, its peak memory so far): "
     "left out of the recommendation, the scaling and ZeRO tables, compare and the plots of speed; "
@@ -754,7 +755,7 @@ def scaling_markdown(frame: pd.DataFrame) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # ZeRO comparison (seed 004's first tables: one row per engine setting, nodes*devices across)
 
-_RAN = ("ok", "oom", "nan", "timeout", "fail")
+_RAN = ("ok", "oom", "nan", "timeout", "cancelled", "fail")
 
 
 def _placed(runs: pd.DataFrame) -> pd.DataFrame:

@@ -2,9 +2,9 @@
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
-Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, interrupted or refused
-configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again, or when
-sbatch refuses every config a rerun resubmits; 3 (EXIT_UNFINISHED) when `status` finds configs still
+Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, cancelled, interrupted or
+refused configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again,
+or when sbatch refuses every config a rerun resubmits; 3 (EXIT_UNFINISHED) when `status` finds configs still
 pending or running and no failure to report (`status --wait` waits until none is);
 130 (EXIT_INTERRUPTED) when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock),
 `status --wait` or a calibration; 2 (EXIT_USAGE), after one paragraph on stderr,
@@ -73,6 +73,18 @@ def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> tuple[str, bool
     return f" to rerun: each failed one is rerun already ({shown}){ignored}", False
 
 
+def _cancelled_left_out(sweep_dir: str) -> str:
+    """The configs `rerun --skip-cancelled` left out, in words after "; "; empty when none was."""
+    from launchers.status import sweep_status
+
+    left = [s.index for s in unresolved_failures(sweep_status(sweep_dir)) if s.state == "cancelled"]
+    if not left:
+        return ""
+    shown = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+    return (f"; left out {len(left)} cancelled config(s) (--skip-cancelled): {shown}; they stay cancelled "
+            f"(python -m launchers rerun --failed {sweep_dir} without --skip-cancelled resubmits them)")  # fmt: skip
+
+
 def _swept(text: str) -> bool:
     """Whether `text` is a sweep (`a=1,2`, `a=range(3)`); one Hydra cannot parse is not (its check says why)."""
     from hydra.errors import HydraException
@@ -101,10 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m launchers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser(
-        "status", help="table of pending / running / done / failed / skipped configs",
+        "status", help="table of pending / running / done / failed / cancelled / skipped configs",
         description="Show where each config of a launched sweep stands. Exit status: 0 when every config "
-        "finished and none failed; 1 when configs failed, were interrupted or refused by sbatch, and no rerun "
-        "stands for them (0 with --ok-if-failed); 3 when configs are still pending or running and none of that "
+        "finished and none failed; 1 when configs failed, were cancelled (scancel), interrupted or refused by "
+        "sbatch, and no rerun stands for them (0 with --ok-if-failed); 3 when configs are still pending or "
+        "running and none of that "
         "holds; 2 for a directory that is no launched sweep; 130 when Ctrl-C stops --wait.",
     )  # fmt: skip
     status.add_argument("sweep_dir")
@@ -130,8 +143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
-        "--failed", action="store_true", required=True, help="the failed, timed-out and Slurm-refused configs (required)"
-    )
+        "--failed", action="store_true", required=True,
+        help="the failed, timed-out, cancelled and Slurm-refused configs (required)",
+    )  # fmt: skip
+    rerun.add_argument(
+        "--skip-cancelled", action="store_true",
+        help="leave out the configs whose job was cancelled (scancel; `status` shows them `cancelled`), for a "
+        "user who cancelled them to drop them; they stay cancelled, and a later rerun --failed without this "
+        "option resubmits them (default: resubmit them with the failed ones)",
+    )  # fmt: skip
     rerun.add_argument("overrides", nargs="*", help="field=value changes: rerun as new configs with them")
     rerun.add_argument(
         "--no-test-only", dest="test_only", action="store_false",
@@ -229,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, poll_s=(args.poll or POLL_S) if args.wait else None)
-        entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only)
+        entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only,
+                               skip_cancelled=args.skip_cancelled)  # fmt: skip
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -245,19 +266,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         print(f"rerun: interrupted (python -m launchers status {shlex.quote(args.sweep_dir)} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    # Said after what was resubmitted, or instead of it: the user reads which configs stay dropped.
+    dropped = _cancelled_left_out(args.sweep_dir) if args.skip_cancelled else ""
     if not entries:
         why, made = _already_rerun(args.sweep_dir, args.overrides)
         if why and args.overrides and not made:
             # Changes asked for and made to nothing: a script must not read them as queued.
-            print(f"rerun: no failed configs{why}", file=sys.stderr)
+            print(f"rerun: no failed configs{why}{dropped}", file=sys.stderr)
             return EXIT_USAGE
-        print(f"rerun: no failed configs{why}")
+        print(f"rerun: no failed configs{why}{dropped}")
         return 0
     for e in entries:
         ran = "ran here" if e.job_id is None else f"job {e.job_id}"
         what = ran if e.status == "submitted" else f"{e.status}: {e.reason}"
         origin = f" (rerun of config {e.rerun_of})" if e.rerun_of is not None else ""
         print(f"rerun: config {e.index}{origin}: {what}")
+    if dropped:
+        print(f"rerun: {dropped.removeprefix('; ')}")
     refused = [e for e in entries if e.status == "refused"]
     if refused and not any(e.status == "submitted" for e in entries):
         # As a launch that sbatch refused: nothing runs, and a script must not read it as queued.
@@ -351,15 +376,19 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
             print(f"status: {left} configs still pending or running (--wait waits for them){never}", file=sys.stderr)
             return EXIT_UNFINISHED
         return EXIT_OK
-    # Named by their states: an interrupted or refused config did not fail, it did not run to the end.
-    counts = {state: sum(1 for s in failed if s.state == state) for state in ("failed", "interrupted", "refused")}
-    words = {"failed": "configs failed", "interrupted": "configs interrupted", "refused": "configs refused by sbatch"}
+    # Named by their states: an interrupted, cancelled or refused config did not fail, it did not run to the end.
+    counts = {state: sum(1 for s in failed if s.state == state) for state in ("failed", "cancelled", "interrupted",
+                                                                               "refused")}  # fmt: skip
+    words = {"failed": "configs failed", "cancelled": "configs cancelled (scancel)",
+             "interrupted": "configs interrupted", "refused": "configs refused by sbatch"}  # fmt: skip
     said = ", ".join(f"{n} {words[state]}" for state, n in counts.items() if n)
     if left := sum(1 for s in statuses if s.state in UNFINISHED_STATES):
         said += f" ({left} more still pending or running)"
+    # A config cancelled to drop it is one the user may not want back: say how to leave it out.
+    skip = ", --skip-cancelled leaves the cancelled ones out" if counts["cancelled"] else ""
     print(
         f"status: {said} (python -m launchers rerun --failed {shlex.quote(sweep_dir)} resubmits "
-        "them; --ok-if-failed exits 0)",
+        f"them{skip}; --ok-if-failed exits 0)",
         file=sys.stderr,
     )
     return EXIT_FAILED

@@ -20,6 +20,13 @@ it before its trainer starts; that task also says the job runs again, and whethe
 Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this wrapper too, and it outlives it to
 do all that; a job cancelled with scancel is not requeued.
 
+Cancelled: scancel's SIGTERM comes without the USR1 warning that precedes a time limit, yet the trainer
+cannot tell it from the time limit's own SIGTERM (or a preemption's) and records `timeout`. Accounting
+knows at once (on the local cluster sacct said CANCELLED within half a second of the scancel, before the
+trainer had written its record), so task 0 asks it once the trainer has exited on a `timeout` record,
+writes `cancelled` over it and says so at the end of the run's log. KillWait's SIGKILL may end this wrapper first: `status` and the analysis read sacct's
+CANCELLED themselves (launchers.states), so they say cancelled either way.
+
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
 echoes that file to its own output as it grows, so Slurm's log (or the local launcher's console)
@@ -46,7 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from launchers.queue import base_state, parse_states
+from launchers.queue import is_cancelled, parse_states
 from train.contract import (
     EXIT_REQUEUE,
     REQUEUE_ADVICE,
@@ -56,7 +63,7 @@ from train.contract import (
     write_json_atomic,
 )
 
-__all__ = ["TrainCommand", "cancelled", "main", "requeued_by_slurm", "slurm_job_id"]
+__all__ = ["TrainCommand", "cancelled", "cancelled_words", "main", "requeued_by_slurm", "slurm_job_id"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,27 @@ class TrainCommand:
             self._requeue_or_give_up(os.environ, Path(self.output_dir) / RESULT_FILE)
         elif code != 0:
             self._end_if_requeued_by_slurm(os.environ, Path(self.output_dir) / RESULT_FILE)
+            self._say_if_cancelled(os.environ)
         return code
+
+    def _say_if_cancelled(self, environ: Mapping[str, str]) -> None:
+        """Task 0 of a job its user cancelled (scancel) while the trainer ran without a checkpoint to
+        requeue from: the trainer's `timeout` record becomes `cancelled`, and the log says why (see the
+        module docstring). Slurm is asked only after a `timeout` record: no other stop reads as one."""
+        job, result = slurm_job_id(environ), Path(self.output_dir) / RESULT_FILE
+        # A local launch (time_limit_s) stops by its own limit, whatever Slurm allocation it runs inside.
+        if self.time_limit_s is not None or not job or _task(environ) != 0:
+            return
+        if (_load_record(result) or {}).get("status") != "timeout" or not cancelled(job):
+            return
+        _mark_cancelled(result, job)
+        said = f"{cancelled_words(job)}: it stopped on scancel's SIGTERM, not at a time limit; its record says cancelled"
+        print(f"slurm: {said}", file=sys.stderr, flush=True)
+        try:
+            with open(self.log_path(environ), "a") as out:
+                out.write(f"megasweep: {said}\n")
+        except OSError:
+            pass  # the record is what status and the analysis read
 
     def _end_if_requeued_by_slurm(self, environ: Mapping[str, str], result: Path) -> None:
         """Never return when Slurm has requeued this job (`scontrol requeue`, a preemption) of a run
@@ -149,6 +176,8 @@ class TrainCommand:
         if (why := self._next_attempt_comes(job, restarts, lead)) is not None:
             if kept is not None and kept.exists():
                 os.replace(kept, result)
+            if lead and why == cancelled_words(job):
+                _mark_cancelled(result, job)
             if lead:
                 _not_requeued(result, self.log_path(environ), why)
             return
@@ -181,9 +210,9 @@ class TrainCommand:
         if job and cancelled(job):
             # scancel's SIGTERM stops a checkpointing trainer as a time limit's does; a requeue now
             # would bring back the job its user has just cancelled.
-            print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record stands",
+            print(f"slurm: {job} was cancelled (scancel): not requeued, the stopped attempt's record says cancelled",
                   file=sys.stderr, flush=True)  # fmt: skip
-            return f"job {job} was cancelled (scancel)"
+            return cancelled_words(job)
         if restarts >= self.max_retries:
             print(
                 f"slurm: trainer stopped for a requeue, but cluster.max_retries={self.max_retries} "
@@ -271,6 +300,30 @@ def _not_requeued(result: Path, log: Path, why: str) -> None:
     if isinstance(message, str) and message.endswith(REQUEUE_ADVICE):
         record["message"] = message.removesuffix(REQUEUE_ADVICE) + advice
         write_json_atomic(result, record)
+
+
+def cancelled_words(job: str) -> str:
+    """How the task, the log and the record say that `job` was cancelled."""
+    return f"job {job} was cancelled (scancel)"
+
+
+def _load_record(result: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _mark_cancelled(result: Path, job: str) -> None:
+    """The stopped run's `timeout` record says `cancelled` instead, and why: status, the analysis and a
+    user reading result.json took it for a time limit, and a longer cluster.time_limit_min for the cure."""
+    record = _load_record(result)
+    if record is None or record.get("status") != "timeout":
+        return
+    record["status"] = "cancelled"
+    record["message"] = f"{cancelled_words(job)}, not stopped by a time limit: {record.get('message') or 'no message'}"
+    write_json_atomic(result, record)
 
 
 def _task(environ: Mapping[str, str]) -> int:
@@ -382,7 +435,7 @@ def cancelled(job: str) -> bool:
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return False
-    return base_state(parse_states(out).get(job, "")) == "CANCELLED"
+    return is_cancelled(parse_states(out).get(job, ""))
 
 
 def slurm_job_id(environ: Mapping[str, str]) -> str:

@@ -11,8 +11,8 @@ time limit appears in sacct once per run, oldest first: the last line is the cur
 States are Slurm's names with any suffix dropped ('CANCELLED by 0' is CANCELLED), and a job squeue
 holds with its reason ('PENDING (Licenses)'; base_state reads the name). What they mean
 for a config without a result.json is decided here too, once: `is_live` (queued or running, a
-result may still come), `is_running`, and `ended_outcome` (the outcome the seeds would write for a
-job that ended without a record: oom, timeout or fail).
+result may still come), `is_running`, `is_cancelled`, and `ended_outcome` (the outcome the seeds would
+write for a job that ended without a record: oom, timeout, cancelled or fail).
 
 Nothing here fails: the tools may be absent (a laptop with a copy of the sweep), the controller
 down or slow. An id the tools do not answer for is simply not in the result; an id that both
@@ -37,6 +37,7 @@ __all__ = [
     "STUCK_REASONS",
     "ended_outcome",
     "expand_job_ids",
+    "is_cancelled",
     "is_live",
     "is_running",
     "not_a_time_limit",
@@ -58,8 +59,9 @@ GONE = "GONE"
 """Not a Slurm state: a job that neither squeue nor sacct knows although both answered. A pending
 array task cancelled with scancel leaves no record anywhere (nor does a job purged from accounting):
 it never ran and never will."""
-ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
-"""A job that ended without a record, as the seeds' tables write it; any other ended state is 'fail'."""
+ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "cancelled"}
+"""A job that ended without a record, as the seeds' tables write it (`cancelled`: by scancel); any other ended
+state is 'fail'."""
 
 _ARRAY_RANGE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
 
@@ -89,6 +91,12 @@ def is_live(state: str) -> bool:
 
 def is_running(state: str) -> bool:
     return base_state(state) in RUNNING_STATES
+
+
+def is_cancelled(state: str) -> bool:
+    """Whether the job was cancelled (scancel): 'CANCELLED by <uid>' in sacct. Never a GONE task's: that one
+    may have been cancelled while pending, or purged from accounting, and nobody can tell which."""
+    return base_state(state) == "CANCELLED"
 
 
 STUCK_REASONS = {
@@ -124,7 +132,7 @@ def not_a_time_limit(state: str) -> str | None:
 
 
 def ended_outcome(state: str) -> str:
-    """oom, timeout or fail: the outcome of a job that ended in `state` without writing a record."""
+    """oom, timeout, cancelled or fail: the outcome of a job that ended in `state` without writing a record."""
     return ENDED_OUTCOMES.get(base_state(state), "fail")
 
 

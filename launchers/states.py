@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
-from launchers.queue import GONE, base_state, is_live, is_running, not_a_time_limit
+from launchers.queue import GONE, base_state, is_cancelled, is_live, is_running, not_a_time_limit
 from train.contract import RESULT_FILE, LocalRun, ManifestEntry, read_local_runs
 
 __all__ = ["CAUSES", "Judged", "asks_slurm", "classify", "judge", "local_launchers", "local_run_state", "process_start"]
@@ -29,7 +29,9 @@ Cause = Literal["manifest", "record", "requeued", "stopped", "slurm", "local", "
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 """What decided a config's state: its manifest entry (skipped, refused, interrupted, killed here); its
 own record; Slurm running an earlier attempt's job again (`requeued`: the record is that attempt's);
-a `timeout` record of a job cancelled or preempted (`stopped`); Slurm's state of a job without a record;
+a `timeout` record of a job cancelled or preempted (`stopped`: the state is `cancelled` for a cancelled
+one, as for a record the in-job wrapper marked so or a job cancelled before its record); Slurm's state of a
+job without a record;
 its local launcher; a record damaged after its run ended; nothing yet (`unknown`: no record, no state)."""
 
 
@@ -92,15 +94,16 @@ def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state
             # attempt has written nothing yet, so the record, whatever it says, is an earlier attempt's.
             # Failed, `rerun --failed` would queue a second run into the directory the job writes.
             return Judged("pending", f"requeued ({slurm_state}); the last attempt's {detail}", "requeued")
-        if status == "timeout" and slurm_state is not None and is_running(slurm_state):
+        if status in ("timeout", "cancelled") and slurm_state is not None and is_running(slurm_state):
             # Running after a requeue (a stopped attempt records `timeout`), or this attempt between its
             # record and its end: failed now, `rerun --failed` would queue a second run into the directory
             # it writes. Any other record of a running job is this attempt's, written just before its end
             # (read as running, a config that failed showed running until Slurm saw the job end).
             return Judged("running", f"still running; its {detail}", "requeued")
         if status == "timeout" and slurm_state is not None and (stopped := not_a_time_limit(slurm_state)):
-            return Judged("failed", f"{stopped}; {detail}", "stopped")
-        return Judged("failed", detail, "record")
+            # The in-job wrapper writes `cancelled` over it when it can; KillWait's SIGKILL may end it first.
+            return Judged("cancelled" if is_cancelled(slurm_state) else "failed", f"{stopped}; {detail}", "stopped")
+        return Judged("cancelled" if status == "cancelled" else "failed", detail, "record")
     if slurm_state is None:
         if entry.status == "exported" and entry.job_id is None:
             return Judged("pending", f"no job started yet ({entry.reason or 'exported'})", "unknown")
@@ -111,6 +114,9 @@ def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state
         return Judged("pending", slurm_state, "slurm")  # with squeue's reason: Licenses, Priority, PartitionConfig...
     if slurm_state == GONE:
         return Judged("failed", "not in squeue or sacct (cancelled while pending?), no result.json", "slurm")
+    if is_cancelled(slurm_state):
+        # Cancelled before the trainer wrote a record (in its start-up), or its record was lost.
+        return Judged("cancelled", "Slurm state CANCELLED (scancel), no result.json", "slurm")
     if base_state(slurm_state) == "COMPLETED":
         # The trainer writes result.json before it exits: a job that completed without one ran something else.
         return Judged("failed", "job completed without writing result.json", "slurm")

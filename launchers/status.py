@@ -1,7 +1,7 @@
 """Progress of a launched sweep, and resubmission of its failures.
 
     python -m launchers status <sweep dir> [--ok-if-failed]
-    python -m launchers rerun <sweep dir> --failed [--no-test-only] [field=value ...]
+    python -m launchers rerun <sweep dir> --failed [--skip-cancelled] [--no-test-only] [field=value ...]
 
 The state of each config comes from what outlives the submitting process: the manifest
 (what was submitted, exported, refused or skipped, under which job id), each run's result.json
@@ -9,9 +9,15 @@ The state of each config comes from what outlives the submitting process: the ma
 ones). A result.json wins over Slurm once the job has ended: it says what the run itself saw.
 While Slurm still holds the job (requeued by `scontrol requeue`, a preemption or a node failure, and
 pending or running again), the record is an earlier attempt's and the config is pending or running.
-A job that ended without one (killed by the time limit, out of host memory, cancelled) is failed by
-its Slurm state. A result.json counts for a config only when the overrides it records are the
-config's (train.contract.record_matches): a directory may hold an older run of another config.
+A job that ended without one (killed by the time limit, out of host memory) is failed by its Slurm
+state. A result.json counts for a config only when the overrides it records are the config's
+(train.contract.record_matches): a directory may hold an older run of another config.
+
+A config whose job was cancelled (scancel) is `cancelled`: sacct says CANCELLED, whether its record
+says so (launchers.job writes it over the trainer's `timeout`: scancel's SIGTERM reads as a time
+limit's to the trainer), says `timeout` (the wrapper was killed first) or is missing (cancelled in its
+start-up). A pending array task cancelled leaves no trace in Slurm and stays `failed` ("cancelled while
+pending?"): nothing tells it from a purged job.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its
@@ -30,11 +36,13 @@ record here whose job was given another directory says so in its detail and in a
 table. A job queued there fails before anything of it runs (Slurm cannot open its output), so no
 log of it exists anywhere: that line, not "no result.json", is the cause to read.
 
-`rerun --failed` resubmits the `failed`, `interrupted` and `refused` configs: a refused sbatch
-is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
+`rerun --failed` resubmits the `failed`, `cancelled`, `interrupted` and `refused` configs: a refused
+sbatch is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
-again and is left alone. Each config goes again the way its own launch (the first, or one appended
-to the sweep) went, with the settings that launch saved in <sweep dir>/.megasweep/launch.json
+again and is left alone. A cancelled config goes again too (the job may have been cancelled to change
+its allocation, or by an administrator); `--skip-cancelled` leaves the cancelled ones out, for a user
+who cancelled configs to drop them. Each config goes again the way its own launch (the first, or one
+appended to the sweep) went, with the settings that launch saved in <sweep dir>/.megasweep/launch.json
 (interpreter, config directory, sbatch options): exported and Slurm configs are resubmitted by the
 launcher (submitit); a local sweep's configs run on this machine again (launchers.local.run_here),
 one after another.
@@ -118,9 +126,11 @@ __all__ = [
     "wait_for_sweep",
 ]
 
-STATES = ("pending", "running", "done", "failed", "interrupted", "refused", "skipped")
-RERUN_STATES = frozenset({"failed", "interrupted", "refused"})
+STATES = ("pending", "running", "done", "failed", "cancelled", "interrupted", "refused", "skipped")
+RERUN_STATES = frozenset({"failed", "cancelled", "interrupted", "refused"})
 """States `rerun --failed` resubmits (see the module docstring)."""
+LOGGED_STATES = ("failed", "cancelled")
+"""States whose log `status` names below its table: where to read why (and how far) the run got."""
 UNFINISHED_STATES = frozenset({"pending", "running"})
 """States of a config whose run is still to come or to end: `status` exits EXIT_UNFINISHED on them,
 `status --wait` waits them out."""
@@ -138,11 +148,11 @@ class ConfigStatus:
     slurm_state: str | None
     """As squeue/sacct last reported it; None when Slurm does not know the job (yet)."""
     detail: str
-    """Why failed or skipped; empty otherwise."""
+    """Why failed, cancelled or skipped; empty otherwise."""
     rerun_as: int | None = None
     """Index of the config that reruns this failed one with changed fields; None when none does."""
     log: str | None = None
-    """A failed config's log (see the module docstring); None otherwise, or when there is none."""
+    """A failed or cancelled config's log (see the module docstring); None otherwise, or when there is none."""
     launched_in: str | None = None
     """The sweep directory the config's job writes to, when that is not this one (the directory was
     moved or copied after the launch) and no result of it is here; None otherwise."""
@@ -249,17 +259,17 @@ def sweep_status(
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign, unreadable = _record(sweep_dir, e)
         state, detail, _ = judge(e, record, slurm, local_run=local.get(e.index), unreadable=unreadable)
-        if foreign and state in ("failed", "pending"):
+        if foreign and state in ("failed", "cancelled", "pending"):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.
-        moved = elsewhere.get(e.index) if record is None and state in ("pending", "running", "failed") else None
+        moved = elsewhere.get(e.index) if record is None and state in ("pending", "running", *LOGGED_STATES) else None
         if moved is not None:
             detail = f"{moved[1]}; {detail}" if detail else moved[1]
         if e.index in rerun_as:
             detail = f"{detail} (rerun as config {rerun_as[e.index]})"
         elif e.index in refused_reruns:
             detail = f"{detail} (its rerun, config {refused_reruns[e.index]}, is infeasible)"
-        log = run_log(sweep_dir, e) if state == "failed" else None
+        log = run_log(sweep_dir, e) if state in LOGGED_STATES else None
         out.append(ConfigStatus(e.index, e.overrides, state, e.job_id, slurm, detail, rerun_as.get(e.index),
                                 None if log is None else str(log), None if moved is None else moved[0],
                                 e.status == "exported" and e.job_id is None))  # fmt: skip
@@ -294,7 +304,8 @@ def _same_dir(a: Path, b: Path) -> bool:
 
 
 def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
-    """Failed, interrupted and refused configs that no rerun stands for: what makes `status` exit non-zero."""
+    """Failed, cancelled, interrupted and refused configs that no rerun stands for: what makes `status` exit
+    non-zero."""
     return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
 
 
@@ -347,24 +358,29 @@ def format_status(
     lines = [line.rstrip() for line in lines]
     counts = {state: sum(1 for s in statuses if s.state == state) for state in STATES}
     total = len(statuses) - counts["skipped"]
-    # A refused or interrupted config will not run unless rerun: it is as finished as a failed one.
-    finished = counts["done"] + counts["failed"] + counts["interrupted"] + counts["refused"]
+    # A refused, cancelled or interrupted config will not run unless rerun: it is as finished as a failed one.
+    finished = counts["done"] + sum(counts[state] for state in RERUN_STATES)
     filled = round(width * finished / total) if total else width
     bar = "#" * filled + "." * (width - filled)
     # Before the bar, which stays the last line: where to look first when a config failed.
     lines += _moved_lines(statuses)
     lines += _stuck_lines(statuses, sweep_dir)
     lines += [
-        f"log of failed config {s.index}{'' if s.rerun_as is None else f' (rerun as config {s.rerun_as})'}: "
+        f"log of {s.state} config {s.index}{'' if s.rerun_as is None else f' (rerun as config {s.rerun_as})'}: "
         f"{s.log or _no_log(s)}"
-        for s in statuses if s.state == "failed"
+        for s in statuses if s.state in LOGGED_STATES
     ]  # fmt: skip
     lines.append(
         f"[{bar}] {finished}/{total} finished: "
-        # Only a local sweep stopped by Ctrl-C has interrupted configs: other sweeps' line stays as it was.
-        + ", ".join(f"{counts[state]} {state}" for state in STATES if state != "interrupted" or counts[state])
+        # Only a local sweep stopped by Ctrl-C has interrupted configs, and only a scancel cancelled ones:
+        # other sweeps' line stays as it was.
+        + ", ".join(f"{counts[state]} {state}" for state in STATES if state not in _SHOWN_IF_ANY or counts[state])
     )
     return "\n".join(lines)
+
+
+_SHOWN_IF_ANY = ("cancelled", "interrupted")
+"""States the last line of `status` counts only where some config is in them."""
 
 
 def _no_log(status: ConfigStatus) -> str:
@@ -417,10 +433,13 @@ def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
     return {s.index: set(s.overrides) - common for s in statuses}
 
 
-def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_only: bool = True) -> list[ManifestEntry]:
-    """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result)
-    and the refused ones (sbatch refused them; see the module docstring), except those a rerun
-    with changed fields already stands for.
+def rerun_failed(
+    sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_only: bool = True, skip_cancelled: bool = False
+) -> list[ManifestEntry]:
+    """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result), the
+    cancelled ones unless `skip_cancelled` (a user cancelled them to drop them), and the refused ones
+    (sbatch refused them; see the module docstring), except those a rerun with changed fields already
+    stands for.
 
     Without `overrides`, each goes again under its own index: its old result.json is kept beside
     as result.<old job id>.json, so that `status` does not read it as the new run's; finished (ok)
@@ -439,7 +458,8 @@ def rerun_failed(sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_o
     # Locked until the manifest lists the resubmitted configs: a second rerun at the same time then
     # finds them pending instead of queueing them twice, and a launch added meanwhile keeps its indices.
     with sweep_lock(sweep_dir):
-        failed = unresolved_failures(sweep_status(sweep_dir))
+        failed = [s for s in unresolved_failures(sweep_status(sweep_dir))
+                  if not (skip_cancelled and s.state == "cancelled")]  # fmt: skip
         if not failed:
             return []
         launches = load_launches(sweep_dir)

@@ -254,8 +254,10 @@ def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # result.json
 
-STATUSES = ("ok", "oom", "nan", "error", "timeout", "interrupted")
-"""Every value a record's `status` can take (`interrupted`: stopped by Ctrl-C, SIGINT)."""
+STATUSES = ("ok", "oom", "nan", "error", "timeout", "cancelled", "interrupted")
+"""Every value a record's `status` can take (`interrupted`: stopped by Ctrl-C, SIGINT; `cancelled`: its Slurm
+job was cancelled with scancel, whose SIGTERM the trainer cannot tell from a time limit's and records as
+`timeout`: the launcher's in-job wrapper, which asks Slurm once the trainer has exited, writes it over)."""
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ class RunRecord:
     """Everything result.json holds about one run (one record per run, whatever its outcome)."""
 
     status: str
-    """One of STATUSES: ok | oom | nan | error | timeout | interrupted."""
+    """One of STATUSES: ok | oom | nan | error | timeout | cancelled | interrupted."""
     message: str | None
     config: dict[str, Any]
     """The resolved RunConfig (conf.schema.to_plain_dict), credentials scrubbed."""

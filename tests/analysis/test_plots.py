@@ -319,7 +319,7 @@ def test_a_stopped_runs_partial_figures_are_no_bar_or_point_of_speed_and_its_pea
     # Their peaks so far are drawn, each with the marker of a run stopped before its end.
     fig = memory_figure(table)
     legend = _legend(fig)
-    assert "run stopped before its end (timeout, Ctrl-C): its peak so far" in legend
+    assert "run stopped before its end (timeout, scancel, Ctrl-C): its peak so far" in legend
     assert "run failed (not OOM)" not in legend
     (ax,) = fig.axes
     offsets = [np.asarray(c.get_offsets(), dtype=float) for c in ax.collections]

@@ -223,14 +223,14 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     assert df.loc["runs/4", "reason"] == "requeued (PENDING (BeginTime)); the last attempt's result.json status error: NCCL communicator aborted"
     assert df.loc["runs/5", "outcome"] == "oom"
     assert (df.loc["runs/0", "outcome"], df.loc["runs/0", "reason"]) == (
-        "fail", "cancelled (Slurm state CANCELLED), not a time limit; result.json status timeout: received SIGTERM"
+        "cancelled", "cancelled (Slurm state CANCELLED), not a time limit; result.json status timeout: received SIGTERM"
     )
     assert df.loc["runs/1", "outcome"] == "timeout"
     assert [df.loc[d, "outcome"] for d in ("runs/2", "runs/3")] == ["running", "pending"]
     assert df.loc["runs/3", "reason"] == "requeued (PENDING); the last attempt's result.json status timeout: received SIGTERM"
-    # Each record kept its two measured iterations: partial figures only where the stop stands, not where
-    # the job was cancelled (fail) or runs again.
-    assert [bool(df.loc[f"runs/{i}", "partial"]) for i in range(4)] == [False, True, False, False]
+    # Each record kept its two measured iterations: partial figures where the stop stands (a time limit, a
+    # cancel), not where the job runs again.
+    assert [bool(df.loc[f"runs/{i}", "partial"]) for i in range(4)] == [True, True, False, False]
 
 
 def test_a_config_whose_directory_holds_another_configs_record_is_still_listed(sweep: Path) -> None:
@@ -803,9 +803,9 @@ def test_a_status_the_contract_does_not_know_is_a_failure_that_says_why(sweep: P
     rows = load_sweeps([sweep], queue=None).table.set_index("run_dir")
     assert rows.loc["runs/0", "outcome"] == rows.loc["runs/1", "outcome"] == "fail"
     assert rows.loc["runs/0", "reason"] == (
-        "the record's status 'OK' is not one of ok, oom, nan, timeout, error, interrupted"
+        "the record's status 'OK' is not one of ok, oom, nan, timeout, cancelled, error, interrupted"
     )
-    assert rows.loc["runs/1", "reason"] == "the record gives no status (one of ok, oom, nan, timeout, error, interrupted)"
+    assert rows.loc["runs/1", "reason"] == "the record gives no status (one of ok, oom, nan, timeout, cancelled, error, interrupted)"
     # A known failure keeps its own message.
     assert rows.loc["runs/5", "reason"].startswith("OutOfMemoryError")
 

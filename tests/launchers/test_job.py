@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,12 @@ import pytest
 
 import launchers.job as job_module
 from launchers.job import requeued_by_slurm
-from launchers.queue import read_states
+from launchers.queue import is_live, read_states
 from launchers.status import sweep_status, unresolved_failures
 from tests.launchers.test_slurm_launcher import REPO, result, sweep, wait_until
 from tests.launchers.test_status import status_table
 from train.contract import (
+    EXIT_FAILED,
     EXIT_REQUEUE,
     LOG_FILE,
     RESULT_FILE,
@@ -207,3 +209,46 @@ def test_a_local_run_stopped_with_a_checkpoint_is_not_requeued_through_slurm(
     said = "this job was not requeued (a run of this machine: no Slurm job of its own to requeue)"
     assert said in json.loads(record.read_text())["message"]
     assert said in (tmp_path / LOG_FILE).read_text().splitlines()[-1]
+
+
+def test_a_run_cancelled_while_it_trains_says_cancelled_in_its_record_log_status_and_analysis(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """scancel's SIGTERM comes as a time limit's does, so the trainer (no checkpoint) recorded `timeout`,
+    "received SIGTERM", and its train.log ended on it, while status and the analysis, reading sacct, said
+    cancelled or failed. The wrapper asks sacct once the trainer has exited and writes `cancelled` over
+    the record; the log's last line says why; status and the analysis say cancelled too."""
+    sweep_dir = tmp_path / "sweep"
+    # 0.5 s per iteration: the scancel finds it training; 200 iterations are far from its end.
+    sweep(sweep_dir, "training.train_iters=200", f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5")
+    (entry,) = read_manifest(sweep_dir)
+    job = str(entry.job_id)
+    log = sweep_dir / entry.output_dir / LOG_FILE
+    try:
+        # Other jobs may hold the cores a while: as long as the fault tests wait.
+        wait_until("iteration 3", lambda: log.exists() and "iteration        3/" in log.read_text(errors="replace"), 300)
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        wait_until("the record", lambda: (result(sweep_dir, entry) or {}).get("status") in ("timeout", "cancelled"), 60)
+        wait_until("the job to end", lambda: not is_live(read_states([job]).get(job, "RUNNING")), 60)
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    record = result(sweep_dir, entry) or {}
+    assert record["status"] == "cancelled", record.get("message")
+    assert record["message"].startswith(f"job {job} was cancelled (scancel), not stopped by a time limit: received SIGTERM")
+    assert record["measured_iterations"] >= 2  # its figures so far stay, as a time limit's do
+    said = f"job {job} was cancelled (scancel): it stopped on scancel's SIGTERM, not at a time limit"
+    assert log.read_text().splitlines()[-1].startswith(f"megasweep: {said}")
+    status = subprocess.run([sys.executable, "-m", "launchers", "status", str(sweep_dir)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert status.returncode == EXIT_FAILED, status.stdout + status.stderr
+    assert re.search(rf"^0\s+cancelled\s+{job}\s", status.stdout, flags=re.MULTILINE), status.stdout
+    assert f"log of cancelled config 0: {log}" in status.stdout
+    assert status.stdout.splitlines()[-1].endswith("1/1 finished: 0 pending, 0 running, 0 done, 0 failed, 1 cancelled, "
+                                                   "0 refused, 0 skipped"), status.stdout  # fmt: skip
+    assert "status: 1 configs cancelled (scancel)" in status.stderr and "--skip-cancelled" in status.stderr
+    out = tmp_path / "analysis"
+    analysis = subprocess.run([sys.executable, "-m", "analysis", str(sweep_dir), "--no-plots", "-o", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert analysis.returncode == EXIT_FAILED, analysis.stdout + analysis.stderr  # ended, nothing to recommend
+    assert "1 configs: 1 cancelled; 1 stopped run(s) with partial figures" in analysis.stdout, analysis.stdout
+    assert "cancelled (partial)" in (out / "results.md").read_text()

@@ -12,6 +12,7 @@ from launchers.queue import (
     base_state,
     ended_outcome,
     expand_job_ids,
+    is_cancelled,
     is_live,
     is_running,
     parse_states,
@@ -44,6 +45,8 @@ def test_what_a_state_means_for_a_run_without_a_record() -> None:
     assert ended_outcome("OUT_OF_MEMORY") == "oom"
     assert ended_outcome("TIMEOUT") == ended_outcome("DEADLINE") == "timeout"
     assert ended_outcome("NODE_FAIL") == ended_outcome("COMPLETED") == "fail"
+    assert ended_outcome("CANCELLED by 12") == "cancelled" and is_cancelled("CANCELLED by 12")
+    assert not is_cancelled("PREEMPTED") and not is_cancelled(GONE)
 
 
 def test_absent_slurm_tools_mean_unknown_not_failure(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -205,7 +206,7 @@ def test_a_requeued_task_keeps_its_stopped_attempt_and_log_and_a_cancelled_one_i
     )
     assert stopped["status"] == "timeout" and resumed["status"] == "ok"
     assert resumed["resumed_from_step"] == stopped["iterations_run"] >= 1 and len(resumed["losses"]) == 8
-    assert cancelled_record["status"] == "timeout" and not (sweep_dir / "1" / attempt_result_name(0)).exists()
+    assert not (sweep_dir / "1" / attempt_result_name(0)).exists()
     # Slurm's log of the requeued task holds both attempts, and why the first one ended.
     out = (sweep_dir / SLURM_LOG_DIR / f"{requeued}.out").read_text(errors="replace")
     assert "runs config 0 (attempt 0)" in out and "runs config 0 (attempt 1)" in out, out
@@ -219,12 +220,17 @@ def test_a_requeued_task_keeps_its_stopped_attempt_and_log_and_a_cancelled_one_i
     assert f"{cancelled} was cancelled (scancel): not requeued" in out or "task 0: Killed" in out, out
     if "task 0: Killed" not in out:  # and the last line of its train.log, where the user reads first
         assert f"not requeued (job {cancelled} was cancelled (scancel))" in logs[1].read_text().splitlines()[-1]
+        # Its record says so too, not the `timeout` scancel's SIGTERM reads as to the trainer.
+        assert cancelled_record["status"] == "cancelled", cancelled_record["message"]
+        assert cancelled_record["message"].startswith(f"job {cancelled} was cancelled (scancel), not stopped by a time")
+    else:
+        assert cancelled_record["status"] == "timeout"
+    # Cancelled either way: Slurm says CANCELLED where the record could not.
     table = cli("launchers", "status", str(sweep_dir), "--ok-if-failed").stdout
-    assert "2/2 finished: 0 pending, 0 running, 1 done, 1 failed" in table, table
-    assert "cancelled (Slurm state CANCELLED), not a time limit" in table, table
+    assert "2/2 finished: 0 pending, 0 running, 1 done, 0 failed, 1 cancelled" in table, table
+    assert re.search(rf"^1\s+cancelled\s+{cancelled}\s", table, flags=re.MULTILINE), table
     analysis = cli("analysis", str(sweep_dir), "--no-plots", "-o", str(tmp_path / "analysis"))
-    # The cancelled one's record says timeout (scancel's SIGTERM); Slurm says CANCELLED, as status does.
-    assert "2 configs: 1 ok, 1 fail" in analysis.stdout, analysis.stdout
+    assert "2 configs: 1 ok, 1 cancelled" in analysis.stdout, analysis.stdout
 
 
 def test_exclusive_configs_get_their_own_script_that_slurm_takes_as_exclusive(

@@ -27,7 +27,7 @@ CASES = [
     (("submitted", "9_3", "nan", "COMPLETED", None), ("failed", "nan")),
     (("submitted", "9_4", "timeout", "TIMEOUT", None), ("failed", "timeout")),
     (("submitted", "9_5", "oom", "PENDING (BeginTime)", None), ("pending", "pending")),  # requeued
-    (("submitted", "9_6", "timeout", "CANCELLED by 0", None), ("failed", "fail")),  # scancel, not a time limit
+    (("submitted", "9_6", "timeout", "CANCELLED by 0", None), ("cancelled", "cancelled")),  # scancel, not a time limit
     (("submitted", "9_7", "timeout", "RUNNING", None), ("running", "running")),  # running again after a stop
     (("submitted", "9_8", "error", "RUNNING", None), ("failed", "fail")),  # this attempt's, ending
     (("submitted", "9_9", None, "OUT_OF_MEMORY", None), ("failed", "oom")),
@@ -52,6 +52,11 @@ CASES = [
     (("submitted", None, None, None, "dead running"), ("failed", "fail")),
     (("submitted", None, None, None, "dead queued"), ("interrupted", "interrupted")),
     (("submitted", None, "unreadable", None, "dead queued"), ("interrupted", "interrupted")),  # never begun
+    # Cancelled: the record launchers.job marked so, and a job cancelled before the trainer wrote one; a
+    # preemption's `timeout` is no time limit either, yet no cancel.
+    (("submitted", "9_18", "cancelled", "CANCELLED by 0", None), ("cancelled", "cancelled")),
+    (("submitted", "9_19", None, "CANCELLED by 0", None), ("cancelled", "cancelled")),
+    (("submitted", "9_20", "timeout", "PREEMPTED", None), ("failed", "fail")),
 ]
 
 
@@ -114,7 +119,7 @@ def test_status_and_the_analysis_give_every_config_one_state(tmp_path: Path) -> 
     jobs = {job for (_, job, *_), _ in CASES if job is not None}
     assert len(asked) == 1 and set(asked[0]) == jobs - {"9_0", "9_17"}
     # Where Slurm or a launcher decided, the analysis gives status's words.
-    for index in (5, 6, 7, 9, 15, 24, 28):
+    for index in (5, 6, 7, 9, 15, 24, 28, 32, 33):
         assert table.loc[index, "reason"] == by_status[index].detail, index
 
 

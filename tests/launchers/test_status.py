@@ -49,7 +49,8 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     state, detail, _ = classify(SUBMITTED, {"status": "oom", "message": "CUDA out of memory"}, "COMPLETED")
     assert state == "failed" and "oom" in detail and "CUDA out of memory" in detail
     assert classify(SUBMITTED, None, "TIMEOUT")[0] == "failed"
-    assert classify(SUBMITTED, None, "CANCELLED by 0") == ("failed", "Slurm state CANCELLED, no result.json", "slurm")
+    assert classify(SUBMITTED, None, "CANCELLED by 0") == (
+        "cancelled", "Slurm state CANCELLED (scancel), no result.json", "slurm")  # fmt: skip
     assert classify(SUBMITTED, None, "COMPLETED")[0] == "failed"
     assert classify(SUBMITTED, None, "RUNNING") == ("running", "", "slurm")
     assert classify(SUBMITTED, None, "PENDING") == ("pending", "PENDING", "slurm")
@@ -69,7 +70,15 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     assert preempted[0] == "failed" and preempted.cause == "stopped" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
     # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
     cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
-    assert cancelled[0] == "failed" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
+    assert cancelled[0] == "cancelled" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
+    # ... and the in-job wrapper writes `cancelled` over that record when it outlives the SIGTERM.
+    marked = {"status": "cancelled", "message": "job 7_0 was cancelled (scancel), not stopped by a time limit: m"}
+    assert classify(SUBMITTED, marked, "CANCELLED by 0") == (
+        "cancelled", "result.json status cancelled: job 7_0 was cancelled (scancel), not stopped by a time limit: m",
+        "record")  # fmt: skip
+    # A cancelled job requeued by hand (scontrol requeue) runs again: its record is the last attempt's.
+    assert classify(SUBMITTED, marked, "RUNNING")[0] == "running"
+    assert classify(SUBMITTED, marked, "PENDING")[0] == "pending"
     assert classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "TIMEOUT")[1].startswith(
         "result.json status timeout"
     )
@@ -276,6 +285,56 @@ def test_status_and_rerun_failed_against_slurm(slurm_cluster: SlurmClusterInfo, 
     assert (sweep_dir / "1" / "result.json").read_bytes() == done_before
     wait_until("status to show both done", lambda: "2 done, 0 failed" in status_table(sweep_dir), 30)
     assert result(sweep_dir, second[0]) is not None
+
+
+def _rerun(sweep_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`python -m launchers rerun <sweep_dir> --failed <options>`, which must exit 0."""
+    proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", *options],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_rerun_failed_skip_cancelled_leaves_the_cancelled_configs_out(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """A user may scancel a config to drop it; `rerun --failed` resubmitted it with the failed ones.
+    --skip-cancelled leaves it out and says so; without it, it goes again as before."""
+    tokens = tmp_path / "tokens.bin"
+    sweep_dir = tmp_path / "sweep"
+    # Config 0 reads a token file that does not exist yet: it fails. Config 1 trains slowly (0.5 s per
+    # iteration of its first attempt) until it is cancelled.
+    sweep(sweep_dir, f"training.data_path={tokens},null", "training.train_iters=200",
+          "+cluster.env.MEGASWEEP_FAULT_SLOW_FIRST_ATTEMPT=0.5")  # fmt: skip
+    failed, cancelled = read_manifest(sweep_dir)
+    log = sweep_dir / cancelled.output_dir / LOG_FILE
+    try:
+        wait_until("config 1's iteration 2", lambda: log.exists() and "iteration        2/" in log.read_text(errors="replace"),
+                   300)  # fmt: skip
+        subprocess.run(["scancel", str(cancelled.job_id)], check=True, timeout=30)
+        wait_until("status to show one failed, one cancelled",
+                   lambda: "0 done, 1 failed, 1 cancelled" in status_table(sweep_dir), 120)  # fmt: skip
+        rows = {line.split()[0]: line.split() for line in status_table(sweep_dir).splitlines() if line[:1].isdigit()}
+        assert rows["0"][1] == "failed" and rows["1"][1] == "cancelled"
+        # The data now exists: config 0's rerun trains, and is not failed while the reruns below run.
+        np.arange(1000, dtype=np.uint16).__mod__(500).astype(np.uint16).tofile(tokens)
+        lines = _rerun(sweep_dir, "--skip-cancelled").stdout.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("rerun: config 0: job "), lines
+        assert lines[1] == (f"rerun: left out 1 cancelled config(s) (--skip-cancelled): 1; they stay cancelled (python -m "
+                            f"launchers rerun --failed {sweep_dir} without --skip-cancelled resubmits them)")  # fmt: skip
+        second = read_manifest(sweep_dir)
+        assert second[0].job_id != failed.job_id and second[1] == cancelled
+        # Nothing but the cancelled config is left to rerun: said, nothing resubmitted.
+        again = _rerun(sweep_dir, "--skip-cancelled").stdout
+        assert again.startswith("rerun: no failed configs; left out 1 cancelled config(s) (--skip-cancelled): 1;"), again
+        assert read_manifest(sweep_dir) == second
+        # Without the option, the cancelled config goes again (and it alone: config 0 runs or is done).
+        assert _rerun(sweep_dir).stdout.startswith("rerun: config 1: job "), "config 1 not resubmitted"
+        third = read_manifest(sweep_dir)
+        assert third[0] == second[0] and third[1].job_id != cancelled.job_id
+    finally:
+        jobs = {str(e.job_id).split("_")[0] for e in read_manifest(sweep_dir) if e.job_id}
+        subprocess.run(["scancel", *jobs, str(failed.job_id).split("_")[0]], check=False, timeout=30)
 
 
 def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
@@ -513,7 +572,7 @@ def test_a_changed_rerun_of_several_launches_is_judged_whole_before_any_is_queue
         sweep(sweep_dir, "training.lr=2e-4", "+hydra.launcher.sbatch_args.hold=''", "hydra.launcher.job_name=judged",
               f"+hydra.launcher.sbatch_args.exclude='{others}'", "hydra.launcher.append=true")  # fmt: skip
         subprocess.run(["scancel", "--name=judged"], timeout=30, check=True)
-        wait_until("both configs to be failed", lambda: "2 failed" in status_table(sweep_dir), 120)
+        wait_until("both configs to be cancelled", lambda: "2 cancelled" in status_table(sweep_dir), 120)
         before = read_manifest(sweep_dir)
         proc = subprocess.run(
             [sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "hardware.devices_per_node=1",
