@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import functools
 import gc
@@ -55,12 +56,13 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from analysis import finite_above_zero, whole_at_least_one
 from conf.overrides import argparse_hint
+from launchers.queue import unanswered_words
 from train.contract import (
     EXIT_FAILED,
     EXIT_OK,
@@ -77,7 +79,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from analysis.plots import Plots
-    from analysis.records import Sweeps
+    from analysis.records import QueueLookup, Sweeps
 
 
 T = TypeVar("T")
@@ -140,7 +142,6 @@ def _analyse_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace) -> tuple[Sweeps, Path]:
     """The sweeps to analyse and the default output directory, from whichever source was named."""
     from analysis.records import AnalysisError, load_sweeps
-    from launchers.queue import read_states
 
     sources = sum(bool(x) for x in (args.sweeps, args.wandb, args.wandb_offline))
     if sources != 1:
@@ -158,8 +159,24 @@ def _load(args: argparse.Namespace) -> tuple[Sweeps, Path]:
 
         first = args.wandb_offline[0]
         return offline_sweeps(args.wandb_offline, group=args.group), (first if first.is_dir() else first.parent) / "analysis"
-    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else read_states)
+    unanswered: list[str] = []
+    sweeps = load_sweeps(args.sweeps, queue=None if args.no_queue else _queue(unanswered))
+    if unanswered:
+        sweeps = dataclasses.replace(sweeps, warnings=(*sweeps.warnings, unanswered_words(unanswered)))
     return sweeps, args.sweeps[0] / "analysis"
+
+
+def _queue(unanswered: list[str]) -> QueueLookup:
+    """Slurm's states (launchers.queue), and into `unanswered` why it could not be asked, when it could
+    not: a job that ended without its record then reads pending, and the analysis must say so."""
+    from launchers.queue import ask_states
+
+    def lookup(job_ids: Sequence[str]) -> Mapping[str, str]:
+        answer = ask_states(job_ids)
+        unanswered.extend(w for w in answer.unanswered if w not in unanswered)
+        return answer.states
+
+    return lookup
 
 
 def _compare_parser() -> argparse.ArgumentParser:
@@ -528,14 +545,14 @@ def _forget_plots(out: Path) -> None:
 def compare(argv: Sequence[str]) -> int:
     from analysis.compare import compare_sweeps, format_comparison
     from analysis.records import load_sweeps, sweep_labels
-    from launchers.queue import read_states
 
     args = _compare_parser().parse_args(argv)
     if args.out is not None:
         _check_out(args.out)
-    queue = None if args.no_queue else read_states
+    unanswered: list[str] = []
+    queue = None if args.no_queue else _queue(unanswered)
     before, after = load_sweeps([args.before], queue=queue), load_sweeps([args.after], queue=queue)
-    for w in before.warnings + after.warnings:
+    for w in [*before.warnings, *after.warnings, *([unanswered_words(unanswered)] if unanswered else [])]:
         print(f"warning: {w}", file=sys.stderr)
     result = compare_sweeps(before.table, after.table, match=args.match)
     labels = sweep_labels([args.before, args.after])

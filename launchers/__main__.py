@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from conf.overrides import argparse_hint, missing_option_line, override_problem
+from launchers.queue import unanswered_words
 from launchers.status import (
     UNFINISHED_STATES,
     format_status,
@@ -361,7 +362,10 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
     for, else EXIT_UNFINISHED while configs are pending or running, else EXIT_OK. `poll_s` (--wait):
     the table once nothing is pending or running, looked at every poll_s seconds."""
     if poll_s is None:
-        statuses = sweep_status(sweep_dir)
+        unanswered: list[str] = []
+        statuses = sweep_status(sweep_dir, unanswered=unanswered)
+        if unanswered:
+            print(f"warning: {unanswered_words(unanswered)}", file=sys.stderr)
     else:
         statuses = wait_for_sweep(sweep_dir, poll_s=poll_s, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_status(statuses, sweep_dir=sweep_dir))

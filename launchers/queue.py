@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable
+from typing import NamedTuple
 
 __all__ = [
     "ENDED_OUTCOMES",
@@ -43,6 +44,9 @@ __all__ = [
     "not_a_time_limit",
     "parse_states",
     "read_states",
+    "ask_states",
+    "SlurmAnswer",
+    "unanswered_words",
     "stuck_reason",
 ]
 
@@ -153,37 +157,63 @@ def parse_states(text: str) -> dict[str, str]:
     return states
 
 
-def _run(cmd: list[str], timeout_s: float) -> str | None:
-    """The command's stdout; None when it is absent, failed or timed out."""
+def _run(cmd: list[str], timeout_s: float) -> tuple[str | None, str]:
+    """The command's stdout, or None and why: it is absent, failed or timed out."""
     if shutil.which(cmd[0]) is None:
-        return None
+        return None, f"{cmd[0]} is not on this machine's PATH"
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except subprocess.TimeoutExpired:
+        return None, f"{cmd[0]} did not answer within {timeout_s:g} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{cmd[0]} could not be run ({exc})"
     if proc.returncode == 0:
-        return proc.stdout
+        return proc.stdout, ""
     # squeue asked for one id that the controller no longer (or never) held: an answer, not a failure.
-    return "" if cmd[0] == "squeue" and "Invalid job id specified" in proc.stderr else None
+    if cmd[0] == "squeue" and "Invalid job id specified" in proc.stderr:
+        return "", ""
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return None, f"{cmd[0]} failed (exit status {proc.returncode}: {last})"
 
 
-def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
-    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states); GONE
-    for an id that neither knows although both answered."""
+class SlurmAnswer(NamedTuple):
+    """What Slurm said of some jobs, and why it said nothing where it could not be asked."""
+
+    states: dict[str, str]
+    """read_states' answer."""
+    unanswered: tuple[str, ...]
+    """Why sacct or squeue gave no answer (empty: both answered). A job that ended without a record
+    is then no different here from one still pending: status and the analysis say so."""
+
+
+def ask_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> SlurmAnswer:
+    """read_states, and why a tool that gave no answer gave none."""
     ids = sorted({str(j) for j in job_ids if j})
     if not ids:
-        return {}
+        return SlurmAnswer({}, ())
     arrays = ",".join(sorted({j.split("_")[0] for j in ids}))
-    accounted = _run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s)
+    accounted, no_sacct = _run(["sacct", "-X", "-n", "-P", "-j", arrays, "--format=JobID,State"], timeout_s)
     # -r: one line per array task, so that '1234_5' appears as itself. -t all: also the jobs that
     # ended within MinJobAge, which accounting may not have recorded yet.
     # %r: why a pending job waits (Licenses, Priority, PartitionConfig...), which status shows.
-    queued = _run(["squeue", "-h", "-r", "-t", "all", "-j", arrays, "-o", "%i|%T|%r"], timeout_s)
+    queued, no_squeue = _run(["squeue", "-h", "-r", "-t", "all", "-j", arrays, "-o", "%i|%T|%r"], timeout_s)
     states = parse_states(accounted or "")
     states.update(parse_states(queued or ""))
     if accounted is not None and queued is not None:
         # The controller holds every job from its submission on, and accounting every job that
         # started or ended: an id neither knows will never run (see GONE).
-        return {j: states.get(j, GONE) for j in ids}
-    return {j: states[j] for j in ids if j in states}
+        return SlurmAnswer({j: states.get(j, GONE) for j in ids}, ())
+    return SlurmAnswer({j: states[j] for j in ids if j in states}, tuple(w for w in (no_sacct, no_squeue) if w))
+
+
+def unanswered_words(unanswered: Iterable[str]) -> str:
+    """How status and the analysis say that Slurm could not be asked, and what it means for them."""
+    return (f"Slurm could not be asked ({'; '.join(unanswered)}): a config whose job ended without a record reads "
+            "pending until it answers")  # fmt: skip
+
+
+def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
+    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states); GONE
+    for an id that neither knows although both answered."""
+    return ask_states(job_ids, timeout_s=timeout_s).states
 

@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
-from launchers.queue import read_states, stuck_reason
+from launchers.queue import ask_states, stuck_reason, unanswered_words
 from launchers.site import check_site
 from launchers.states import judge, local_launchers
 from launchers.submit import (
@@ -240,14 +240,18 @@ def _names_job(log: Path, job_id: str) -> bool:
 
 
 def sweep_status(
-    sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None
+    sweep_dir: str | Path, *, slurm_states: Mapping[str, str] | None = None, unanswered: list[str] | None = None
 ) -> list[ConfigStatus]:
     """Status of every config in the sweep's manifest (Slurm is asked unless `slurm_states` is given);
-    NotASweep for a directory without one."""
+    NotASweep for a directory without one. `unanswered` gets why Slurm could not be asked, when it
+    could not (queue.SlurmAnswer): a config whose job ended without a record then reads pending."""
     sweep_dir = Path(sweep_dir)
     entries = resolve_exported(read_sweep(sweep_dir), sweep_dir)
     if slurm_states is None:
-        slurm_states = read_states(e.job_id for e in entries if e.job_id)
+        answer = ask_states(e.job_id for e in entries if e.job_id)
+        slurm_states = answer.states
+        if unanswered is not None:
+            unanswered += answer.unanswered
     # A changed rerun the rules refused (`skipped`) never ran: it stands for nothing, and the config it
     # was to rerun stays a failure for status and for the next `rerun --failed`.
     elsewhere = _launched_elsewhere(sweep_dir)
@@ -317,7 +321,8 @@ def wait_for_sweep(
     asked once per poll, for every job at once, as `status` asks it (squeue, then sacct)."""
     start, said = clock(), ""
     while True:
-        statuses = sweep_status(sweep_dir)
+        unanswered: list[str] = []
+        statuses = sweep_status(sweep_dir, unanswered=unanswered)
         left = [s for s in statuses if s.state in UNFINISHED_STATES]
         if not left:
             return statuses
@@ -329,6 +334,8 @@ def wait_for_sweep(
         line = (f"status: waiting for {len(left)} of {total} configs ({counts['running']} running, "
                 f"{counts['pending']} pending" + (f", {exported} of them exported and not started" if exported else "")
                 + f"); asking every {poll_s:g} s")  # fmt: skip
+        if unanswered:  # said while it lasts: a job that ended meanwhile reads pending until Slurm answers
+            line += f"; {unanswered_words(unanswered)}"
         if line != said:
             say(f"{line} [{_elapsed(clock() - start)} waited]")
             said = line

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from launchers.queue import (
     GONE,
+    SlurmAnswer,
+    ask_states,
     base_state,
     ended_outcome,
     expand_job_ids,
@@ -18,8 +23,11 @@ from launchers.queue import (
     parse_states,
     read_states,
     stuck_reason,
+    unanswered_words,
 )
 from tests.conftest import SlurmClusterInfo
+from tests.launchers.test_slurm_launcher import REPO
+from train.contract import EXIT_UNFINISHED, ManifestEntry, write_manifest
 
 
 def test_expand_job_ids_spells_out_pending_array_ranges() -> None:
@@ -79,6 +87,7 @@ def test_states_of_live_array_tasks_and_ended_jobs(slurm_cluster: SlurmClusterIn
         assert states[done] == "COMPLETED"  # from sacct, once the job has left the queue
         # An id neither squeue nor sacct knows, both answering, will never run (a cancelled pending task).
         assert states["999999"] == GONE
+        assert ask_states([done]).unanswered == ()  # both answered
     finally:
         subprocess.run(["scancel", held], check=False, timeout=60)
     deadline = time.monotonic() + 60
@@ -95,3 +104,21 @@ def test_a_reason_no_wait_clears_is_told_from_one_that_does() -> None:
     # Waits that end by themselves, and a running job, are not stuck.
     for state in ("PENDING (Priority)", "PENDING (Licenses)", "PENDING (Resources)", "PENDING", "RUNNING"):
         assert stuck_reason(state) is None, state
+
+
+def test_a_slurm_that_cannot_be_asked_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A copy of a sweep on a machine without Slurm's tools (or with accounting off): its jobs that ended
+    # without a record read pending, and `status --wait` waited for them in silence.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    answer = ask_states(["1234_0"])
+    assert answer == SlurmAnswer({}, ("sacct is not on this machine's PATH", "squeue is not on this machine's PATH"))
+    entry = ManifestEntry(index=0, overrides=("training.lr=0.1",), output_dir="0", status="submitted", job_id="1234_0")
+    write_manifest([entry], tmp_path / "manifest.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "launchers", "status", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == EXIT_UNFINISHED and "0/1 finished: 1 pending" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(
+        "warning: Slurm could not be asked (sacct is not on this machine's PATH; squeue is not on this machine's "
+        "PATH): a config whose job ended without a record reads pending until it answers\n"
+    ), proc.stderr
+    assert unanswered_words(["x"]).startswith("Slurm could not be asked (x): ")
