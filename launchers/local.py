@@ -220,9 +220,10 @@ class LocalLauncher(SweepLauncher):
         path = manifest_path(sweep_dir)
         # Locked from the claim of the batch's indices until the manifest lists them (sweep_lock).
         with self.claimed(sweep_dir) as first:
-            specs, skipped = plan_configs(
-                composer, job_overrides, first + initial_job_idx, subdir=subdir_namer(self.config, composer)
-            )
+            # here: the runs are this machine's, so a path they would refuse is refused before any runs.
+            specs, skipped = plan_configs(composer, job_overrides, first + initial_job_idx,
+                                          subdir=subdir_namer(self.config, composer), undone="nothing was run",
+                                          here=True)  # fmt: skip
             queued = [
                 ManifestEntry(
                     index=s.index,

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.compose import FastComposer, parse_override
+from launchers.entry import check_entry
 from launchers.queue import ask_states, stuck_reason, unanswered_words
 from launchers.site import check_site
 from launchers.states import judge, local_launchers
@@ -87,6 +88,7 @@ from launchers.submit import (
     merge_entries,
     plan_configs,
     save_launch_file,
+    say_path_warnings,
     submit_configs,
 )
 from launchers.sweepdir import UsageError, next_index, sweep_lock
@@ -110,6 +112,7 @@ from train.contract import (
     resolve_exported,
     write_manifest,
 )
+from train.paths import PathWarnings
 
 __all__ = [
     "RERUN_STATES",
@@ -488,6 +491,10 @@ def rerun_failed(
         # after the first's were queued made "Nothing was submitted" untrue. Changed ones as they will be
         # planned, named by the failed config each reruns.
         for g, (settings, mine) in enumerate(groups):
+            # As a launch checks them (launchers.entry, train.paths): a plain rerun composes nothing else.
+            check_entry(settings.python, settings.module, settings.cwd, options=_ENTRY_OPTIONS, here=settings.local)
+            if not overrides:
+                _check_paths(settings, mine)
             if settings.local:
                 continue
             judged = mine
@@ -513,6 +520,19 @@ def rerun_failed(
     if here:
         run_here(here, sweep_dir, marks=marks)
     return sorted(entries, key=lambda e: e.index)
+
+
+_ENTRY_OPTIONS = ("python (the launch's, .megasweep/launch.json)", "module (the launch's)")
+"""How a rerun names the interpreter and module it runs again: the launch's, which it cannot change."""
+
+
+def _check_paths(settings: LaunchSettings, specs: Sequence[ConfigSpec]) -> None:
+    """The token files and checkpoint directories of configs rerun unchanged, checked as a launch checks
+    them (launchers.submit.plan_configs): the file may have gone or been fixed since."""
+    composer, paths = _composer(settings), PathWarnings()
+    for spec in specs:
+        paths.note(composer.run_config(list(spec.overrides)))
+    say_path_warnings(paths, here=settings.local, undone="nothing was rerun")
 
 
 def _rerun_launch(
@@ -650,6 +670,7 @@ def _changed_specs(
     is index n): the feasible ones' specs, and the infeasible ones' `skipped` entries."""
     return plan_configs(_composer(settings), [changed_overrides(s.overrides, changes) for s in failed], 0,
                         undone="nothing was rerun", name=lambda n: f"the rerun of config {failed[n].index}",
+                        here=settings.local,
                         fix="Leave training.checkpoint_dir out of the changes (each rerun then checkpoints in its own "
                             "run directory)")  # fmt: skip
 

@@ -219,10 +219,12 @@ def plan_configs(
     undone: str = "nothing was submitted",
     name: Callable[[int], str] = "config {}".format,
     fix: str = CHECKPOINT_FIX,
+    here: bool = False,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """Compose and validate each job: specs of the feasible ones, skipped entries for the rest; the
     feasible ones' token files and checkpoint directories are checked here, each distinct path once, and
-    what a run would refuse at its start said on stderr as a warning (train.paths.PathWarnings).
+    what a run would refuse at its start said on stderr as a warning (train.paths.PathWarnings), or
+    refused (UsageError) when the runs are this machine's (`here`: the local launcher).
     Two feasible ones that would checkpoint into one directory refuse them all (UsageError ending in
     `undone`: what the refusal leaves undone, each named by `name` of its index, `fix` the way out;
     CheckpointPlaces).
@@ -270,14 +272,17 @@ def plan_configs(
     checkpoints.refuse_clashes(outcome=undone, fix=fix)
     if subdir is not None:
         check_output_dirs([*specs, *skipped])
-    say_path_warnings(paths)
+    say_path_warnings(paths, here=here, undone=undone)
     return specs, skipped
 
 
-def say_path_warnings(paths: PathWarnings) -> None:
+def say_path_warnings(paths: PathWarnings, *, here: bool = False, undone: str = "nothing was run") -> None:
     """Each distinct path's warning (train.paths), one line on stderr: warnings, not refusals, since the
-    runs' nodes may see file systems this machine does not."""
-    for line in paths.warnings():
+    runs' nodes may see file systems this machine does not. `here` (the runs are this machine's): what a
+    run would refuse is refused now (UsageError), before any config runs into it."""
+    if here and (refused := paths.refusals()):
+        raise UsageError("; ".join(refused) + f". The runs of this machine would refuse it at their start: {undone}.")
+    for line in paths.warnings(here=here):
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
 

@@ -63,7 +63,7 @@ def wraps_around(file: TokenFile, run: RunConfig) -> str | None:
 
 @dataclass
 class _Found:
-    """What the configs naming one path would meet: the first refusal, else the widest wrap-around."""
+    """What some configs naming one path would meet: a refusal (the first), or a wrap-around (the widest)."""
 
     message: str
     refused: bool
@@ -81,7 +81,8 @@ class PathWarnings:
     def __init__(self) -> None:
         self._files: dict[tuple[str, str, str], TokenFile | str] = {}
         self._judged: dict[tuple[object, ...], tuple[str, bool, float] | None] = {}
-        self._found: dict[tuple[str, str], _Found] = {}
+        self._found: dict[tuple[str, str, bool], _Found] = {}
+        self._named: dict[tuple[str, str], int] = {}
 
     def note(self, run: RunConfig) -> None:
         """Check the paths `run` reads and writes (where not checked already), and count it."""
@@ -127,24 +128,39 @@ class PathWarnings:
         return None if note is None else (note, False, passes)
 
     def _count(self, field: str, path: str, outcome: tuple[str, bool, float] | None) -> None:
+        self._named[(field, path)] = self._named.get((field, path), 0) + 1
         if outcome is None:
             return
         message, refused, passes = outcome
-        found = self._found.get((field, path))
+        # A path's refusal and its wrap-around are two lines: configs of two vocabularies or lengths may
+        # meet one each (a refusal outweighing the other dropped the wrap-around and its configs).
+        found = self._found.get((field, path, refused))
         if found is None:
-            self._found[(field, path)] = _Found(message, refused, passes=passes)
-        elif found.refused == refused:
-            found.configs += 1
-            if passes > found.passes:  # the warning names the config that reads the file most often over
-                found.message, found.passes = message, passes
-        elif refused:  # a refusal outweighs any wrap-around
-            self._found[(field, path)] = _Found(message, refused)
+            self._found[(field, path, refused)] = _Found(message, refused, passes=passes)
+            return
+        found.configs += 1
+        if passes > found.passes:  # the warning names the config that reads the file most often over
+            found.message, found.passes = message, passes
 
-    def warnings(self) -> list[str]:
-        """One line per distinct path with a problem, in the order the configs named them."""
-        here = f"checked on this machine ({socket.gethostname()}), which may not see the file systems the runs will"
+    def refusals(self) -> list[str]:
+        """What a run here would refuse, one line per distinct path (for a launch whose runs are this
+        machine's: nothing else may see other files)."""
+        return [f"{f.message} [{self._configs(key)}]" for key, f in self._found.items() if f.refused]
+
+    def warnings(self, *, here: bool = False) -> list[str]:
+        """One line per distinct path with a problem, in the order the configs named them; `here`: the
+        runs are this machine's, so the refusals are left to refusals() and no other file system is
+        imagined."""
+        if here:
+            return [f"{f.message} [{self._configs(key)}]" for key, f in self._found.items() if not f.refused]
+        where = f"checked on this machine ({socket.gethostname()}), which may not see the file systems the runs will"
         lines = []
-        for found in self._found.values():
+        for key, found in self._found.items():
             then = "; a run that finds the same refuses it at its start, after the sweep was queued" if found.refused else ""
-            lines.append(f"{found.message} [{here}{then}; {found.configs} config(s) name it]")
+            lines.append(f"{found.message} [{where}{then}; {self._configs(key)}]")
         return lines
+
+    def _configs(self, key: tuple[str, str, bool]) -> str:
+        """'n of the m config(s) naming it', or 'm config(s) name it' where all of them meet it."""
+        configs, named = self._found[key].configs, self._named[key[:2]]
+        return f"{configs} config(s) name it" if configs == named else f"{configs} of the {named} config(s) naming it"

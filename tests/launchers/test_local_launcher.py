@@ -13,6 +13,7 @@ from launchers.status import sweep_status
 from tests.launchers.test_slurm_launcher import REPO, TINY, result
 from tests.train.test_main import AS_FROM_A_TERMINAL, INTERRUPT_LOST_ON_ITS_WAY, TINY_RUN, interrupt
 from train.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, LOG_FILE, read_manifest
+from train.preemption import FAULT_ENV, FAULT_EXIT_CODE
 
 
 def rerun(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
@@ -69,31 +70,30 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
     proc = subprocess.run(
         [
             sys.executable, "-m", "train", "-m", *TINY,
-            "training.data_path=/nonexistent.bin,null",
+            # Config 0's run dies at its first iteration (train.preemption's test hook), which no check
+            # before the launch can see: config 1's hook names an iteration it never reaches.
+            f"+cluster.env.{FAULT_ENV}=0:1,0:1000",
             "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == EXIT_FAILED
     assert "config 0 failed" in proc.stderr
-    # Said before anything ran, as a warning (a compute node may see the file): then the run refused it.
-    warned = "warning: training.data_path='/nonexistent.bin' cannot be read as a token file"
-    assert proc.stderr.count(warned) == 1 and proc.stderr.index(warned) < proc.stderr.index("config 0 failed")
     # One paragraph at the end, without Hydra's hint of a crash (set HYDRA_FULL_ERROR for a traceback).
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("1 of 2 configs failed (0); every other config ran. python -m launchers status "), proc.stderr
     assert "HYDRA_FULL_ERROR" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     first, second = read_manifest(sweep_dir)
     bad, good = result(sweep_dir, first), result(sweep_dir, second)
-    assert bad is not None and bad["status"] == "error"
+    assert bad is None and first.status == "failed" and f"exited with status {FAULT_EXIT_CODE}" in (first.reason or "")
     # The failure of config 0 did not stop config 1.
     assert good is not None and good["status"] == "ok"
     # `rerun --failed` runs a local sweep's failure here again (it fails the same way: exit 1,
     # the earlier record kept beside), and with a changed field as a new config, which succeeds.
     again = rerun(sweep_dir)
     assert again.returncode == EXIT_FAILED and "rerun: config 0: ran here" in again.stdout, again.stderr
-    assert "1 configs failed again" in again.stderr and (sweep_dir / first.output_dir / "result.previous.json").exists()
-    fixed = rerun(sweep_dir, "training.data_path=null")
+    assert "1 configs failed again" in again.stderr
+    fixed = rerun(sweep_dir, f"cluster.env.{FAULT_ENV}=0:1000")
     assert fixed.returncode == 0 and "rerun: config 2 (rerun of config 0): ran here" in fixed.stdout, fixed.stderr
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "done", "done"]
     # Asked again (another rerun got there first, say), it says which rerun stands for the failure.
@@ -103,9 +103,9 @@ def test_local_launcher_runs_every_config_and_then_reports_the_failure(tmp_path:
         "training.lr=1e-3 not applied: rerun those configs' failures to change them"
     ), again.stdout + again.stderr
     # The same command again (a script's retry): its changes are the rerun's already, so it exits 0.
-    same = rerun(sweep_dir, "training.data_path=null")
+    same = rerun(sweep_dir, f"cluster.env.{FAULT_ENV}=0:1000")
     assert same.returncode == 0 and same.stdout.strip() == (
-        "rerun: no failed configs to rerun: each failed one is rerun already with training.data_path=null "
+        f"rerun: no failed configs to rerun: each failed one is rerun already with cluster.env.{FAULT_ENV}=0:1000 "
         "(config 0 as config 2)"
     ), same.stdout + same.stderr
 
@@ -224,3 +224,39 @@ def test_a_config_that_fails_after_ctrl_c_stops_the_sweep_as_interrupted(tmp_pat
     ran, never = read_manifest(sweep_dir)
     assert (ran.status, ran.reason) == ("interrupted", INTERRUPTED_BEFORE_RECORD)
     assert (never.status, never.reason) == ("interrupted", INTERRUPTED_BEFORE_START)
+
+
+def test_a_local_sweep_whose_runs_would_refuse_a_path_is_refused_before_any_runs(tmp_path: Path) -> None:
+    # Its runs are this machine's: a token file missing here is missing for them (it was a warning
+    # about nodes that may see other file systems, then each config failed on it in turn).
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, f"training.data_path={tmp_path / 'nosuch.bin'},null",
+         "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and not (sweep_dir / "manifest.jsonl").exists(), proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: training.data_path='{tmp_path / 'nosuch.bin'}' cannot be read as a token file")
+    assert line.endswith("[1 config(s) name it]. The runs of this machine would refuse it at their start: "
+                         "nothing was run.") and "may not see" not in line  # fmt: skip
+
+
+def test_a_plain_rerun_checks_the_paths_as_a_launch_does(tmp_path: Path) -> None:
+    # `rerun --failed` without changes composed nothing, so it checked no path: a token file gone since
+    # the launch made each rerun config fail again on it.
+    import numpy as np
+
+    tokens, sweep_dir = tmp_path / "tokens.bin", tmp_path / "sweep"
+    (np.arange(8000) % 512).astype(np.uint16).tofile(tokens)  # TINY's vocabulary: 512
+    launched = subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, f"training.data_path={tokens}", f"+cluster.env.{FAULT_ENV}=0:1",
+         "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert launched.returncode == EXIT_FAILED, launched.stdout + launched.stderr
+    tokens.unlink()
+    again = rerun(sweep_dir)
+    assert again.returncode == EXIT_USAGE and "ran here" not in again.stdout, again.stdout + again.stderr
+    assert again.stderr.startswith(f"error: training.data_path='{tokens}' cannot be read as a token file")
+    assert again.stderr.strip().endswith("The runs of this machine would refuse it at their start: nothing was rerun.")

@@ -89,9 +89,23 @@ def test_a_token_file_shorter_than_the_run_reads_is_said_to_wrap_around(composer
         "a longer file, or fewer training.train_iters, for every sample to be new"
     ), line  # the config that reads it most often over
     assert line.endswith("which may not see the file systems the runs will; 2 config(s) name it]"), line
-    # A refusal outweighs a wrap-around: one line per path, the refusal's.
-    (refused,) = warned(composer, [f"training.data_path={path}"], [f"training.data_path={path}", "model.seq_length=8192"])
-    assert "fewer than one sample of model.seq_length + 1 = 8193" in refused and "1 config(s) name it" in refused
+    # A path some configs would refuse and others read around: two lines, each counting its own configs
+    # among those naming the path (one line, the refusal's, counted the wrap-around's configs as none).
+    wraps, refused = warned(composer, [f"training.data_path={path}", "training.train_iters=20"],
+                            [f"training.data_path={path}", "model.seq_length=8192"],
+                            [f"training.data_path={path}", "model.seq_length=8192", "training.seed=2"])  # fmt: skip
+    assert "it wraps around" in wraps and wraps.endswith("; 1 of the 3 config(s) naming it]"), wraps
+    assert "fewer than one sample of model.seq_length + 1 = 8193" in refused
+    assert refused.endswith("after the sweep was queued; 2 of the 3 config(s) naming it]"), refused
+    # The local launcher's runs are this machine's: the refusal is its own, and no other file system is said.
+    paths = PathWarnings()
+    for overrides in ([f"training.data_path={path}", "training.train_iters=20"],
+                      [f"training.data_path={path}", "model.seq_length=8192"]):  # fmt: skip
+        paths.note(composer.run_config(overrides))
+    (refusal,) = paths.refusals()
+    assert refusal.startswith(f"training.data_path={str(path)!r}") and refusal.endswith("[1 of the 2 config(s) naming it]")
+    (here,) = paths.warnings(here=True)
+    assert "it wraps around" in here and "may not see" not in here and here.endswith("[1 of the 2 config(s) naming it]")
 
 
 def test_each_distinct_path_is_opened_once(composer: FastComposer, tmp_path: Path,
