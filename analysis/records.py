@@ -23,6 +23,10 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   entry, no result): planned, not run; it carries the plan's
                                   predictions (pred_sec_per_iter, pred_tflops, pred_mfu)
 
+A launched config without a record (pending, running, ended by Slurm or killed before it wrote one)
+has the layout its manifest entry keeps (train.contract.LaunchedLayout, what the launcher composed),
+where no plan.csv row gives one: composing its overrides here would cost each analysis ~0.5 s.
+
 A run stopped before its end (timeout: Slurm's time limit, a preemption, SIGTERM; cancelled: scancel;
 interrupted: Ctrl-C) keeps the figures of the iterations it measured, as its record gives them:
 `partial` says a row's figures are such (PARTIAL_OUTCOMES, at least MIN_PARTIAL_ITERATIONS measured), for the tables to
@@ -84,6 +88,7 @@ from train.contract import (
     MULTIRUN_FILE,
     PLAN_FILE,
     RESULT_FILE,
+    LaunchedLayout,
     ManifestEntry,
     ManifestError,
     OomReport,
@@ -931,6 +936,7 @@ def _manifest_frame(entries: Sequence[ManifestEntry]) -> pd.DataFrame:
             "m_reason": [e.reason or "" for e in entries],
             "job_id": [e.job_id or "" for e in entries],
             "m_nodes": [float(e.nodes) if e.nodes is not None else np.nan for e in entries],
+            "m_layout": [e.layout for e in entries],
             "rerun_as": [float(rerun_as.get(e.index, np.nan)) for e in entries],
         }
     )
@@ -966,7 +972,7 @@ def _merge_manifest(
     parts = []
     if not results.empty:
         results = results.merge(
-            man.drop(columns=["m_overrides", "m_key", "m_status", "m_reason"]),
+            man.drop(columns=["m_overrides", "m_key", "m_status", "m_reason", "m_layout"]),
             how="left", left_on="run_dir", right_on="m_dir",
         )
         ours = results["m_dir"].notna() & (
@@ -1011,6 +1017,7 @@ def _merge_manifest(
         if rows.empty:
             continue
         frame = pd.concat([rows.reset_index(drop=True), _plan_values(rows["m_key"]).reset_index(drop=True)], axis=1)
+        frame = _with_launched_layouts(frame, warnings)
         frame["source"] = "manifest"
         frame["outcome"] = outcome
         frame["reason"] = frame["m_reason"]
@@ -1027,6 +1034,62 @@ def _merge_manifest(
         if not unlisted.empty:
             parts.append(unlisted)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+_LAUNCHED_COLUMNS = (
+    ("model", "model"), ("hardware", "hardware"), ("dp", "dp"), ("tp", "tp"), ("pp", "pp"),
+    ("mbs", "micro_batch_size"), ("gbs", "global_batch_size"), ("seq_length", "seq_length"),
+    ("size_params", "params"), ("config.parallelism.zero_stage", "zero_stage"),
+    ("config.parallelism.offload", "offload"), ("config.parallelism.recompute", "recompute"),
+    ("config.parallelism.precision", "precision"), ("config.parallelism.engine", "engine"),
+    ("config.parallelism.virtual_stages", "virtual_stages"),
+    ("config.parallelism.sequence_parallel", "sequence_parallel"),
+)  # fmt: skip
+"""Column of the table <- field of train.contract.LaunchedLayout: what a launched config without a
+record shows of its layout, in the columns its record would fill (the layout key's among them)."""
+_LAUNCHED_TEXT = frozenset(("model", "hardware", "config.parallelism.offload", "config.parallelism.recompute",
+                            "config.parallelism.precision", "config.parallelism.engine"))  # fmt: skip
+
+
+def _with_launched_layouts(frame: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    """`frame`'s manifest rows (no record) with the layout columns that no plan row filled taken from
+    their entries' LaunchedLayout (`m_layout`): what the launcher composed, read here without composing
+    anything. A row whose entry keeps none (a skipped config, a manifest written before layouts) is left
+    as it was; a damaged one too, with a warning."""
+    layouts: list[LaunchedLayout | None] = []
+    bad: list[str] = []
+    for raw in frame["m_layout"].tolist():
+        layout = None
+        if raw:
+            try:
+                layout = LaunchedLayout.from_json(raw)
+            except ManifestError as exc:
+                bad.append(str(exc))
+        layouts.append(layout)
+    if bad:
+        warnings.append(
+            f"{MANIFEST_FILE}: {len(bad)} launched config(s) keep a layout that cannot be read ({bad[0]}); "
+            "their layout is left blank until they have a record"
+        )
+    if not any(layout is not None for layout in layouts):
+        return frame
+    known = np.array([layout is not None for layout in layouts])
+    filled = {}
+    for column, name in _LAUNCHED_COLUMNS:
+        values = [getattr(layout, name) if layout is not None else None for layout in layouts]
+        if column in _LAUNCHED_TEXT or name == "sequence_parallel":
+            new = pd.Series(values, index=frame.index, dtype=object)
+            old = frame[column].astype(object) if column in frame.columns else pd.Series(None, frame.index, dtype=object)
+            blank = old.isna() | (old == "")
+        else:
+            # micro_batch_size 'auto' is the run's to choose: no size until its record says one.
+            new = pd.Series([v if isinstance(v, int) else None for v in values], index=frame.index, dtype=float)
+            old = _num(frame, column)
+            blank = old.isna()
+        filled[column] = old.where(~(blank.to_numpy() & known), new)
+    degrees = filled["dp"] * filled["tp"] * filled["pp"]
+    filled["devices"] = _num(frame, "devices").fillna(degrees)
+    return frame.assign(**filled)
 
 
 def _judge_launched(

@@ -395,8 +395,9 @@ def _more_line(rows: int, limit: int | None, where: str) -> str:
 
 
 def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
-    """What is not there yet: the configs still pending or running, with their job ids and directories
-    (the first `limit` of them, and how many more; None: all)."""
+    """What is not there yet: the configs still pending or running, with their job ids, directories and
+    layouts (as the launch composed them: records.py reads them from the manifest) (the first `limit` of
+    them, and how many more; None: all)."""
     missing = df[df["outcome"].isin(MISSING)]
     if missing.empty:
         planned = int((df["outcome"] == "planned").sum())
@@ -411,12 +412,14 @@ def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
             "State": missing["outcome"].where(missing["queue_state"] == "", missing["queue_state"]),
             "Job": missing["job_id"].astype(str),
             "Dir": missing["run_dir"].astype(str),
+            **_layout_cells(missing),
             "Overrides": _escape(missing["config_key"].astype(str)),
         }
     )
     if df["sweep"].nunique() > 1:
         table.insert(0, "Sweep", missing["sweep"].astype(str).to_numpy())
-    return markdown_table(table.reset_index(drop=True), left=tuple(table.columns)) + more
+    left = ("Sweep", "State", "Job", "Dir", "Overrides")
+    return markdown_table(table.reset_index(drop=True), left=tuple(c for c in table.columns if c in left)) + more
 
 
 PLANNED_SHOWN = 100

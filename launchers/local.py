@@ -53,6 +53,7 @@ from launchers.submit import (
     check_output_dirs,
     command_for,
     entry_args_for,
+    entry_for,
     failed_configs_hint,
     infeasible_summary,
     launch_failure,
@@ -66,7 +67,6 @@ from launchers.sweepdir import check_indices_free, sweep_lock
 from train.contract import (
     RESULT_FILE,
     LocalRun,
-    ManifestEntry,
     local_run_path,
     manifest_path,
     read_manifest,
@@ -224,16 +224,7 @@ class LocalLauncher(SweepLauncher):
             specs, skipped = plan_configs(composer, job_overrides, first + initial_job_idx,
                                           subdir=subdir_namer(self.config, composer), undone="nothing was run",
                                           here=True)  # fmt: skip
-            queued = [
-                ManifestEntry(
-                    index=s.index,
-                    overrides=s.overrides,
-                    output_dir=s.output_dir,
-                    status="submitted",
-                    shape=s.key.allocation.as_dict(),
-                )
-                for s in specs
-            ]
+            queued = [entry_for(s, "submitted") for s in specs]
             entries = sorted([*skipped, *queued], key=lambda e: e.index)
             # Earlier batches of this sweep, or the sweep it is appended to.
             old = read_manifest(path) if path.exists() else []

@@ -80,6 +80,7 @@ from launchers.submit import (
     ConfigSpec,
     LaunchSettings,
     check_array_options,
+    entry_for,
     job_words,
     merge_entries,
     plan_configs,
@@ -464,15 +465,7 @@ def _write_scripts(
         configs = tuple(s.index for s in piece)
         scripts.append(ExportedScript(script=script, tasks=tasks, key=key, configs=configs))
         exported += [
-            ManifestEntry(
-                index=s.index,
-                overrides=s.overrides,
-                output_dir=s.output_dir,
-                status="exported",
-                reason=f"exported to {script}, array task {task}",
-                shape=key.allocation.as_dict(),
-            )
-            for task, s in enumerate(piece)
+            entry_for(s, "exported", reason=f"exported to {script}, array task {task}") for task, s in enumerate(piece)
         ]
     return scripts, exported
 

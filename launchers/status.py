@@ -90,6 +90,7 @@ from launchers.submit import (
     save_launch_file,
     say_path_warnings,
     submit_configs,
+    with_layouts,
 )
 from launchers.sweepdir import UsageError, next_index, sweep_lock
 from train.contract import (
@@ -552,6 +553,8 @@ def _rerun_launch(
             leftover.rename(_aside(leftover.with_name(earlier_job_name(leftover.name, job_ids[spec.index]))))
     path = manifest_path(sweep_dir)
     before = read_manifest(path)
+    # The launch record keeps no layout: each config's entry does, and its rerun runs the same one.
+    specs = with_layouts(specs, before)
     if settings.local:
         return _run_here(sweep_dir, specs, settings, before)
     submission = submit_configs(

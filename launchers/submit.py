@@ -43,6 +43,7 @@ Torch-free, like everything a launcher imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -61,7 +62,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from conf.schema import RunConfig
+from conf.schema import RunConfig, requested_micro_batch
 from launchers.allocation import (
     Allocation,
     ArrayKey,
@@ -82,13 +83,16 @@ from train.contract import (
     SLURM_LOG_DIR,
     STATE_DIR,
     SUBMITIT_DIR,
+    LaunchedLayout,
     ManifestEntry,
+    ManifestError,
     manifest_path,
     normalize_dir,
 )
 from train.paths import PathWarnings
 from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import RULES, InfeasibleConfig, rule_problem, validate
+from train.planner.sizes import total_params
 from train.signals import TERMINAL_STOP_SIGNALS, signals_blocked, signals_held
 
 REQUEUE_SIGNAL_LEAD_S = 120
@@ -122,6 +126,9 @@ class ConfigSpec:
     """cluster.max_retries of the config."""
     wandb_group: str | None = None
     """logger.wandb_group of the config; None: the sweep's name is the group."""
+    layout: LaunchedLayout | None = None
+    """What the config runs, for its manifest entry (launched_layout); None for a spec read back from a
+    launch record, which keeps none: a rerun takes it from the config's manifest entry (with_layouts)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,7 @@ def plan_configs(
                 env,
                 max_retries=run.cluster.max_retries,
                 wandb_group=run.logger.wandb_group,
+                layout=launched_layout(run),
             )
         )
     # A sweep's own check found these before (FastValidation); an export's or a changed rerun's configs
@@ -274,6 +282,47 @@ def plan_configs(
         check_output_dirs([*specs, *skipped])
     say_path_warnings(paths, here=here, undone=undone)
     return specs, skipped
+
+
+def launched_layout(run: RunConfig) -> LaunchedLayout:
+    """The layout a feasible config's manifest entry keeps (train.contract.LaunchedLayout), read off its
+    composed config: nothing planned (the size is the planner's arithmetic count of the model's
+    parameters, a microsecond), so that a launch of thousands of configs does not slow for it."""
+    par, model = run.parallelism, run.model
+    return LaunchedLayout(
+        model=model.name,
+        hardware=run.hardware.name,
+        dp=par.dp or 1,  # as the allocation counts a null dp (launchers.allocation.allocation_of)
+        tp=par.tp,
+        pp=par.pp,
+        micro_batch_size=requested_micro_batch(par),
+        global_batch_size=par.global_batch_size,
+        seq_length=model.seq_length,
+        params=total_params(model, par.tp),
+        zero_stage=par.zero_stage,
+        offload=par.offload.value,
+        recompute=par.recompute.value,
+        precision=par.precision.value,
+        engine=par.engine.value,
+        virtual_stages=par.virtual_stages,
+        sequence_parallel=par.sequence_parallel,
+    )
+
+
+def with_layouts(specs: Sequence[ConfigSpec], entries: Sequence[ManifestEntry]) -> list[ConfigSpec]:
+    """`specs` read back from the launch record, each with the layout its config's manifest entry keeps
+    (a rerun of the same config runs the same layout); one whose entry has none (a manifest written
+    before layouts were) stays without."""
+    wanted = {spec.index for spec in specs if spec.layout is None}
+    layouts = {}
+    for e in entries:
+        # A damaged layout: the rerun's entry is written without one, as an old launch's is.
+        with contextlib.suppress(ManifestError):
+            if e.index in wanted and e.layout:
+                layouts[e.index] = LaunchedLayout.from_json(e.layout)
+    return [
+        dataclasses.replace(spec, layout=layouts[spec.index]) if spec.index in layouts else spec for spec in specs
+    ]
 
 
 def say_path_warnings(paths: PathWarnings, *, here: bool = False, undone: str = "nothing was run") -> None:
@@ -731,6 +780,7 @@ def entry_for(
         reason=reason,
         job_id=job_id,
         shape=spec.key.allocation.as_dict(),
+        layout=spec.layout.to_json() if spec.layout is not None else {},
     )
 
 

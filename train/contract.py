@@ -56,6 +56,8 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
+import orjson
+
 from train.metrics import scrub_overrides
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +657,14 @@ class PeakCalibration:
 # a result.json.
 #
 #     {"index": 3, "overrides": ["parallelism.tp=2"], "output_dir": "3", "status": "submitted",
-#      "reason": null, "job_id": "1234_3", "shape": {"nodes": 2, "tasks_per_node": 2}}
+#      "reason": null, "job_id": "1234_3", "shape": {"nodes": 2, "tasks_per_node": 2},
+#      "layout": {"model": "gpt_1.3b", "hardware": "a100_80gb", "dp": 4, "tp": 2, ...}}
+#
+# `layout` (LaunchedLayout) is what the launcher composed for a config it launched: the model, the
+# degrees and the batch, so that the analysis shows a config with no result.json yet (pending,
+# running, cancelled before it started) in its layout without composing it again. Written for every
+# config that was submitted, exported, refused or interrupted; absent from a skipped one and from
+# manifests written before it existed, whose such rows stay blank.
 #
 # An entry's status is one of ENTRY_STATUSES:
 #
@@ -725,6 +734,93 @@ def read_local_runs(sweep_dir: str | Path) -> list[LocalRun]:
 
 
 @dataclass(frozen=True)
+class LaunchedLayout:
+    """What a launched config runs, as the launcher composed and validated it (ManifestEntry.layout): the
+    fields the analysis shows and matches layouts by (analysis.records' layout columns and layout_key),
+    named as PlanRow's. Read off the composed config, nothing planned (launchers.submit.launched_layout),
+    since a launch of thousands of configs must not slow for it; the nodes and tasks are the entry's
+    `shape`."""
+
+    model: str
+    """model.name."""
+    hardware: str
+    """hardware.name."""
+    dp: int
+    """Model replicas: parallelism.dp, or 1 where it is null (as the allocation counts it)."""
+    tp: int
+    pp: int
+    micro_batch_size: int | str
+    """Samples per micro-batch, or 'auto': the run picks the size at its start."""
+    global_batch_size: int
+    seq_length: int
+    """model.seq_length (tokens per sample)."""
+    params: int
+    """Parameters of the whole model (train.planner.sizes.total_params, vocabulary padded for tp)."""
+    zero_stage: int = 0
+    offload: str = "none"
+    recompute: str = "none"
+    precision: str = "bf16"
+    engine: str = "native"
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ManifestEntry.layout."""
+        # By hand, not dataclasses.asdict: a launch writes its manifest after every array, each entry anew.
+        return {
+            "model": self.model, "hardware": self.hardware, "dp": self.dp, "tp": self.tp, "pp": self.pp,
+            "micro_batch_size": self.micro_batch_size, "global_batch_size": self.global_batch_size,
+            "seq_length": self.seq_length, "params": self.params, "zero_stage": self.zero_stage,
+            "offload": self.offload, "recompute": self.recompute, "precision": self.precision, "engine": self.engine,
+            "virtual_stages": self.virtual_stages, "sequence_parallel": self.sequence_parallel,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> LaunchedLayout:
+        """The layout of an entry's `layout` object; ManifestError when a field is missing or of the wrong
+        type. Fields it does not know (a later launcher's) are left out."""
+        if not isinstance(obj, Mapping):
+            raise ManifestError(f"layout must be an object, got {obj!r}")
+        known = {k: obj[k] for k in _LAYOUT_FIELDS if k in obj}
+        missing = [k for k in _LAYOUT_REQUIRED if k not in known]
+        if missing:
+            raise ManifestError(f"layout lacks {', '.join(missing)}")
+        for name, kind in _LAYOUT_TYPES.items():
+            value = known.get(name)
+            if value is None and name not in _LAYOUT_REQUIRED:
+                known.pop(name, None)
+            elif not _of_kind(value, kind):
+                raise ManifestError(f"layout.{name} must be {kind}, got {value!r}")
+        return cls(**known)
+
+
+_LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(LaunchedLayout))
+_LAYOUT_REQUIRED = tuple(f.name for f in dataclasses.fields(LaunchedLayout) if f.default is dataclasses.MISSING)
+_LAYOUT_TYPES = {
+    "model": "a string", "hardware": "a string", "dp": "a positive integer", "tp": "a positive integer",
+    "pp": "a positive integer", "micro_batch_size": "a positive integer or 'auto'",
+    "global_batch_size": "a positive integer", "seq_length": "a positive integer", "params": "a non-negative integer",
+    "zero_stage": "an integer", "offload": "a string", "recompute": "a string", "precision": "a string",
+    "engine": "a string", "virtual_stages": "a positive integer", "sequence_parallel": "true or false",
+}  # fmt: skip
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    if kind == "true or false":
+        return isinstance(value, bool)
+    if kind == "a string":
+        return isinstance(value, str)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if kind == "a positive integer or 'auto'":
+        return value == "auto" or (whole and value > 0)
+    if kind == "a positive integer":
+        return whole and value > 0
+    if kind == "a non-negative integer":
+        return whole and value >= 0
+    return whole
+
+
+@dataclass(frozen=True)
 class ManifestEntry:
     """One config of a sweep as the launcher handled it."""
 
@@ -745,6 +841,12 @@ class ManifestEntry:
     rerun_of: int | None = None
     """Index of the failed config this one reruns with changed fields (`rerun --failed <overrides>`);
     None for a config launched as such. Written only when set."""
+    layout: Mapping[str, Any] = field(default_factory=dict)
+    """LaunchedLayout.to_json() of the config as the launcher composed it; empty for a skipped config and
+    in manifests written before it existed. Kept as the JSON object it was read as: only the analysis (for
+    the few configs without a record) and a plain rerun (for its configs' new entries) read it, through
+    LaunchedLayout.from_json, and a damaged one costs those configs their layout, not the whole manifest
+    (nor every reading of it the cost of checking it). Written only when set."""
 
     def __post_init__(self) -> None:
         # Validate here so that an entry that exists is always one the other side can read.
@@ -767,6 +869,7 @@ class ManifestEntry:
         object.__setattr__(self, "overrides", tuple(self.overrides))
         object.__setattr__(self, "output_dir", normalize_dir(self.output_dir))
         object.__setattr__(self, "shape", dict(self.shape))
+        object.__setattr__(self, "layout", dict(self.layout))
 
     @property
     def nodes(self) -> int | None:
@@ -783,6 +886,7 @@ class ManifestEntry:
             "job_id": self.job_id,
             "shape": dict(self.shape),
             **({"rerun_of": self.rerun_of} if self.rerun_of is not None else {}),
+            **({"layout": self.layout} if self.layout else {}),
         }
 
     @classmethod
@@ -806,6 +910,9 @@ class ManifestEntry:
             raise ManifestError(f"job_id must be a string or null, got {job_id!r}")
         if not isinstance(shape, Mapping):
             raise ManifestError(f"shape must be an object, got {shape!r}")
+        layout = obj.get("layout") or {}
+        if not isinstance(layout, Mapping):
+            raise ManifestError(f"layout must be an object, got {layout!r}")
         return cls(
             index=obj["index"],
             overrides=tuple(overrides),
@@ -815,6 +922,7 @@ class ManifestEntry:
             job_id=None if job_id is None else str(job_id),
             shape=shape,
             rerun_of=obj.get("rerun_of"),
+            layout=layout,
         )
 
 
@@ -854,6 +962,14 @@ def read_manifest(path: str | Path) -> list[ManifestEntry]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        # orjson first: its parse is a third of json's, and each analysis reads a sweep's every entry (an
+        # entry's layout doubled the text). A line it refuses, or reads otherwise (an integer past 64 bits
+        # becomes a float, which the entry then refuses), is read again by json, whose reading and words stand.
+        try:
+            entries.append(ManifestEntry.from_json(orjson.loads(line)))
+            continue
+        except (orjson.JSONDecodeError, ManifestError):
+            pass
         last_unterminated = number == len(lines) and not text.endswith("\n")
         try:
             obj = json.loads(line)

@@ -31,7 +31,7 @@ from analysis.records import (
     overrides_key,
     write_results_csv,
 )
-from analysis.tables import prediction_notes, results_markdown, results_table, summary_line
+from analysis.tables import format_size, prediction_notes, results_markdown, results_table, summary_line
 from conf import CONFIG_DIR
 from conf.schema import Precision, RunConfig
 from launchers.compose import FastComposer
@@ -423,6 +423,82 @@ def test_skipped_and_refused_configs_of_a_launched_sweep_carry_their_layout(tmp_
     assert [(r["TP"], r["Mem"]) for r in results_table(loaded.table).to_dict("records")] == [
         ("2", "refused"), ("3", "skipped"), ("5", "skipped")
     ]
+
+
+def _launched(sweep: Path, jobs: Sequence[Sequence[str]]) -> list[ManifestEntry]:
+    """The manifest a Slurm launch of `jobs` writes (launchers.submit: planned, then queued as job 77),
+    with no plan.csv and no record yet."""
+    from launchers.submit import entry_for, plan_configs
+
+    specs, skipped = plan_configs(FastComposer.from_config_dir(CONFIG_DIR), jobs, 0)
+    entries = sorted([*skipped, *(entry_for(s, "submitted", job_id=f"77_{s.index}") for s in specs)],
+                     key=lambda e: e.index)  # fmt: skip
+    sweep.mkdir(parents=True, exist_ok=True)
+    write_manifest(entries, sweep / "manifest.jsonl")
+    return entries
+
+
+def test_a_launched_config_without_a_record_shows_the_layout_its_launch_composed(tmp_path: Path) -> None:
+    # Pending, running, and cancelled before it started: no record and no plan.csv, and composing each
+    # config again costs the analysis ~0.5 s. The launch kept each one's layout in its manifest entry.
+    sweep = tmp_path / "launched"
+    jobs = [["parallelism.tp=2", "parallelism.micro_batch_size=2"], ["parallelism.pp=2", "parallelism.dp=2"],
+            ["parallelism.tp=4", "model.seq_length=128"], ["parallelism.micro_batch_size=auto"]]  # fmt: skip
+    entries = _launched(sweep, jobs)
+    assert all(e.layout for e in entries)
+    states = {"77_0": "PENDING (Priority)", "77_1": "RUNNING", "77_2": "CANCELLED by 0", "77_3": "PENDING (Priority)"}
+    loaded = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids})
+    assert not loaded.warnings
+    df = loaded.table.set_index("manifest_index")
+    assert df["outcome"].tolist() == ["pending", "running", "fail", "pending"]
+    composer = FastComposer.from_config_dir(CONFIG_DIR)
+    for e in entries:
+        plan, row = plan_run(composer.run_config(e.overrides)), df.loc[e.index]
+        assert (row["model"], row["hardware"], row["nodes"], row["devices"], row["dp"], row["tp"], row["pp"],
+                row["gbs"], row["seq_length"], row["size_params"]) == (
+            plan.model, plan.hardware, plan.nodes, plan.devices, plan.dp, plan.tp, plan.pp, plan.global_batch_size,
+            plan.seq_length, plan.params)  # fmt: skip
+        assert row["config.parallelism.zero_stage"] == plan.zero_stage and row["layout_key"] != ""
+    # `auto` is the run's to choose at its start: no size until its record says one.
+    assert df["mbs"].tolist()[:3] == [2, 4, 4] and math.isnan(df.loc[3, "mbs"])
+    md = results_markdown(loaded.table, labels=loaded.labels, recommendation="")
+    (cancelled,) = results_table(loaded.table).to_dict("records")
+    assert [cancelled[c] for c in ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem")] == [
+        "1", format_size(df.loc[2, "size_params"]), "1", "4", "1", "4", "8", "fail"
+    ]  # fmt: skip
+    header, _, *lines = [[c.strip() for c in line.split("|")[1:-1]] for line in md.split("## Missing\n\n", 1)[1].splitlines()]
+    assert header == ["State", "Job", "Dir", "Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Overrides"]
+    assert [cells[:10] for cells in lines] == [
+        ["PENDING (Priority)", "77_0", "0", "1", "5.32M", "1", "2", "1", "2", "8"],
+        ["RUNNING", "77_1", "1", "1", "5.32M", "2", "1", "2", "4", "8"],
+        ["PENDING (Priority)", "77_3", "3", "1", "5.32M", "1", "1", "1", "", "8"],
+    ]
+    write_results_csv(loaded.table, tmp_path / "results.csv")
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {int(r["manifest_index"]): r for r in csv.DictReader(f)}
+    assert [rows[1][c] for c in ("outcome", "nodes", "devices", "dp", "tp", "pp", "mbs", "gbs", "seq_length")] == [
+        "running", "1", "4", "2", "1", "2", "4", "8", "256"
+    ]  # fmt: skip
+    assert rows[2]["seq_length"] == "128" and rows[3]["mbs"] == ""
+
+
+def test_an_old_manifest_without_layouts_still_loads_its_unrecorded_configs_blank(tmp_path: Path) -> None:
+    sweep = tmp_path / "old"
+    entries = _launched(sweep, [["parallelism.tp=2"], ["parallelism.tp=4"]])
+    # As launchers wrote it before they kept layouts; then one whose layout was damaged by hand.
+    write_manifest([dataclasses.replace(e, layout={}) for e in entries], sweep / "manifest.jsonl")
+    loaded = load_sweeps([sweep], queue=None)
+    assert not loaded.warnings and loaded.table["outcome"].tolist() == ["pending", "pending"]
+    assert loaded.table["tp"].isna().all() and loaded.table["nodes"].tolist() == [1, 1]
+    md = results_markdown(loaded.table, labels=loaded.labels, recommendation="")
+    first = [c.strip() for c in md.split("## Missing\n\n", 1)[1].splitlines()[2].split("|")[1:-1]]
+    assert first[:10] == ["pending", "77_0", "0", "1", "", "", "", "", "", ""]
+    write_manifest([entries[0], dataclasses.replace(entries[1], layout={**entries[1].layout, "tp": "four"})],
+                   sweep / "manifest.jsonl")  # fmt: skip
+    loaded = load_sweeps([sweep], queue=None)
+    (warning,) = loaded.warnings
+    assert "1 launched config(s) keep a layout that cannot be read (layout.tp must be a positive integer" in warning
+    assert loaded.table["tp"].tolist()[0] == 2 and math.isnan(loaded.table["tp"].tolist()[1])
 
 
 def test_a_launched_sweep_is_planned_from_the_configs_its_multirun_yaml_names(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
     python -m tests.bench bench_analysis
 
 Writes 10,000 result.json files in the RunRecord format (one template record, varied layout and
-figures), a manifest with 100 more configs still pending, then times, REPEATS times each and
+figures), a manifest with 100 more configs still pending (each entry with its layout, as a launch
+writes it: the pending configs' rows are filled from it), then times, REPEATS times each and
 alternating, with the medians reported:
 
 - in process: loading, the tables and the recommendation, timed inside a fresh interpreter once
@@ -69,7 +70,7 @@ def _template() -> dict:
 
 
 def write_sweep(root: Path) -> None:
-    from train.contract import ManifestEntry, write_manifest
+    from train.contract import LaunchedLayout, ManifestEntry, write_manifest
 
     template = _template()
     layouts = [(tp, pp, mbs, nodes) for tp in (1, 2, 4, 8) for pp in (1, 2, 4) for mbs in (1, 2, 4, 8)
@@ -81,7 +82,10 @@ def write_sweep(root: Path) -> None:
         overrides = [f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"parallelism.micro_batch_size={mbs}",
                      f"+nodes={nodes}", f"+seed={i}"]
         out = f"runs/{i}"
-        entries.append(ManifestEntry(i, tuple(overrides), out, "submitted", None, f"42_{i}", {"nodes": nodes}))
+        layout = LaunchedLayout(model="gpt_1.3b", hardware="a100_80gb", dp=dp, tp=tp, pp=pp, micro_batch_size=mbs,
+                                global_batch_size=1024, seq_length=2048, params=1_300_000_000)  # fmt: skip
+        entries.append(ManifestEntry(i, tuple(overrides), out, "submitted", None, f"42_{i}", {"nodes": nodes},
+                                     layout=layout.to_json()))  # fmt: skip
         if i >= RECORDS:
             continue
         rec = dict(template)

@@ -152,6 +152,9 @@ def test_a_run_killed_before_its_record_is_failed_not_pending(tmp_path: Path) ->
     assert [s.state for s in sweep_status(sweep_dir, slurm_states={})] == ["failed", "failed"]
     table = load_sweeps([sweep_dir], queue=None).table
     assert list(table["outcome"]) == ["fail", "fail"]
+    # Its layout is the one the launch composed (its manifest entry's): no record says it.
+    assert all(e.layout["model"] == "tiny" for e in entries)
+    assert table[["dp", "tp", "pp", "mbs", "gbs", "seq_length"]].values.tolist() == [[1, 1, 1, 1, 2, 32]] * 2
 
 
 def test_ctrl_c_before_the_running_config_wrote_its_record_leaves_it_interrupted_not_pending(tmp_path: Path) -> None:

@@ -288,6 +288,9 @@ def test_infeasible_configs_are_listed_and_each_shape_gets_a_script(tmp_path: Pa
     entries = read_manifest(tmp_path / "sweep")
     assert [e.status for e in entries] == ["exported"] * 4 + ["skipped"] * 4
     assert all(e.reason and "peak_measured" in e.reason for e in entries[4:])
+    # Each exported config's layout, as a launch keeps it, for the analysis of a config not run yet.
+    assert [(e.layout["model"], e.layout["tp"], e.layout["micro_batch_size"]) for e in entries[:4]] == [("tiny", 1, 1)] * 4
+    assert all(e.layout == {} for e in entries[4:])
     # And what `rerun --failed` needs to resubmit any of them through the launcher.
     _, specs = load_launch_file(tmp_path / "sweep")
     assert sorted(specs) == [0, 1, 2, 3]

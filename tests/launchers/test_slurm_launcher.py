@@ -159,6 +159,9 @@ def test_infeasible_configs_are_skipped_and_two_time_limits_give_two_arrays(
     assert all(e.job_id is None and e.reason and "peak_measured" in e.reason for e in skipped)
     assert len({array_of(e.job_id) for e in submitted}) == 2
     assert sorted(e.shape["time_limit_min"] for e in submitted) == [5, 10]
+    # The layout each submitted config runs (for the analysis of one not run yet); a skipped one has none.
+    assert [(e.layout["hardware"], e.layout["dp"], e.layout["global_batch_size"]) for e in submitted] == [("cpu", 1, 2)] * 2
+    assert all(e.layout == {} for e in skipped)
     # Nothing was queued for the skipped configs: no output directory, no job.
     assert not any((sweep_dir / e.output_dir).exists() for e in skipped)
 
@@ -198,7 +201,7 @@ def test_refused_sbatch_is_reported_and_the_other_shape_runs_with_wait(
 
     refused, ran = read_manifest(sweep_dir)
     assert (refused.output_dir, ran.output_dir) == ("gres_nosuch:1", "gres_None")
-    assert refused.status == "refused" and refused.job_id is None
+    assert refused.status == "refused" and refused.job_id is None and refused.layout == ran.layout != {}
     # Slurm's own words, as sbatch printed them.
     assert refused.reason is not None and "sbatch refused" in refused.reason
     assert "invalid generic resource" in refused.reason.lower(), refused.reason

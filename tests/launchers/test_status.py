@@ -663,6 +663,36 @@ def test_an_infeasible_changed_rerun_does_not_stand_for_the_failed_config(tmp_pa
     assert "rerun: config 1 (rerun of config 0): ran here" in again.stdout, again.stdout + again.stderr
 
 
+def test_a_rerun_keeps_each_configs_layout_in_its_manifest_entry(tmp_path: Path) -> None:
+    # The launch record keeps no layout: a plain rerun takes its config's from its manifest entry, a
+    # changed one composes its own; a config launched before entries kept layouts reruns without one.
+    sweep_dir = tmp_path / "sweep"
+    subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", "hydra/launcher=local",
+         "hydra.launcher.python=/bin/false", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    launched = read_manifest(sweep_dir)
+    assert [(e.status, e.layout["tp"], e.layout["micro_batch_size"]) for e in launched] == [("failed", 1, 1)] * 2
+    # Config 1 as a manifest written before layouts has it.
+    write_manifest([launched[0], dataclasses.replace(launched[1], layout={})], sweep_dir / "manifest.jsonl")
+
+    def rerun(*changes: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "launchers", "rerun", "--failed", str(sweep_dir), *changes],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert "Traceback" not in proc.stderr and "ran here" in proc.stdout, proc.stdout + proc.stderr
+
+    rerun()
+    again = read_manifest(sweep_dir)
+    assert [(e.status, e.layout) for e in again] == [("failed", launched[0].layout), ("failed", {})]
+    rerun("parallelism.micro_batch_size=2")
+    changed = read_manifest(sweep_dir)[2:]
+    assert [(e.rerun_of, e.layout["micro_batch_size"]) for e in changed] == [(0, 2), (1, 2)]
+    assert {k: v for k, v in changed[0].layout.items() if k != "micro_batch_size"} == {
+        k: v for k, v in launched[0].layout.items() if k != "micro_batch_size"
+    }
+
+
 def test_a_changed_rerun_never_writes_into_another_configs_directory(tmp_path: Path) -> None:
     # The sweep's own subdir names config 0's directory "2", the index the changed rerun's new config
     # gets: its job wrote over config 0's result.json, and status then called config 0 pending for ever.

@@ -3,6 +3,7 @@ entries, exported configs' job ids)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from train import contract
 from train.contract import (
     ENTRY_STATUSES,
     EXPORTED_JOBS_DIR,
+    LaunchedLayout,
     ManifestEntry,
     ManifestError,
     append_manifest,
@@ -169,6 +171,52 @@ def test_rerun_of_round_trips_and_is_written_only_when_set(tmp_path: Path) -> No
     assert "rerun_of" not in (tmp_path / "manifest.jsonl").read_text().splitlines()[0]
     with pytest.raises(ManifestError, match="rerun_of must be a config index"):
         ManifestEntry(index=1, overrides=(), output_dir="1", status="submitted", rerun_of="0")  # type: ignore[arg-type]
+
+
+LAYOUT = LaunchedLayout(model="gpt_1.3b", hardware="a100_80gb", dp=4, tp=2, pp=2, micro_batch_size="auto",
+                        global_batch_size=512, seq_length=2048, params=1_300_000_000, zero_stage=1,
+                        sequence_parallel=True)  # fmt: skip
+
+
+def test_a_launched_layout_round_trips_and_is_written_only_when_set(tmp_path: Path) -> None:
+    launched = ManifestEntry(0, ("parallelism.tp=2",), "0", "submitted", job_id="7_0", layout=LAYOUT.to_json())
+    skipped = ManifestEntry(1, ("parallelism.tp=3",), "1", "skipped", "tp=3 does not divide")
+    path = write_manifest([launched, skipped], tmp_path / "manifest.jsonl")
+    back = read_manifest(path)
+    assert back == [launched, skipped] and LaunchedLayout.from_json(back[0].layout) == LAYOUT
+    assert set(LAYOUT.to_json()) == {f.name for f in dataclasses.fields(LaunchedLayout)}
+    assert "layout" not in path.read_text().splitlines()[1] and back[1].layout == {}
+    # A later launcher's field is left out; a field of the wrong kind is refused, naming it.
+    assert LaunchedLayout.from_json({**LAYOUT.to_json(), "experts": 8}) == LAYOUT
+    with pytest.raises(ManifestError, match="layout.tp must be a positive integer, got 0"):
+        LaunchedLayout.from_json({**LAYOUT.to_json(), "tp": 0})
+    with pytest.raises(ManifestError, match="layout lacks dp"):
+        LaunchedLayout.from_json({k: v for k, v in LAYOUT.to_json().items() if k != "dp"})
+
+
+def test_an_old_manifest_without_layouts_still_loads(tmp_path: Path) -> None:
+    # Written before the launchers kept each config's layout: every entry reads, with none.
+    line = {"index": 0, "overrides": ["parallelism.tp=2"], "output_dir": "0", "status": "submitted", "reason": None,
+            "job_id": "7_0", "shape": {"nodes": 1, "tasks_per_node": 2}}  # fmt: skip
+    (tmp_path / "manifest.jsonl").write_text(json.dumps(line) + "\n")
+    (entry,) = read_manifest(tmp_path)
+    assert entry.layout == {} and entry.job_id == "7_0"
+    # Only the layout's own kind is judged on reading: its fields are read where they are used.
+    (tmp_path / "manifest.jsonl").write_text(json.dumps({**line, "layout": [1]}) + "\n")
+    with pytest.raises(ManifestError, match=":1: layout must be an object"):
+        read_manifest(tmp_path)
+
+
+def test_a_manifest_line_is_read_as_json_reads_it(tmp_path: Path) -> None:
+    # Read by orjson first, which makes an integer past 64 bits a float: such a line is json's to read.
+    path = tmp_path / "manifest.jsonl"
+    first = json.dumps({"index": 2**70, "overrides": ["a=1"], "output_dir": "a", "status": "submitted"})
+    path.write_text(first + "\n" + '{"index": 1, "overrides": [], "output_dir": "b", "status": "submitted", '
+                    '"shape": {"n": 1.0}}\n')  # fmt: skip
+    with pytest.raises(ManifestError, match=r":2: shape must map names to integers"):
+        read_manifest(path)
+    path.write_text(first + "\n")
+    assert read_manifest(path)[0].index == 2**70
 
 
 @pytest.mark.parametrize(
