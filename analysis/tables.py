@@ -645,10 +645,15 @@ def _text(v: object) -> str:
 
 def _with_varying(runs: pd.DataFrame, label: pd.Series, fields: Sequence[tuple[str, str]]) -> pd.Series:
     """`label` plus each (name, format) of `fields` whose value differs between the runs: what else
-    tells two rows of a table apart."""
+    tells two rows of a table apart. A run that does not know a value (no record: a launched config
+    Slurm ended before it started) neither makes the field vary nor is labelled with it: it read
+    'layers= hidden=' and took a row of its own beside its layout's."""
     for name, fmt in fields:
-        if name in runs.columns and _texts(runs[name]).nunique() > 1:
-            label = label + " " + runs[name].map(lambda v, f=fmt: f.format(_text(v)))
+        if name not in runs.columns:
+            continue
+        texts = _texts(runs[name])
+        if texts[texts != ""].nunique() > 1:
+            label = label + texts.map(lambda t, f=fmt: " " + f.format(t) if t else "")
     return label
 
 

@@ -554,6 +554,33 @@ def test_scaling_keeps_one_model_at_two_sequence_lengths_or_widths_apart(tmp_pat
         assert full["samples_per_s"].tolist() == pytest.approx([2048 / 207.92])
 
 
+def test_a_config_cancelled_before_its_record_is_placed_in_its_layouts_row(tmp_path: Path) -> None:
+    # Launched, then cancelled before it started: no record, only the layout its manifest entry keeps
+    # (or a plan row's). It knows no model width: that varied the field and gave every row of the
+    # table 'layers=80 hidden=14400', and its own row 'layers= hidden=', apart from its layout's.
+    import dataclasses
+
+    from launchers.submit import launched_layout
+    from tests.analysis.golden.build import run_config
+    from train.contract import read_manifest, write_manifest
+
+    data = fixture()
+    sweep = build_sweep(tmp_path / "s", drop=("n48_pp6_mbs2", "n44_pp11_mbs2"))
+    (sweep / "plan.csv").unlink()
+    entries = [
+        dataclasses.replace(e, layout=launched_layout(run_config(data["model"], data["hardware"], spec["layout"])).to_json())
+        if e.status == "submitted" else e
+        for e, spec in zip(read_manifest(sweep), data["runs"], strict=True)
+    ]  # fmt: skip
+    write_manifest(entries, sweep / "manifest.jsonl")
+    df = load_sweeps([sweep], queue=lambda ids: {i: "CANCELLED by 0" for i in ids}).table
+    frame = scaling_frame(df)
+    assert not frame["variant"].str.contains("layers=|hidden=|seq=").any(), frame["variant"].tolist()
+    cancelled = frame[frame["outcome"] == "fail"].set_index("variant")
+    assert cancelled.loc["bloom_200b_l80_h14400 (tp=8 pp=6 mbs=2)", "scale"] == "48*8"
+    assert cancelled.loc["bloom_200b_l80_h14400 (tp=8 pp=11 mbs=2)", "scale"] == "44*8"
+
+
 def test_scaling_keeps_sequence_parallel_and_interleaved_runs_of_one_layout_apart(tmp_path: Path) -> None:
     # The same model and degrees run again with sequence parallelism (or two virtual stages), 2x
     # faster: one row held both, its efficiency the ratio of one variant's run at one scale to the
