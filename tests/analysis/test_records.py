@@ -450,7 +450,7 @@ def test_a_launched_config_without_a_record_shows_the_layout_its_launch_composed
     loaded = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids})
     assert not loaded.warnings
     df = loaded.table.set_index("manifest_index")
-    assert df["outcome"].tolist() == ["pending", "running", "fail", "pending"]
+    assert df["outcome"].tolist() == ["pending", "running", "cancelled", "pending"]
     composer = FastComposer.from_config_dir(CONFIG_DIR)
     for e in entries:
         plan, row = plan_run(composer.run_config(e.overrides)), df.loc[e.index]
@@ -464,7 +464,7 @@ def test_a_launched_config_without_a_record_shows_the_layout_its_launch_composed
     md = results_markdown(loaded.table, labels=loaded.labels, recommendation="")
     (cancelled,) = results_table(loaded.table).to_dict("records")
     assert [cancelled[c] for c in ("Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Mem")] == [
-        "1", format_size(df.loc[2, "size_params"]), "1", "4", "1", "4", "8", "fail"
+        "1", format_size(df.loc[2, "size_params"]), "1", "4", "1", "4", "8", "cancelled"
     ]  # fmt: skip
     header, _, *lines = [[c.strip() for c in line.split("|")[1:-1]] for line in md.split("## Missing\n\n", 1)[1].splitlines()]
     assert header == ["State", "Job", "Dir", "Nodes", "Size", "DP", "TP", "PP", "MBS", "GBS", "Overrides"]

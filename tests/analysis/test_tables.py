@@ -576,7 +576,7 @@ def test_a_config_cancelled_before_its_record_is_placed_in_its_layouts_row(tmp_p
     df = load_sweeps([sweep], queue=lambda ids: {i: "CANCELLED by 0" for i in ids}).table
     frame = scaling_frame(df)
     assert not frame["variant"].str.contains("layers=|hidden=|seq=").any(), frame["variant"].tolist()
-    cancelled = frame[frame["outcome"] == "fail"].set_index("variant")
+    cancelled = frame[frame["outcome"] == "cancelled"].set_index("variant")
     assert cancelled.loc["bloom_200b_l80_h14400 (tp=8 pp=6 mbs=2)", "scale"] == "48*8"
     assert cancelled.loc["bloom_200b_l80_h14400 (tp=8 pp=11 mbs=2)", "scale"] == "44*8"
 
