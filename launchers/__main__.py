@@ -83,7 +83,7 @@ def _cancelled_left_out(sweep_dir: str) -> str:
         return ""
     shown = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
     return (f"; left out {len(left)} cancelled config(s) (--skip-cancelled): {shown}; they stay cancelled "
-            f"(python -m launchers rerun --failed {sweep_dir} without --skip-cancelled resubmits them)")  # fmt: skip
+            f"(python -m launchers rerun --failed {shlex.quote(sweep_dir)} without --skip-cancelled resubmits them)")  # fmt: skip
 
 
 def _swept(text: str) -> bool:

@@ -64,15 +64,17 @@ def entry_problem(python: str, module: str, cwd: str, *, options: tuple[str, str
     """Why `python -m module`, run in `cwd`, cannot start here (`options`: the names of python's and
     module's options), or None when it can or cannot be told."""
     python_option, module_option = options
-    runnable = os.path.isfile(python) and os.access(python, os.X_OK)  # a directory is "executable" too
-    found = shutil.which(python) if os.sep not in python else (python if runnable else None)
+    # A relative path is the jobs' working directory's (a rerun may be started from another one).
+    path = python if os.path.isabs(python) else os.path.join(cwd, python)
+    runnable = os.path.isfile(path) and os.access(path, os.X_OK)  # a directory is "executable" too
+    found = shutil.which(python) if os.sep not in python else (path if runnable else None)
     if found is None:
         if os.sep not in python:
             what = "not on this machine's PATH"
-        elif Path(python).is_dir():
+        elif Path(path).is_dir():
             what = "a directory, not an interpreter"
         else:
-            what = "not executable on this machine" if Path(python).exists() else "no such file on this machine"
+            what = "not executable on this machine" if Path(path).exists() else "no such file on this machine"
         return EntryProblem(f"{python_option}={python}: {what}; name an interpreter that has megasweep installed "
                             f"(e.g. {sys.executable}), or leave it unset for this one", certain=True)  # fmt: skip
     # Not resolved: every virtual environment's python links to one base interpreter, and only the

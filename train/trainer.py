@@ -228,12 +228,14 @@ def _write_unless_kept(
     `unsaid`: the record's warnings no console line gave yet (what its figures lack and why: nothing
     measured after a resume's warm-up, a ramp-up that never reached the batch; what they say: a peak
     above the usable memory or a rate above the device's peak), said first on stderr for a run that
-    finished or was stopped (its figures, partial, are shown by the analysis): in result.json alone, an
+    finished or was stopped after measuring iterations (its figures, partial, are shown by the analysis): in result.json alone, an
     `ok` run without sec/it said nothing of why, and a stopped one nothing of its peak above the usable
     memory. A run that failed (OOM, NaN, error) says why in its own line."""
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
 
-    for warning in unsaid if record["status"] in ("ok", "timeout", "interrupted") else ():
+    # A stopped run that measured nothing is told by its stop line ("no iteration was measured" adds nothing).
+    stopped_measured = record["status"] in ("timeout", "interrupted") and record.get("measured_iterations")
+    for warning in unsaid if record["status"] == "ok" or stopped_measured else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     finished = record["status"] == "ok" and progress.resumed_from_step is not None

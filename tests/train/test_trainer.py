@@ -719,14 +719,18 @@ def test_a_device_the_hardware_config_does_not_describe_is_a_warning_in_the_log_
     assert not [w for w in fits["warnings"] if "does not describe" in w]
 
 
-@pytest.mark.parametrize(("status", "said"), [("ok", True), ("timeout", True), ("interrupted", True), ("oom", False)])
+@pytest.mark.parametrize(
+    ("status", "measured", "said"),
+    [("ok", 5, True), ("timeout", 5, True), ("interrupted", 5, True), ("timeout", 0, False), ("oom", 5, False)],
+)
 def test_a_stopped_runs_warnings_on_its_figures_are_said_as_a_finished_runs_are(
-    status: str, said: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    status: str, measured: int, said: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A run stopped by its time limit whose peak passed the usable memory said so in its record only:
     # its log, unlike a finished run's, left the warning out (the analysis shows its figures, partial).
     warning = "peak memory 0.63 GiB per device is above the 0.50 GiB usable of hardware=cpu"
-    record = {"status": status, "warnings": [warning]}
+    # A stopped run that measured nothing has no figures to warn of: its stop line says all (one line).
+    record = {"status": status, "warnings": [warning], "measured_iterations": measured}
     written = trainer._write_unless_kept(tmp_path / "result.json", record, trainer.Progress(), None, unsaid=[warning])
     assert written == record and read_record(tmp_path)["status"] == status
     assert (f"warning: {warning}\n" in capsys.readouterr().err) == said
