@@ -107,11 +107,12 @@ def run_here(
             try:
                 marks.start(spec.index)
                 command = command_for(spec, settings, sweep_dir)
-                outcomes[spec.index] = (JobStatus.COMPLETED, command())
+                record = command()
                 if not (sweep_dir / spec.output_dir / RESULT_FILE).exists():
                     # An entry module that is not megasweep's trainer (hydra.launcher.module): Slurm's
                     # COMPLETED says so of a job; here the config read pending for ever.
                     raise RuntimeError(f"`{' '.join(command.argv)}` exited with status 0 without writing {RESULT_FILE}")
+                outcomes[spec.index] = (JobStatus.COMPLETED, record)
             except Exception as exc:  # reported to Hydra below, after the other configs have run
                 # A Ctrl-C whose KeyboardInterrupt another error replaced on its way out (a cleanup
                 # that raised, e.g. an echo into a closed stdout) stops the sweep all the same.
