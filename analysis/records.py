@@ -144,6 +144,7 @@ CORE_COLUMNS: tuple[str, ...] = (
     "run_dir",  # output directory relative to the sweep directory ('' when unknown)
     "outcome",  # one of OUTCOMES
     "partial",  # True: the figures are a stopped run's (PARTIAL_OUTCOMES), of the iterations it measured before the stop
+    "resumed",  # True: the record's run went on from a checkpoint (resumed_from_step); its figures are its last attempt's
     "reason",  # why a config failed, was skipped or is missing (free text, may be empty)
     "config_key",  # sorted overrides joined by spaces: what a config is across sweeps
     "layout_key",  # model, hardware, batch and layout fields: matches configs whose overrides differ
@@ -1204,7 +1205,18 @@ def load_sweep_dir(
     df = _judge_launched(sweep_dir, df, entries, queue, warnings, unreadable) if entries else df
     # After the judging: a stopped run's record whose job Slurm requeued is pending, not partial.
     df["partial"] = partial_rows(df)
+    df["resumed"] = resumed_rows(df)
     return df
+
+
+def resumed_rows(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's record is of a run that went on from its checkpoint (the record's resumed_from_step:
+    a Slurm requeue, or the same command run again). Its figures are those of the iterations its last
+    attempt measured after its own warm-up: the checkpoint keeps the earlier attempts' losses, not their
+    times, so a resumed `ok` row's few iterations would read as a whole run's without this. A record
+    whose job Slurm runs again (pending, running) is an earlier attempt's, not this config's outcome."""
+    resumed = (_col(df, "source", "") == "result") & _num(df, "resumed_from_step").notna()
+    return (resumed & ~df["outcome"].isin(MISSING)).astype(bool)
 
 
 def partial_rows(df: pd.DataFrame) -> pd.Series:
@@ -1478,6 +1490,7 @@ __all__ = [
     "outcome_counts",
     "overrides_key",
     "partial_rows",
+    "resumed_rows",
     "prediction_error",
     "read_records",
     "sweep_labels",

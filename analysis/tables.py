@@ -22,6 +22,8 @@ Formatting conventions, as the seeds write them:
   CV, TFLOPs and MFU are those of its measured iterations alone, Notes say how many, where it stopped
   and its peak memory so far, and a footnote says what they are. It keeps its place among the failures, and no Pred s/it or
   Err (those judge the time model by finished runs). One that measured fewer says so in Notes.
+- A run that resumed from its checkpoint (records.resumed_rows) says so in Notes, with how many iterations
+  a finished one's figures cover (its last attempt's), and a footnote says what they are.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ SEED_COLUMNS = (
 )  # fmt: skip
 """The seeds' columns, plus CV (the spread of a run's timed iterations) and Pred s/it and Err (the time
 model's prediction and predicted / measured - 1), which the seeds did not show."""
+RESUMED_TEXT = "resumed"
+"""The word that opens a resumed run's Notes ('resumed at step 16: ...') and its footnote."""
 PARTIAL_TEXT = " (partial)"
 """What follows a stopped run's outcome in Mem when its row shows the figures it measured before the stop."""
 NOT_PREDICTED = "n/a"
@@ -285,6 +289,30 @@ def _stop_notes(df: pd.DataFrame) -> list[str]:
     return notes
 
 
+def resumed_flags(df: pd.DataFrame) -> pd.Series:
+    """records.resumed_rows' verdict of each row (False where the table has no such column)."""
+    if "resumed" not in df.columns:
+        return pd.Series(False, index=df.index, dtype=bool)
+    return df["resumed"].fillna(False).astype(bool)
+
+
+def _resume_notes(df: pd.DataFrame) -> list[str]:
+    """For a run that went on from its checkpoint: the step it resumed at and, for a finished run, how
+    many iterations its figures cover (a stopped run's stop notes say that already); '' for other rows.
+    Without it a resumed run's few iterations (its warm-up spent again) read as a whole run's."""
+    resumed = resumed_flags(df).tolist()
+    ok = (df["outcome"] == "ok").tolist()
+    steps, measured = _numbers(df, "resumed_from_step"), _numbers(df, "measured_iterations")
+    notes = []
+    for is_resumed, is_ok, step, count in zip(resumed, ok, steps, measured, strict=True):
+        if not is_resumed or _missing(step):
+            notes.append("")
+            continue
+        since = f": {_count(count, 'iteration')} measured after it" if is_ok and not _missing(count) else ""
+        notes.append(f"{RESUMED_TEXT} at step {int(step)}{since}")
+    return notes
+
+
 def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     reason = df["reason"].fillna("").astype(str).tolist()
     reason = [r if len(r) <= _MAX_REASON else r[: _MAX_REASON - 3] + "..." for r in reason]
@@ -296,7 +324,7 @@ def _notes(df: pd.DataFrame, multi_sweep: bool) -> pd.Series:
     rerun_as = pd.to_numeric(df["rerun_as"], errors="coerce") if "rerun_as" in df.columns else pd.Series(math.nan, df.index)
     rerun = [f"rerun as config {int(r)}" if r == r else "" for r in rerun_as.tolist()]
     parts = [df["date"].fillna("").astype(str).tolist(), beside, mismatch, varying_overrides(df).tolist(), rerun,
-             _stop_notes(df), reason]  # fmt: skip
+             _resume_notes(df), _stop_notes(df), reason]  # fmt: skip
     if multi_sweep:
         parts.insert(0, df["sweep"].astype(str).tolist())
     # The non-empty parts of each row, joined: one Python pass, not a pandas where() per part.
@@ -320,7 +348,7 @@ def _layout_cells(frame: pd.DataFrame) -> dict[str, pd.Series]:
 _RESULTS_COLUMNS = (
     "outcome", "sec_per_iter", *TIE_BREAK, "size_params", "mem_gib", "sec_cv", "pred_sec_per_iter",
     "tflops", "mfu", "peak_tflops", "reason", "neighbour_jobs", "device_mismatch", "date", "overrides", "rerun_as",
-    "partial", "measured_iterations", "iterations_run", "resumed_from_step", "config.training.train_iters",
+    "partial", "resumed", "measured_iterations", "iterations_run", "resumed_from_step", "config.training.train_iters",
 )  # fmt: skip
 """What results_table reads."""
 
@@ -509,6 +537,21 @@ PARTIAL_FOOTNOTE = (
 )
 
 
+RESUMED_FOOTNOTE = (
+    "* {word} at step N: the run went on from its checkpoint of step N (a Slurm requeue, or the same command run "
+    "again); results.csv marks its row resumed=True. Its Sec/it, CV, TFLOPs and MFU are those of the iterations its "
+    "last attempt measured after its own warm-up (Notes: how many), not of the whole run: the checkpoint keeps the "
+    "earlier attempts' losses, not their times (a Slurm requeue keeps each stopped attempt's record beside it, "
+    "as result.attempt<N>.json)."
+)
+
+
+def resumed_footnote(df: pd.DataFrame) -> list[str]:
+    """The footnote on resumed runs' figures, when the table shows a resumed run (else none)."""
+    shown = resumed_flags(df) & ~df["outcome"].isin(NOT_RUN)
+    return [RESUMED_FOOTNOTE.format(word=RESUMED_TEXT)] if shown.any() else []
+
+
 def partial_footnote(df: pd.DataFrame) -> list[str]:
     """The footnote on stopped runs' partial figures, when the table shows some (else none)."""
     partial = partial_flags(df)
@@ -584,6 +627,7 @@ def results_markdown(
         "",
         MEM_FOOTNOTE.format(peaks=peak_summary(df)),
         *partial_footnote(df),
+        *resumed_footnote(df),
         *prediction_notes(df),
         "",
         "## Recommendation",
@@ -938,6 +982,8 @@ __all__ = [
     "missing_markdown",
     "partial_flags",
     "partial_footnote",
+    "resumed_flags",
+    "resumed_footnote",
     "pflops_aggregate",
     "peak_summary",
     "planned_markdown",

@@ -4,6 +4,7 @@ ZeRO comparison tables."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis.recommend import recommend, recommendation_text
-from analysis.records import load_sweeps
+from analysis.records import load_sweeps, write_results_csv
 from analysis.tables import (
     SEED_COLUMNS,
     format_err,
@@ -38,6 +39,7 @@ from tests.analysis.golden.build import (
     predicted_sweep_data,
     stopped_sweep_data,
 )
+from train.contract import write_json_atomic
 
 
 def _markdown(sweep: Path) -> str:
@@ -637,6 +639,30 @@ def test_a_resumed_attempt_says_where_it_stopped_from_its_checkpoints_step(tmp_p
     df.loc[at, "resumed_from_step"] = 60.0
     notes = results_table(df).set_index("Mem").loc["interrupted (partial)", "Notes"]
     assert "partial: 9 iterations measured, stopped after 70 of 100" in notes
+
+
+def test_a_resumed_finished_run_says_so_and_how_many_iterations_its_figures_cover(tmp_path: Path) -> None:
+    # A run that went on from its checkpoint at step 16 and finished: its record's figures are its last
+    # attempt's 2 measured iterations. Its row read as any finished run's, its 2 iterations a whole run's.
+    sweep = build_sweep(tmp_path / "resumed", stopped_sweep_data())
+    path = sweep / "runs" / "0" / "result.json"
+    record = json.loads(path.read_text())
+    assert record["status"] == "ok" and record["measured_iterations"] == 2
+    record["resumed_from_step"] = 16
+    write_json_atomic(path, record)
+    df = load_sweeps([sweep], queue=None).table
+    assert df.set_index("run_dir")["resumed"].to_dict() == {f"runs/{i}": i == 0 for i in range(5)}
+    row = results_table(df).set_index("Mem").loc[format_mem(record["max_mem_gib"])]
+    assert row["Notes"] == "02-20; resumed at step 16: 2 iterations measured after it"
+    # Its figures are shown as measured, never pooled with figures the record does not hold.
+    assert row["Sec/it"] == format_sec(record["sec_per_iter"])
+    md = results_markdown(df, labels=["resumed"], recommendation="-")
+    (footnote,) = [line for line in md.splitlines() if line.startswith("* resumed at step N:")]
+    assert "resumed=True" in footnote and "not of the whole run" in footnote
+    csv = pd.read_csv(write_results_csv(df, tmp_path / "results.csv"))
+    assert csv.set_index("run_dir")["resumed"].to_dict() == {f"runs/{i}": i == 0 for i in range(5)}
+    # A run without a resume says nothing of one.
+    assert "* resumed" not in results_markdown(_stopped(tmp_path), labels=["stopped"], recommendation="-")
 
 
 def test_results_md_explains_partial_figures_once(tmp_path: Path) -> None:
