@@ -58,7 +58,7 @@ import re
 import shlex
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,7 @@ from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
     MULTIRUN_FILE,
+    PLAN_COLUMNS,
     PLAN_FILE,
     RESULT_FILE,
     LaunchedLayout,
@@ -816,13 +817,36 @@ def _plan_frame(path: Path, warnings: list[str]) -> pd.DataFrame:
     if bad:
         shown = "; ".join(bad[:3]) + ("; ..." if len(bad) > 3 else "")
         warnings.append(f"{path}: {len(bad)} row(s) are not plan rows ({shown}); left out, the other {len(rows)} read")
-    return _plan_rows_frame(rows)
+    return _plan_rows_frame(rows, written=_plan_header(path))
 
 
-def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
+def _plan_header(path: Path) -> frozenset[str]:
+    """The columns plan.csv's header names: a plan written before a column reads it with PlanRow's
+    default, which says nothing of what that config was."""
+    with path.open(newline="", encoding="utf-8") as f:
+        return frozenset(next(csv.reader(f), ()))
+
+
+_PLAN_LAYOUT_COLUMNS = (
+    ("config.parallelism.zero_stage", "zero_stage"), ("config.parallelism.offload", "offload"),
+    ("config.parallelism.recompute", "recompute"), ("config.parallelism.precision", "precision"),
+    ("config.parallelism.engine", "engine"), ("config.parallelism.virtual_stages", "virtual_stages"),
+    ("config.parallelism.sequence_parallel", "sequence_parallel"),
+)  # fmt: skip
+"""Column of the table <- field of train.contract.PlanRow beside the counts: a plan row's (a skipped or
+planned config's) in the columns a record fills, so that its layout_key and recommend.pooled_layout_key
+are those of a finished run of the same layout."""
+
+
+def _plan_rows_frame(rows: Sequence[PlanRow], *, written: Collection[str] = PLAN_COLUMNS) -> pd.DataFrame:
+    """The table's rows of plan rows; `written`: the PlanRow fields the plan holds (a plan.csv written
+    before a layout field left its column blank, not its default)."""
     if not rows:
         return pd.DataFrame()
     plan = pd.DataFrame([dataclasses.asdict(r) for r in rows])
+    # Counts as floats, as the counts beside them (and _with_launched_layouts'); words and flags as they are.
+    layout = {column: plan[name].astype(float if name in ("zero_stage", "virtual_stages") else object)
+              for column, name in _PLAN_LAYOUT_COLUMNS if name in written}  # fmt: skip
     overrides = plan["overrides"].fillna("").astype(str).map(split_overrides)
     out = pd.DataFrame(
         {
@@ -849,6 +873,7 @@ def _plan_rows_frame(rows: Sequence[PlanRow]) -> pd.DataFrame:
             "pred_sec_per_iter": plan["pred_sec_per_iter"].astype(float),
             "pred_tflops": plan["pred_tflops"].astype(float),
             "pred_mfu": plan["pred_mfu"].astype(float),
+            **layout,
         }
     )
     return out

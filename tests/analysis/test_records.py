@@ -425,6 +425,45 @@ def test_skipped_and_refused_configs_of_a_launched_sweep_carry_their_layout(tmp_
     ]
 
 
+_PLAN_LAYOUT = ("zero_stage", "offload", "recompute", "precision", "engine", "virtual_stages", "sequence_parallel")
+
+
+def test_a_skipped_configs_layout_key_is_a_finished_runs_of_the_same_layout(tmp_path: Path) -> None:
+    # One layout skipped in one sweep (a manifest's entry, planned here; a dry run's plan.csv row) and
+    # finished in another: their layout_key left ZeRO, offload, recompute, precision and engine blank for
+    # the skipped one ('tiny|cpu|8|4|1|1|1|||||' beside the record's 'tiny|cpu|8|4|1|1|1|0|none|none|fp32|native').
+    overrides = ["parallelism.recompute=full", "training.train_iters=4"]
+    run = FastComposer.from_config_dir(CONFIG_DIR).run_config(overrides)
+    planned = plan_run(run, overrides=join_overrides(overrides))
+    launched, dry, done = tmp_path / "launched", tmp_path / "dry", tmp_path / "done"
+    for d in (launched, dry, done / "0"):
+        d.mkdir(parents=True)
+    write_manifest([ManifestEntry(0, tuple(overrides), "0", "skipped", "over the memory limit")],
+                   launched / "manifest.jsonl")  # fmt: skip
+    write_plan_csv([dataclasses.replace(planned, feasible=False, reasons=["over the memory limit"])], dry / "plan.csv")
+    layout = {"dp": planned.dp, "tp": planned.tp, "pp": planned.pp, "mbs": planned.micro_batch_size,
+              "gbs": planned.global_batch_size}  # fmt: skip
+    spec = {"layout": layout, "nodes": 1, "params": planned.params, "mem_gib": 0.5, "sec_per_iter": 1.0, "tflops": 0.01}
+    write_json_atomic(done / "0" / RESULT_FILE, make_record(run, spec, overrides))
+    df = load_sweeps([launched, dry, done], queue=None).table.set_index("sweep")
+    assert df["outcome"].to_dict() == {"launched": "skipped", "dry": "skipped", "done": "ok"}
+    assert df.loc["done", "layout_key"].split("|")[-5:] == ["0", "none", "full", "fp32", "native"]
+    assert df["layout_key"].nunique() == 1
+    for name in _PLAN_LAYOUT:
+        column = df[f"config.parallelism.{name}"]
+        assert column.tolist() == [getattr(run.parallelism, name)] * 3, name
+    # A plan written before a layout column leaves it blank: its PlanRow default is no config's value.
+    with (dry / "plan.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    with (dry / "plan.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, [c for c in rows[0] if c != "engine"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    row = load_sweeps([dry], queue=None).table.iloc[0]
+    assert pd.isna(row.get("config.parallelism.engine")) and row["layout_key"].endswith("|full|fp32|")
+    assert row["config.parallelism.recompute"] == "full"
+
+
 def _launched(sweep: Path, jobs: Sequence[Sequence[str]]) -> list[ManifestEntry]:
     """The manifest a Slurm launch of `jobs` writes (launchers.submit: planned, then queued as job 77),
     with no plan.csv and no record yet."""
