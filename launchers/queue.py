@@ -16,7 +16,8 @@ write for a job that ended without a record: oom, timeout, cancelled or fail).
 
 Nothing here fails: the tools may be absent (a laptop with a copy of the sweep), the controller
 down or slow. An id the tools do not answer for is simply not in the result; an id that both
-answered without knowing it is GONE (a pending array task cancelled: Slurm keeps no record of it).
+answered without knowing it is FORGOTTEN when they know its array (a pending array task cancelled:
+Slurm keeps no record of it), else GONE.
 
 Torch-free.
 """
@@ -31,6 +32,7 @@ from typing import NamedTuple
 
 __all__ = [
     "ENDED_OUTCOMES",
+    "FORGOTTEN",
     "GONE",
     "base_state",
     "LIVE_STATES",
@@ -60,10 +62,17 @@ LIVE_STATES = RUNNING_STATES | frozenset(
 )
 """Not ended: a result.json may still come."""
 GONE = "GONE"
-"""Not a Slurm state: a job that neither squeue nor sacct knows although both answered. A pending
-array task cancelled with scancel leaves no record anywhere (nor does a job purged from accounting):
-it never ran and never will."""
-ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "cancelled"}
+"""Not a Slurm state: a job that neither squeue nor sacct knows although both answered, nor any task of its
+array (a job purged from accounting, another cluster's id): it will not run, and nothing says why."""
+FORGOTTEN = "FORGOTTEN"
+"""Not a Slurm state: an array task that neither squeue nor sacct knows although both answered, while they
+know its array (another of its tasks, or the array's own record). Slurm forgets a task cancelled with
+scancel while the array was pending: it is split off the array's record and never accounted (Slurm 22.05,
+the local cluster: `scancel 12_1` of a held array 12_[0-2] left sacct `12_[0,2]|PENDING` and squeue 12_0
+and 12_2). Nothing else takes one task out of an array Slurm still holds or accounts, so it reads as
+cancelled; it never ran and never will."""
+ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "cancelled",
+                  FORGOTTEN: "cancelled"}  # fmt: skip
 """A job that ended without a record, as the seeds' tables write it (`cancelled`: by scancel); any other ended
 state is 'fail'."""
 
@@ -201,9 +210,16 @@ def ask_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> SlurmAnswe
     states.update(parse_states(queued or ""))
     if accounted is not None and queued is not None:
         # The controller holds every job from its submission on, and accounting every job that
-        # started or ended: an id neither knows will never run (see GONE).
-        return SlurmAnswer({j: states.get(j, GONE) for j in ids}, ())
+        # started or ended: an id neither knows will never run (see GONE and FORGOTTEN).
+        known_arrays = {j.split("_")[0] for j in states}
+        return SlurmAnswer({j: states.get(j, FORGOTTEN if _array_of(j) in known_arrays else GONE) for j in ids}, ())
     return SlurmAnswer({j: states[j] for j in ids if j in states}, tuple(w for w in (no_sacct, no_squeue) if w))
+
+
+def _array_of(job_id: str) -> str | None:
+    """The array id of an array task's id ('12_3' -> '12'); None for a job that is no array's task."""
+    array, sep, task = job_id.partition("_")
+    return array if sep and task else None
 
 
 def unanswered_words(unanswered: Iterable[str]) -> str:
@@ -213,7 +229,8 @@ def unanswered_words(unanswered: Iterable[str]) -> str:
 
 
 def read_states(job_ids: Iterable[str], *, timeout_s: float = 30.0) -> dict[str, str]:
-    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states); GONE
-    for an id that neither knows although both answered."""
+    """Slurm's state of each job (or array task) id that sacct or squeue knows (parse_states); FORGOTTEN
+    for an array task that neither knows although both answered and know its array, GONE for any other
+    id that neither knows."""
     return ask_states(job_ids, timeout_s=timeout_s).states
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
-from launchers.queue import GONE, base_state, is_cancelled, is_live, is_running, not_a_time_limit
+from launchers.queue import FORGOTTEN, GONE, base_state, is_cancelled, is_live, is_running, not_a_time_limit
 from train.contract import RESULT_FILE, LocalRun, ManifestEntry, read_local_runs
 
 __all__ = ["CAUSES", "Judged", "asks_slurm", "classify", "judge", "local_launchers", "local_run_state", "process_start"]
@@ -112,8 +112,12 @@ def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state
         return Judged("running", "", "slurm")
     if is_live(slurm_state):
         return Judged("pending", slurm_state, "slurm")  # with squeue's reason: Licenses, Priority, PartitionConfig...
+    if slurm_state == FORGOTTEN:
+        return Judged("cancelled", "cancelled while pending: Slurm forgot the task (not in squeue or sacct, while "
+                      "its array is), no result.json", "slurm")  # fmt: skip
     if slurm_state == GONE:
-        return Judged("failed", "not in squeue or sacct (cancelled while pending?), no result.json", "slurm")
+        return Judged("failed", "not in squeue or sacct, nor is its array (purged from accounting, or another "
+                      "cluster's job?), no result.json", "slurm")  # fmt: skip
     if is_cancelled(slurm_state):
         # Cancelled before the trainer wrote a record (in its start-up), or its record was lost.
         return Judged("cancelled", "Slurm state CANCELLED (scancel), no result.json", "slurm")

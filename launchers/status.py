@@ -16,8 +16,9 @@ state. A result.json counts for a config only when the overrides it records are 
 A config whose job was cancelled (scancel) is `cancelled`: sacct says CANCELLED, whether its record
 says so (launchers.job writes it over the trainer's `timeout`: scancel's SIGTERM reads as a time
 limit's to the trainer), says `timeout` (the wrapper was killed first) or is missing (cancelled in its
-start-up). A pending array task cancelled leaves no trace in Slurm and stays `failed` ("cancelled while
-pending?"): nothing tells it from a purged job.
+start-up). A pending array task cancelled leaves no trace in Slurm (launchers.queue.FORGOTTEN): it is
+`cancelled` too ("cancelled while pending: Slurm forgot the task") while Slurm knows its array, which
+tells it from a purged job; a job Slurm knows nothing of, nor of its array, is `failed`.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its

@@ -57,6 +57,8 @@ CASES = [
     (("submitted", "9_18", "cancelled", "CANCELLED by 0", None), ("cancelled", "cancelled")),
     (("submitted", "9_19", None, "CANCELLED by 0", None), ("cancelled", "cancelled")),
     (("submitted", "9_20", "timeout", "PREEMPTED", None), ("failed", "fail")),
+    # A pending task scancel took out of its array: Slurm forgot it (launchers.queue.FORGOTTEN), not its array.
+    (("submitted", "9_21", None, "FORGOTTEN", None), ("cancelled", "cancelled")),
 ]
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from launchers.queue import GONE, read_states
+from analysis.records import load_sweeps
+from launchers.queue import FORGOTTEN, GONE, is_cancelled, read_states
 from launchers.sbatch import export_sweep
 from launchers.states import classify
 from launchers.status import ConfigStatus, format_status, sweep_status, unresolved_failures
@@ -817,11 +818,13 @@ def test_a_requeued_job_is_pending_not_failed_and_its_resumed_run_is_the_record(
     assert f"{jobs[1]} runs again (requeue 1" in slurm_log and "Traceback" not in slurm_log, slurm_log
     wait_until("status to show both done", lambda: "2 done, 0 failed" in status_table(sweep_dir), 30)
 
-def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
+def test_a_pending_array_task_cancelled_is_cancelled_not_pending_forever_nor_failed(
     slurm_cluster: SlurmClusterInfo, tmp_path: Path
 ) -> None:
     """scancel of one pending task of an array leaves no trace in squeue or sacct: status called the
-    config pending for ever, and `rerun --failed` never resubmitted it."""
+    config pending for ever (and `rerun --failed` never resubmitted it), then `failed` ("cancelled while
+    pending?"), though Slurm still knew its array: it was cancelled, as its siblings are once scancel
+    takes the whole array."""
     sweep_dir = tmp_path / "sweep"
     # Slurm forgets only a task cancelled while the whole array is still pending: it is then split off
     # the array's record and never accounted. Cancelled after the first task has started, the pending
@@ -831,18 +834,31 @@ def test_a_pending_array_task_cancelled_is_failed_not_pending_forever(
     sweep(sweep_dir, "training.lr=1e-4,2e-4", "hydra.launcher.array_parallelism=1",
           "+hydra.launcher.sbatch_args.hold=")  # fmt: skip
     first, second = read_manifest(sweep_dir)
+    array = str(first.job_id).split("_")[0]
     try:
         subprocess.run(["scancel", str(second.job_id)], check=True, timeout=30)
         job = str(second.job_id)
-        wait_until("Slurm to forget the cancelled task", lambda: read_states([job]).get(job) == GONE, 30)
+        wait_until("Slurm to forget the cancelled task", lambda: read_states([job]).get(job) == FORGOTTEN, 30)
         statuses = sweep_status(sweep_dir)
-        assert statuses[1].state == "failed" and "not in squeue or sacct" in statuses[1].detail, statuses[1]
+        assert statuses[1].state == "cancelled", statuses[1]
+        assert statuses[1].detail.startswith("cancelled while pending: Slurm forgot the task"), statuses[1]
         assert statuses[0].state == "pending", statuses[0]
+        # Cancelled, it is `rerun --failed`'s to queue again, and `--skip-cancelled`'s to leave out.
         assert [s.index for s in unresolved_failures(statuses)] == [1]
+        subprocess.run(["scancel", array], check=True, timeout=30)
+        wait_until("the array's other task to end",
+                   lambda: is_cancelled(read_states([str(first.job_id)]).get(str(first.job_id), "")), 30)  # fmt: skip
+        assert [(s.state, s.index) for s in sweep_status(sweep_dir)] == [("cancelled", 0), ("cancelled", 1)]
+        table = status_table(sweep_dir)
+        assert "2 cancelled" in table and "cancelled while pending: Slurm forgot the task" in table, table
+        # The analysis says what status says, in its own words.
+        df = load_sweeps([sweep_dir]).table.set_index("manifest_index")
+        assert df["outcome"].tolist() == ["cancelled", "cancelled"] and df.loc[1, "queue_state"] == FORGOTTEN
     finally:
-        subprocess.run(["scancel", str(first.job_id).split("_")[0]], check=False, timeout=30)
-    # A job id a cluster never had is as unknown; Slurm not answering (no sacct, no squeue) is not.
-    assert read_states(["99999999"]) == {"99999999": GONE}
+        subprocess.run(["scancel", array], check=False, timeout=30)
+    # A job id a cluster never had is as unknown, and so is a task of an array it never had; Slurm not
+    # answering (no sacct, no squeue) is not.
+    assert read_states(["99999999", "99999999_1"]) == {"99999999": GONE, "99999999_1": GONE}
 
 
 def test_a_moved_sweep_directory_is_named_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
