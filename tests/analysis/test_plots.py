@@ -201,6 +201,16 @@ def test_seconds_against_nodes_has_a_legend_and_units(table: pd.DataFrame) -> No
 
 
 @pytest.mark.usefixtures("close_figures")
+def test_the_slowest_run_has_room_above_it(table: pd.DataFrame) -> None:
+    # Two runs at 0.776 and 0.939 s/it: the axis ended at 0.947, the slower point half cut off at the
+    # top edge, under the legend.
+    ok = table[table["outcome"] == "ok"].head(2).assign(sec_per_iter=[0.776, 0.939])
+    (ax,) = sec_vs_nodes_figure(ok).axes
+    assert ax.get_ylim()[0] == 0
+    assert ax.get_ylim()[1] >= 0.939 * 1.1
+
+
+@pytest.mark.usefixtures("close_figures")
 def test_the_fastest_per_node_count_is_a_layouts_median_as_the_recommendation_ranks_it(table: pd.DataFrame) -> None:
     # A layout run twice (1.0 and 3.0 s/it) drew its luckier run as the node count's fastest (1.0),
     # where the recommendation ranks it at its median (2.0), behind a layout of 1.5 s/it.
