@@ -180,11 +180,21 @@ def _queue(unanswered: list[str]) -> QueueLookup:
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m analysis compare", description="Compare two sweeps (before / after).")
-    p.add_argument("before", type=Path)
-    p.add_argument("after", type=Path)
+    p = _Parser(
+        prog="python -m analysis compare",
+        description="Compare two sweeps (before / after): per-config sec/it and TFLOPs ratios, repeated runs "
+        "pooled, changes within the noise flagged; writes compare.md and compare.csv. Exit status 0, or 2 "
+        "for bad input.",
+    )
+    p.add_argument("before", type=Path, help="sweep directory before the change")
+    p.add_argument("after", type=Path, help="sweep directory after the change")
     p.add_argument("-o", "--out", type=Path, default=None, help="output directory (default: <after>/analysis)")
-    p.add_argument("--match", choices=("auto", "overrides", "layout"), default="auto")
+    p.add_argument(
+        "--match", choices=("auto", "overrides", "layout"), default="auto",
+        help="pair configs by their overrides (order-free), by their layout (model, hardware, batch sizes, "
+        "DP/TP/PP, ZeRO, recompute, precision, engine), or auto: by overrides, else by layout when no "
+        "override set is in both sweeps (default auto)",
+    )  # fmt: skip
     p.add_argument("--no-queue", action="store_true", help="do not ask squeue/sacct about missing runs")
     return p
 

@@ -303,6 +303,16 @@ def test_the_help_names_the_compare_and_calibrate_commands() -> None:
     assert "python -m analysis calibrate" in proc.stdout
 
 
+def test_the_compare_help_says_what_each_argument_is() -> None:
+    # --match listed its three choices and nothing of what they pair; before and after had no words.
+    proc = subprocess.run([sys.executable, "-m", "analysis", "compare", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "pair configs by their overrides" in text and "by overrides, else by layout" in text
+    assert "sweep directory before the change" in text and "sweep directory after the change" in text
+
+
 def test_a_misspelt_command_is_named_beside_the_missing_sweep_directory(tmp_path: Path) -> None:
     # `calibrat` was read as a sweep directory, and only its absence was said.
     proc = subprocess.run([sys.executable, "-m", "analysis", "calibrat", str(tmp_path)], cwd=REPO,
