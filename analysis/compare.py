@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.recommend import model_shapes, pooled_cv, rate_at_median_time
+from analysis.recommend import change_text, model_shapes, pooled_cv, rate_at_median_time
 from analysis.records import NOT_RUN, value_texts
 from analysis.tables import OUTCOME_TEXT, format_sec, format_size, format_tflops, markdown_table
 
@@ -254,8 +254,7 @@ def speed_change(sec_ratio: float) -> str:
     if sec_ratio == 1.0:
         return "no change"
     factor = 1.0 / sec_ratio if sec_ratio < 1.0 else sec_ratio
-    how = "faster" if sec_ratio < 1.0 else "slower"
-    return f"{factor:.1f}x {how}" if factor >= 2.0 else f"{100.0 * (factor - 1.0):.1f}% {how}"
+    return change_text(100.0 * (factor - 1.0), "faster" if sec_ratio < 1.0 else "slower")
 
 
 def format_comparison(c: Comparison, *, before: str, after: str) -> str:

@@ -574,6 +574,13 @@ def _device_unmet(c: Candidate) -> str | None:
     )
 
 
+def change_text(pct: float, how: str) -> str:
+    """A gap between two times, the slower over the faster less 1 (`pct`, %), as the margin and
+    `compare` write it: '25.0% faster', and from 2x on a factor, '18.7x faster' (a run at 10.33 s/it
+    read '1772.6% faster' beside one at 0.552)."""
+    return f"{1.0 + pct / 100.0:.1f}x {how}" if pct >= 100.0 else f"{pct:.1f}% {how}"
+
+
 def _figures(c: Candidate) -> str:
     # The results table's digits: two decimals alone read 0.00 s/it and 0.00 TFLOPs for a small run.
     tflops = "" if c.tflops is None else f", {format_tflops(c.tflops)} TFLOPs/device"
@@ -701,7 +708,7 @@ def _prediction_text(r: Recommendation) -> list[str]:
     ) else ""
     return [
         f"- prediction: the predicted best was not the measured best: the time model predicted {pb.label} "
-        f"fastest ({predicted(pb)}), which measured {format_sec(pb.sec_per_iter)} s/it, {slower:.1f}% slower "
+        f"fastest ({predicted(pb)}), which measured {format_sec(pb.sec_per_iter)} s/it, {change_text(slower, 'slower')} "
         f"per iteration than the measured fastest{noise}; the model ranked the measured fastest "
         f"{r.predicted_rank} of {r.candidates} ({predicted(best)})"
     ]
@@ -778,7 +785,7 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
         ]
         if r.runner_up is not None and r.margin_pct is not None:
             lines.append(
-                f"- margin: {r.margin_pct:.1f}% faster per iteration than the runner-up, "
+                f"- margin: {change_text(r.margin_pct, 'faster')} per iteration than the runner-up, "
                 f"{r.runner_up.label}: {_figures(r.runner_up)}; {_noise_text(r)}"
             )
         else:
@@ -793,7 +800,7 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
             slower = 100.0 * (r.highest_tflops.sec_per_iter / r.best.sec_per_iter - 1.0)
             lines.append(
                 f"- highest TFLOPs is {r.highest_tflops.label}: {_figures(r.highest_tflops)}, "
-                f"yet {slower:.1f}% slower per iteration: ranked by seconds per iteration, not TFLOPs"
+                f"yet {change_text(slower, 'slower')} per iteration: ranked by seconds per iteration, not TFLOPs"
             )
         lines += [f"- constraint not met: {text}" for text in r.unmet]
         lines.append(f"- constraints satisfied: {'; '.join(r.satisfied)}")
@@ -811,7 +818,7 @@ def format_recommendations(recs: Sequence[Recommendation], *, left_out: str = ""
 
 
 __all__ = [
-    "Candidate", "Constraints", "Recommendation", "format_recommendations", "model_shapes", "pooled_cv",
+    "Candidate", "Constraints", "Recommendation", "change_text", "format_recommendations", "model_shapes", "pooled_cv",
     "pooled_layout_key", "recommend",
     "recommendation_text", "unknown_work", "unqualified",
 ]  # fmt: skip

@@ -58,6 +58,19 @@ def test_lowest_sec_per_iter_wins_over_highest_tflops(tmp_path: Path) -> None:
     assert "constraints satisfied:" in text
 
 
+def test_a_gap_of_2x_or_more_is_written_as_a_factor_as_compare_writes_it(tmp_path: Path) -> None:
+    # A bf16 run at 0.552 s/it beside an fp16 one at 10.33 on a CPU read "1772.6% faster per
+    # iteration"; compare wrote the same gap "18.7x faster".
+    data = _two_layouts()
+    slow = next(r for r in data["runs"] if r["name"] == "n40_pp10_mbs2")
+    slow.update(sec_per_iter=172.36 * 18.7, tflops=100.43 * 10)  # still the highest TFLOPs
+    (rec,) = recommend(load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table)
+    text = format_recommendations([rec])
+    assert "- margin: 18.7x faster per iteration than the runner-up" in text
+    assert "yet 18.7x slower per iteration: ranked by seconds per iteration" in text
+    assert "1770.0%" not in text
+
+
 def test_runs_of_one_dp_tp_pp_mbs_are_told_apart_by_what_differs(tmp_path: Path) -> None:
     # Two runs of DP=4 TP=8 PP=10 MBS=2 that differ in their ZeRO stage: the labels name it, and name
     # nothing else (their recompute, engine and precision are the same).
