@@ -362,11 +362,11 @@ def _excluded(group: pd.DataFrame, masks: dict[str, pd.Series]) -> tuple[str, ..
 
 
 _SHAPE = (
-    "config.model.num_layers", "config.model.hidden_size", "config.model.num_attention_heads",
+    "config.model.kind", "config.model.num_layers", "config.model.hidden_size", "config.model.num_attention_heads",
     "config.model.ffn_hidden_size", "config.model.vocab_size",
 )  # fmt: skip
-"""A model's shape: runs of one model name with another shape (model.hidden_size=... overridden) are
-other work, as another sequence length is."""
+"""A model's shape: runs of one model name with another shape (model.hidden_size=... overridden) or
+architecture (model.kind=bert beside gpt) are other work, as another sequence length is."""
 _READ = (
     "outcome", "model", "hardware", "gbs", "seq_length", "sec_per_iter", *TIE_BREAK, "devices", "tflops", "mfu", "mem_gib",
     "mem_capacity_gib", "sec_cv", "neighbour_jobs", "pred_sec_per_iter", "size_params", *(c for c, _ in _DISTINCT),

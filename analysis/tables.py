@@ -660,6 +660,7 @@ def results_markdown(
 # Scaling (seed 004)
 
 _WORK_FIELDS = (
+    ("config.model.kind", "{}"),
     ("seq_length", "seq={}"),
     ("config.model.num_layers", "layers={}"),
     ("config.model.hidden_size", "hidden={}"),

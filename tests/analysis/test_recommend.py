@@ -22,7 +22,7 @@ from analysis.recommend import (
     unqualified,
 )
 from analysis.records import load_sweeps
-from analysis.tables import format_err, format_sec
+from analysis.tables import format_err, format_sec, scaling_frame
 from tests.analysis.golden.build import (
     build_sweep,
     fixture,
@@ -250,6 +250,26 @@ def test_one_model_name_with_another_shape_is_other_work(tmp_path: Path) -> None
     assert "median of" not in text
     # Each sweep's pending config is counted with its own shape's work.
     assert text.count("1 still pending or running") == 2
+
+
+def test_one_model_name_of_another_kind_is_other_work(tmp_path: Path) -> None:
+    # model=tiny model.kind=gpt,bert: the BERT run and the GPT run of one layout were pooled as two
+    # runs of it ("2.13 s/it (median of 2 runs)"), one recommendation for two models.
+    a = build_sweep(tmp_path / "a")
+    data = copy.deepcopy(fixture())
+    data["model"] = {**data["model"], "kind": "bert"}
+    for run in data["runs"]:
+        run["extra_overrides"] = ["model.kind=bert"]
+        if run.get("sec_per_iter"):
+            run["sec_per_iter"] *= 1.2
+    b = build_sweep(tmp_path / "b", data)
+    table = load_sweeps([a, b], queue=None).table
+    recs = recommend(table)
+    assert sorted((r.best.sec_per_iter, r.best.runs) for r in recs) == [(161.96, 1), (pytest.approx(161.96 * 1.2), 1)]
+    assert "median of" not in format_recommendations(recs)
+    # The scaling table's rows name the kind where it varies: one cell took the faster of the two.
+    variants = scaling_frame(table)["variant"]
+    assert variants.str.endswith(" bert").any() and variants.str.endswith(" gpt").any()
 
 
 def test_the_noise_of_a_repeated_layout_is_its_spread_across_runs(tmp_path: Path) -> None:
