@@ -406,7 +406,17 @@ def _sbatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from launchers.sbatch import export_sweep, format_export
 
     name = args.name or f"sweep-{datetime.now():%Y%m%d-%H%M%S}"
-    extra = dict(a.split("=", 1) if "=" in a else (a, "") for a in args.sbatch_arg)
+    extra: dict[str, str] = {}
+    for given in args.sbatch_arg:
+        arg = given if isinstance(given, str) else "--"  # argparse hands `--sbatch-arg=--` over as []
+        key, _, value = arg.partition("=")
+        # `--sbatch-arg=--exclusive` as sbatch spells it: the script's line adds the dashes itself, and
+        # wrote '#SBATCH ----exclusive', which sbatch refuses.
+        if not key.lstrip("-"):
+            print(f"error: --sbatch-arg {arg!r} names no sbatch option: give KEY[=VALUE], e.g. --sbatch-arg "
+                  "exclusive or --sbatch-arg comment=lr-sweep", file=sys.stderr)  # fmt: skip
+            return EXIT_USAGE
+        extra[key.lstrip("-")] = value
     try:
         export = export_sweep(
             args.overrides,

@@ -438,6 +438,17 @@ def test_an_sbatch_option_megasweep_sets_itself_is_refused(option: str, words: s
     check_site([], {name: "1"})
 
 
+def test_an_sbatch_option_given_with_its_dashes_is_written_once_dashed(tmp_path: Path) -> None:
+    # --sbatch-arg=--comment=x, as sbatch spells it, wrote '#SBATCH ----comment=x', which sbatch refused
+    # ("unrecognized option '----comment=x'").
+    proc = export_into(tmp_path, "--name=d", "--sbatch-arg=--comment=lr-sweep", "training.lr=1e-4")
+    assert proc.returncode == 0, proc.stderr
+    script = (tmp_path / "scripts" / "d.sbatch").read_text()
+    assert "#SBATCH --comment=lr-sweep\n" in script and "----" not in script
+    proc = refused_export(tmp_path / "none", "--name=e", "--sbatch-arg=--", "training.lr=1e-4")
+    assert proc.stderr.startswith("error: --sbatch-arg '--' names no sbatch option: give KEY[=VALUE]")
+
+
 def test_an_export_whose_every_config_is_infeasible_exits_2_as_the_launch_would(tmp_path: Path) -> None:
     proc = refused_export(tmp_path, "--name=x", "parallelism.tp=3,5")
     assert "2 configs: 0 in 0 script(s), 2 infeasible" in proc.stdout
