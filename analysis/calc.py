@@ -84,8 +84,9 @@ BOOLEANS = {"true": True, "false": False}
 
 USAGE = (
     "usage: python -m analysis.calc [HYDRA OVERRIDES...] sec_per_iter=<seconds> devices=<count> "
-    "[convention=gemm|megatron_eq3|mpt] [output=text|json] [predict=true|false] [stack=...]\n"
-    "sec_per_iter may be left out with predict=true (the time model's seconds are then taken); "
+    "[convention=gemm|megatron_eq3|mpt] [output=text|json] [predict=true|false] [stack=" + "|".join(STACKS) + "]\n"
+    "sec_per_iter may be left out with predict=true (the time model's seconds are then taken); stack, with "
+    "predict=true only, is the software whose time is predicted (default: the one python -m train runs); "
     "the module's docstring (pydoc analysis.calc) explains conventions, stacks and the output.\n"
     "Overrides are those of `python -m train`, e.g. model=gpt_1.3b hardware=a100_80gb parallelism.tp=2."
 )

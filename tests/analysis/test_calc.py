@@ -265,6 +265,8 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and "sec_per_iter" in out and "convention" in out
     # The usage line showed sec_per_iter as always required.
     assert "sec_per_iter may be left out with predict=true" in out
+    # It read "[stack=...]": the values and that the key needs predict=true were in the docstring only.
+    assert "[stack=megasweep|deepspeed|megatron_deepspeed]" in out and "stack, with predict=true only" in out
     # `help`, a bare word, was Hydra's "missing EQUAL" and a link.
     assert run_main(capsys, "help")[:2] == (0, out)
 
