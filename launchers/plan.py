@@ -62,6 +62,7 @@ from train.contract import (
 from train.paths import PathWarnings
 from train.planner.plan import (
     RuleCount,
+    WorkKey,
     format_plan_table,
     infeasible_by_rule,
     plan_run,
@@ -168,10 +169,10 @@ def format_plan_report(rows: Sequence[PlanRow], summary: PlanSummary, *, top: in
     return "\n".join(lines)
 
 
-def _by_work(rows: Sequence[PlanRow]) -> dict[tuple[str, int, int], list[int]]:
+def _by_work(rows: Sequence[PlanRow]) -> dict[WorkKey, list[int]]:
     """The indices of each work's rows (train.planner.plan.work_key), in their order; works by first
     appearance."""
-    works: dict[tuple[str, int, int], list[int]] = {}
+    works: dict[WorkKey, list[int]] = {}
     for i, row in enumerate(rows):
         works.setdefault(work_key(row), []).append(i)
     return works

@@ -1129,7 +1129,8 @@ class PlanRow:
     pred_mfu: float = float("nan")
     """pred_tflops over the dense peak for the precision (0-1)."""
     pred_rank: int = 0
-    """1 = predicted fastest among the feasible rows of the same model and global batch (0: unranked)."""
+    """1 = predicted fastest among the feasible rows of the same work (train.planner.plan.work_key: model and
+    its field overrides, global batch, sequence length; 0: unranked)."""
     overrides: str = ""
     """The Hydra overrides that produced the config (join_overrides; split_overrides reads them back)."""
     warnings: list[str] = field(default_factory=list)

@@ -28,7 +28,7 @@ from conf.schema import (
     RunConfig,
     requested_micro_batch,
 )
-from train.contract import REASON_SEPARATOR, PlanRow
+from train.contract import REASON_SEPARATOR, PlanRow, split_overrides
 from train.planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, peak_tflops
 from train.planner.layout import shown_dp
 from train.planner.memory import estimated_memory, usable_bytes
@@ -194,17 +194,42 @@ def plan_run(
     )
 
 
-def work_key(row: PlanRow) -> tuple[str, int, int]:
-    """What makes two rows the same work, whose layouts are ranked against each other: the model,
-    the global batch (samples) and the sequence length (tokens)."""
-    return (row.model, row.global_batch_size, row.seq_length)
+WorkKey = tuple[str, tuple[str, ...], int, int]
+"""train.planner.plan.work_key's value: model name, its field overrides, global batch, sequence length."""
+
+
+def work_key(row: PlanRow) -> WorkKey:
+    """What makes two rows the same work, whose layouts are ranked against each other: the model (its
+    name and the overrides that change its fields: model.kind=bert of gpt_350m is another model), the
+    global batch (samples) and the sequence length (tokens)."""
+    return (row.model, model_changes(row.overrides), row.global_batch_size, row.seq_length)
+
+
+@functools.lru_cache(maxsize=4096)
+def model_changes(overrides: str) -> tuple[str, ...]:
+    """The overrides (PlanRow.overrides) that change a field of the model group's choice, as typed,
+    without `model.` ('kind=bert'); model.seq_length has its own column and key part. A sweep repeats
+    the same few override strings per model, hence the cache."""
+    changes = []
+    for item in split_overrides(overrides):
+        key, sep, value = item.lstrip("+~").partition("=")
+        if key.startswith("model.") and key != "model.seq_length":
+            changes.append(f"{key.removeprefix('model.')}{sep}{value}")
+    return tuple(changes)
+
+
+def model_cell(row: PlanRow) -> str:
+    """The model as the tables name it: its name, and the fields its overrides change, which make it
+    another model ('gpt_350m(kind=bert)'), so that rows ranked apart read apart."""
+    changes = model_changes(row.overrides)
+    return f"{row.model}({','.join(changes)})" if changes else row.model
 
 
 def rank_predictions(rows: Sequence[PlanRow]) -> list[PlanRow]:
     """The rows in their order, each feasible predicted one ranked (pred_rank, 1 = fastest) among
-    the rows that do the same work: the same model, global batch and sequence length (a longer
+    the rows that do the same work (work_key): the same model, global batch and sequence length (a longer
     sequence is more work per sample, and its layouts were ranked among the shorter one's)."""
-    groups: dict[tuple[str, int, int], list[int]] = {}
+    groups: dict[WorkKey, list[int]] = {}
     for i, row in enumerate(rows):
         if row.feasible and math.isfinite(row.pred_sec_per_iter):
             groups.setdefault(work_key(row), []).append(i)
@@ -328,7 +353,7 @@ The layout columns (SP, recompute, ZeRO) are always shown, as the search's table
 def _table_cells(row: PlanRow) -> list[str]:
     return [
         "ok" if row.feasible else "INFEASIBLE",
-        row.model,
+        model_cell(row),
         row.hardware,
         str(row.nodes),
         str(row.dp),
@@ -387,4 +412,7 @@ __all__ = [
     "table_order",
     "time_prediction",
     "work_key",
+    "WorkKey",
+    "model_cell",
+    "model_changes",
 ]

@@ -332,6 +332,31 @@ def test_a_sequence_length_swept_is_other_work_ranked_on_its_own() -> None:
     assert " seq " in table.splitlines()[0] and " seq " not in format_plan_table(ranked[:1]).splitlines()[0]
 
 
+def test_a_model_whose_fields_are_overridden_is_other_work_ranked_and_named_on_its_own() -> None:
+    # model=gpt_350m model.kind=gpt,bert: the BERT and GPT rows shared the name and were ranked 1-4 as
+    # one work, the table showing only params (356M, 357M) to tell them apart.
+    from train.planner.plan import model_changes, rank_predictions, work_key
+
+    common = ("model=gpt_350m", "hardware=a100_80gb", "parallelism.dp=8", "parallelism.global_batch_size=64")
+    rows = []
+    for kind, mbs in itertools.product(("gpt", "bert"), (1, 2)):
+        typed = (*common, f"model.kind={kind}", f"parallelism.micro_batch_size={mbs}")
+        rows.append(plan_run(compose_run(*typed), overrides=" ".join(typed)))
+    ranked = rank_predictions(rows)
+    for kind in ("gpt", "bert"):
+        mine = [r for r in ranked if model_changes(r.overrides) == (f"kind={kind}",)]
+        assert len(mine) == 2 and sorted(r.pred_rank for r in mine) == [1, 2]
+        assert min(mine, key=lambda r: r.pred_sec_per_iter).pred_rank == 1
+    assert len({work_key(r) for r in ranked}) == 2
+    lines = format_plan_table(ranked).splitlines()[1:]
+    assert sum("gpt_350m(kind=bert) " in line for line in lines) == 2
+    assert sum("gpt_350m(kind=gpt) " in line for line in lines) == 2
+    # Overrides of other groups, the group's choice itself and the sequence length (its own column and
+    # key part) leave the model as it is named.
+    assert model_changes("model=gpt_350m +model.seq_length=4096 parallelism.tp=2 training.lr=1e-4") == ()
+    assert model_changes("+model.num_layers=12 ~model.dropout") == ("num_layers=12", "dropout")
+
+
 def test_infeasible_rows_are_counted_by_rule_with_an_example() -> None:
     from train.planner.plan import infeasible_by_rule
     from train.planner.rules import reason_rule
