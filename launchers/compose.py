@@ -87,6 +87,7 @@ from launchers.sweepdir import (
 )
 from train.contract import EXIT_FAILED, EXIT_USAGE, LOCK_FILE, MULTIRUN_FILE, ManifestEntry, layout_key
 from train.distributed import launch_from_env, run_world
+from train.paths import PathWarnings
 from train.planner.layout import Layout, LayoutError
 from train.planner.plan import count_by_rule, rule_example
 from train.planner.rules import Violation, validate
@@ -1197,6 +1198,8 @@ class SweepLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.append = append
         self._first_index: int | None = None
+        # The sweep's, not a batch's: a sweeper's batches (hydra.sweeper.max_batch_size) say each path once.
+        self.paths = PathWarnings()
         self._earlier: EarlierConfig | None = None
         self._held: contextlib.ExitStack | None = None
 

@@ -224,7 +224,7 @@ class LocalLauncher(SweepLauncher):
             # here: the runs are this machine's, so a path they would refuse is refused before any runs.
             specs, skipped = plan_configs(composer, job_overrides, first + initial_job_idx,
                                           subdir=subdir_namer(self.config, composer), undone="nothing was run",
-                                          here=True)  # fmt: skip
+                                          here=True, paths=self.paths)  # fmt: skip
             queued = [entry_for(s, "submitted") for s in specs]
             entries = sorted([*skipped, *queued], key=lambda e: e.index)
             # Earlier batches of this sweep, or the sweep it is appended to.

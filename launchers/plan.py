@@ -376,13 +376,12 @@ class PlanLauncher(SweepLauncher):
         ]
         path = manifest_path(sweep_dir)
         check_output_dirs(merge_entries(read_manifest(path) if path.exists() else [], self.named))
-        paths = PathWarnings()
         rows, plan_seconds = plan_sweep(
             composer,
             job_overrides,
             world_size=self.world_size,
             progress=progress_printer(self.progress_every, sys.stderr),
-            paths=paths,
+            paths=self.paths,
         )
         # Ranks compare every row planned so far: a later batch can hold a faster layout.
         self.rows = rank_predictions([*self.rows, *rows])
@@ -394,7 +393,7 @@ class PlanLauncher(SweepLauncher):
         elif summary.infeasible:
             print(summary.rules_line())
         # Warnings, not refusals: the runs' nodes may see file systems this machine does not.
-        say_path_warnings(paths)
+        say_path_warnings(self.paths)
         # A sweeper may launch in batches: later ones say which jobs they hold.
         jobs = f" (jobs {initial_job_idx}-{initial_job_idx + len(rows) - 1})" if initial_job_idx else ""
         print(f"{summary.line()}{jobs} -> {csv_path}", flush=True)

@@ -288,6 +288,7 @@ class SlurmLauncher(SweepLauncher):
                 first + initial_job_idx,
                 array_parallelism=self.array_parallelism,
                 subdir=subdir_namer(self.config, composer),
+                paths=self.paths,
             )
             # Earlier batches of this sweep, or the sweep it is appended to.
             old = read_manifest(path) if path.exists() else []

@@ -227,11 +227,13 @@ def plan_configs(
     name: Callable[[int], str] = "config {}".format,
     fix: str = CHECKPOINT_FIX,
     here: bool = False,
+    paths: PathWarnings | None = None,
 ) -> tuple[list[ConfigSpec], list[ManifestEntry]]:
     """Compose and validate each job: specs of the feasible ones, skipped entries for the rest; the
     feasible ones' token files and checkpoint directories are checked here, each distinct path once, and
     what a run would refuse at its start said on stderr as a warning (train.paths.PathWarnings), or
-    refused (UsageError) when the runs are this machine's (`here`: the local launcher).
+    refused (UsageError) when the runs are this machine's (`here`: the local launcher); `paths`: the
+    sweep's, for a sweeper's batches to say each path once (a new one per call without it).
     Two feasible ones that would checkpoint into one directory refuse them all (UsageError ending in
     `undone`: what the refusal leaves undone, each named by `name` of its index, `fix` the way out;
     CheckpointPlaces).
@@ -243,7 +245,7 @@ def plan_configs(
     specs: list[ConfigSpec] = []
     skipped: list[ManifestEntry] = []
     checkpoints = CheckpointPlaces()
-    paths = PathWarnings()
+    paths = PathWarnings() if paths is None else paths
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         run = composer.run_config(overrides)
@@ -326,12 +328,12 @@ def with_layouts(specs: Sequence[ConfigSpec], entries: Sequence[ManifestEntry]) 
 
 
 def say_path_warnings(paths: PathWarnings, *, here: bool = False, undone: str = "nothing was run") -> None:
-    """Each distinct path's warning (train.paths), one line on stderr: warnings, not refusals, since the
-    runs' nodes may see file systems this machine does not. `here` (the runs are this machine's): what a
-    run would refuse is refused now (UsageError), before any config runs into it."""
+    """Each distinct path's warning (train.paths) that no earlier call said, one line on stderr: warnings,
+    not refusals, since the runs' nodes may see file systems this machine does not. `here` (the runs are
+    this machine's): what a run would refuse is refused now (UsageError), before any config runs into it."""
     if here and (refused := paths.refusals()):
         raise UsageError("; ".join(refused) + f". The runs of this machine would refuse it at their start: {undone}.")
-    for line in paths.warnings(here=here):
+    for line in paths.warnings(here=here, once=True):
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
 

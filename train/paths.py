@@ -6,7 +6,8 @@ when it opens the file), which for a sweep is after it was queued. The dry run (
 and the launchers' check before they submit (launchers.submit.plan_configs) ask the same checks up
 front, as warnings, not refusals: the login node that plans may not see the compute nodes' file
 systems, and a path missing here may exist there. PathWarnings checks each distinct path once however
-many configs name it, and says one warning per path.
+many configs name it, and says one warning per path: once per sweep, however many batches a sweeper hands
+its launcher (one PathWarnings per launcher, each batch's warnings(once=True) leaving out those said).
 
 Torch-free; numpy (train.tokens) is imported only for a config that names a token file.
 """
@@ -83,6 +84,7 @@ class PathWarnings:
         self._judged: dict[tuple[object, ...], tuple[str, bool, float] | None] = {}
         self._found: dict[tuple[str, str, bool], _Found] = {}
         self._named: dict[tuple[str, str], int] = {}
+        self._said: set[tuple[str, str, bool]] = set()
 
     def note(self, run: RunConfig) -> None:
         """Check the paths `run` reads and writes (where not checked already), and count it."""
@@ -147,15 +149,19 @@ class PathWarnings:
         machine's: nothing else may see other files)."""
         return [f"{f.message} [{self._configs(key)}]" for key, f in self._found.items() if f.refused]
 
-    def warnings(self, *, here: bool = False) -> list[str]:
+    def warnings(self, *, here: bool = False, once: bool = False) -> list[str]:
         """One line per distinct path with a problem, in the order the configs named them; `here`: the
         runs are this machine's, so the refusals are left to refusals() and no other file system is
-        imagined."""
+        imagined. `once`: without the lines an earlier call with `once` returned (a sweeper's later batch
+        says only the paths its configs newly name; a line said counts the configs noted until then)."""
+        found_now = {key: f for key, f in self._found.items() if not (once and key in self._said)}
+        if once:
+            self._said.update(key for key, f in found_now.items() if not (here and f.refused))
         if here:
-            return [f"{f.message} [{self._configs(key)}]" for key, f in self._found.items() if not f.refused]
+            return [f"{f.message} [{self._configs(key)}]" for key, f in found_now.items() if not f.refused]
         where = f"checked on this machine ({socket.gethostname()}), which may not see the file systems the runs will"
         lines = []
-        for key, found in self._found.items():
+        for key, found in found_now.items():
             then = "; a run that finds the same refuses it at its start, after the sweep was queued" if found.refused else ""
             lines.append(f"{found.message} [{where}{then}; {self._configs(key)}]")
         return lines

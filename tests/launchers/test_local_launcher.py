@@ -245,6 +245,24 @@ def test_a_local_sweep_whose_runs_would_refuse_a_path_is_refused_before_any_runs
                          "nothing was run.") and "may not see" not in line  # fmt: skip
 
 
+def test_a_local_sweep_in_batches_warns_of_each_path_once(tmp_path: Path) -> None:
+    # hydra.sweeper.max_batch_size=1 checked the short file again and warned of it once per batch.
+    import numpy as np
+
+    tokens, sweep_dir = tmp_path / "tokens.bin", tmp_path / "sweep"
+    (np.arange(100) % 512).astype(np.uint16).tofile(tokens)  # 3 samples of 32 (+1); each run reads 6
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "-m", *TINY, "training.lr=1e-4,2e-4", f"training.data_path={tokens}",
+         "hydra.sweeper.max_batch_size=1", "hydra/launcher=local", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [result(sweep_dir, e)["status"] for e in read_manifest(sweep_dir)] == ["ok", "ok"]  # type: ignore[index]
+    (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith(f"warning: training.data_path={str(tokens)!r} holds 100 tokens"), warning
+    assert "it wraps around" in warning and warning.endswith("[1 config(s) name it]"), warning
+
+
 def test_a_plain_rerun_checks_the_paths_as_a_launch_does(tmp_path: Path) -> None:
     # `rerun --failed` without changes composed nothing, so it checked no path: a token file gone since
     # the launch made each rerun config fail again on it.

@@ -333,6 +333,18 @@ def test_job_returns_and_batches(hydra_sweep_runner, tmp_path: Path) -> None:
     assert called == []
 
 
+def test_a_dry_run_in_batches_warns_of_each_path_once(tmp_path: Path) -> None:
+    # hydra.sweeper.max_batch_size=1 said the missing file's warning again for each of the sweep's batches.
+    missing = tmp_path / "missing.bin"
+    proc = run_train("-m", "model=tiny", "parallelism.tp=1,2", f"training.data_path={missing}",
+                     "hydra.sweeper.max_batch_size=1", "hydra/launcher=plan", "hydra.launcher.table=false",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("plan: 1 configs") == 2, proc.stdout  # two batches
+    (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith(f"warning: training.data_path={str(missing)!r} cannot be read as a token file")
+
+
 def test_plan_sweep_matches_plan_run() -> None:
     composer = FastComposer.from_config_dir(REPO / "conf")
     jobs = [["model=gpt_1.3b", f"parallelism.tp={tp}", "hardware=a100_80gb"] for tp in (1, 2, 4)]

@@ -472,6 +472,21 @@ def oversubscribe(job: str) -> str:
     return match.group(1)
 
 
+def test_a_sweep_in_batches_warns_of_each_path_once(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+    # hydra.sweeper.max_batch_size=1 checked the missing file again and warned of it once per batch.
+    sweep_dir, missing = tmp_path / "sweep", tmp_path / "missing.bin"
+    # Held so that nothing runs: only what was said is checked, then the jobs are cancelled.
+    proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", f"training.data_path={missing}", "hydra.sweeper.max_batch_size=1",
+                 "+hydra.launcher.sbatch_args.hold=''")  # fmt: skip
+    arrays = [array_of(e.job_id) for e in read_manifest(sweep_dir)]
+    try:
+        assert len(arrays) == 2 and proc.stdout.count("slurm: 1 configs: 1 submitted") == 2, proc.stdout
+        (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+        assert warning.startswith(f"warning: training.data_path={str(missing)!r} cannot be read as a token file")
+    finally:
+        subprocess.run(["scancel", *arrays], timeout=30, check=False)
+
+
 def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Held: only what Slurm was asked for is checked. Exclusive or not: two allocations, two arrays.
