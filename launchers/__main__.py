@@ -3,7 +3,7 @@
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
 Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, cancelled, interrupted or
-refused configs that no rerun stands for (0 with --ok-if-failed), when a local sweep's rerun fails again,
+refused configs that no rerun stands for (0 with --ok-if-failed; --skip-cancelled counts no cancelled one), when a local sweep's rerun fails again,
 or when sbatch refuses every config a rerun resubmits; 3 (EXIT_UNFINISHED) when `status` finds configs still
 pending or running and no failure to report (`status --wait` waits until none is);
 130 (EXIT_INTERRUPTED) when Ctrl-C stops a local sweep's rerun, an export (waiting for the sweep's lock),
@@ -27,6 +27,7 @@ from conf.overrides import argparse_hint, missing_option_line, override_problem
 from launchers.queue import unanswered_words
 from launchers.status import (
     UNFINISHED_STATES,
+    ConfigStatus,
     format_status,
     rerun_failed,
     sweep_status,
@@ -54,13 +55,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> tuple[str, bool]:
+def _already_rerun(sweep_dir: Path, overrides: Sequence[str], statuses: Sequence[ConfigStatus]) -> tuple[str, bool]:
     """Why a rerun found nothing to do although configs failed: each stands for a rerun already (one
     queued meanwhile by another `rerun`, say); and whether those reruns made these `overrides`' changes
-    (the same command again, a script's retry) rather than others, which these then do not make."""
-    from launchers.status import RERUN_STATES, changed_overrides, read_sweep, sweep_status
+    (the same command again, a script's retry) rather than others, which these then do not make.
+    `statuses`: those the rerun chose from (rerun_failed's `seen`)."""
+    from launchers.status import RERUN_STATES, changed_overrides, read_sweep
 
-    stood = [s for s in sweep_status(sweep_dir) if s.state in RERUN_STATES and s.rerun_as is not None]
+    stood = [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is not None]
     if not stood:
         return "", False
     shown = ", ".join(f"config {s.index} as config {s.rerun_as}" for s in stood[:5]) + (", ..." if len(stood) > 5 else "")
@@ -74,16 +76,18 @@ def _already_rerun(sweep_dir: Path, overrides: Sequence[str]) -> tuple[str, bool
     return f" to rerun: each failed one is rerun already ({shown}){ignored}", False
 
 
-def _cancelled_left_out(sweep_dir: str) -> str:
-    """The configs `rerun --skip-cancelled` left out, in words after "; "; empty when none was."""
-    from launchers.status import sweep_status
-
-    left = [s.index for s in unresolved_failures(sweep_status(sweep_dir)) if s.state == "cancelled"]
+def _cancelled_left_out(sweep_dir: str, statuses: Sequence[ConfigStatus]) -> str:
+    """The configs `rerun --skip-cancelled` left out of `statuses` (those it chose from: Slurm is not
+    asked again), in words after "; "; empty when none was."""
+    left = [s.index for s in unresolved_failures(statuses) if s.state == "cancelled"]
     if not left:
         return ""
     shown = ", ".join(map(str, left[:10])) + (", ..." if len(left) > 10 else "")
+    where = shlex.quote(sweep_dir)
+    # A script's `status` after this rerun must not read them as failures it is to act on: say how.
     return (f"; left out {len(left)} cancelled config(s) (--skip-cancelled): {shown}; they stay cancelled "
-            f"(python -m launchers rerun --failed {shlex.quote(sweep_dir)} without --skip-cancelled resubmits them)")  # fmt: skip
+            f"(python -m launchers rerun --failed {where} without --skip-cancelled resubmits them; python -m "
+            f"launchers status --skip-cancelled {where} does not count them as failed)")  # fmt: skip
 
 
 def _swept(text: str) -> bool:
@@ -117,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status", help="table of pending / running / done / failed / cancelled / skipped configs",
         description="Show where each config of a launched sweep stands. Exit status: 0 when every config "
         "finished and none failed; 1 when configs failed, were cancelled (scancel), interrupted or refused by "
-        "sbatch, and no rerun stands for them (0 with --ok-if-failed); 3 when configs are still pending or "
+        "sbatch, and no rerun stands for them (0 with --ok-if-failed; cancelled ones not counted with "
+        "--skip-cancelled); 3 when configs are still pending or "
         "running and none of that "
         "holds; 2 for a directory that is no launched sweep; 130 when Ctrl-C stops --wait.",
     )  # fmt: skip
@@ -125,6 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_argument(
         "--ok-if-failed", action="store_true", help="exit 0 even when configs failed (default: exit 1)"
     )
+    status.add_argument(
+        "--skip-cancelled", action="store_true",
+        help="do not count the configs whose job was cancelled (scancel) as failed, as rerun --failed "
+        "--skip-cancelled leaves them out: the table still shows them `cancelled` (default: exit 1 for them)",
+    )  # fmt: skip
     status.add_argument(
         "--wait", action="store_true",
         help="wait until no config is pending or running (a line on stderr when the counts change), then show "
@@ -249,9 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "status":
-            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, poll_s=(args.poll or POLL_S) if args.wait else None)
+            return _status(args.sweep_dir, ok_if_failed=args.ok_if_failed, skip_cancelled=args.skip_cancelled,
+                           poll_s=(args.poll or POLL_S) if args.wait else None)  # fmt: skip
+        seen: list[ConfigStatus] = []
         entries = rerun_failed(args.sweep_dir, args.overrides, test_only=args.test_only,
-                               skip_cancelled=args.skip_cancelled)  # fmt: skip
+                               skip_cancelled=args.skip_cancelled, seen=seen)  # fmt: skip
     except (FileNotFoundError, ManifestError, ValueError, HydraException) as exc:
         print(f"error: {missing_option_line(exc) or exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -268,9 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rerun: interrupted (python -m launchers status {shlex.quote(args.sweep_dir)} shows where it stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
     # Said after what was resubmitted, or instead of it: the user reads which configs stay dropped.
-    dropped = _cancelled_left_out(args.sweep_dir) if args.skip_cancelled else ""
+    dropped = _cancelled_left_out(args.sweep_dir, seen) if args.skip_cancelled else ""
     if not entries:
-        why, made = _already_rerun(args.sweep_dir, args.overrides)
+        why, made = _already_rerun(args.sweep_dir, args.overrides, seen)
         if why and args.overrides and not made:
             # Changes asked for and made to nothing: a script must not read them as queued.
             print(f"rerun: no failed configs{why}{dropped}", file=sys.stderr)
@@ -357,10 +369,11 @@ def _poll_seconds(text: str) -> float:
     return value
 
 
-def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
+def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None, skip_cancelled: bool = False) -> int:
     """The table, and an exit status a script can act on: EXIT_FAILED for failures no rerun stands
     for, else EXIT_UNFINISHED while configs are pending or running, else EXIT_OK. `poll_s` (--wait):
-    the table once nothing is pending or running, looked at every poll_s seconds."""
+    the table once nothing is pending or running, looked at every poll_s seconds. `skip_cancelled`: a
+    cancelled config is no failure (one line on stderr counts them), as `rerun --skip-cancelled` drops it."""
     if poll_s is None:
         unanswered: list[str] = []
         statuses = sweep_status(sweep_dir, unanswered=unanswered)
@@ -370,6 +383,10 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
         statuses = wait_for_sweep(sweep_dir, poll_s=poll_s, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_status(statuses, sweep_dir=sweep_dir))
     failed = unresolved_failures(statuses)
+    if skip_cancelled and (dropped := sum(1 for s in failed if s.state == "cancelled")):
+        failed = [s for s in failed if s.state != "cancelled"]
+        print(f"status: {dropped} configs cancelled (scancel), not counted as failed (--skip-cancelled)",
+              file=sys.stderr)  # fmt: skip
     if not failed or ok_if_failed:
         left = sum(1 for s in statuses if s.state in UNFINISHED_STATES)
         if left:
@@ -389,7 +406,8 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None) -> int:
     if left := sum(1 for s in statuses if s.state in UNFINISHED_STATES):
         said += f" ({left} more still pending or running)"
     # A config cancelled to drop it is one the user may not want back: say how to leave it out.
-    skip = ", --skip-cancelled leaves the cancelled ones out" if counts["cancelled"] else ""
+    skip = (", --skip-cancelled leaves the cancelled ones out, and status --skip-cancelled does not count them"
+            if counts["cancelled"] else "")  # fmt: skip
     print(
         f"status: {said} (python -m launchers rerun --failed {shlex.quote(sweep_dir)} resubmits "
         f"them{skip}; --ok-if-failed exits 0)",

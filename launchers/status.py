@@ -1,6 +1,6 @@
 """Progress of a launched sweep, and resubmission of its failures.
 
-    python -m launchers status <sweep dir> [--ok-if-failed]
+    python -m launchers status <sweep dir> [--ok-if-failed] [--skip-cancelled] [--wait [--poll SECONDS]]
     python -m launchers rerun <sweep dir> --failed [--skip-cancelled] [--no-test-only] [field=value ...]
 
 The state of each config comes from what outlives the submitting process: the manifest
@@ -42,7 +42,8 @@ sbatch is a config that did not run, and rerunning it after fixing the cause (a 
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
 again and is left alone. A cancelled config goes again too (the job may have been cancelled to change
 its allocation, or by an administrator); `--skip-cancelled` leaves the cancelled ones out, for a user
-who cancelled configs to drop them. Each config goes again the way its own launch (the first, or one
+who cancelled configs to drop them, and `status --skip-cancelled` then counts them as no failure (exit 0
+once the rest is done). Each config goes again the way its own launch (the first, or one
 appended to the sweep) went, with the settings that launch saved in <sweep dir>/.megasweep/launch.json
 (interpreter, config directory, sbatch options): exported and Slurm configs are resubmitted by the
 launcher (submitit); a local sweep's configs run on this machine again (launchers.local.run_here),
@@ -446,7 +447,12 @@ def _varying_overrides(statuses: Sequence[ConfigStatus]) -> dict[int, set[str]]:
 
 
 def rerun_failed(
-    sweep_dir: str | Path, overrides: Sequence[str] = (), *, test_only: bool = True, skip_cancelled: bool = False
+    sweep_dir: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    test_only: bool = True,
+    skip_cancelled: bool = False,
+    seen: list[ConfigStatus] | None = None,
 ) -> list[ManifestEntry]:
     """Resubmit exactly the failed configs (result not ok, or ended in Slurm without a result), the
     cancelled ones unless `skip_cancelled` (a user cancelled them to drop them), and the refused ones
@@ -459,7 +465,8 @@ def rerun_failed(
     module docstring). The manifest is rewritten after each array is queued. Returns the new
     manifest entries of the resubmitted configs (a config Slurm refuses again comes back
     `refused`, an infeasible changed one `skipped`). `test_only`: sbatch --test-only judges each
-    launch's jobs first, for a launch that asked it too (LaunchSettings.test_only).
+    launch's jobs first, for a launch that asked it too (LaunchSettings.test_only). `seen` gets the
+    statuses the rerun was chosen from (Slurm asked once), for what a caller says of the configs left out.
     """
     from launchers.local import LocalMarks, run_here
 
@@ -470,8 +477,10 @@ def rerun_failed(
     # Locked until the manifest lists the resubmitted configs: a second rerun at the same time then
     # finds them pending instead of queueing them twice, and a launch added meanwhile keeps its indices.
     with sweep_lock(sweep_dir):
-        failed = [s for s in unresolved_failures(sweep_status(sweep_dir))
-                  if not (skip_cancelled and s.state == "cancelled")]  # fmt: skip
+        statuses = sweep_status(sweep_dir)
+        if seen is not None:
+            seen += statuses
+        failed = [s for s in unresolved_failures(statuses) if not (skip_cancelled and s.state == "cancelled")]
         if not failed:
             return []
         launches = load_launches(sweep_dir)

@@ -322,7 +322,8 @@ def test_rerun_failed_skip_cancelled_leaves_the_cancelled_configs_out(
         lines = _rerun(sweep_dir, "--skip-cancelled").stdout.splitlines()
         assert len(lines) == 2 and lines[0].startswith("rerun: config 0: job "), lines
         assert lines[1] == (f"rerun: left out 1 cancelled config(s) (--skip-cancelled): 1; they stay cancelled (python -m "
-                            f"launchers rerun --failed {sweep_dir} without --skip-cancelled resubmits them)")  # fmt: skip
+                            f"launchers rerun --failed {sweep_dir} without --skip-cancelled resubmits them; python -m launchers "
+                            f"status --skip-cancelled {sweep_dir} does not count them as failed)")  # fmt: skip
         second = read_manifest(sweep_dir)
         assert second[0].job_id != failed.job_id and second[1] == cancelled
         # Nothing but the cancelled config is left to rerun: said, nothing resubmitted.
@@ -336,6 +337,44 @@ def test_rerun_failed_skip_cancelled_leaves_the_cancelled_configs_out(
     finally:
         jobs = {str(e.job_id).split("_")[0] for e in read_manifest(sweep_dir) if e.job_id}
         subprocess.run(["scancel", *jobs, str(failed.job_id).split("_")[0]], check=False, timeout=30)
+
+
+def _counting(bin_dir: Path, log: Path) -> dict[str, str]:
+    """An environment whose squeue and sacct are the real ones, each call first noted in `log`: how often
+    Slurm was asked (it still answers; nothing is made up)."""
+    bin_dir.mkdir()
+    for name in ("squeue", "sacct"):
+        real = shutil.which(name)
+        assert real is not None, name
+        (bin_dir / name).write_text(f'#!/bin/sh\necho {name} >> "{log}"\nexec "{real}" "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_status_skip_cancelled_counts_what_rerun_skip_cancelled_left_out_as_no_failure(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """After `rerun --failed --skip-cancelled`, `status` still exited 1 for the cancelled config left out,
+    and the rerun asked Slurm a second (and third) time to name what it left out."""
+    sweep_dir, asked = tmp_path / "sweep", tmp_path / "asked"
+    # Config 0 held, then cancelled: nothing runs. Config 1 is infeasible (1 layer in 2 stages): skipped.
+    sweep(sweep_dir, "parallelism.pp=1,2", "+hydra.launcher.sbatch_args.hold=''")
+    held, skipped = read_manifest(sweep_dir)
+    assert skipped.status == "skipped" and held.job_id is not None
+    subprocess.run(["scancel", held.job_id], check=False, timeout=30)  # (another session may have cancelled it)
+    wait_until("status to show config 0 cancelled", lambda: " 1 cancelled," in status_table(sweep_dir), 60)
+    rerun = subprocess.run([sys.executable, "-m", "launchers", "rerun", str(sweep_dir), "--failed", "--skip-cancelled"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120, env=_counting(tmp_path / "bin", asked))  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert rerun.stdout.startswith("rerun: no failed configs; left out 1 cancelled config(s) (--skip-cancelled): 0;")
+    assert f"python -m launchers status --skip-cancelled {sweep_dir} does not count them as failed" in rerun.stdout
+    assert sorted(asked.read_text().split()) == ["sacct", "squeue"]  # once
+    plain = status_cli(str(sweep_dir))
+    assert plain.returncode == EXIT_FAILED and "status --skip-cancelled does not count them" in plain.stderr
+    skipping = status_cli(str(sweep_dir), "--skip-cancelled")
+    assert skipping.returncode == 0, skipping.stdout + skipping.stderr
+    assert re.search(r"^0 +cancelled ", skipping.stdout, re.MULTILINE), skipping.stdout  # still shown as it is
+    assert skipping.stderr == "status: 1 configs cancelled (scancel), not counted as failed (--skip-cancelled)\n"
 
 
 def test_rerun_failed_resubmits_refused_configs(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
