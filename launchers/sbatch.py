@@ -71,7 +71,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from conf import CONFIG_DIR
-from conf.schema import unknown_override
+from conf.schema import register_configs, unknown_override
 from launchers.allocation import ArrayKey, chunk, group_by, job_licenses, slurm_mem
 from launchers.compose import FastComposer, parse_override
 from launchers.entry import check_entry
@@ -327,6 +327,33 @@ def render_script(
     return "\n".join(lines)
 
 
+def _check_primary_config(config_dir: Path, config_name: str, *, custom_dir: bool) -> None:
+    """ValueError, one line naming the option, its value, the rule and what there is, for a --config-dir that
+    is no directory or a --config-name it does not hold: Hydra's words for them ran over several lines
+    ("Primary config directory not found. / Check that ...", its search path) and named neither option."""
+    where = f"--config-dir {config_dir}" if custom_dir else f"megasweep's config directory ({config_dir})"
+    if not config_dir.is_dir():
+        what = "is a file" if config_dir.exists() else "does not exist"
+        raise ValueError(
+            f"--config-dir {config_dir}: {what}; name the directory that holds the sweep's primary config "
+            f"(<--config-name>.yaml, here {config_name}), or leave --config-dir out for megasweep's ({CONFIG_DIR})"
+        )
+    name = config_name.removesuffix(".yaml")
+    if (config_dir / f"{name}.yaml").is_file():
+        return
+    from hydra.core.config_store import ConfigStore
+
+    register_configs()  # a primary config may be a structured one, as Hydra looks for it there too
+    if f"{name}.yaml" in ConfigStore.instance().repo:
+        return
+    held = sorted(p.stem for p in config_dir.glob("*.yaml") if p.is_file())
+    there = f"the configs there: {', '.join(held)}" if held else "it holds no .yaml file"
+    raise ValueError(
+        f"--config-name {config_name}: no primary config {name}.yaml in {where}; name one of the .yaml files at "
+        f"its top, without .yaml ({there})"
+    )
+
+
 def export_sweep(
     overrides: Sequence[str],
     *,
@@ -364,6 +391,7 @@ def export_sweep(
     entry_args = [f"--config-name={config_name}", *([f"--config-dir={config_dir}"] if custom_dir else [])]
 
     _check_keys(overrides)
+    _check_primary_config(config_dir, config_name, custom_dir=custom_dir)
     composer = FastComposer.from_config_dir(config_dir, config_name)
     jobs = expand_sweep(overrides, composer.config_loader)
     refuse_empty_sweep(jobs)

@@ -356,6 +356,34 @@ def test_an_option_its_config_dir_lacks_is_one_line_with_that_dirs_options(tmp_p
     assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
 
 
+def test_a_missing_config_dir_or_config_name_is_one_line_naming_the_option(tmp_path: Path) -> None:
+    # Hydra's words ran over several lines ("Primary config directory not found.\nCheck that ...", or
+    # "Cannot find primary config" and its search path) and named neither option.
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    mine = tmp_path / "mine"  # megasweep's groups, its primary config under two other names
+    shutil.copytree(conf, mine, ignore=shutil.ignore_patterns("*.py"))
+    (mine / "config.yaml").rename(mine / "base.yaml")
+    shutil.copy(mine / "base.yaml", mine / "big.yaml")
+    (tmp_path / "a_file").write_text("")
+    cases = {
+        (f"--config-dir={tmp_path / 'nosuch'}",): f"error: --config-dir {tmp_path / 'nosuch'}: does not exist; name the "
+        f"directory that holds the sweep's primary config (<--config-name>.yaml, here config), or leave --config-dir "
+        f"out for megasweep's ({conf})",
+        (f"--config-dir={tmp_path / 'a_file'}",): f"error: --config-dir {tmp_path / 'a_file'}: is a file; name the "
+        "directory",
+        ("--config-name=confg",): f"error: --config-name confg: no primary config confg.yaml in megasweep's config "
+        f"directory ({conf}); name one of the .yaml files at its top, without .yaml (the configs there: config)",
+        (f"--config-dir={mine}",): f"error: --config-name config: no primary config config.yaml in --config-dir {mine}; "
+        "name one of the .yaml files at its top, without .yaml (the configs there: base, big)",
+    }  # fmt: skip
+    for args, words in cases.items():
+        proc = refused_export(tmp_path, *args)
+        assert proc.stderr.startswith(words) and proc.stderr.count("\n") == 1, proc.stderr
+        assert not (tmp_path / "scripts").exists() and not (tmp_path / "sweep").exists()
+    # A config the directory holds, named with or without .yaml, exports.
+    assert export_into(tmp_path, f"--config-dir={mine}", "--config-name=big.yaml").returncode == 0
+
+
 def test_an_export_of_configs_that_would_share_a_checkpoint_directory_is_refused(tmp_path: Path) -> None:
     # The launch refused them; an export wrote their scripts, and the second run resumed from the first.
     proc = refused_export(tmp_path, f"training.checkpoint_dir={tmp_path / 'ckpt'}", "training.save_interval=2",
