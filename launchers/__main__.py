@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_argument(
         "--wait", action="store_true",
         help="wait until no config is pending or running (a line on stderr when the counts change), then show "
-        "the table and exit as without it; Ctrl-C stops waiting (exit 130)",
+        "the table and exit as without it; a sweep whose launch has not listed its configs yet is waited for "
+        "while that launch holds the sweep's lock (exit 2 when none does); Ctrl-C stops waiting (exit 130)",
     )  # fmt: skip
     status.add_argument(
         "--poll", type=_poll_seconds, default=None, metavar="SECONDS",

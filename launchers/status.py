@@ -94,7 +94,7 @@ from launchers.submit import (
     submit_configs,
     with_layouts,
 )
-from launchers.sweepdir import UsageError, next_index, sweep_lock
+from launchers.sweepdir import UsageError, lock_holder, next_index, sweep_lock
 from train.contract import (
     ATTEMPT_RECORD_GLOB,
     LOG_FILE,
@@ -324,11 +324,26 @@ def wait_for_sweep(
 ) -> list[ConfigStatus]:
     """sweep_status once no config is pending or running, asked every `poll_s` seconds; `say` is told
     a line whenever the counts change (not every poll: an overnight wait would fill a log). Slurm is
-    asked once per poll, for every job at once, as `status` asks it (squeue, then sacct)."""
+    asked once per poll, for every job at once, as `status` asks it (squeue, then sacct). A directory
+    that lists no config yet is waited for while a launch holds its lock (sweepdir.lock_holder), a line
+    naming it; NotASweep otherwise."""
     start, said = clock(), ""
     while True:
         unanswered: list[str] = []
-        statuses = sweep_status(sweep_dir, unanswered=unanswered)
+        try:
+            statuses = sweep_status(sweep_dir, unanswered=unanswered)
+        except NotASweep:
+            # A launch lists its configs once its first array is queued (after planning them and sbatch
+            # --test-only): a script that starts waiting beside it waits for them while it holds the sweep's
+            # lock. None holding it (stopped before its first config, or no launch there) ends the wait.
+            if (holder := lock_holder(sweep_dir)) is None:
+                raise
+            line = f"status: waiting for a launch to list its configs in {sweep_dir} ({holder}); asking every {poll_s:g} s"
+            if line != said:
+                say(f"{line} [{_elapsed(clock() - start)} waited]")
+                said = line
+            time.sleep(poll_s)
+            continue
         left = [s for s in statuses if s.state in UNFINISHED_STATES]
         if not left:
             return statuses

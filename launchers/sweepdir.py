@@ -77,6 +77,7 @@ __all__ = [
     "free_append_number",
     "first_index",
     "launch_files",
+    "lock_holder",
     "missing_dirs",
     "next_index",
     "removed_if_refused",
@@ -257,6 +258,32 @@ def _locked(path: Path) -> tuple[int, list[Path]] | None:
             return fd, made
         os.close(fd)  # removed while this process waited (a refused launch's): lock the one there now
     return None
+
+
+def lock_holder(sweep_dir: str | Path) -> str | None:
+    """The line of the process that holds the sweep's lock now (a launch, export or rerun listing its
+    configs: host, pid, command), or None when none does. Read, not taken: a holder's line is there until
+    it lets go, and flock is asked only then, whether the line is a live holder's or one killed (SIGKILL
+    leaves it) whose lock went with it. Where the file system has no locks, None."""
+    path = Path(sweep_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        line = os.pread(fd, 400, 0).decode(errors="replace").strip()
+        if not line:
+            return None
+        try:
+            # Shared: a holder's exclusive lock refuses it; with none, it is let go at once.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return line
+        except OSError:
+            return None
+        return None
+    finally:
+        os.close(fd)  # and with it a shared lock this took
 
 
 def _holder(fd: int) -> str:

@@ -29,6 +29,7 @@ from train.contract import (
     EXIT_USAGE,
     EXPORTED_JOBS_DIR,
     LAUNCH_FILE,
+    LOCK_FILE,
     LOG_FILE,
     RESULT_FILE,
     SUBMITIT_DIR,
@@ -1132,6 +1133,52 @@ def test_status_exits_unfinished_while_configs_are_pending_and_wait_waits_them_o
     assert waiting.returncode == 0, out + err
     assert out.splitlines()[-1].endswith("2/2 finished: 0 pending, 0 running, 2 done, 0 failed, 0 refused, 0 skipped")
     assert err.count("status: waiting for 1 of 2 configs") == 1 and len(err.splitlines()) == 1, err
+
+
+_LAUNCHING = """
+import sys, time
+from launchers.sweepdir import sweep_lock
+from train.contract import ManifestEntry, write_manifest
+with sweep_lock(sys.argv[1]):  # as a launch holds it from planning its configs until the manifest lists them
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    write_manifest([ManifestEntry(0, ("a=1",), "0", "skipped", reason="infeasible")], sys.argv[1] + "/manifest.jsonl")
+"""
+
+
+def test_status_wait_waits_for_a_launch_that_holds_the_sweep_to_list_its_configs(tmp_path: Path) -> None:
+    # A script polling a launch it has just started exited 2 at once: the launch lists its configs only
+    # after planning them and queueing the first array, holding the sweep's lock meanwhile.
+    for name, manifest in (("none", False), ("empty", True)):
+        sweep_dir = tmp_path / name
+        sweep_dir.mkdir()
+        if manifest:
+            write_manifest([], sweep_dir / "manifest.jsonl")
+        launch = subprocess.Popen([sys.executable, "-c", _LAUNCHING, str(sweep_dir), "3"], cwd=REPO,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert launch.stdout is not None and launch.stdout.readline() == "locked\n"
+        proc = status_cli("--wait", "--poll", "1", str(sweep_dir))
+        assert launch.wait(timeout=30) == 0
+        assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout + proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"status: waiting for a launch to list its configs in {sweep_dir} (") and \
+            f"pid {launch.pid}: " in line and line.endswith("asking every 1 s [0:00:00 waited]"), line
+    # A launch killed before it listed any: its line stays in the lock file, its lock went with it. The
+    # wait ends at once, as where no launch ever was (nothing would list configs there).
+    sweep_dir = tmp_path / "killed"
+    sweep_dir.mkdir()
+    write_manifest([], sweep_dir / "manifest.jsonl")
+    launch = subprocess.Popen([sys.executable, "-c", _LAUNCHING, str(sweep_dir), "60"], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert launch.stdout is not None and launch.stdout.readline() == "locked\n"
+    launch.kill()
+    launch.wait(timeout=30)
+    assert (sweep_dir / LOCK_FILE).read_text().strip(), "the killed launch's line"
+    for where in (sweep_dir, tmp_path / "never"):
+        (where / "manifest.jsonl").parent.mkdir(exist_ok=True)
+        proc = status_cli("--wait", "--poll", "1", str(where))
+        assert proc.returncode == EXIT_USAGE and "waiting" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"error: {where}"), proc.stderr
 
 
 def test_status_refuses_an_empty_manifest(tmp_path: Path) -> None:
