@@ -1055,11 +1055,13 @@ class FastValidation:
         # config as skipped: each job would fail in turn, and the sweep end in a traceback after the
         # feasible ones ran. The rules judge every config of every batch here, at the first batch,
         # before any of them runs (BasicSweeper.overrides holds the batches; batch_index counts those
-        # given), and the later batches, checked then, are not composed again.
+        # given), and the later batches, checked then, are not composed again. Checkpoint directories are
+        # compared across every batch too, under any launcher: two configs of one layout in one directory
+        # a batch apart (hydra.sweeper.max_batch_size) were each checked alone and queued.
         judged = OmegaConf.select(self.config, "hydra.launcher.append", default=None) is None
-        if judged and getattr(self, "batch_index", 1) > 1:
+        if getattr(self, "batch_index", 1) > 1:
             return
-        jobs = [job for b in (getattr(self, "overrides", None) or [batch]) for job in b] if judged else batch
+        jobs = [job for b in (getattr(self, "overrides", None) or [batch]) for job in b]
         total = len(jobs)
         every = self.progress_every
         infeasible = []

@@ -487,6 +487,27 @@ def test_a_sweep_in_batches_warns_of_each_path_once(slurm_cluster: SlurmClusterI
         subprocess.run(["scancel", *arrays], timeout=30, check=False)
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "plan"])
+def test_configs_a_batch_apart_that_share_a_checkpoint_directory_are_refused(
+    launcher: str, slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    # Each batch (hydra.sweeper.max_batch_size=1) was checked alone: both configs were queued, to save into
+    # one directory and resume from each other's checkpoints; in one batch the sweep was refused.
+    sweep_dir = tmp_path / "sweep"
+    held = ["+hydra.launcher.sbatch_args.hold=''"] if launcher == "slurm" else []  # were it queued, nothing runs
+    proc = sweep(sweep_dir, "training.lr=1e-4,2e-4", "training.save_interval=2",
+                 f"training.checkpoint_dir={tmp_path / 'ckpt'}", "hydra.sweeper.max_batch_size=1",
+                 f"hydra/launcher={launcher}", *held, check=False)  # fmt: skip
+    try:
+        assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("error: config 0 (") and "config 1 (" in proc.stderr, proc.stderr
+        assert not sweep_dir.exists(), list(sweep_dir.rglob("*"))  # nothing queued, planned or written
+    finally:
+        if (sweep_dir / "manifest.jsonl").exists():
+            queued = {array_of(e.job_id) for e in read_manifest(sweep_dir) if e.job_id}
+            subprocess.run(["scancel", *queued], timeout=30, check=False)
+
+
 def test_cluster_exclusive_asks_slurm_for_whole_nodes(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Held: only what Slurm was asked for is checked. Exclusive or not: two allocations, two arrays.
