@@ -276,6 +276,27 @@ def _train(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
+def test_help_names_the_app_its_launchers_and_every_exit_status() -> None:
+    # It read "__main__ is powered by Hydra." and listed the schema/* groups as if they were options.
+    from train import contract
+
+    proc = _train("--help")
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "__main__" not in text and text.startswith("python -m train: megasweep's trainer")
+    for launcher in ("slurm", "local", "plan"):
+        assert f"hydra/launcher={launcher}" in text
+    statuses = {name: value for name, value in vars(contract).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    said = re.search(r"Exit status \(train.contract\): (.*?)\n\n", text, re.S)
+    assert said is not None, text
+    # Every status the trainer itself ends with is said (the analysis' and status's 3, and a tool's
+    # broken pipe, are theirs).
+    for name, value in statuses.items():
+        if name not in ("EXIT_UNFINISHED", "EXIT_BROKEN_PIPE"):
+            assert re.search(rf"(^|[ ;]){value} ", said.group(1)), (name, said.group(1))
+    assert "not options to choose" in text and "model: " in text and "python -m launchers --help" in text
+
+
 def test_an_unknown_group_option_is_bad_input_with_did_you_mean(tmp_path: Path) -> None:
     # Hydra's own error lists the options but exits 1, the status of a run that failed.
     proc = _train("hardware=a100_80", f"hydra.run.dir={tmp_path}")
