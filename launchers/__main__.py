@@ -344,6 +344,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # its job, if one was queued, is cancelled (launchers.calibrate)
         print(f"calibrate: interrupted; {args.out} not written", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit:  # kill or the terminal closing: its job, if one was queued, is cancelled too
+        print(f"calibrate: stopped; {args.out} not written", file=sys.stderr)
+        raise
     except RuntimeError as exc:  # submitit: a calibration job failed or did not complete
         print(f"error: a calibration job failed: {str(exc).strip().splitlines()[-1]} (its log is under "
               f"{Path(args.out).parent / SUBMITIT_DIR})", file=sys.stderr)

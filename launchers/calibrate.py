@@ -22,6 +22,7 @@ import platform
 import signal
 import statistics
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from train.planner.flops import Gemm, head_gemms, layer_gemms
 from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
 from train.planner.search import layouts
 from train.planner.sizes import padded_vocab_size
-from train.signals import TERMINAL_STOP_SIGNALS, signals_held
+from train.signals import TERMINAL_STOP_SIGNALS, signals_held, signals_to
 
 MESSAGE_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 """Collective message sizes timed (bytes): latency-bound to bandwidth-bound."""
@@ -288,12 +289,26 @@ def _job_results(executor: Any, spec: dict[str, Any], what: str) -> list[dict[st
         print(f"calibrate: {what}: job {job.job_id}, {len(spec['gemms'])} GEMM shapes", flush=True)
         if held:
             raise KeyboardInterrupt if held[0] == signal.SIGINT else SystemExit(128 + held[0])
-        results: list[dict[str, Any]] = job.results()
+        # Python ends on SIGTERM and SIGHUP without unwinding: a kill while waiting left the job queued.
+        with signals_to(_exit_on, _unignored(TERMINAL_STOP_SIGNALS[1:])):
+            results: list[dict[str, Any]] = job.results()
     except (KeyboardInterrupt, SystemExit):
         job.cancel(check=False)
         print(f"calibrate: stopped; job {job.job_id} cancelled", file=sys.stderr, flush=True)
         raise
     return results
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _unignored(signals: Sequence[signal.Signals]) -> list[signal.Signals]:
+    """`signals` this process does not ignore (nohup's SIGHUP stays ignored); none outside the main
+    thread, where Python cannot set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    return [s for s in signals if signal.getsignal(s) != signal.SIG_IGN]
 
 
 def calibrate_here(run: RunConfig, *, min_seconds: float = 0.05, trials: int = 3) -> Calibration:

@@ -132,9 +132,13 @@ def test_calibrate_on_one_and_two_nodes_then_predict(slurm_cluster: SlurmCluster
     assert bad.returncode == 2 and "node counts are positive" in bad.stderr
 
 
-def test_ctrl_c_cancels_the_calibration_job_and_writes_nothing(slurm_cluster: SlurmClusterInfo, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "code", "words"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped")])
+def test_ctrl_c_or_kill_cancels_the_calibration_job_and_writes_nothing(
+    stop: signal.Signals, code: int, words: str, slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
     """Ctrl-C while waiting on a calibration job: it ended in a traceback, and the job, of use only to
-    the process that stopped, ran on to its end."""
+    the process that stopped, ran on to its end. A kill (SIGTERM) ended the process at once, exit 143,
+    and left the job queued."""
     out = tmp_path / "cal.json"
     args = [sys.executable, "-m", "launchers", "calibrate", *SMALL, f"cluster.partition={slurm_cluster.partition}",
             "--min-seconds", "0.5", "--out", str(out)]  # fmt: skip
@@ -148,14 +152,18 @@ def test_ctrl_c_cancels_the_calibration_job_and_writes_nothing(slurm_cluster: Sl
             line = proc.stdout.readline()
             assert line, "calibrate ended before queueing its job"
         job = line.split("job ")[1].split(",")[0]
-        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
+        if stop == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
+        else:
+            proc.send_signal(stop)  # `kill <pid>`: the process alone
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         subprocess.run(["scancel", job], timeout=30, check=False)
-    assert proc.returncode == 130, err
-    assert f"calibrate: stopped; job {job} cancelled" in err and "not written" in err and "Traceback" not in err, err
+    assert proc.returncode == code, err
+    assert f"calibrate: stopped; job {job} cancelled" in err and "Traceback" not in err, err
+    assert f"calibrate: {words}; {out} not written" in err, err
     assert not out.exists()
     state = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True, timeout=30)
     assert state.stdout.startswith("CANCELLED"), state.stdout  # "CANCELLED by <uid>"
