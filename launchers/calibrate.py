@@ -43,7 +43,7 @@ from train.planner.calibration import (
 )
 from train.planner.flops import Gemm, head_gemms, layer_gemms
 from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
-from train.planner.search import layouts
+from train.planner.search import layouts, search_problems
 from train.planner.sizes import padded_vocab_size
 from train.signals import TERMINAL_STOP_SIGNALS, signals_held, signals_to
 
@@ -383,6 +383,11 @@ def main(
     from launchers.compose import FastComposer
 
     run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(overrides))
+    if problems := search_problems(run.search):
+        # What the layout search refuses: an empty list timed no GEMM (a job queued for nothing), a zero
+        # micro-batch divided by zero.
+        raise ValueError(f"calibrate times the layouts of the search, which cannot search: {'; '.join(problems)}; "
+                         "nothing was submitted")  # fmt: skip
     if run.parallelism.engine == Engine.deepspeed:
         print("calibrate: the engine does not matter here; measuring the GEMMs and links only", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)

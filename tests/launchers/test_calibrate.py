@@ -206,7 +206,15 @@ def test_jobs_slurm_would_refuse_are_refused_before_either_is_queued(
      (["--min-seconds", "nan"], "error: --min-seconds nan: "),
      (["--out", "{tmp}"], "error: --out {tmp}: cannot write the calibration file there (it is a directory)"),
      (["--out", "/sys/megasweep-test/cal.json"], "error: --out /sys/megasweep-test/cal.json: cannot write the "
-                                                  "calibration file there (")],
+                                                  "calibration file there ("),
+     # An empty list timed no GEMM (on Slurm: a job queued for nothing, its file useless); a zero
+     # micro-batch ended in a ZeroDivisionError traceback, an empty list of them in "max() arg is an empty sequence".
+     (["search.nodes=[]"], "error: calibrate times the layouts of the search, which cannot search: search.nodes=[] "
+                           "must be a non-empty list of positive node counts, e.g. search.nodes=[1,2,4]"),
+     (["search.micro_batch_sizes=[0]"], "error: calibrate times the layouts of the search, which cannot search: "
+                                        "search.micro_batch_sizes=[0] must be a non-empty list of positive"),
+     (["search.micro_batch_sizes=[]"], "error: calibrate times the layouts of the search, which cannot search: "
+                                       "search.micro_batch_sizes=[] must be")],
 )  # fmt: skip
 def test_a_bad_option_is_refused_naming_it_before_any_job(args: list[str], words: str, tmp_path: Path) -> None:
     # --min-seconds -1 or nan was accepted (each figure then timed once, however short); an --out that
