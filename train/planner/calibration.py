@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field, replace
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,11 +203,40 @@ def load_calibration(path: str) -> Calibration:
             f"{CALIBRATION_VERSION}: measure again with `python -m launchers calibrate`"
         )
     try:
-        return _from_dict(data)
+        cal = _from_dict(data)
     except (TypeError, KeyError) as exc:
         # A missing or misspelled field surfaces as a constructor's TypeError naming it.
         raise ValueError(f"hardware.calibration={path!r} is not a calibration file of version "
                          f"{CALIBRATION_VERSION}: {exc}") from exc
+    if (problem := _bad_figure(cal)) is not None:
+        raise ValueError(f"hardware.calibration={path!r} is not a calibration file of version {CALIBRATION_VERSION}: "
+                         f"{problem}; measure again with `python -m launchers calibrate`")
+    return cal
+
+
+POSITIVE = {"m", "n", "k", "batch", "seconds", "ranks", "nbytes", "nodes", "tasks_per_node"}
+"""Fields the time model divides by or counts with: a GEMM of 0 seconds divided by zero (a traceback), one of
+-1 s was priced as a negative time."""
+
+
+def _bad_figure(cal: Calibration) -> str | None:
+    """The first measured figure that is not a finite number (a positive one where POSITIVE names it), as
+    '<where>.<field>=<value> <rule>'; None when every one is."""
+    entries: list[tuple[str, Any]] = [(f"collectives[{i}]", c) for i, c in enumerate(cal.collectives)]
+    for i, node in enumerate(cal.nodes):
+        entries.append((f"nodes[{i}]", node))
+        for name in ("gemms", "layers", "attention"):
+            entries += [(f"nodes[{i}].{name}[{j}]", x) for j, x in enumerate(getattr(node, name))]
+    for where, entry in entries:
+        for f in fields(entry):
+            value = getattr(entry, f.name)
+            if f.type not in ("int", "float"):
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or (f.name in POSITIVE and value <= 0):
+                rule = "must be a number above 0" if f.name in POSITIVE else "must be a finite number"
+                return f"{where}.{f.name}={value!r} {rule}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -405,3 +406,23 @@ def test_ranks_that_share_cores_hide_the_pipeline_bubble(tmp_path: Path) -> None
     real = predict_time(MODEL, layout, replace(hw, calibration=str(apart)), dp=2)
     assert real.parts["bubble"] == pytest.approx(0.0) and real.parts["gemm"] > on_two.parts["gemm"]
     assert real.sec_per_iter - real.parts["dp_comm"] - real.parts["optimizer"] == pytest.approx(last)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [(lambda d: d["nodes"][0]["gemms"][0].update(seconds=0), r"nodes\[0\]\.gemms\[0\]\.seconds=0 must be a number above 0"),
+     (lambda d: d["nodes"][0]["gemms"][1].update(seconds=-1.0), r"nodes\[0\]\.gemms\[1\]\.seconds=-1\.0 must be a number above 0"),
+     (lambda d: d["nodes"][0]["gemms"][0].update(m="64"), r"nodes\[0\]\.gemms\[0\]\.m='64' must be a number above 0"),
+     (lambda d: d["nodes"][0].update(nodes="one"), r"nodes\[0\]\.nodes='one' must be a number above 0"),
+     (lambda d: d["collectives"][2].update(seconds=None), r"collectives\[2\]\.seconds=None must be a number above 0")],
+)  # fmt: skip
+def test_a_figure_that_is_no_measurement_is_refused_naming_it(edit: Any, words: str, tmp_path: Path) -> None:
+    # A hand-edited or damaged file: a GEMM of 0 seconds ended `analysis.calc predict=true` in a
+    # ZeroDivisionError traceback (the search said only "division by zero", naming no file), a string
+    # in "unsupported operand type(s)", and -1 s was priced as a negative time without a word.
+    data = json.loads(calibration(tmp_path).read_text())
+    edit(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"bad.json' is not a calibration file of version 1: {words}; measure again"):
+        load_calibration(str(bad))
