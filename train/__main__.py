@@ -17,6 +17,7 @@ train.contract.EXIT_INTERRUPTED, without tracebacks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -97,6 +98,7 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         if multirun:
             raise
         _refuse(str(bad_override), hydra_cfg)
+    run = absolute_calibration(run, Path(hydra_cfg.runtime.cwd))
     try:
         launch = launch_from_env(os.environ)
     except LaunchEnvError as bad_env:
@@ -171,6 +173,17 @@ def _main(cfg: DictConfig) -> dict[str, Any]:
         # timeout's, where Hydra printed a traceback (once per config of a local sweep).
         print(f"nan: {diverged}", file=sys.stderr)  # its words end with the record's path
         sys.exit(EXIT_FAILED)
+
+
+def absolute_calibration(run: RunConfig, cwd: Path) -> RunConfig:
+    """`run` with a relative hardware.calibration read against `cwd`, where the run was started. The record
+    keeps the config, and the analysis predicts each run from its record's: a relative path there was read
+    against wherever `python -m analysis` ran, so from another directory every Pred s/it read n/a and
+    `analysis calibrate` found nothing to fit."""
+    path = run.hardware.calibration
+    if not path or Path(path).is_absolute():
+        return run
+    return dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, calibration=str(cwd / path)))
 
 
 def _refuse(message: str, hydra_cfg: Any, *, lone: bool = True) -> NoReturn:

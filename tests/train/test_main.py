@@ -689,3 +689,16 @@ def test_hydra_mode_multirun_is_a_sweep_as_minus_m_is(tmp_path: Path) -> None:
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "plan" / "plan.csv").exists()
+
+
+def test_a_relative_calibration_is_recorded_against_the_directory_the_run_started_in(tmp_path: Path) -> None:
+    # The analysis predicts each run from its record's config: `hardware.calibration=cal.json` (README's
+    # own spelling) was recorded as given, so `python -m analysis` run from any other directory read
+    # "cannot be read as a calibration file: No such file" and left every Pred s/it n/a.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "train", "hardware.calibration=cals/cal.json", "hydra.run.dir=run",
+                           "training.train_iters=3", "training.warmup_iters=1", *TINY_RUN],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    record = read_record(tmp_path / "run" / RESULT_FILE)
+    assert record is not None and record["config"]["hardware"]["calibration"] == str(tmp_path / "cals" / "cal.json")
