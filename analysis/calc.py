@@ -182,6 +182,12 @@ def parse_args(argv: Sequence[str]) -> CalcArgs:
     for key, example in (("sec_per_iter", "sec_per_iter=114.11"), ("devices", "devices=384")):
         if key == "sec_per_iter" and predict and key not in own:
             continue
+        if key not in own and predict:
+            # "needs both sec_per_iter and devices" told a predict=true user to give what it does not need.
+            raise CalcError(
+                "devices is missing: predict=true needs devices=<number of devices the layout runs on> (its "
+                "world size, dp x tp x pp), e.g. devices=8; sec_per_iter may be left out."
+            )
         if key not in own:
             raise CalcError(
                 f"{key} is missing: analysis.calc needs both sec_per_iter=<measured seconds per training "

@@ -180,6 +180,8 @@ def test_an_fp32_peak_says_whether_it_is_tf32(capsys: pytest.CaptureFixture[str]
     [
         (["devices=8"], "sec_per_iter", "or predict=true for the time model's seconds"),
         (["sec_per_iter=1"], "devices", "missing"),
+        # With predict=true it said analysis.calc "needs both sec_per_iter=... and devices=...".
+        (["predict=true"], "devices is missing: predict=true needs devices=", "sec_per_iter may be left out"),
         (["sec_per_iter=-3", "devices=8"], "sec_per_iter=-3", "positive"),
         (["sec_per_iter=abc", "devices=8"], "sec_per_iter=abc", "positive"),
         (["sec_per_iter=1", "devices=0"], "devices=0", "positive"),
