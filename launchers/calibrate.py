@@ -380,8 +380,17 @@ def main(
 ) -> int:
     """The CLI's work: compose, calibrate (on Slurm, or `here`), write, print; returns the exit status."""
     from conf import CONFIG_DIR
-    from launchers.compose import FastComposer
+    from launchers.compose import FastComposer, parse_override
+    from launchers.search import CHOSEN_BY_SEARCH
 
+    # The engine only is said to be ignored below: the jobs time GEMMs and links, whatever runs them.
+    pinned = {a: key for a in overrides if (key := parse_override(a).key_or_group) in CHOSEN_BY_SEARCH
+              and key != "parallelism.engine"}  # fmt: skip
+    if pinned:
+        # Replaced on every layout timed, as the layout search replaces them: parallelism.tp=2 timed tp=1's too.
+        narrow = "; ".join(f"{key}: {CHOSEN_BY_SEARCH[key]}" for key in pinned.values())
+        raise ValueError(f"calibrate times the layouts of the search, which sets {' '.join(pinned)} itself on every "
+                         f"one: leave it out and narrow the search instead ({narrow}); nothing was submitted")
     run = FastComposer.from_config_dir(CONFIG_DIR, "config").run_config(list(overrides))
     if problems := search_problems(run.search):
         # What the layout search refuses: an empty list timed no GEMM (a job queued for nothing), a zero

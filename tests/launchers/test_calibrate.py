@@ -214,7 +214,12 @@ def test_jobs_slurm_would_refuse_are_refused_before_either_is_queued(
      (["search.micro_batch_sizes=[0]"], "error: calibrate times the layouts of the search, which cannot search: "
                                         "search.micro_batch_sizes=[0] must be a non-empty list of positive"),
      (["search.micro_batch_sizes=[]"], "error: calibrate times the layouts of the search, which cannot search: "
-                                       "search.micro_batch_sizes=[] must be")],
+                                       "search.micro_batch_sizes=[] must be"),
+     # Replaced on every layout timed: parallelism.tp=2 was accepted without a word and tp=1's shapes timed too.
+     (["parallelism.tp=2", "+parallelism.micro_batch_size=4"],
+      "error: calibrate times the layouts of the search, which sets parallelism.tp=2 +parallelism.micro_batch_size=4 "
+      "itself on every one: leave it out and narrow the search instead (parallelism.tp: search.nodes (every dp x tp x "
+      "pp of their devices is tried); parallelism.micro_batch_size: search.micro_batch_sizes=[N])")],
 )  # fmt: skip
 def test_a_bad_option_is_refused_naming_it_before_any_job(args: list[str], words: str, tmp_path: Path) -> None:
     # --min-seconds -1 or nan was accepted (each figure then timed once, however short); an --out that
