@@ -89,6 +89,7 @@ from train.contract import (
     PLAN_COLUMNS,
     PLAN_FILE,
     RESULT_FILE,
+    SEARCH_FILE,
     LaunchedLayout,
     ManifestEntry,
     ManifestError,
@@ -1301,9 +1302,15 @@ def load_sweeps(sweep_dirs: Sequence[str | Path], *, queue: QueueLookup | None =
                 unread = [w.removesuffix("; ignored") for w in warnings[seen:]]
                 why = f"; {len(unread)} file(s) could not be read: " + "; ".join(unread[:3]) if unread else ""
                 more = f"; and {len(unread) - 3} more" if len(unread) > 3 else ""
+                searched = ""
+                if (d / SEARCH_FILE).exists():
+                    # A layout search that launched nothing (search.top_k=0): the ranking is all there is.
+                    searched = (f"; its {SEARCH_FILE} is a layout search's ranking of its feasible layouts, "
+                            "none launched (search.top_k=0): read it as it is, or search again with search.top_k=N "
+                            "and a launcher (hydra/launcher=plan plans them, slurm measures them)")  # fmt: skip
                 raise AnalysisError(
                     f"sweep directory {d} holds no readable {RESULT_FILE}, {PLAN_FILE} or {MANIFEST_FILE}: "
-                    f"nothing to analyse{why}{more}"
+                    f"nothing to analyse{why}{more}{searched}"
                 )
             frames.append(frame)
         table = pd.concat(frames, ignore_index=True)

@@ -52,6 +52,7 @@ from train.contract import (
     EXPORTED_JOBS_DIR,
     MULTIRUN_FILE,
     RESULT_FILE,
+    SEARCH_FILE,
     ManifestEntry,
     join_overrides,
     read_manifest,
@@ -950,3 +951,23 @@ def test_a_sweep_given_twice_or_inside_another_is_refused(tmp_path: Path) -> Non
     for dirs in ([sweep, Path(f"{sweep}/")], [sweep, sweep / ".." / "s"], [sweep / "inner", sweep]):
         with pytest.raises(AnalysisError, match="give each sweep once"):
             load_sweeps(dirs, queue=None)
+
+
+def test_a_layout_search_that_launched_nothing_is_named_as_such(tmp_path: Path) -> None:
+    # search.top_k=0 leaves the ranking (search.csv) and nothing the analysis reads: it said only "holds no
+    # readable result.json, plan.csv or manifest.jsonl", as of a directory with nothing of megasweep's in it.
+    sweep = tmp_path / "searched"
+    searched = subprocess.run(
+        [sys.executable, "-m", "train", "-m", "hydra/sweeper=layouts", "hydra/launcher=plan", "hardware=a100_80gb",
+         "search.nodes=[1]", "search.top_k=0", "search.show=0", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert searched.returncode == 0 and (sweep / SEARCH_FILE).exists(), searched.stderr
+    with pytest.raises(AnalysisError) as info:
+        load_sweeps([sweep], queue=None)
+    assert str(info.value) == (
+        f"sweep directory {sweep} holds no readable result.json, plan.csv or manifest.jsonl: nothing to analyse; its "
+        "search.csv is a layout search's ranking of its feasible layouts, none launched (search.top_k=0): "
+        "read it as it is, or search again with search.top_k=N and a launcher (hydra/launcher=plan plans them, slurm "
+        "measures them)"
+    )
