@@ -142,6 +142,9 @@ class CalcResult:
     predicted_layout: dict[str, int | str | bool] | None = None
     """The layout predicted: dp, tp, pp, micro_batch_size (auto resolved), virtual_stages, sequence_parallel,
     zero_stage, recompute, offload and the software stack priced (predict=true only)."""
+    prediction_error: float | None = None
+    """predicted_sec_per_iter / sec_per_iter - 1 (fraction; negative: predicted faster than measured), as
+    results.md's Err (analysis.records.prediction_error): predict=true with a measured sec_per_iter only."""
     sec_per_iter_source: str = "measured"
     """'measured': sec_per_iter was given; 'predicted': predict=true without it, so sec_per_iter and every
     figure computed from it (TFLOPs, PFLOPs, MFU, HFU) are the time model's, not a measurement."""
@@ -524,6 +527,8 @@ def _prediction_lines(result: CalcResult) -> list[str]:
         for part, seconds in result.predicted_breakdown.items()
         if seconds > 0
     ]
+    if result.prediction_error is not None:
+        lines.append(f"prediction error     {100 * result.prediction_error:+.1f}% (predicted / measured - 1, as results.md's Err)")
     return lines
 
 
@@ -581,9 +586,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = calculate(
             run, sec_per_iter=seconds, devices=args.devices, convention=args.convention, predicted=not measured
         )
+        # Both given: the figure results.md's Err shows for a measured run, so that one the user measured
+        # elsewhere is judged the same way (it showed the two figures and left the sum to the reader).
+        error = predicted[0] / seconds - 1.0 if measured and predicted[0] is not None else None
         result = replace(
-            result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1], predicted_layout=layout
-        )
+            result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1], predicted_layout=layout,
+            prediction_error=error,
+        )  # fmt: skip
     except CalcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -290,9 +290,15 @@ def test_predict_adds_the_time_model_and_its_breakdown(capsys: pytest.CaptureFix
     # Without a measured time, the figures are those of the predicted one.
     assert out["sec_per_iter"] == out["predicted_sec_per_iter"]
     assert 0 < out["mfu"] < 1
+    assert out["prediction_error"] is None  # nothing measured to judge it by
     assert main([*args[:-1], "sec_per_iter=9.5"]) == 0
     text = capsys.readouterr().out
     assert "predicted s/it" in text and "tp_comm" not in text  # tp=1: no TP all-reduce
+    # With a measured time, the prediction's error as results.md's Err gives it (predicted / measured - 1).
+    error = out["predicted_sec_per_iter"] / 9.5 - 1
+    assert f"prediction error     {100 * error:+.1f}% (predicted / measured - 1" in text
+    assert main([*args, "sec_per_iter=9.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["prediction_error"] == pytest.approx(error)
     assert main([*args[:-2], "predict=maybe", "sec_per_iter=1"]) == 2
     assert "predict is true or false" in capsys.readouterr().err
     assert main(["model=tiny", "devices=1", "predict=true"]) == 2
