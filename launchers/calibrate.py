@@ -43,7 +43,7 @@ from train.planner.calibration import (
 )
 from train.planner.flops import Gemm, head_gemms, layer_gemms
 from train.planner.perf import FORWARD_LAYOUT, backward_gemm_shapes
-from train.planner.search import layouts, search_problems
+from train.planner.search import layouts, search_layouts, search_problems
 from train.planner.sizes import padded_vocab_size
 from train.signals import TERMINAL_STOP_SIGNALS, signals_held, signals_to
 
@@ -397,6 +397,8 @@ def main(
         # micro-batch divided by zero.
         raise ValueError(f"calibrate times the layouts of the search, which cannot search: {'; '.join(problems)}; "
                          "nothing was submitted")  # fmt: skip
+    if why := _nothing_feasible(run):
+        raise ValueError(f"calibrate times the layouts of the search, and {why}; nothing was submitted")
     if run.parallelism.engine == Engine.deepspeed:
         print("calibrate: the engine does not matter here; measuring the GEMMs and links only", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -408,6 +410,20 @@ def main(
     print(format_calibration(cal))
     print(f"calibrate: -> {out} (use it as hardware.calibration={out})")
     return 0
+
+
+def _nothing_feasible(run: RunConfig) -> str:
+    """Why no layout of the search is feasible, with its rules and an example of each; '' when one is.
+    Without it a search.micro_batch_sizes=[64] beside a global batch of 8 queued jobs that timed 42 GEMM
+    shapes for a search that then ranked nothing."""
+    from launchers.search import _why_nothing_ranked
+
+    result = search_layouts(run, run.search)
+    if result.ranked or result.unpredicted:
+        return ""
+    rules = "; ".join(f"[{rule}] {count:,} layout(s), e.g. {result.examples[rule]}"
+                      for rule, count in result.rejected.most_common())  # fmt: skip
+    return _why_nothing_ranked(result, run).replace(" (the rules above, each with an example)", f" ({rules})" if rules else "")
 
 
 __all__ = [

@@ -215,6 +215,9 @@ def test_jobs_slurm_would_refuse_are_refused_before_either_is_queued(
                                         "search.micro_batch_sizes=[0] must be a non-empty list of positive"),
      (["search.micro_batch_sizes=[]"], "error: calibrate times the layouts of the search, which cannot search: "
                                        "search.micro_batch_sizes=[] must be"),
+     # No layout of the search can run: it queued jobs that timed 42 GEMM shapes for a search ranking none.
+     (["search.micro_batch_sizes=[64]"], "error: calibrate times the layouts of the search, and no layout of the "
+                                         "72 tried is feasible ([global_batch_divisible] 72 layout(s), e.g. "),
      # Replaced on every layout timed: parallelism.tp=2 was accepted without a word and tp=1's shapes timed too.
      (["parallelism.tp=2", "+parallelism.micro_batch_size=4"],
       "error: calibrate times the layouts of the search, which sets parallelism.tp=2 +parallelism.micro_batch_size=4 "
