@@ -44,6 +44,7 @@ from conf.schema import (
     TrainingConfig,
     requested_micro_batch,
 )
+from train.planner.calibration import load_calibration
 from train.planner.layout import Layout, LayoutError
 from train.planner.memory import estimated_memory, estimated_variants, predicts_oom, usable_bytes
 from train.planner.micro_batch import resolve_micro_batch
@@ -95,7 +96,7 @@ _MAX_ALTERNATIVES = 12
 
 
 # Advisory identifiers (a layout that runs, with a caveat), in the order `advise` reports them.
-ADVISORIES: tuple[str, ...] = ("tp_across_nodes", "ignored_option")
+ADVISORIES: tuple[str, ...] = ("tp_across_nodes", "ignored_option", "calibration_ranks_per_node")
 
 
 @dataclass(frozen=True)
@@ -1380,7 +1381,33 @@ def advise(run: RunConfig) -> list[Advisory]:
                 "which is this device: it saves no memory (the memory figures count them here) and adds copies.",
             )
         )
+    notes.append(_advise_calibration_ranks(hw))
     return [n for n in notes if n is not None]
+
+
+def _advise_calibration_ranks(hw: HardwareConfig) -> Advisory | None:
+    """A CPU calibration measured with fewer or more ranks a node than hardware.devices_per_node: a CPU
+    rank's speed is its share of the host's cores, which the calibration measured with its own count, so
+    the time model priced 8 ranks a node (cpu.yaml's default) at the speed 2 measured (0.65 s/it predicted
+    where the same file with devices_per_node=2 gave 1.21), and a search ranked impossible nodes first.
+    A GPU's speed does not depend on its neighbours': a file measured on one GPU serves 8-GPU nodes."""
+    if hw.device_type != "cpu" or not hw.calibration or not _is_pos_int(hw.devices_per_node):
+        return None
+    try:
+        measured = sorted({t.tasks_per_node for t in load_calibration(hw.calibration).nodes})
+    except (ValueError, TypeError, KeyError):
+        return None  # the time model says why it cannot read the file, for every row it prices
+    if not measured or hw.devices_per_node in measured:
+        return None
+    counts = ", ".join(map(str, measured))
+    return Advisory(
+        "calibration_ranks_per_node",
+        {"hardware.devices_per_node": hw.devices_per_node, "hardware.calibration": hw.calibration},
+        f"hardware.devices_per_node={hw.devices_per_node} but hardware.calibration={hw.calibration!r} was measured "
+        f"with {counts} rank(s) per node: a CPU rank's speed is its share of the node's cores, so the predicted "
+        f"times price {hw.devices_per_node} ranks a node at the speed of {counts}. Set hardware.devices_per_node="
+        f"{measured[0]} (the calibrated nodes), or calibrate with hardware.devices_per_node={hw.devices_per_node}.",
+    )
 
 
 def _vocab_ok(m: ModelConfig) -> bool:

@@ -426,3 +426,26 @@ def test_a_figure_that_is_no_measurement_is_refused_naming_it(edit: Any, words: 
     bad.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=f"bad.json' is not a calibration file of version 1: {words}; measure again"):
         load_calibration(str(bad))
+
+
+def test_a_cpu_calibration_of_other_ranks_per_node_is_advised_against(tmp_path: Path) -> None:
+    # cpu.yaml's 8 devices a node beside a file measured with 2 ranks a node: each of 8 ranks was priced
+    # at the speed one of 2 measured (its share of the cores), and a search ranked impossible nodes first.
+    from conf.schema import RunConfig
+    from train.planner.rules import ADVISORIES, advise
+
+    path = str(calibration(tmp_path))  # measured with tasks_per_node=2
+    notes = advise(RunConfig(hardware=HardwareConfig(devices_per_node=8, calibration=path)))
+    said = [n for n in notes if n.rule == "calibration_ranks_per_node"]
+    assert len(said) == 1 and "calibration_ranks_per_node" in ADVISORIES
+    assert said[0].fields == {"hardware.devices_per_node": 8, "hardware.calibration": path}
+    assert str(said[0]).startswith(f"[calibration_ranks_per_node] hardware.devices_per_node=8 but hardware.calibration={path!r} "
+                                   "was measured with 2 rank(s) per node")
+    assert "Set hardware.devices_per_node=2" in said[0].message
+    # The calibrated count, a GPU (its speed is its own, whatever its neighbours), a file the time model
+    # cannot read (it says why itself) and no file: nothing to say.
+    for hw in (HardwareConfig(devices_per_node=2, calibration=path),
+               HardwareConfig(name="h100_sxm", device_type="cuda", devices_per_node=8, calibration=path),
+               HardwareConfig(devices_per_node=8, calibration=str(tmp_path / "missing.json")),
+               HardwareConfig(devices_per_node=8)):  # fmt: skip
+        assert not [n for n in advise(RunConfig(hardware=hw)) if n.rule == "calibration_ranks_per_node"], hw
