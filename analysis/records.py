@@ -9,7 +9,8 @@ config becomes one row whose `outcome` is one of OUTCOMES:
                                   without writing one, or a local run killed before it (manifest)
     cancelled                     its Slurm job was cancelled (scancel): its record says so, or Slurm's
                                   CANCELLED does over a `timeout` record (scancel's SIGTERM reads as a
-                                  time limit's to the trainer) or over a missing one
+                                  time limit's to the trainer) or over a missing one; a job Slurm
+                                  PREEMPTED is `timeout` (reason: preempted), as `status`'s preempted
     refused                       sbatch refused the config's job (manifest; reason: Slurm's message)
     interrupted                   a record that says so (Ctrl-C, SIGINT), or a local sweep's config
                                   Ctrl-C stopped before it started (manifest)
@@ -1131,7 +1132,8 @@ def _judge_launched(
     its manifest entry, its record, Slurm's state of its job, its local launcher, a damaged record).
     Where status says failed, a record keeps the kind of failure it names (oom, nan, timeout), and a
     job Slurm ended without one fails as its state says (ended_outcome: OUT_OF_MEMORY is oom). A cancelled
-    one (scancel) is `cancelled`, with a `timeout` record or none, as status says it."""
+    one (scancel) is `cancelled`, with a `timeout` record or none, as status says it; a preempted one
+    `timeout` (status: preempted), its figures partial as a time limit's."""
     launched = df["manifest_index"].notna() & (df["outcome"] != "ok") if "manifest_index" in df.columns else None
     if launched is None or not launched.any():
         return df
@@ -1168,8 +1170,10 @@ def _judge_launched(
     return df
 
 
-_OUTCOME_OF = {"failed": "fail"}
-"""An outcome (OUTCOMES) of a state of launchers.states.judge; every other state is its own outcome."""
+_OUTCOME_OF = {"failed": "fail", "preempted": "timeout"}
+"""An outcome (OUTCOMES) of a state of launchers.states.judge; every other state is its own outcome. A
+preempted run is `timeout`, as a run its time limit stopped: its record keeps the figures it measured
+until the stop (PARTIAL_OUTCOMES), and its reason says it was preempted, not timed out."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -402,10 +402,10 @@ def _status(sweep_dir: str, *, ok_if_failed: bool, poll_s: float | None, skip_ca
             return EXIT_UNFINISHED
         return EXIT_OK
     # Named by their states: an interrupted, cancelled or refused config did not fail, it did not run to the end.
-    counts = {state: sum(1 for s in failed if s.state == state) for state in ("failed", "cancelled", "interrupted",
-                                                                               "refused")}  # fmt: skip
     words = {"failed": "configs failed", "cancelled": "configs cancelled (scancel)",
-             "interrupted": "configs interrupted", "refused": "configs refused by sbatch"}  # fmt: skip
+             "preempted": "configs preempted by Slurm", "interrupted": "configs interrupted",
+             "refused": "configs refused by sbatch"}  # fmt: skip
+    counts = {state: sum(1 for s in failed if s.state == state) for state in words}
     said = ", ".join(f"{n} {words[state]}" for state, n in counts.items() if n)
     if left := sum(1 for s in statuses if s.state in UNFINISHED_STATES):
         said += f" ({left} more still pending or running)"

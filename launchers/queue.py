@@ -11,7 +11,7 @@ time limit appears in sacct once per run, oldest first: the last line is the cur
 States are Slurm's names with any suffix dropped ('CANCELLED by 0' is CANCELLED), and a job squeue
 holds with its reason ('PENDING (Licenses)'; base_state reads the name). What they mean
 for a config without a result.json is decided here too, once: `is_live` (queued or running, a
-result may still come), `is_running`, `is_cancelled`, and `ended_outcome` (the outcome the seeds would
+result may still come), `is_running`, `is_cancelled`, `is_preempted`, and `ended_outcome` (the outcome the seeds would
 write for a job that ended without a record: oom, timeout, cancelled or fail).
 
 Nothing here fails: the tools may be absent (a laptop with a copy of the sweep), the controller
@@ -42,6 +42,7 @@ __all__ = [
     "expand_job_ids",
     "is_cancelled",
     "is_live",
+    "is_preempted",
     "is_running",
     "not_a_time_limit",
     "parse_states",
@@ -72,9 +73,9 @@ the local cluster: `scancel 12_1` of a held array 12_[0-2] left sacct `12_[0,2]|
 and 12_2). Nothing else takes one task out of an array Slurm still holds or accounts, so it reads as
 cancelled; it never ran and never will."""
 ENDED_OUTCOMES = {"OUT_OF_MEMORY": "oom", "TIMEOUT": "timeout", "DEADLINE": "timeout", "CANCELLED": "cancelled",
-                  FORGOTTEN: "cancelled"}  # fmt: skip
-"""A job that ended without a record, as the seeds' tables write it (`cancelled`: by scancel); any other ended
-state is 'fail'."""
+                  FORGOTTEN: "cancelled", "PREEMPTED": "timeout"}  # fmt: skip
+"""A job that ended without a record, as the seeds' tables write it (`cancelled`: by scancel; `timeout`: stopped
+by its time limit or a preemption, as records.PARTIAL_OUTCOMES reads it); any other ended state is 'fail'."""
 
 _ARRAY_RANGE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
 
@@ -110,6 +111,12 @@ def is_cancelled(state: str) -> bool:
     """Whether the job was cancelled (scancel): 'CANCELLED by <uid>' in sacct. Never a GONE task's: that one
     may have been cancelled while pending, or purged from accounting, and nobody can tell which."""
     return base_state(state) == "CANCELLED"
+
+
+def is_preempted(state: str) -> bool:
+    """Whether the job ended preempted (PreemptMode=CANCEL): the cluster took its nodes for another job. A
+    preemption that requeues the job leaves it live (PENDING, REQUEUED) instead."""
+    return base_state(state) == "PREEMPTED"
 
 
 STUCK_REASONS = {

@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
-from launchers.queue import FORGOTTEN, GONE, base_state, is_cancelled, is_live, is_running, not_a_time_limit
+from launchers.queue import (
+    FORGOTTEN,
+    GONE,
+    base_state,
+    is_cancelled,
+    is_live,
+    is_preempted,
+    is_running,
+    not_a_time_limit,
+)
 from train.contract import RESULT_FILE, LocalRun, ManifestEntry, read_local_runs
 
 __all__ = ["CAUSES", "Judged", "asks_slurm", "classify", "judge", "local_launchers", "local_run_state", "process_start"]
@@ -30,8 +39,8 @@ CAUSES: tuple[Cause, ...] = get_args(Cause)
 """What decided a config's state: its manifest entry (skipped, refused, interrupted, killed here); its
 own record; Slurm running an earlier attempt's job again (`requeued`: the record is that attempt's);
 a `timeout` record of a job cancelled or preempted (`stopped`: the state is `cancelled` for a cancelled
-one, as for a record the in-job wrapper marked so or a job cancelled before its record); Slurm's state of a
-job without a record;
+one, as for a record the in-job wrapper marked so or a job cancelled before its record, and `preempted`
+for a preempted one); Slurm's state of a job without a record;
 its local launcher; a record damaged after its run ended; nothing yet (`unknown`: no record, no state)."""
 
 
@@ -102,7 +111,8 @@ def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state
             return Judged("running", f"still running; its {detail}", "requeued")
         if status == "timeout" and slurm_state is not None and (stopped := not_a_time_limit(slurm_state)):
             # The in-job wrapper writes `cancelled` over it when it can; KillWait's SIGKILL may end it first.
-            return Judged("cancelled" if is_cancelled(slurm_state) else "failed", f"{stopped}; {detail}", "stopped")
+            # A preempted run did not fail either: the cluster took its nodes (PreemptMode=CANCEL).
+            return Judged("cancelled" if is_cancelled(slurm_state) else "preempted", f"{stopped}; {detail}", "stopped")
         return Judged("cancelled" if status == "cancelled" else "failed", detail, "record")
     if slurm_state is None:
         if entry.status == "exported" and entry.job_id is None:
@@ -121,6 +131,8 @@ def classify(entry: ManifestEntry, record: Mapping[str, Any] | None, slurm_state
     if is_cancelled(slurm_state):
         # Cancelled before the trainer wrote a record (in its start-up), or its record was lost.
         return Judged("cancelled", "Slurm state CANCELLED (scancel), no result.json", "slurm")
+    if is_preempted(slurm_state):
+        return Judged("preempted", "Slurm state PREEMPTED (the cluster took its nodes), no result.json", "slurm")
     if base_state(slurm_state) == "COMPLETED":
         # The trainer writes result.json before it exits: a job that completed without one ran something else.
         return Judged("failed", "job completed without writing result.json", "slurm")

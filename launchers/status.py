@@ -18,7 +18,11 @@ says so (launchers.job writes it over the trainer's `timeout`: scancel's SIGTERM
 limit's to the trainer), says `timeout` (the wrapper was killed first) or is missing (cancelled in its
 start-up). A pending array task cancelled leaves no trace in Slurm (launchers.queue.FORGOTTEN): it is
 `cancelled` too ("cancelled while pending: Slurm forgot the task") while Slurm knows its array, which
-tells it from a purged job; a job Slurm knows nothing of, nor of its array, is `failed`.
+tells it from a purged job; a job Slurm knows nothing of, nor of its array, is `failed`. A config
+whose job Slurm PREEMPTED (a site's PreemptMode=CANCEL: the cluster took its nodes for another job)
+is `preempted`, its `timeout` record
+(the preemption's SIGTERM reads as a time limit's) or none: it did not fail, and needs no longer time
+limit. A preemption that requeues the job leaves it pending, then running, as any requeue.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its
@@ -37,7 +41,7 @@ record here whose job was given another directory says so in its detail and in a
 table. A job queued there fails before anything of it runs (Slurm cannot open its output), so no
 log of it exists anywhere: that line, not "no result.json", is the cause to read.
 
-`rerun --failed` resubmits the `failed`, `cancelled`, `interrupted` and `refused` configs: a refused
+`rerun --failed` resubmits the `failed`, `cancelled`, `preempted`, `interrupted` and `refused` configs: a refused
 sbatch is a config that did not run, and rerunning it after fixing the cause (a partition back up, a
 quota raised) is what a user wants; an infeasible (`skipped`) config would fail the same way
 again and is left alone. A cancelled config goes again too (the job may have been cancelled to change
@@ -132,10 +136,10 @@ __all__ = [
     "wait_for_sweep",
 ]
 
-STATES = ("pending", "running", "done", "failed", "cancelled", "interrupted", "refused", "skipped")
-RERUN_STATES = frozenset({"failed", "cancelled", "interrupted", "refused"})
+STATES = ("pending", "running", "done", "failed", "cancelled", "preempted", "interrupted", "refused", "skipped")
+RERUN_STATES = frozenset({"failed", "cancelled", "preempted", "interrupted", "refused"})
 """States `rerun --failed` resubmits (see the module docstring)."""
-LOGGED_STATES = ("failed", "cancelled")
+LOGGED_STATES = ("failed", "cancelled", "preempted")
 """States whose log `status` names below its table: where to read why (and how far) the run got."""
 UNFINISHED_STATES = frozenset({"pending", "running"})
 """States of a config whose run is still to come or to end: `status` exits EXIT_UNFINISHED on them,
@@ -269,7 +273,7 @@ def sweep_status(
         slurm = slurm_states.get(e.job_id) if e.job_id else None
         record, foreign, unreadable = _record(sweep_dir, e)
         state, detail, _ = judge(e, record, slurm, local_run=local.get(e.index), unreadable=unreadable)
-        if foreign and state in ("failed", "cancelled", "pending"):
+        if foreign and state in ("pending", *LOGGED_STATES):
             detail = f"{detail}; {foreign}" if detail else foreign
         # A job that wrote, or will write, its record into the directory it was launched into.
         moved = elsewhere.get(e.index) if record is None and state in ("pending", "running", *LOGGED_STATES) else None
@@ -400,14 +404,15 @@ def format_status(
     ]  # fmt: skip
     lines.append(
         f"[{bar}] {finished}/{total} finished: "
-        # Only a local sweep stopped by Ctrl-C has interrupted configs, and only a scancel cancelled ones:
+        # Only a local sweep stopped by Ctrl-C has interrupted configs, only a scancel cancelled ones and
+        # only a cluster that preempts preempted ones:
         # other sweeps' line stays as it was.
         + ", ".join(f"{counts[state]} {state}" for state in STATES if state not in _SHOWN_IF_ANY or counts[state])
     )
     return "\n".join(lines)
 
 
-_SHOWN_IF_ANY = ("cancelled", "interrupted")
+_SHOWN_IF_ANY = ("cancelled", "preempted", "interrupted")
 """States the last line of `status` counts only where some config is in them."""
 
 

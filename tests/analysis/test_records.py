@@ -212,13 +212,14 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     data = fixture()
     for run in data["runs"][:4]:
         run.update(status="timeout", message="received SIGTERM")
+    data["runs"][6].update(status="timeout", message="received SIGTERM", sec_per_iter=300.0, tflops=100.0)
     # Any record of a job waiting to run again is an earlier attempt's (status says pending: it read fail);
     # a running job's failed record other than a stop is this attempt's, written just before its end.
     data["runs"][4].update(status="error", message="NCCL communicator aborted")
     data["runs"][5].update(status="oom", message="CUDA out of memory")
     build_sweep(sweep, data)
     states = {"1000_0": "CANCELLED by 0", "1000_1": "TIMEOUT", "1000_2": "RUNNING", "1000_3": "PENDING",
-              "1000_4": "PENDING (BeginTime)", "1000_5": "RUNNING"}  # fmt: skip
+              "1000_4": "PENDING (BeginTime)", "1000_5": "RUNNING", "1000_6": "PREEMPTED"}  # fmt: skip
     df = load_sweeps([sweep], queue=lambda ids: {i: states[i] for i in ids if i in states}).table.set_index("run_dir")
     assert (df.loc["runs/4", "outcome"], df.loc["runs/4", "queue_state"]) == ("pending", "PENDING (BeginTime)")
     assert df.loc["runs/4", "reason"] == "requeued (PENDING (BeginTime)); the last attempt's result.json status error: NCCL communicator aborted"
@@ -232,6 +233,11 @@ def test_a_timeout_record_of_a_cancelled_or_requeued_job_is_not_a_time_limit(swe
     # Each record kept its two measured iterations: partial figures where the stop stands (a time limit, a
     # cancel), not where the job runs again.
     assert [bool(df.loc[f"runs/{i}", "partial"]) for i in range(4)] == [True, True, False, False]
+    # Preempted (PreemptMode=CANCEL): stopped as by a time limit, its figures partial; it read fail, blank.
+    assert (df.loc["runs/6", "outcome"], df.loc["runs/6", "reason"]) == (
+        "timeout", "preempted (Slurm state PREEMPTED), not a time limit; result.json status timeout: received SIGTERM"
+    )
+    assert df.loc["runs/6", "partial"] and df.loc["runs/6", "sec_per_iter"] > 0
 
 
 def test_a_config_whose_directory_holds_another_configs_record_is_still_listed(sweep: Path) -> None:

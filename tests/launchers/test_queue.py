@@ -19,6 +19,7 @@ from launchers.queue import (
     expand_job_ids,
     is_cancelled,
     is_live,
+    is_preempted,
     is_running,
     parse_states,
     read_states,
@@ -54,6 +55,8 @@ def test_what_a_state_means_for_a_run_without_a_record() -> None:
     assert ended_outcome("TIMEOUT") == ended_outcome("DEADLINE") == "timeout"
     assert ended_outcome("NODE_FAIL") == ended_outcome("COMPLETED") == "fail"
     assert ended_outcome("CANCELLED by 12") == "cancelled" and is_cancelled("CANCELLED by 12")
+    # A preemption (PreemptMode=CANCEL) stops a run as its time limit would: no failure of its config.
+    assert ended_outcome("PREEMPTED") == "timeout" and is_preempted("PREEMPTED") and not is_preempted("REQUEUED")
     assert not is_cancelled("PREEMPTED") and not is_cancelled(GONE)
 
 

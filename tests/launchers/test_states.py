@@ -11,7 +11,7 @@ from pathlib import Path
 
 from analysis.records import load_sweeps
 from launchers.states import judge, process_start
-from launchers.status import sweep_status
+from launchers.status import format_status, sweep_status, unresolved_failures
 from train.contract import RESULT_FILE, LocalRun, ManifestEntry, local_run_path, write_manifest
 
 DEAD_PID = 99999999  # above any pid_max: no process has it
@@ -53,12 +53,14 @@ CASES = [
     (("submitted", None, None, None, "dead queued"), ("interrupted", "interrupted")),
     (("submitted", None, "unreadable", None, "dead queued"), ("interrupted", "interrupted")),  # never begun
     # Cancelled: the record launchers.job marked so, and a job cancelled before the trainer wrote one; a
-    # preemption's `timeout` is no time limit either, yet no cancel.
+    # preemption's `timeout` is no time limit either, yet no cancel: the run is preempted (status; it read
+    # failed) and, to the analysis, stopped as by a time limit (its figures partial; it read fail).
     (("submitted", "9_18", "cancelled", "CANCELLED by 0", None), ("cancelled", "cancelled")),
     (("submitted", "9_19", None, "CANCELLED by 0", None), ("cancelled", "cancelled")),
-    (("submitted", "9_20", "timeout", "PREEMPTED", None), ("failed", "fail")),
+    (("submitted", "9_20", "timeout", "PREEMPTED", None), ("preempted", "timeout")),
+    (("submitted", "9_21", None, "PREEMPTED", None), ("preempted", "timeout")),
     # A pending task scancel took out of its array: Slurm forgot it (launchers.queue.FORGOTTEN), not its array.
-    (("submitted", "9_21", None, "FORGOTTEN", None), ("cancelled", "cancelled")),
+    (("submitted", "9_22", None, "FORGOTTEN", None), ("cancelled", "cancelled")),
 ]
 
 
@@ -121,8 +123,11 @@ def test_status_and_the_analysis_give_every_config_one_state(tmp_path: Path) -> 
     jobs = {job for (_, job, *_), _ in CASES if job is not None}
     assert len(asked) == 1 and set(asked[0]) == jobs - {"9_0", "9_17"}
     # Where Slurm or a launcher decided, the analysis gives status's words.
-    for index in (5, 6, 7, 9, 15, 24, 28, 32, 33):
+    for index in (5, 6, 7, 9, 15, 24, 28, 32, 33, 34):
         assert table.loc[index, "reason"] == by_status[index].detail, index
+    # Counted as preempted, as a state of their own that `rerun --failed` resubmits.
+    assert ", 2 preempted, " in format_status(list(by_status.values())).splitlines()[-1]
+    assert {s.index for s in unresolved_failures(list(by_status.values())) if s.state == "preempted"} == {33, 34}
 
 
 def test_a_record_keeps_its_kind_of_failure_where_status_says_failed() -> None:

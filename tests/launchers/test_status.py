@@ -67,9 +67,12 @@ def test_classify_prefers_result_json_and_falls_back_on_slurm() -> None:
     # Running, the record is this attempt's, written just before its end.
     assert classify(SUBMITTED, {"status": "error", "message": "m"}, "RUNNING")[0] == "failed"
     assert classify(SUBMITTED, None, "STOPPED") == ("running", "", "slurm")  # SIGSTOPped, still Slurm's
-    # Preempted without a requeue: the stopped run recorded `timeout`, which read as a time limit.
+    # Preempted without a requeue: the stopped run recorded `timeout`, which read as a time limit, then as
+    # failed; it is preempted (its figures partial to the analysis), with its record or without one.
     preempted = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "PREEMPTED")
-    assert preempted[0] == "failed" and preempted.cause == "stopped" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
+    assert preempted[0] == "preempted" and preempted.cause == "stopped" and preempted[1].startswith("preempted (Slurm state PREEMPTED), not a time limit")
+    assert classify(SUBMITTED, None, "PREEMPTED")[:2] == (
+        "preempted", "Slurm state PREEMPTED (the cluster took its nodes), no result.json")
     # scancel's SIGTERM reads as a time limit to the trainer; Slurm's state tells them apart.
     cancelled = classify(SUBMITTED, {"status": "timeout", "message": "received SIGTERM"}, "CANCELLED")
     assert cancelled[0] == "cancelled" and cancelled[1].startswith("cancelled (Slurm state CANCELLED), not a time limit")
