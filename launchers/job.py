@@ -21,11 +21,13 @@ Slurm's SIGTERM (a requeue, a preemption, scancel) reaches this wrapper too, and
 do all that; a job cancelled with scancel is not requeued.
 
 Cancelled: scancel's SIGTERM comes without the USR1 warning that precedes a time limit, yet the trainer
-cannot tell it from the time limit's own SIGTERM (or a preemption's) and records `timeout`. Accounting
-knows at once (on the local cluster sacct said CANCELLED within half a second of the scancel, before the
-trainer had written its record), so task 0 asks it once the trainer has exited on a `timeout` record,
-writes `cancelled` over it and says so at the end of the run's log. KillWait's SIGKILL may end this wrapper first: `status` and the analysis read sacct's
-CANCELLED themselves (launchers.states), so they say cancelled either way.
+cannot tell it from the time limit's own SIGTERM (or a preemption's) by the signal. Accounting knows at
+once (on the local cluster sacct said CANCELLED within half a second of the scancel, before the trainer
+had written its record): the trainer asks it before its record and W&B's summary are written
+(train.trainer), and task 0 asks again once the trainer has exited on a `timeout` record (accounting
+slower than the trainer), writes `cancelled` over it and says so at the end of the run's log. KillWait's
+SIGKILL may end this wrapper first: `status` and the analysis read sacct's CANCELLED themselves
+(launchers.states), so they say cancelled either way.
 
 Logs: the trainer's stdout and stderr go to the run directory's own log (train.contract.LOG_FILE
 for srun task 0, rank_log_name(R) for the others), appended attempt after attempt, and the task
@@ -59,6 +61,8 @@ from train.contract import (
     REQUEUE_ADVICE,
     RESULT_FILE,
     attempt_result_name,
+    cancelled_message,
+    cancelled_words,
     rank_log_name,
     write_json_atomic,
 )
@@ -120,15 +124,18 @@ class TrainCommand:
 
     def _say_if_cancelled(self, environ: Mapping[str, str]) -> None:
         """Task 0 of a job its user cancelled (scancel) while the trainer ran without a checkpoint to
-        requeue from: the trainer's `timeout` record becomes `cancelled`, and the log says why (see the
-        module docstring). Slurm is asked only after a `timeout` record: no other stop reads as one."""
+        requeue from: the trainer's `timeout` record becomes `cancelled` (unless the trainer, which asks
+        Slurm too, wrote it so), and the log says why (see the module docstring). Slurm is asked only after
+        a `timeout` record: no other stop reads as one."""
         job, result = slurm_job_id(environ), Path(self.output_dir) / RESULT_FILE
         # A local launch (time_limit_s) stops by its own limit, whatever Slurm allocation it runs inside.
         if self.time_limit_s is not None or not job or _task(environ) != 0:
             return
-        if (_load_record(result) or {}).get("status") != "timeout" or not cancelled(job):
+        status = (_load_record(result) or {}).get("status")
+        if status == "timeout" and cancelled(job):
+            _mark_cancelled(result, job)
+        elif status != "cancelled":  # the trainer asked Slurm itself, when accounting knew in time
             return
-        _mark_cancelled(result, job)
         said = f"{cancelled_words(job)}: it stopped on scancel's SIGTERM, not at a time limit; its record says cancelled"
         print(f"slurm: {said}", file=sys.stderr, flush=True)
         try:
@@ -302,11 +309,6 @@ def _not_requeued(result: Path, log: Path, why: str) -> None:
         write_json_atomic(result, record)
 
 
-def cancelled_words(job: str) -> str:
-    """How the task, the log and the record say that `job` was cancelled."""
-    return f"job {job} was cancelled (scancel)"
-
-
 def _load_record(result: Path) -> dict[str, Any] | None:
     try:
         record = json.loads(result.read_text())
@@ -322,7 +324,7 @@ def _mark_cancelled(result: Path, job: str) -> None:
     if record is None or record.get("status") != "timeout":
         return
     record["status"] = "cancelled"
-    record["message"] = f"{cancelled_words(job)}, not stopped by a time limit: {record.get('message') or 'no message'}"
+    record["message"] = cancelled_message(job, record.get("message"))
     write_json_atomic(result, record)
 
 
@@ -425,13 +427,14 @@ def requeued_by_slurm(job: str, restarts: int) -> bool:
     return match is not None and int(match.group(1)) > restarts
 
 
-def cancelled(job: str) -> bool:
+def cancelled(job: str, *, timeout_s: float = 60.0) -> bool:
     """Whether `job` was cancelled (scancel). Accounting says so as soon as it is; scontrol and squeue
-    show any job being stopped as COMPLETING, whatever stops it. False when sacct does not answer."""
+    show any job being stopped as COMPLETING, whatever stops it. False when sacct does not answer (within
+    `timeout_s` seconds)."""
     try:
         out = subprocess.run(
             ["sacct", "-X", "-n", "-P", "-j", job, "--format=JobID,State"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=timeout_s, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return False

@@ -372,7 +372,8 @@ def _preempted(code: int | None, output_dir: Path) -> bool:
     if code != EXIT_REQUEUE:
         return False
     try:
-        return bool(json.loads((output_dir / RESULT_FILE).read_text()).get("status") == "timeout")
+        # `cancelled`: rank 0 learnt from Slurm that the stop was scancel's (train.trainer._cancelled_instead).
+        return json.loads((output_dir / RESULT_FILE).read_text()).get("status") in ("timeout", "cancelled")
     except (OSError, ValueError):
         return False
 

@@ -67,6 +67,19 @@ RESULT_FILE = "result.json"
 REQUEUE_ADVICE = "requeue to resume"
 """How a record of a run stopped with a checkpoint ends its message (train.preemption): what the
 checkpoint is for. A job that is then not requeued says what resumes it instead (launchers.job)."""
+
+
+def cancelled_words(job: str) -> str:
+    """How a record, the task and the log say that Slurm job `job` was cancelled (scancel)."""
+    return f"job {job} was cancelled (scancel)"
+
+
+def cancelled_message(job: str, message: str | None) -> str:
+    """The message of a `cancelled` record, from the `timeout` one's: scancel's SIGTERM reads as a time
+    limit's to the trainer, and a longer time limit would look like the cure."""
+    return f"{cancelled_words(job)}, not stopped by a time limit: {message or 'no message'}"
+
+
 PLAN_FILE = "plan.csv"
 SEARCH_FILE = "search.csv"
 """The layouts a search ranked (the first search's, when one was added later: see appended_name)."""
@@ -258,8 +271,9 @@ def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> None:
 
 STATUSES = ("ok", "oom", "nan", "error", "timeout", "cancelled", "interrupted")
 """Every value a record's `status` can take (`interrupted`: stopped by Ctrl-C, SIGINT; `cancelled`: its Slurm
-job was cancelled with scancel, whose SIGTERM the trainer cannot tell from a time limit's and records as
-`timeout`: the launcher's in-job wrapper, which asks Slurm once the trainer has exited, writes it over)."""
+job was cancelled with scancel, whose SIGTERM the trainer cannot tell from a time limit's: it asks Slurm's
+accounting before it writes its record (train.trainer), and the launcher's in-job wrapper asks again once the
+trainer has exited and writes it over a `timeout` record, where accounting knew it only later)."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from train.contract import (
     OomReport,
     PeakCalibration,
     RunRecord,
+    cancelled_message,
     oom_report_name,
     read_oom_reports,
     read_record,
@@ -187,7 +188,7 @@ def run_training(
         status, message, failure = _outcome(run, rank=rank, progress=progress, sinks=sinks, output_dir=output_dir)
         if status == "oom":
             write_oom_report(run, rank=rank, progress=progress, output_dir=output_dir, message=message or "")
-        status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank, since=started)
+        status, message = _final_status(progress, output_dir, status, message, rank=rank, since=started)
         progress.warnings += sinks.errors()
         said, record = len(progress.warnings), build_record(
             progress.run or run, rank=rank, progress=progress, status=status, message=message,
@@ -234,7 +235,7 @@ def _write_unless_kept(
     from train.checkpoint import CheckpointMismatch  # DCP stays unimported in runs that never checkpoint
 
     # A stopped run that measured nothing is told by its stop line ("no iteration was measured" adds nothing).
-    stopped_measured = record["status"] in ("timeout", "interrupted") and record.get("measured_iterations")
+    stopped_measured = record["status"] in ("timeout", "cancelled", "interrupted") and record.get("measured_iterations")
     for warning in unsaid if record["status"] == "ok" or stopped_measured else ():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
@@ -286,6 +287,38 @@ def _outcome(
     if status == "nan":
         message = f"loss or gradient norm became NaN/inf at iteration {len(progress.iterations)}; training stopped"
     return status, message, failure
+
+
+CANCEL_QUERY_TIMEOUT_S = 2.0
+"""Longest the trainer waits for sacct to say whether a stopped job was cancelled (seconds); sacct
+answered in well under a second on the local cluster."""
+
+
+def _final_status(
+    progress: Progress, output_dir: Path, status: str, message: str | None, *, rank: Rank, since: datetime
+) -> tuple[str, str | None]:
+    """The record's status and message, once what other ranks and Slurm know of the stop is read:
+    another rank's OOM (_oom_elsewhere), a user's scancel (_cancelled_instead)."""
+    status, message = _oom_elsewhere(progress, output_dir, status, message, rank=rank.global_rank, since=since)
+    return _cancelled_instead(status, message, lead=rank.lead)
+
+
+def _cancelled_instead(status: str, message: str | None, *, lead: bool) -> tuple[str, str | None]:
+    """`cancelled` for a `timeout` of a Slurm job its user cancelled (scancel), whose SIGTERM reads as a time
+    limit's: asked of Slurm's accounting here, before the record and W&B's summary are written, so that both
+    say it. The in-job wrapper (launchers.job) asks again after the trainer's exit, but W&B's run has
+    finished by then: it kept `timeout` while the record said `cancelled`. Other statuses, and runs outside
+    Slurm, as they are; only the rank that writes the record (`lead`) asks."""
+    if status != "timeout" or not lead:
+        return status, message
+    # Imported here: only a stopped run asks, and the trainer imports nothing of the launchers otherwise.
+    from launchers.job import cancelled, slurm_job_id
+
+    job = slurm_job_id(os.environ)
+    # Briefly: Slurm's SIGKILL follows its SIGTERM after KillWait (30 s by default, 5 s on the local
+    # cluster), and a slow slurmdbd must not cost the record; the wrapper asks again, for longer.
+    asked = bool(job) and cancelled(job, timeout_s=CANCEL_QUERY_TIMEOUT_S)
+    return ("cancelled", cancelled_message(job, message)) if asked else (status, message)
 
 
 def write_oom_report(run: RunConfig, *, rank: Rank, progress: Progress, output_dir: Path, message: str) -> None:
@@ -583,7 +616,8 @@ def record_termination(run: RunConfig, *, output_dir: Path, overrides: Sequence[
     ranks left) got there first; the iterations it saw are kept."""
     path = Path(output_dir) / RESULT_FILE
     record = _read_record(path) or _new_record(run, overrides, status="timeout")
-    if record.get("status") != "timeout" or not record.get("message"):
+    # Rank 0's `cancelled` (it asked Slurm: train.trainer._cancelled_instead) says more than a timeout.
+    if record.get("status") not in ("timeout", "cancelled") or not record.get("message"):
         record["status"] = "timeout"
         record["message"] = (
             f"received SIGTERM; stopped after {int(record.get('iterations_run') or 0)} iterations, "

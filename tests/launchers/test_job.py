@@ -252,3 +252,32 @@ def test_a_run_cancelled_while_it_trains_says_cancelled_in_its_record_log_status
     assert analysis.returncode == EXIT_FAILED, analysis.stdout + analysis.stderr  # ended, nothing to recommend
     assert "1 configs: 1 cancelled; 1 stopped run(s) with partial figures" in analysis.stdout, analysis.stdout
     assert "cancelled (partial)" in (out / "results.md").read_text()
+
+
+def test_a_run_cancelled_while_it_logs_offline_to_wandb_says_cancelled_there_too(
+    slurm_cluster: SlurmClusterInfo, tmp_path: Path
+) -> None:
+    """The wrapper wrote `cancelled` over the record once the trainer had exited, but W&B's run had
+    finished by then with the trainer's `timeout` in its summary (and with logger=offline, scancel's
+    SIGTERM reaches wandb's service too: the run moved offline again and the wrapper was SIGKILLed, so the
+    record kept `timeout` as well). The trainer asks Slurm before it writes either: both say cancelled."""
+    from analysis.wandb_io import read_offline_runs
+
+    sweep_dir = tmp_path / "sweep"
+    sweep(sweep_dir, "logger=offline", "training.train_iters=200", f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5")
+    (entry,) = read_manifest(sweep_dir)
+    job = str(entry.job_id)
+    log = sweep_dir / entry.output_dir / LOG_FILE
+    try:
+        wait_until("iteration 3", lambda: log.exists() and "iteration        3/" in log.read_text(errors="replace"), 300)
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        wait_until("the record", lambda: (result(sweep_dir, entry) or {}).get("status") in ("timeout", "cancelled"), 60)
+        wait_until("the job to end", lambda: not is_live(read_states([job]).get(job, "RUNNING")), 60)
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    record = result(sweep_dir, entry) or {}
+    assert record["status"] == "cancelled", record.get("message")
+    (run,) = read_offline_runs([sweep_dir / entry.output_dir])
+    assert (run.summary["status"], run.summary["message"]) == ("cancelled", record["message"]), run.summary
+    assert run.summary["measured_iterations"] == record["measured_iterations"] >= 2
+    assert run.state == "failed"  # W&B's exit code: not a finished run
