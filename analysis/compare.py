@@ -109,6 +109,7 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape
     if "sec_cv" not in side.columns:
         side["sec_cv"] = math.nan
     side["_ok"] = side["outcome"] == "ok"
+    side["partial"] = side["partial"].fillna(False).astype(bool) if "partial" in side.columns else False
     side = side.sort_values([key, "_ok", "sec_per_iter"], ascending=[True, False, True], kind="mergesort")
     first = side.drop_duplicates(key, keep="first").set_index(key)
     measured = side[side["_ok"] & (side["sec_per_iter"] > 0)]
@@ -126,7 +127,7 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape
         first["seq_length"] = seq.groupby(df[key]).first()
     first["label"] = _label(first, how, sequence=sequence, shape=shape)
     layout = ["layout_key"] if "layout_key" in first.columns else []
-    return first[["outcome", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs", *layout]]
+    return first[["outcome", "partial", "sec_per_iter", "tflops", "sec_cv", "runs", "label", "nodes", "dp", "tp", "pp", "mbs", "gbs", *layout]]
 
 
 def _geomean(ratios: pd.Series) -> float | None:
@@ -203,6 +204,10 @@ def compare_sweeps(before: pd.DataFrame, after: pd.DataFrame, *, match: str = "a
             **{c: pd.to_numeric(v, errors="coerce").astype("Int64") for c, v in either.items()},
             "outcome_before": joined["outcome_before"],
             "outcome_after": joined["outcome_after"],
+            # As results.csv's `partial`: a side's figures are a stopped run's, of the iterations it
+            # measured before the stop (records.PARTIAL_OUTCOMES), not a finished run's.
+            "partial_before": joined["partial_before"].astype(bool),
+            "partial_after": joined["partial_after"].astype(bool),
             "sec_before": joined["sec_per_iter_before"],
             "sec_after": joined["sec_per_iter_after"],
             # Only where both sides finished: a timeout or an interrupted run keeps the medians of the

@@ -72,6 +72,9 @@ def test_a_run_that_did_not_finish_gets_no_ratio_and_stays_out_of_the_mean(tmp_p
     c = compare_sweeps(before, after)
     row = c.table[c.table["outcome_after"] == "timeout"].iloc[0]
     assert row["dp"] == 4 and row["pp"] == 12 and row["sec_after"] == 400.0
+    # compare.csv carried 400 s/it with nothing to say it was partial (results.csv had `partial`).
+    assert (row["partial_before"], row["partial_after"]) == (False, True)
+    assert not c.table.loc[c.table["outcome_after"] == "ok", ["partial_before", "partial_after"]].to_numpy().any()
     assert pd.isna(row["sec_ratio"]) and pd.isna(row["tflops_ratio"])
     assert c.sec_ratio_geomean == pytest.approx(0.8, abs=1e-4)
     assert c.tflops_ratio_geomean == pytest.approx(1.25, abs=1e-3)
@@ -302,5 +305,6 @@ def test_compare_cli_errors_and_integer_counts(sweeps: tuple[Path, Path], tmp_pa
     assert missing.returncode == 2 and "did you mean" not in missing.stderr, missing.stderr
     assert cli(str(before), str(after), "-o", str(tmp_path / "cmp")).returncode == 0
     rows = pd.read_csv(tmp_path / "cmp" / "compare.csv", dtype=str)
+    assert rows.columns[rows.columns.get_loc("outcome_after") + 1:][:2].tolist() == ["partial_before", "partial_after"]
     # Counts are whole numbers in every CSV file (README), not "8.0".
     assert rows["dp"].dropna().str.fullmatch(r"\d+").all() and rows["gbs"].dropna().str.fullmatch(r"\d+").all()
