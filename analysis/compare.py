@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.recommend import change_text, model_shapes, pooled_cv, rate_at_median_time
-from analysis.records import NOT_RUN, value_texts
+from analysis.records import NOT_RUN, shown_figures, value_texts
 from analysis.tables import OUTCOME_TEXT, format_sec, format_size, format_tflops, markdown_table
 
 MATCH_KEYS = {"overrides": "config_key", "layout": "layout_key"}
@@ -110,6 +110,9 @@ def _side(df: pd.DataFrame, key: str, how: str, *, sequence: bool = False, shape
         side["sec_cv"] = math.nan
     side["_ok"] = side["outcome"] == "ok"
     side["partial"] = side["partial"].fillna(False).astype(bool) if "partial" in side.columns else False
+    # A failed run's figures (of the iterations before it broke) are no side's, as in results.csv.
+    speed = ["sec_per_iter", "tflops", "sec_cv"]
+    side[speed] = side[speed].where(shown_figures(side), np.nan)
     side = side.sort_values([key, "_ok", "sec_per_iter"], ascending=[True, False, True], kind="mergesort")
     first = side.drop_duplicates(key, keep="first").set_index(key)
     measured = side[side["_ok"] & (side["sec_per_iter"] > 0)]

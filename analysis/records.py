@@ -86,6 +86,7 @@ from launchers.states import asks_slurm, judge, local_launchers
 from train.contract import (
     EARLIER_MULTIRUN_FILE,
     MANIFEST_FILE,
+    MEDIAN_FIELDS,
     MULTIRUN_FILE,
     PLAN_COLUMNS,
     PLAN_FILE,
@@ -131,6 +132,10 @@ scancel; Ctrl-C, SIGINT). Its record keeps the medians of the iterations it meas
 finished run's are (train.trainer._figures): what the config ran at until the stop, which the tables
 show marked partial (`partial`). A run that ran out of memory, diverged or failed broke on its config
 or a fault, and its figures are not shown."""
+SPEED_COLUMNS = ("sec_per_iter", "sec_cv", "pred_error", "tflops", "mfu", "pflops", "samples_per_s")
+"""CORE_COLUMNS that are a run's speed, measured (and pred_error, measured against the prediction): with
+train.contract.MEDIAN_FIELDS, the figures results.csv leaves blank where the tables show none (a failed
+run's: OOM, NaN, error; a stopped run's below MIN_PARTIAL_ITERATIONS), see write_results_csv."""
 MIN_PARTIAL_ITERATIONS = 2
 """Measured iterations a stopped run needs for its partial figures to be shown: one iteration is a
 lone sample with no spread (the record's CV needs two, train.metrics.spread), so nothing tells a
@@ -1391,12 +1396,19 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
     """results.csv: every column; list-valued cells (losses, overrides) as JSON text, and counts
     (whole_number_columns) as integers, '2' and not '2.0', missing ones empty.
 
+    A row's speed (SPEED_COLUMNS, and the record's own train.contract.MEDIAN_FIELDS) is given where the
+    tables show it, a finished run's (`ok`) or a stopped run's (`partial`), and blank elsewhere: a run that
+    ran out of memory, diverged or failed measured its iterations before it broke, and results.csv gave
+    them as a finished run's (partial=False), for a filter or a sort on sec_per_iter or mfu to pick. Its
+    result.json (run_dir) keeps them; memory (mem_gib, the peak so far) stays, as the memory plot draws it.
+
     The text is DataFrame.to_csv's of the table with those counts as Int64 (index left out, missing
     values empty, floats as repr writes them, minimal quoting). Built a column at a time, each
     distinct value's text made once (a sweep's columns repeat a few values), and the lines joined
     from those texts: to_csv converts and writes 10,000 rows of ~170 columns in slices, and even the
     csv module, fed every cell, took 0.68 s of CPU for them here against 0.40 s.
     """
+    df = _speed_where_shown(df)
     whole = set(whole_number_columns(df))
     texts = [_csv_texts(df.iloc[:, i], whole=df.columns[i] in whole) for i in range(df.shape[1])]
     columns = [c for c in texts if c is not None]
@@ -1415,6 +1427,24 @@ def write_results_csv(df: pd.DataFrame, path: Path) -> Path:
             f.write("\n".join(map(",".join, zip(*columns, strict=True))))
             f.write("\n")
     return path
+
+
+def shown_figures(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's measured figures are ones the tables show: a finished run's, or a stopped
+    run's partial ones (partial_rows)."""
+    partial = df["partial"].fillna(False).astype(bool) if "partial" in df.columns else False
+    return (df["outcome"] == "ok") | partial
+
+
+def _speed_where_shown(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its speed columns blank in the rows whose figures no table shows (write_results_csv)."""
+    if "outcome" not in df.columns:
+        return df
+    shown = shown_figures(df)
+    if shown.all():
+        return df
+    names = [n for n in dict.fromkeys((*SPEED_COLUMNS, *MEDIAN_FIELDS)) if n in df.columns]
+    return df.assign(**{n: df[n].where(shown) for n in names})
 
 
 def _csv_texts(column: pd.Series, *, whole: bool = False) -> list[str] | None:
@@ -1517,6 +1547,7 @@ __all__ = [
     "NOT_RUN",
     "OUTCOMES",
     "PARTIAL_OUTCOMES",
+    "SPEED_COLUMNS",
     "AnalysisError",
     "QueueLookup",
     "Sweeps",
@@ -1527,6 +1558,7 @@ __all__ = [
     "overrides_key",
     "partial_rows",
     "resumed_rows",
+    "shown_figures",
     "prediction_error",
     "read_records",
     "sweep_labels",

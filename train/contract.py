@@ -276,6 +276,13 @@ accounting before it writes its record (train.trainer), and the launcher's in-jo
 trainer has exited and writes it over a `timeout` record, where accounting knew it only later)."""
 
 
+MEDIAN_FIELDS = ("sec_per_iter", "sec_per_iter_min", "sec_per_iter_max", "sec_per_iter_cv", "samples_per_s",
+                 "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_hardware",
+                 "tflops_per_device_megatron_eq3", "mfu", "hfu")  # fmt: skip
+"""RunRecord's figures of the measured iterations (their medians and spread, train.trainer._figures): the
+run's speed, which a record of any status holds for the iterations it measured before its end."""
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """Everything result.json holds about one run (one record per run, whatever its outcome)."""

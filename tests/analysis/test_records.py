@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.compare import compare_sweeps
 from analysis.recommend import format_recommendations, recommend
 from analysis.records import (
     CORE_COLUMNS,
@@ -725,6 +726,35 @@ def test_a_stopped_run_that_measured_iterations_is_partial_in_results_csv(tmp_pa
     # What scripts want of finished runs is still outcome == ok; of every measurement, ok or partial.
     measured = df[(df["outcome"] == "ok") | df["partial"]]
     assert sorted(measured["sec_per_iter"]) == [150.0, 172.36, 180.0, 207.92]
+
+
+def test_a_failed_runs_speed_is_blank_in_results_csv_and_compare(tmp_path: Path) -> None:
+    # An OOM, a NaN and an error after measured iterations (the trainer records their medians, as
+    # a NaN run of the tiny model did: sec_per_iter 0.075 with status nan). results.csv gave them as a
+    # finished run's, partial=False, for a sort on sec_per_iter or a filter on mfu to pick; and compare.csv
+    # as that config's side. Blank now wherever the tables show none (a stop after 1 measured iteration too).
+    data = stopped_sweep_data()
+    failed = {"n48_pp6_mbs2": ("oom", "CUDA out of memory"), "n48_pp12_mbs2": ("nan", "loss became NaN"),
+              "n44_pp11_mbs2": ("error", "NCCL communicator aborted")}  # fmt: skip
+    for run in data["runs"]:
+        if run["name"] in failed:
+            run.update(status=failed[run["name"]][0], message=failed[run["name"]][1], sec_per_iter=90.0, tflops=300.0)
+    df = load_sweeps([build_sweep(tmp_path / "s", data)], queue=None).table
+    assert (df.loc[df["outcome"].isin(["oom", "nan", "fail"]), "sec_per_iter"] == 90.0).all()  # the table keeps them
+    write_results_csv(df, tmp_path / "results.csv")
+    with open(tmp_path / "results.csv", newline="") as f:
+        rows = {r["outcome"]: r for r in csv.DictReader(f) if r["outcome"] != "timeout" or r["measured_iterations"] == "1"}
+    speed = ("sec_per_iter", "sec_cv", "tflops", "mfu", "pflops", "samples_per_s", "tflops_per_device", "hfu",
+             "sec_per_iter_min", "tokens_per_s_per_device")  # fmt: skip
+    for outcome in ("oom", "nan", "fail", "timeout"):
+        assert rows[outcome]["partial"] == "False" and rows[outcome]["measured_iterations"] not in ("", "0"), outcome
+        assert [rows[outcome][c] for c in speed] == [""] * len(speed), (outcome, rows[outcome]["sec_per_iter"])
+    assert rows["oom"]["mem_gib"] != "" and rows["oom"]["max_mem_gib"] != ""  # its peak so far stays
+    assert rows["ok"]["sec_per_iter"] == "207.92" and rows["ok"]["tflops_per_device"] != ""
+    # compare: the failed side has no figures either.
+    c = compare_sweeps(df, df)
+    oom = c.table[c.table["outcome_before"] == "oom"].iloc[0]
+    assert pd.isna(oom["sec_before"]) and pd.isna(oom["tflops_after"])
 
 
 def test_a_stopped_runs_record_that_does_not_say_how_many_it_measured_is_not_partial(tmp_path: Path) -> None:

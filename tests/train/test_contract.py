@@ -16,9 +16,11 @@ from train import contract
 from train.contract import (
     ENTRY_STATUSES,
     EXPORTED_JOBS_DIR,
+    MEDIAN_FIELDS,
     LaunchedLayout,
     ManifestEntry,
     ManifestError,
+    RunRecord,
     append_manifest,
     join_overrides,
     read_manifest,
@@ -273,3 +275,9 @@ def test_a_tool_whose_reader_went_away_exits_141_quietly(tmp_path: Path) -> None
 def test_plan_csv_overrides_read_back_as_written(overrides: list[str]) -> None:
     # A value holding spaces (quoted, a list, an interpolation) was cut apart where it was read.
     assert split_overrides(join_overrides(overrides)) == overrides
+
+
+def test_the_median_fields_are_the_records_own() -> None:
+    # results.csv blanks them by name for a failed run: a renamed record field would stay behind.
+    fields = {f.name for f in dataclasses.fields(RunRecord)}
+    assert set(MEDIAN_FIELDS) <= fields and len(set(MEDIAN_FIELDS)) == len(MEDIAN_FIELDS)
