@@ -20,9 +20,9 @@ start-up). A pending array task cancelled leaves no trace in Slurm (launchers.qu
 `cancelled` too ("cancelled while pending: Slurm forgot the task") while Slurm knows its array, which
 tells it from a purged job; a job Slurm knows nothing of, nor of its array, is `failed`. A config
 whose job Slurm PREEMPTED (a site's PreemptMode=CANCEL: the cluster took its nodes for another job)
-is `preempted`, its `timeout` record
-(the preemption's SIGTERM reads as a time limit's) or none: it did not fail, and needs no longer time
-limit. A preemption that requeues the job leaves it pending, then running, as any requeue.
+is `preempted`, with its `timeout` record (the preemption's SIGTERM reads as a time limit's) or none:
+it did not fail, and needs no longer time limit. A preemption that requeues the job leaves it
+pending, then running, as any requeue.
 
 A config whose sbatch Slurm refused is `refused` (Slurm's message as detail): it never ran.
 A config of a local sweep stopped by Ctrl-C is `interrupted`: the one running then (its
