@@ -97,6 +97,8 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
     """The finished, timed runs of the sweeps, predicted; and why others were left out."""
     out: list[Point] = []
     skipped: list[str] = []
+    # One line per reason, not per record: a CPU sweep's every record gave the same 400-character line.
+    unpredicted: dict[str, list[Path]] = {}
     # Runs of one layout repeat across and within sweeps: the directory tells their rows apart.
     several = len(sweep_dirs) > 1
     for sweep, sweep_label in zip(sweep_dirs, sweep_labels(sweep_dirs), strict=True):
@@ -120,8 +122,7 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
                 parts = predict_time(run.model, run.parallelism, run.hardware, dp=dp).parts
             except (UnknownHardwareFigure, OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
                 # omegaconf's messages run over several lines (key, type, value): the first says it.
-                why = str(exc).partition("\n")[0]
-                skipped.append(f"{path}: the record's config cannot be predicted ({why}); ignored")
+                unpredicted.setdefault(str(exc).partition("\n")[0], []).append(path)
                 continue
             p = run.parallelism
             label = f"{run.model.name} dp{dp} tp{p.tp} pp{p.pp} mbs{p.micro_batch_size} {p.recompute.value}"
@@ -132,6 +133,9 @@ def points(sweep_dirs: Sequence[Path]) -> tuple[list[Point], list[str]]:
             if several:
                 where = sweep_label if where == "." else f"{sweep_label}/{where}"
             out.append(Point(str(path.parent), label, _groups(parts), float(measured), where))
+    for why, paths in unpredicted.items():
+        more = f" and {len(paths) - 1} other record(s)" if len(paths) > 1 else ""
+        skipped.append(f"{paths[0]}{more}: the record's config cannot be predicted ({why}); ignored")
     return out, skipped
 
 

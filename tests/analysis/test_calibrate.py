@@ -73,6 +73,23 @@ def test_unreadable_records_are_skipped_with_one_warning_each(
     assert "'wide'" in err
 
 
+def test_records_that_cannot_be_predicted_for_one_reason_are_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A CPU sweep's every record gave the same ~400-character "cannot be predicted" line (6 of them).
+    write_sweep(tmp_path / "s")
+    for i in range(3):
+        record = json.loads((tmp_path / "s" / "0" / RESULT_FILE).read_text())
+        record["config"]["hardware"]["peak_tflops_bf16"] = None  # the time model needs the peak
+        (tmp_path / "s" / f"cpu{i}").mkdir()
+        (tmp_path / "s" / f"cpu{i}" / RESULT_FILE).write_text(json.dumps(record))
+    data, skipped = points([tmp_path / "s"])
+    assert len(data) == len(LAYOUTS)
+    assert len(skipped) == 1, skipped
+    assert skipped[0].startswith(f"{tmp_path / 's' / 'cpu0' / RESULT_FILE} and 2 other record(s): the record's "
+                                 "config cannot be predicted (")  # fmt: skip
+
+
 def test_an_unwritable_json_path_is_refused_before_the_fit_is_printed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
