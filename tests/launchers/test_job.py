@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,6 +26,7 @@ from train.contract import (
     LOG_FILE,
     RESULT_FILE,
     SUBMITIT_DIR,
+    ManifestEntry,
     attempt_result_name,
     read_manifest,
 )
@@ -190,6 +191,24 @@ def test_a_local_launchs_command_carries_its_time_limit_and_a_slurm_ones_does_no
     assert command_for(spec, settings, tmp_path).time_limit_s is None
 
 
+def _scancel_after_iteration_3(sweep_dir: Path, *overrides: str) -> tuple[ManifestEntry, dict[str, Any]]:
+    """A one-config sweep that runs 0.5 s iterations (200 of them: far from its end), cancelled with
+    scancel once it logged iteration 3; its manifest entry and record once the job has ended."""
+    sweep(sweep_dir, *overrides, "training.train_iters=200", f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5")
+    (entry,) = read_manifest(sweep_dir)
+    job = str(entry.job_id)
+    log = sweep_dir / entry.output_dir / LOG_FILE
+    try:
+        # Other jobs may hold the cores a while: as long as the fault tests wait.
+        wait_until("iteration 3", lambda: log.exists() and "iteration        3/" in log.read_text(errors="replace"), 300)
+        subprocess.run(["scancel", job], check=True, timeout=30)
+        wait_until("the record", lambda: (result(sweep_dir, entry) or {}).get("status") in ("timeout", "cancelled"), 60)
+        wait_until("the job to end", lambda: not is_live(read_states([job]).get(job, "RUNNING")), 60)
+    finally:
+        subprocess.run(["scancel", job], check=False, timeout=30)
+    return entry, result(sweep_dir, entry) or {}
+
+
 def test_a_local_run_stopped_with_a_checkpoint_is_not_requeued_through_slurm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -219,20 +238,9 @@ def test_a_run_cancelled_while_it_trains_says_cancelled_in_its_record_log_status
     cancelled or failed. The wrapper asks sacct once the trainer has exited and writes `cancelled` over
     the record; the log's last line says why; status and the analysis say cancelled too."""
     sweep_dir = tmp_path / "sweep"
-    # 0.5 s per iteration: the scancel finds it training; 200 iterations are far from its end.
-    sweep(sweep_dir, "training.train_iters=200", f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5")
-    (entry,) = read_manifest(sweep_dir)
+    entry, record = _scancel_after_iteration_3(sweep_dir)
     job = str(entry.job_id)
     log = sweep_dir / entry.output_dir / LOG_FILE
-    try:
-        # Other jobs may hold the cores a while: as long as the fault tests wait.
-        wait_until("iteration 3", lambda: log.exists() and "iteration        3/" in log.read_text(errors="replace"), 300)
-        subprocess.run(["scancel", job], check=True, timeout=30)
-        wait_until("the record", lambda: (result(sweep_dir, entry) or {}).get("status") in ("timeout", "cancelled"), 60)
-        wait_until("the job to end", lambda: not is_live(read_states([job]).get(job, "RUNNING")), 60)
-    finally:
-        subprocess.run(["scancel", job], check=False, timeout=30)
-    record = result(sweep_dir, entry) or {}
     assert record["status"] == "cancelled", record.get("message")
     assert record["message"].startswith(f"job {job} was cancelled (scancel), not stopped by a time limit: received SIGTERM")
     assert record["measured_iterations"] >= 2  # its figures so far stay, as a time limit's do
@@ -264,18 +272,7 @@ def test_a_run_cancelled_while_it_logs_offline_to_wandb_says_cancelled_there_too
     from analysis.wandb_io import read_offline_runs
 
     sweep_dir = tmp_path / "sweep"
-    sweep(sweep_dir, "logger=offline", "training.train_iters=200", f"+cluster.env.{SLOW_FIRST_ATTEMPT_ENV}=0.5")
-    (entry,) = read_manifest(sweep_dir)
-    job = str(entry.job_id)
-    log = sweep_dir / entry.output_dir / LOG_FILE
-    try:
-        wait_until("iteration 3", lambda: log.exists() and "iteration        3/" in log.read_text(errors="replace"), 300)
-        subprocess.run(["scancel", job], check=True, timeout=30)
-        wait_until("the record", lambda: (result(sweep_dir, entry) or {}).get("status") in ("timeout", "cancelled"), 60)
-        wait_until("the job to end", lambda: not is_live(read_states([job]).get(job, "RUNNING")), 60)
-    finally:
-        subprocess.run(["scancel", job], check=False, timeout=30)
-    record = result(sweep_dir, entry) or {}
+    entry, record = _scancel_after_iteration_3(sweep_dir, "logger=offline")
     assert record["status"] == "cancelled", record.get("message")
     (run,) = read_offline_runs([sweep_dir / entry.output_dir])
     assert (run.summary["status"], run.summary["message"]) == ("cancelled", record["message"]), run.summary
