@@ -424,8 +424,8 @@ def _more_line(rows: int, limit: int | None, where: str) -> str:
 
 def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
     """What is not there yet: the configs still pending or running, with their job ids, directories and
-    layouts (as the launch composed them: records.py reads them from the manifest) (the first `limit` of
-    them, and how many more; None: all)."""
+    layouts (as the launch composed them: records.py reads them from the manifest) and, where the launch
+    knows it, why they have no job or record yet (the first `limit` of them, and how many more; None: all)."""
     missing = df[df["outcome"].isin(MISSING)]
     if missing.empty:
         planned = int((df["outcome"] == "planned").sum())
@@ -444,9 +444,15 @@ def missing_markdown(df: pd.DataFrame, *, limit: int | None = None) -> str:
             "Overrides": _escape(missing["config_key"].astype(str)),
         }
     )
+    # Why a config has no job or record, where the launch knows (an exported script nobody submitted yet,
+    # a local config queued behind another): it read `pending` beside an empty Job cell, where status
+    # said "no job started yet (exported to <script>, array task 0)". Slurm's pending jobs have their state.
+    why = missing["reason"].fillna("").astype(str) if "reason" in missing.columns else pd.Series("", index=missing.index)
+    if (why != "").any():
+        table["Why"] = _escape(why.map(lambda r: r if len(r) <= _MAX_REASON else r[: _MAX_REASON - 3] + "..."))
     if df["sweep"].nunique() > 1:
         table.insert(0, "Sweep", missing["sweep"].astype(str).to_numpy())
-    left = ("Sweep", "State", "Job", "Dir", "Overrides")
+    left = ("Sweep", "State", "Job", "Dir", "Overrides", "Why")
     return markdown_table(table.reset_index(drop=True), left=tuple(c for c in table.columns if c in left)) + more
 
 

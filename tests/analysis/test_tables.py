@@ -372,6 +372,26 @@ def test_pred_and_err_columns_beside_the_measurement(tmp_path: Path) -> None:
     assert "n/a" not in _markdown(tmp_path / "s")
 
 
+def test_the_missing_table_says_why_an_exported_config_has_no_job(tmp_path: Path) -> None:
+    # `pending` beside an empty Job cell, where status said "no job started yet (exported to ...)".
+    from analysis.tables import missing_markdown
+    from train.contract import ManifestEntry, write_manifest
+
+    sweep = tmp_path / "s"
+    sweep.mkdir()
+    write_manifest([ManifestEntry(i, ("model=tiny", f"training.lr={lr}"), str(i), "exported",
+                                  f"exported to /x/lr.sbatch, array task {i}") for i, lr in enumerate(("1e-4", "2e-4"))],
+                   sweep / "manifest.jsonl")  # fmt: skip
+    lines = missing_markdown(load_sweeps([sweep], queue=None).table).splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")][-2:] == ["Overrides", "Why"], lines[0]
+    for i in (0, 1):
+        assert lines[2 + i].startswith("| pending |") and lines[2 + i].rstrip().endswith(
+            f"| no job started yet (exported to /x/lr.sbatch, array task {i}) |"), lines[2 + i]
+    # A Slurm job's pending row has its job and state, and no Why column (the golden sweep's).
+    golden = missing_markdown(load_sweeps([build_sweep(tmp_path / "g")], queue=None).table)
+    assert "Why" not in golden.splitlines()[0]
+
+
 def test_console_listings_are_bounded_and_say_where_the_rest_is(tmp_path: Path) -> None:
     from analysis.tables import missing_markdown, planned_markdown
 
