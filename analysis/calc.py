@@ -36,7 +36,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -71,7 +71,7 @@ from train.planner.flops import (
 from train.planner.layout import Layout
 from train.planner.memory import Stack, stack_of
 from train.planner.perf import UnknownHardwareFigure, predict_time
-from train.planner.rules import resolve_auto_micro_batch, validate
+from train.planner.rules import advise, resolve_auto_micro_batch, validate
 from train.planner.sizes import total_params
 
 STACKS = tuple(s.value for s in Stack)
@@ -145,6 +145,10 @@ class CalcResult:
     prediction_error: float | None = None
     """predicted_sec_per_iter / sec_per_iter - 1 (fraction; negative: predicted faster than measured), as
     results.md's Err (analysis.records.prediction_error): predict=true with a measured sec_per_iter only."""
+    advisories: list[str] = field(default_factory=list)
+    """The planner's notes on the predicted layout (train.planner.rules.advise, as the dry run's table shows
+    them: '[rule] why'): a cost the user may not intend, such as a CPU calibration measured with another
+    number of ranks per node (predict=true only)."""
     sec_per_iter_source: str = "measured"
     """'measured': sec_per_iter was given; 'predicted': predict=true without it, so sec_per_iter and every
     figure computed from it (TFLOPs, PFLOPs, MFU, HFU) are the time model's, not a measurement."""
@@ -529,6 +533,7 @@ def _prediction_lines(result: CalcResult) -> list[str]:
     ]
     if result.prediction_error is not None:
         lines.append(f"prediction error     {100 * result.prediction_error:+.1f}% (predicted / measured - 1, as results.md's Err)")
+    lines += [f"note                 {note}" for note in result.advisories]
     return lines
 
 
@@ -576,10 +581,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_layout(run, args.devices)
         predicted: tuple[float | None, dict[str, float] | None] = (None, None)
         layout: dict[str, int | str | bool] | None = None
+        notes: list[str] = []
         if args.predict:
             run = planned_layout(run, args.devices, args.stack)
             predicted = predict(run, devices=args.devices, stack=args.stack)
             layout = _layout_of(run, args.devices, args.stack)
+            # What the dry run's table says beside the same layout: calc priced it without a word.
+            notes = [str(note) for note in advise(run)]
         measured = math.isfinite(args.sec_per_iter)
         seconds = args.sec_per_iter if measured else predicted[0]
         assert seconds is not None  # parse_args requires sec_per_iter unless predict=true
@@ -591,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = predicted[0] / seconds - 1.0 if measured and predicted[0] is not None else None
         result = replace(
             result, predicted_sec_per_iter=predicted[0], predicted_breakdown=predicted[1], predicted_layout=layout,
-            prediction_error=error,
+            prediction_error=error, advisories=notes,
         )  # fmt: skip
     except CalcError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -305,6 +305,19 @@ def test_predict_adds_the_time_model_and_its_breakdown(capsys: pytest.CaptureFix
     assert "measures its peak at run time" in capsys.readouterr().err
 
 
+def test_predict_says_the_planners_notes_on_the_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    # The dry run's table says them beside the same layout; calc priced it without a word.
+    args = ["model=gpt_1.3b", "hardware=a100_80gb", "parallelism.global_batch_size=64", "devices=16", "predict=true"]
+    assert main([*args, "parallelism.tp=16"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note ")]
+    assert len(notes) == 1 and notes[0].split(None, 1)[1].startswith("[tp_across_nodes] parallelism.tp=16 exceeds")
+    assert main([*args, "parallelism.tp=8", "output=json"]) == 0
+    assert json.loads(capsys.readouterr().out)["advisories"] == []
+    assert main([*args, "parallelism.tp=16", "output=json"]) == 0
+    (note,) = json.loads(capsys.readouterr().out)["advisories"]
+    assert note.startswith("[tp_across_nodes] ")
+
+
 PREDICT_GPT = ("model=gpt_1.3b", "hardware=a100_80gb", "parallelism.precision=bf16", "parallelism.global_batch_size=512",
                "devices=8", "predict=true")  # fmt: skip
 
