@@ -2,7 +2,7 @@
 `python -m launchers sbatch <sweep overrides>`: array scripts to submit with sbatch yourself;
 `python -m launchers calibrate <overrides> --out FILE`: measure this site for the time model.
 
-Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, cancelled, interrupted or
+Exit status (train.contract): 0; 1 (EXIT_FAILED) when `status` finds failed, cancelled, preempted, interrupted or
 refused configs that no rerun stands for (0 with --ok-if-failed; --skip-cancelled counts no cancelled one), when a local sweep's rerun fails again,
 or when sbatch refuses every config a rerun resubmits; 3 (EXIT_UNFINISHED) when `status` finds configs still
 pending or running and no failure to report (`status --wait` waits until none is);
@@ -118,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="python -m launchers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser(
-        "status", help="table of pending / running / done / failed / cancelled / skipped configs",
+        "status", help="table of pending / running / done / failed / cancelled / preempted / skipped configs",
         description="Show where each config of a launched sweep stands. Exit status: 0 when every config "
-        "finished and none failed; 1 when configs failed, were cancelled (scancel), interrupted or refused by "
+        "finished and none failed; 1 when configs failed, were cancelled (scancel), preempted by Slurm, interrupted or refused by "
         "sbatch, and no rerun stands for them (0 with --ok-if-failed; cancelled ones not counted with "
         "--skip-cancelled); 3 when configs are still pending or "
         "running and none of that "
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rerun.add_argument("sweep_dir")
     rerun.add_argument(
         "--failed", action="store_true", required=True,
-        help="the failed, timed-out, cancelled and Slurm-refused configs (required)",
+        help="the failed, timed-out, cancelled, preempted, interrupted and Slurm-refused configs (required)",
     )  # fmt: skip
     rerun.add_argument(
         "--skip-cancelled", action="store_true",

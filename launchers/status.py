@@ -318,7 +318,7 @@ def _same_dir(a: Path, b: Path) -> bool:
 
 
 def unresolved_failures(statuses: Sequence[ConfigStatus]) -> list[ConfigStatus]:
-    """Failed, cancelled, interrupted and refused configs that no rerun stands for: what makes `status` exit
+    """Failed, cancelled, preempted, interrupted and refused configs (RERUN_STATES) that no rerun stands for: what makes `status` exit
     non-zero."""
     return [s for s in statuses if s.state in RERUN_STATES and s.rerun_as is None]
 

@@ -490,6 +490,25 @@ def test_a_misspelt_command_or_option_is_one_line_with_the_close_one(args: list[
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["status", "rerun"])
+def test_status_and_rerun_help_name_every_state_that_fails_status_and_that_rerun_resubmits(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A preempted config exits `status` 1 and `rerun --failed` resubmits it, yet both --help texts left it
+    # out of their lists (failed, cancelled, interrupted, refused).
+    from launchers.__main__ import main
+    from launchers.status import RERUN_STATES
+
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert [s for s in sorted(RERUN_STATES) if s not in text] == [], text
+    if command == "status":
+        (exit_1,) = re.findall(r"; 1 when ([^;]*);", text)
+        assert [s for s in sorted(RERUN_STATES - {"failed"}) if s not in exit_1] == [], exit_1
+
+
 def test_a_result_of_another_config_in_a_configs_directory_is_not_its_result(tmp_path: Path) -> None:
     entry = ManifestEntry(index=0, overrides=("training.lr=0.2",), output_dir="0", status="submitted", job_id="9_0")
     write_manifest([entry], tmp_path / "manifest.jsonl")
