@@ -208,14 +208,15 @@ def work_key(row: PlanRow) -> WorkKey:
 @functools.lru_cache(maxsize=4096)
 def model_changes(overrides: str) -> tuple[str, ...]:
     """The overrides (PlanRow.overrides) that change a field of the model group's choice, as typed,
-    without `model.` ('kind=bert'); model.seq_length has its own column and key part. A sweep repeats
-    the same few override strings per model, hence the cache."""
+    without `model.` ('kind=bert'), sorted (typed in another order, the same model is the same work);
+    model.seq_length has its own column and key part. A sweep repeats the same few override strings per
+    model, hence the cache."""
     changes = []
     for item in split_overrides(overrides):
         key, sep, value = item.lstrip("+~").partition("=")
         if key.startswith("model.") and key != "model.seq_length":
             changes.append(f"{key.removeprefix('model.')}{sep}{value}")
-    return tuple(changes)
+    return tuple(sorted(changes))
 
 
 def model_cell(row: PlanRow) -> str:

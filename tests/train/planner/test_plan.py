@@ -354,7 +354,8 @@ def test_a_model_whose_fields_are_overridden_is_other_work_ranked_and_named_on_i
     # Overrides of other groups, the group's choice itself and the sequence length (its own column and
     # key part) leave the model as it is named.
     assert model_changes("model=gpt_350m +model.seq_length=4096 parallelism.tp=2 training.lr=1e-4") == ()
-    assert model_changes("+model.num_layers=12 ~model.dropout") == ("num_layers=12", "dropout")
+    assert model_changes("+model.num_layers=12 ~model.dropout") == ("dropout", "num_layers=12")
+    assert model_changes("model.num_layers=2 model.kind=bert") == model_changes("model.kind=bert model.num_layers=2")
 
 
 def test_infeasible_rows_are_counted_by_rule_with_an_example() -> None:
