@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -259,6 +260,11 @@ def load_cpu_op(builder_name: str) -> None:
         builder.load(verbose=False)
 
 
+def _not_distutils(record: logging.LogRecord) -> bool:
+    """False for a record that setuptools' distutils logged (its compiler commands)."""
+    return not {"distutils", "_distutils"} & set(Path(record.pathname).parts)
+
+
 def skip_shm_op() -> None:
     """Keep deepspeed.comm from building and loading its shared-memory op on a CPU.
 
@@ -269,7 +275,20 @@ def skip_shm_op() -> None:
     incompatible, the op is neither built nor loaded, and deepspeed.comm runs as it does without it.
     """
     from deepspeed.accelerator import get_accelerator
-    from deepspeed.ops import __compatible_ops__
+
+    # DeepSpeed probes every op's compatibility on first access, compiling and linking test programs
+    # through setuptools' distutils, which logs each compiler command at INFO: under Hydra's job logging
+    # (root at INFO, to stdout) an engine=deepspeed run's console opened with two `gcc ...` lines. The
+    # probe's result is all that is wanted here. Filtered at the root's handlers, as distutils logs on
+    # loggers named after its modules, which vary by setuptools version.
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(_not_distutils)
+    try:
+        from deepspeed.ops import __compatible_ops__
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_not_distutils)
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is not None:

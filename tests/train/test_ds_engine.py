@@ -416,6 +416,25 @@ def test_deepspeed_comm_on_a_cpu_neither_builds_nor_loads_its_inference_only_shm
     assert not any(tmp_path.iterdir()), sorted(p.name for p in tmp_path.iterdir())
 
 
+def test_deepspeed_s_op_probe_prints_no_compiler_command_under_the_run_s_console_logging() -> None:
+    # Hydra's job logging (conf/config.yaml: hydra/job_logging=stdout) puts the root logger at INFO on
+    # stdout; DeepSpeed's op probe compiles test programs through distutils, which logs each command.
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='%(message)s')\n"
+        "from train.ds_engine import _ensure_process_group, import_deepspeed\n"
+        "_ensure_process_group(import_deepspeed('cpu'), 'cpu')\n"
+        "logging.info('the run logs on')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=environment_of_a_lone_process(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["the run logs on"], proc.stdout
+
+
 CPUINFO_X86 = """processor\t: 0
 vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC 7B13
