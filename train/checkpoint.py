@@ -185,6 +185,13 @@ class Checkpointer:
         if step in self.committed:
             return
         path = self.dir / f"step_{step}"
+        if self.rank == 0 and path.exists():
+            # Left by an attempt killed mid-save, or a checkpoint the resume passed over as unreadable: its
+            # old .metadata beside this save's new meta.json would read as complete while the shards are
+            # rewritten (a kill then resumed a mix of both), and DCP warned of overwriting it.
+            shutil.rmtree(path)
+        if self._distributed:
+            dist.barrier(group=self._group)  # no rank writes its part before rank 0 has cleared the way
         path.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             write_json_atomic(

@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,29 @@ def test_unreadable_latest_or_step_falls_back_to_an_older_complete_one(tmp_path:
     message = str(refused.value)
     assert "\n" not in message and f"{ckpt.dir / LATEST}: JSONDecodeError" in message, message
     assert "Remove that directory to start afresh" in message
+
+
+def test_a_step_saved_again_over_an_unreadable_one_replaces_it_whole(tmp_path: Path) -> None:
+    model, optimizer, scaler = _toy(0)
+    ckpt = _checkpointer(tmp_path)
+    for step in (1, 2):
+        _step(model, optimizer)
+        ckpt.save(step, model=model, optimizer=optimizer, scaler=scaler, losses=[1.0] * step, consumed_samples=3 * step)
+    _truncate_shards(ckpt.dir / "step_2")
+    (ckpt.dir / "step_2" / "__1_0.distcp").write_bytes(b"a rank's part from a wider attempt")
+    again = _checkpointer(tmp_path)
+    resumed = again.load_latest(model=model, optimizer=optimizer, scaler=scaler)
+    assert resumed is not None and resumed.step == 1
+    _step(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DCP's "Detected an existing checkpoint ... overwriting" among them
+        again.save(2, model=model, optimizer=optimizer, scaler=scaler, losses=[1.0, 1.0], consumed_samples=6)
+    assert sorted(p.name for p in (ckpt.dir / "step_2").iterdir()) == [".metadata", "__0_0.distcp", META]
+    saved = [p.detach().clone() for p in model.parameters()]
+    fresh, fresh_opt, fresh_scaler = _toy(1)
+    resumed = _checkpointer(tmp_path).load_latest(model=fresh, optimizer=fresh_opt, scaler=fresh_scaler)
+    assert resumed is not None and (resumed.step, resumed.skipped) == (2, ())
+    assert all(torch.equal(got, want) for got, want in zip(fresh.parameters(), saved, strict=True))
 
 
 def test_resuming_at_the_last_step_says_nothing_was_left_to_train(tmp_path: Path) -> None:
